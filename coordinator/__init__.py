@@ -1,0 +1,1 @@
+"""The gRPC coordinator (issue 4)."""

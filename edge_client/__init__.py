@@ -1,0 +1,1 @@
+"""The edge client hosting one or many devices (issue 4)."""

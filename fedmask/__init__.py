@@ -1,0 +1,1 @@
+"""fedmask: the command-line entry point that composes the packages."""

@@ -1,0 +1,3 @@
+from fedmask.cli import main
+
+main()

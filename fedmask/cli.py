@@ -1,0 +1,28 @@
+"""The `fedmask` console script.
+
+Each package contributes its subcommands from its own module under
+`fedmask/commands/`; this file only wires them together so that parallel work
+on different packages never edits the same file.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from fedmask.commands import demo as demo_cmd
+from fedmask.commands import models as models_cmd
+
+app = typer.Typer(
+    name="fedmask",
+    help="Federated recommendation with secure aggregation (Bonawitz / SecAgg+).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+
+demo_cmd.register(app)
+models_cmd.register(app)
+
+
+def main() -> None:
+    app()

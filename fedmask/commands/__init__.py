@@ -1,0 +1,1 @@
+"""Subcommands of the `fedmask` console script, one module per area."""

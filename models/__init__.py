@@ -1,0 +1,1 @@
+"""Recommendation models, data, evaluation and the batched federation engine (no gRPC, no databases)."""

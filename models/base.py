@@ -1,0 +1,104 @@
+"""The one interface every federated recommender implements.
+
+A model is a bundle of pure, *batched* functions over torch tensors. The
+engine (simulation) and the edge client (real devices) both call exactly these
+functions; the only difference is where the private state is stored.
+
+Vocabulary:
+- global state: parameters the server holds and broadcasts (e.g. FedRAP's C).
+- private state: per-device parameters that never leave the device (u_i, D_i,
+  p_u, mask models...). Stored batched: every tensor has a leading user axis.
+  The engine keeps one PrivateState for all users and gathers/scatters cohort
+  rows with `take_rows` / `put_rows`.
+- update: the flat float32 vector a device sends for aggregation, shape
+  (B, update_dim) for a cohort of B devices. DP clipping/noise and secure
+  aggregation act on it; the model never sees masks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+GlobalState = dict[str, torch.Tensor]
+PrivateState = dict[str, torch.Tensor]  # every tensor: leading axis = user
+
+
+def take_rows(state: PrivateState, rows: torch.Tensor) -> PrivateState:
+    """The cohort's slice of a batched private state (copies)."""
+    return {k: v.index_select(0, rows) for k, v in state.items()}
+
+
+def put_rows(state: PrivateState, rows: torch.Tensor, part: PrivateState) -> None:
+    """Write a cohort's slice back in place."""
+    for k, v in part.items():
+        state[k].index_copy_(0, rows, v)
+
+
+@dataclass(frozen=True)
+class CohortData:
+    """The local training data of a cohort of B devices, padded.
+
+    Implicit models: `items[b, :lengths[b]]` are device b's training positives.
+    Explicit models: the same plus `ratings[b, :lengths[b]]`.
+    `users` are the dense user ids (for features); padding entries are 0 and
+    must be ignored via `lengths` / `mask`.
+    """
+
+    users: torch.Tensor  # int64 (B,)
+    items: torch.Tensor  # int64 (B, Lmax)
+    mask: torch.Tensor  # bool (B, Lmax)
+    lengths: torch.Tensor  # int64 (B,)
+    ratings: torch.Tensor | None = None  # float32 (B, Lmax)
+
+
+class FederatedRecommender(ABC):
+    """Hyperparameters live on the instance; state lives in the dicts."""
+
+    name: ClassVar[str]
+    kind: ClassVar[Literal["implicit", "explicit"]]
+
+    @property
+    @abstractmethod
+    def update_dim(self) -> int:
+        """Length of the flat update each device sends."""
+
+    @abstractmethod
+    def init_global(self, generator: torch.Generator) -> GlobalState:
+        """The server's initial parameters."""
+
+    @abstractmethod
+    def init_private(
+        self, data: CohortData, global_: GlobalState, generator: torch.Generator
+    ) -> PrivateState:
+        """Initial private state for the devices in `data` (all users at once
+        in simulation). May train device-local models first (FedMMF's masks)."""
+
+    @abstractmethod
+    def local_update(
+        self,
+        global_: GlobalState,
+        private: PrivateState,
+        data: CohortData,
+        round_idx: int,
+        generator: torch.Generator,
+    ) -> tuple[PrivateState, torch.Tensor]:
+        """Train the cohort locally; return its new private state and the
+        (B, update_dim) updates to aggregate. Must not modify `global_`."""
+
+    @abstractmethod
+    def apply_mean_update(
+        self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int
+    ) -> GlobalState:
+        """Server step: the new global state from the mean of the survivors' updates."""
+
+    @abstractmethod
+    def score(
+        self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        """Scores (B, K) of `items` (B, K) for the B devices whose private
+        state is `private`. Higher is better (implicit) or a predicted rating
+        (explicit). Computed on the device."""

@@ -1,0 +1,1 @@
+"""Datasets: fetching, loaders, splits, negative sampling, synthetic generator."""

@@ -1,0 +1,1 @@
+"""Client (device) states, one per protocol stage."""

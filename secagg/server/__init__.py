@@ -1,0 +1,1 @@
+"""Server states, one per protocol stage, mirroring secagg.client."""

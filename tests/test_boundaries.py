@@ -1,0 +1,57 @@
+"""Package boundaries of DESIGN.md, enforced two ways.
+
+1. An allow-list walk of `secagg`'s source: every import resolves to the
+   standard library, numpy, cryptography or secagg itself.
+2. import-linter's contracts from pyproject.toml (forbidden and independence
+   contracts across all packages), run through its Python API.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+from importlinter.cli import lint_imports
+
+ROOT = Path(__file__).resolve().parents[1]
+SECAGG_ALLOWED = set(sys.stdlib_module_names) | {"numpy", "cryptography", "secagg", "__future__"}
+
+
+def _imported_top_levels(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_secagg_imports_only_stdlib_numpy_cryptography() -> None:
+    files = sorted((ROOT / "secagg").rglob("*.py"))
+    assert files, "secagg has no source files"
+    offenders = {
+        str(f.relative_to(ROOT)): sorted(_imported_top_levels(f) - SECAGG_ALLOWED) for f in files
+    }
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert not offenders, f"secagg imports outside its allow-list: {offenders}"
+
+
+def test_allow_list_check_catches_a_forbidden_import(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nfrom grpc import aio\nimport numpy as np\n")
+    assert _imported_top_levels(bad) - SECAGG_ALLOWED == {"torch", "grpc"}
+
+
+def test_import_linter_contracts_hold() -> None:
+    # lint_imports reads [tool.importlinter] from pyproject.toml in the cwd.
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        sys.path.insert(0, str(ROOT))
+        assert lint_imports() == 0, "import-linter contracts are broken (run `.venv/bin/lint-imports`)"
+    finally:
+        os.chdir(cwd)
