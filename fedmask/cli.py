@@ -11,6 +11,7 @@ import typer
 
 from fedmask.commands import demo as demo_cmd
 from fedmask.commands import models as models_cmd
+from fedmask.commands import certs as certs_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -22,6 +23,7 @@ app = typer.Typer(
 
 demo_cmd.register(app)
 models_cmd.register(app)
+certs_cmd.register(app)
 
 
 def main() -> None:

@@ -2,8 +2,221 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Attach the model-side subcommands to the root app."""
+    register_data(app)
+    register_simulate(app)
+
+
+# ====================================================================== data
+
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar="FEDMASK_DATA_DIR",
+        help="Folder holding the datasets (default: ./data).",
+        show_default=False,
+    ),
+]
+
+
+def register_data(app: typer.Typer) -> None:
+    """`fedmask data fetch NAME` and `fedmask data info NAME_OR_PATH`."""
+    data_app = typer.Typer(help="Datasets: fetch and inspect.", no_args_is_help=True)
+
+    @data_app.command("fetch")
+    def fetch(
+        name: Annotated[str, typer.Argument(help="Dataset to fetch (ml-100k).")],
+        data_dir: DataDirOption = None,
+        force: Annotated[bool, typer.Option(help="Download again even if the files are valid.")] = False,
+    ) -> None:
+        """Download a public dataset (hash-pinned) into DATA_DIR/NAME."""
+        from rich.console import Console
+
+        from models.data.fetch import FetchError, fetch_dataset
+
+        console = Console(stderr=True)
+        try:
+            with console.status(f"[bold]fetching {name}[/bold]") as status:
+
+                def progress(msg: str) -> None:
+                    status.update(f"[bold]{name}[/bold]: {msg}")
+
+                result = fetch_dataset(name, data_dir, progress=progress, force=force)
+        except FetchError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from e
+        state = "downloaded and verified" if result.downloaded else "already present, hashes verified"
+        console.print(f"[green]✓[/green] {result.name}: {state} in {result.directory}")
+        for p in result.files:
+            console.print(f"  {p}")
+
+    @data_app.command("info")
+    def info(
+        name: Annotated[str, typer.Argument(help="Dataset name (ml-100k), a folder or a .csv file.")],
+        data_dir: DataDirOption = None,
+    ) -> None:
+        """Load a dataset and print its size and side features."""
+        from rich.console import Console
+
+        from models.data.fetch import resolve_data_dir
+        from models.data.loaders import DataFormatError, DatasetNotFoundError, load_dataset
+
+        console = Console()
+        try:
+            d = load_dataset(name, resolve_data_dir(data_dir))
+        except (DataFormatError, DatasetNotFoundError) as e:
+            Console(stderr=True).print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from e
+        console.print(
+            f"{d.name}: {d.n_users} users, {d.n_items} items, {len(d.user)} interactions, "
+            f"ratings {float(d.rating.min()):g}..{float(d.rating.max()):g}"
+        )
+        uf = 0 if d.user_features is None else d.user_features.shape[1]
+        itf = 0 if d.item_features is None else d.item_features.shape[1]
+        console.print(f"user features: {uf}, item features: {itf}")
+
+    app.add_typer(data_app, name="data")
+
+
+# ====================================================================== simulate
+
+
+def _parse_params(items: list[str]) -> dict[str, object]:
+    """`--param key=value` pairs; values parsed as JSON when they can be (numbers, true/false)."""
+    import json
+
+    out: dict[str, object] = {}
+    for it in items:
+        if "=" not in it:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {it!r}", param_hint="--param")
+        key, raw = it.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def register_simulate(app: typer.Typer) -> None:
+    """`fedmask simulate`: a whole federation in one process (models/engine.py)."""
+
+    @app.command("simulate")
+    def simulate(
+        model: Annotated[
+            str, typer.Option("--model", "-m", help="fedrap | fedmmf | pfedrec | fedmf.", show_default=False)
+        ],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Output folder for results.json and metrics.png.")],
+        dataset: Annotated[
+            str, typer.Option(help="Dataset name under --data-dir (ml-100k), a folder or .csv, or 'synthetic'.")
+        ] = "ml-100k",
+        seed: Annotated[int, typer.Option(help="Seed of the split, the initialisation, the cohorts and the noise.")] = 0,
+        rounds: Annotated[
+            int | None, typer.Option(help="Federated rounds (default: the model's tuned number).", show_default=False)
+        ] = None,
+        clients_per_round: Annotated[
+            int | None,
+            typer.Option(help="Devices per round, drawn uniformly (default: every device every round).", show_default=False),
+        ] = None,
+        secagg: Annotated[
+            bool, typer.Option("--secagg/--no-secagg", help="Aggregate through the real SecAgg+ protocol, in process.")
+        ] = False,
+        secagg_neighbors: Annotated[
+            int | None,
+            typer.Option(help="SecAgg+ neighbourhood size (default: the secagg package's choice).", show_default=False),
+        ] = None,
+        dp_noise: Annotated[
+            float | None,
+            typer.Option(help="DP noise multiplier z (noise std z * tau per coordinate). Needs --dp-clip.", show_default=False),
+        ] = None,
+        dp_clip: Annotated[
+            float | None, typer.Option(help="DP clipping norm tau of every device's update.", show_default=False)
+        ] = None,
+        dp_delta: Annotated[float, typer.Option(help="delta of the reported (epsilon, delta).")] = 1e-5,
+        dp_accountant: Annotated[str, typer.Option(help="Privacy accountant: rdp or pld (dp-accounting).")] = "rdp",
+        device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+        explicit: Annotated[
+            bool, typer.Option("--explicit", help="Explicit ratings (fedmf only; fedmmf is always explicit): MSE, RMSE/MAE.")
+        ] = False,
+        eval_every: Annotated[int, typer.Option(help="Evaluate on validation every E rounds (and after the last).")] = 1,
+        full_val: Annotated[
+            bool, typer.Option("--full-val", help="Also rank all items on validation every evaluation (slower).")
+        ] = False,
+        threads: Annotated[int, typer.Option(help="torch CPU threads.")] = 2,
+        data_dir: Annotated[
+            Path | None,
+            typer.Option("--data-dir", envvar="FEDMASK_DATA_DIR", help="Folder holding the datasets (default: ./data).", show_default=False),
+        ] = None,
+        param: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--param",
+                "-p",
+                help="Override a model hyperparameter, KEY=VALUE (repeatable), e.g. -p k=16 -p lr_item=0.3.",
+                show_default=False,
+            ),
+        ] = None,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    ) -> None:
+        """Simulate a federation and write OUT/results.json and OUT/metrics.png.
+
+        Every round: pick a cohort, train it locally (batched), optionally clip and
+        noise the updates (DP) and aggregate them (mean, or SecAgg+), evaluate on
+        validation. The best validation round is kept and tested once at the end.
+        The defaults of each model are its tuned ones (docs/tuning.md).
+        """
+        from rich.console import Console
+
+        from models.engine import ConfigError, SimulationConfig, simulate as run_simulation, write_results
+
+        err = Console(stderr=True)
+        try:
+            cfg = SimulationConfig(
+                model=model,
+                dataset=dataset,
+                seed=seed,
+                rounds=rounds,
+                clients_per_round=clients_per_round,
+                secagg=secagg,
+                secagg_neighbors=secagg_neighbors,
+                dp_noise=dp_noise,
+                dp_clip=dp_clip,
+                dp_delta=dp_delta,
+                dp_accountant=dp_accountant,
+                device=device,
+                explicit=explicit,
+                eval_every=eval_every,
+                full_val=full_val,
+                threads=threads,
+                data_dir=None if data_dir is None else str(data_dir),
+                params=_parse_params(param or []),
+            )
+            if dp_accountant not in ("rdp", "pld"):
+                raise ConfigError(f"--dp-accountant must be rdp or pld, not {dp_accountant!r}")
+            results = run_simulation(cfg, progress=not quiet)
+        except ConfigError as e:
+            err.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from e
+        j, p = write_results(results, out)
+        t = results["test"]
+        if results["kind"] == "explicit":
+            line = f"test rmse {t.get('rmse', float('nan')):.4f}  mae {t.get('mae', float('nan')):.4f}"
+        else:
+            line = (
+                f"test hr@10 {t.get('hr@10', float('nan')):.4f}  ndcg@10 {t.get('ndcg@10', float('nan')):.4f}  "
+                f"full hr@10 {t.get('full_hr@10', float('nan')):.4f}  placebo hr@10 "
+                f"{results['placebo']['hr@10']:.4f}"
+            )
+        if "epsilon" in results:
+            line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g})"
+        Console().print(
+            f"[green]done[/green] {results['model']} on {results['dataset']}: best round {results['best_round']}, "
+            f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
+        )

@@ -1,0 +1,381 @@
+"""Coordinator configuration: `CoordinatorSettings.load(...)`.
+
+Sources, highest precedence first (nested groups are merged key by key):
+  1. flags      `overrides` mapping, dotted keys ({"cohort.size": 50});
+                None values mean "flag not given" and are dropped
+  2. env        FEDMASK_<FIELD>, nested with "__": FEDMASK_COHORT__SIZE=50,
+                FEDMASK_AUTH__TOKEN=..., dicts as JSON
+                (FEDMASK_MODEL__HYPERPARAMETERS='{"lr": 0.05}')
+  3. file       a TOML file: `config_file`, else $FEDMASK_CONFIG; top-level
+                keys and [cohort], [deadlines], [secagg], [dp], [tls], [auth],
+                [model] / [model.hyperparameters] tables
+  4. defaults   below
+
+Every problem is reported at once as a `SettingsError` naming the dotted
+field, its env variable, the message and the offending value (secrets
+redacted). Unknown keys are errors (typos never pass silently). Relative
+paths are resolved against the working directory.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+ENV_PREFIX = "FEDMASK_"
+CONFIG_ENV = "FEDMASK_CONFIG"
+MIN_TOKEN_LENGTH = 16
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message lists every problem."""
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSettings(_Group):
+    #: Model to train ("fedrap", "fedmmf", "fedmf", "pfedrec", ...).
+    name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_\-]*$")] = "fedrap"
+    #: Passed to the model as is (learning rate, embedding size, ...).
+    hyperparameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class CohortSettings(_Group):
+    #: Devices per round (n), before over-selection.
+    size: PositiveInt = 100
+    #: A round starts only with at least this many devices available.
+    minimum: PositiveInt = 10
+    #: Extra fraction selected to absorb dropouts: select ceil(size * (1 + f)).
+    over_selection: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3
+
+    @model_validator(mode="after")
+    def _minimum_fits(self) -> CohortSettings:
+        if self.minimum > self.size:
+            raise ValueError(f"cohort.minimum ({self.minimum}) must be <= cohort.size ({self.size})")
+        return self
+
+    @property
+    def selected(self) -> int:
+        return math.ceil(self.size * (1 + self.over_selection))
+
+
+class DeadlineSettings(_Group):
+    """Seconds each stage may take once the server opens it."""
+
+    selection: PositiveFloat = 60.0
+    advertise_keys: PositiveFloat = 30.0
+    share_keys: PositiveFloat = 30.0
+    #: Includes local training.
+    masked_input: PositiveFloat = 300.0
+    consistency_check: PositiveFloat = 30.0
+    unmasking: PositiveFloat = 60.0
+
+
+#: "majority" = floor(n/2) + 1, "two_thirds" = ceil(2n/3), or a fraction in
+#: (0.5, 1] of the group size (n = neighbours + 1, or the cohort when full).
+ThresholdPolicy = Literal["majority", "two_thirds"] | Annotated[float, Field(gt=0.5, le=1.0)]
+
+
+class SecaggSettings(_Group):
+    #: "full" (Bonawitz), "auto" (sparse SecAgg+ graph sized by secagg for
+    #: large cohorts), or a fixed number of neighbours per device.
+    graph: Literal["full", "auto"] | Annotated[int, Field(ge=2)] = "auto"
+    threshold: ThresholdPolicy = "two_thirds"
+    #: Arithmetic modulo 2^modulus_bits; the wire packs uint32 words.
+    modulus_bits: Annotated[int, Field(ge=8, le=32)] = 32
+    #: Per-coordinate clipping range of the fixed-point encoding.
+    clip: PositiveFloat = 1.0
+    #: Active-adversary mode: identity signatures on advertised keys.
+    signatures: bool = False
+    #: Run the consistency-check stage (needs signatures).
+    consistency_check: bool = False
+
+    @model_validator(mode="after")
+    def _consistency_needs_signatures(self) -> SecaggSettings:
+        if self.consistency_check and not self.signatures:
+            raise ValueError("secagg.consistency_check requires secagg.signatures = true")
+        return self
+
+    def threshold_for(self, group_size: int) -> int:
+        """The Shamir threshold t for a group of `group_size` devices."""
+        if group_size < 1:
+            raise ValueError("group_size must be >= 1")
+        if self.threshold == "majority":
+            t = group_size // 2 + 1
+        elif self.threshold == "two_thirds":
+            t = math.ceil(2 * group_size / 3)
+        else:
+            t = math.ceil(float(self.threshold) * group_size)
+        return min(max(t, 1), group_size)
+
+
+class DpSettings(_Group):
+    #: none: no clipping/noise; local: every device adds the full noise
+    #: (FedRAP paper); distributed: noise split across the cohort.
+    mode: Literal["none", "local", "distributed"] = "local"
+    #: L2 (Frobenius) clipping norm tau of an update.
+    clip: PositiveFloat = 0.1
+    #: Noise multiplier z (noise std = z * clip).
+    noise_multiplier: Annotated[float, Field(ge=0.0)] = 1.0
+    #: Target delta of the (epsilon, delta) accounting.
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+
+
+class TlsSettings(_Group):
+    #: Server certificate chain (PEM) and its private key.
+    cert: FilePath | None = None
+    key: FilePath | None = None
+    #: CA bundle client certificates must chain to.
+    client_ca: FilePath | None = None
+    require_client_cert: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TlsSettings:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls.cert and tls.key must be given together")
+        if self.client_ca is not None and self.cert is None:
+            raise ValueError("tls.client_ca needs tls.cert and tls.key (client auth needs TLS)")
+        if self.require_client_cert and self.client_ca is None:
+            raise ValueError("tls.require_client_cert needs tls.client_ca")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+class AuthSettings(_Group):
+    #: mtls: client certificates from the federation CA (needs tls.*);
+    #: token: "authorization: Bearer <token>" metadata on every call;
+    #: none: no authentication, allowed on a loopback address only.
+    mode: Literal["mtls", "token", "none"] = "none"
+    token: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _token_matches_mode(self) -> AuthSettings:
+        if self.mode == "token":
+            if self.token is None or len(self.token.get_secret_value()) < MIN_TOKEN_LENGTH:
+                raise ValueError(f"auth.mode 'token' needs auth.token of at least {MIN_TOKEN_LENGTH} characters")
+        elif self.token is not None:
+            raise ValueError(f"auth.token is set but auth.mode is {self.mode!r} (set auth.mode = 'token')")
+        return self
+
+
+_CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_config_data", default=None)
+
+
+class CoordinatorSettings(BaseSettings):
+    """All coordinator settings (see module docstring for the sources)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    #: gRPC listen address, HOST:PORT ("[::]:50051" for IPv6).
+    listen_address: str = "127.0.0.1:50051"
+    #: sqlite:///FILE (default), postgresql+psycopg://..., or memory://.
+    database_url: str = "sqlite:///./fedmask.db"
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    cohort: CohortSettings = Field(default_factory=CohortSettings)
+    deadlines: DeadlineSettings = Field(default_factory=DeadlineSettings)
+    secagg: SecaggSettings = Field(default_factory=SecaggSettings)
+    dp: DpSettings = Field(default_factory=DpSettings)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_listen_address(cls, value: str) -> str:
+        split_host_port(value)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if value == "memory://":
+            return value
+        from coordinator.store.engine import normalize_url
+        from coordinator.store.errors import StoreError
+
+        try:
+            return normalize_url(value).render_as_string(hide_password=False)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _auth_fits_transport(self) -> CoordinatorSettings:
+        if self.auth.mode == "mtls":
+            if not (self.tls.enabled and self.tls.client_ca is not None and self.tls.require_client_cert):
+                raise ValueError(
+                    "auth.mode 'mtls' needs tls.cert, tls.key, tls.client_ca and tls.require_client_cert = true"
+                )
+        if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):
+            raise ValueError(
+                f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        data = _CONFIG_DATA.get()
+        if data:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
+        return tuple(sources)
+
+    @classmethod
+    def load(
+        cls, *, config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+    ) -> CoordinatorSettings:
+        """Build the settings from flags (`overrides`), env, file, defaults.
+        Raises SettingsError with every problem listed."""
+        path = config_file if config_file is not None else os.environ.get(CONFIG_ENV) or None
+        file_data = read_config_file(Path(path)) if path is not None else {}
+        with _config_data(file_data):
+            try:
+                return cls(**unflatten(overrides or {}))
+            except ValidationError as exc:
+                raise SettingsError(format_validation_error(exc, source=path)) from None
+
+
+@contextmanager
+def _config_data(data: dict[str, Any]) -> Iterator[None]:
+    token = _CONFIG_DATA.set(data)
+    try:
+        yield
+    finally:
+        _CONFIG_DATA.reset(token)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The parsed TOML file; SettingsError if missing or malformed."""
+    if path.suffix.lower() not in (".toml", ""):
+        raise SettingsError(f"config file {path}: only TOML is supported (got {path.suffix})")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"cohort.size": 5, "listen_address": x} -> {"cohort": {"size": 5}, ...};
+    None values are dropped (an option that was not given)."""
+    nested: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SettingsError(f"override {dotted!r} conflicts with a scalar override of {part!r}")
+        node[leaf] = value
+    return nested
+
+
+def format_validation_error(exc: ValidationError, *, source: str | Path | None = None) -> str:
+    """One line per problem: dotted field, its env variable, message, value.
+    Errors of the alternatives of one union field are merged into one line."""
+    problems: dict[str, tuple[list[str], str]] = {}
+    for err in exc.errors():
+        path = _field_path(err["loc"])
+        value = err.get("input")
+        leaf = bool(path) and not isinstance(value, dict)
+        if err["type"] == "extra_forbidden":  # an unknown key: name it, no env var
+            path = ".".join(str(p) for p in err["loc"])
+            problems.setdefault(path, ([], ""))[0].append("unknown setting (Extra inputs are not permitted)")
+            continue
+        where = f"{path} (env {ENV_PREFIX}{path.upper().replace('.', '__')})" if leaf else (path or "settings")
+        shown = ""
+        if leaf:
+            shown = " [got <redacted>]" if "token" in path else f" [got {value!r}]"
+        messages, _ = problems.setdefault(where, ([], shown))
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if msg not in messages:
+            messages.append(msg)
+    lines = [f"invalid coordinator settings ({len(problems)} problem(s)):"]
+    lines += [f"  - {where}: {' | '.join(msgs)}{shown}" for where, (msgs, shown) in problems.items()]
+    if source is not None:
+        lines.append(f"  (config file: {source})")
+    return "\n".join(lines)
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """The dotted settings field of an error location, without pydantic's
+    union-member tags and dict keys."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = CoordinatorSettings
+    for part in loc:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            break
+        parts.append(part)
+        annotation = model.model_fields[part].annotation
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return ".".join(parts)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"listen address must be HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 0..65535")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"malformed IPv6 address in {address!r}")
+        host = host[1:-1]
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,69 @@
+"""Persistence of the coordinator: devices, model versions, rounds and the
+privacy ledger, behind one interface (`Store`) with an in-memory and a SQL
+implementation (SQLite file by default, PostgreSQL by URL; Alembic
+migrations applied from code).
+
+    store = open_store("sqlite:///./fedmask.db")   # migrated to head
+    store.mark_interrupted_rounds_aborted()         # crash recovery at start-up
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from coordinator.store.errors import (
+    ConflictError,
+    CorruptBlobError,
+    InvalidRecordError,
+    NotFoundError,
+    StoreError,
+)
+from coordinator.store.interface import Store
+from coordinator.store.memory import InMemoryStore
+from coordinator.store.records import (
+    COORDINATOR_RESTART,
+    DeviceRecord,
+    DeviceStatus,
+    ModelVersion,
+    ModelVersionSummary,
+    NewModelVersion,
+    Page,
+    PrivacyEntry,
+    PrivacySummary,
+    RoundRecord,
+    RoundState,
+    utc_now,
+)
+
+MEMORY_URL = "memory://"
+
+__all__ = [
+    "COORDINATOR_RESTART", "MEMORY_URL", "ConflictError", "CorruptBlobError", "DeviceRecord",
+    "DeviceStatus", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
+    "NewModelVersion", "NotFoundError", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord",
+    "RoundState", "Store", "StoreError", "open_store",
+]
+
+
+def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] = utc_now) -> Store:
+    """Open the store at `url`: "memory://" for an InMemoryStore, otherwise a
+    SQL URL (see coordinator.store.engine), upgraded to the latest schema
+    unless `migrate` is False. Raises StoreError on a bad URL or database."""
+    if url == MEMORY_URL:
+        return InMemoryStore(clock=clock)
+    # Imported lazily so in-memory users do not load SQLAlchemy/Alembic.
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from coordinator.store.engine import create_store_engine
+    from coordinator.store.migrate import upgrade_to_head
+    from coordinator.store.sql import SqlStore
+
+    engine = create_store_engine(url)
+    if migrate:
+        try:
+            upgrade_to_head(engine)
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise StoreError(f"cannot migrate {engine.url.render_as_string(hide_password=True)}: {exc}") from exc
+    return SqlStore(engine, clock=clock)

@@ -1,0 +1,38 @@
+"""Errors raised by every Store implementation (same types for all backends).
+
+Callers catch `StoreError` for "the store refused or failed"; the subclasses
+say why. Backend exceptions (sqlalchemy, psycopg, sqlite3) never escape a
+Store method except as the `__cause__` of one of these.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class of every store failure."""
+
+
+class InvalidRecordError(StoreError, ValueError):
+    """The caller passed a record that violates the store's contract
+    (wrong state for the operation, mismatched round numbers, bad values)."""
+
+
+class NotFoundError(StoreError, LookupError):
+    """The requested row does not exist."""
+
+
+class ConflictError(StoreError):
+    """The write conflicts with what is stored (e.g. the round is already
+    terminal, or a duplicate unique key)."""
+
+
+class CorruptBlobError(StoreError):
+    """A model version's parameter blob does not match its stored sha256."""
+
+    def __init__(self, version_id: int, expected: str, actual: str) -> None:
+        super().__init__(
+            f"model version {version_id}: parameter blob sha256 {actual} != recorded {expected}"
+        )
+        self.version_id = version_id
+        self.expected = expected
+        self.actual = actual

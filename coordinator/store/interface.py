@@ -1,0 +1,132 @@
+"""The Store interface: everything the coordinator persists.
+
+Implementations: `InMemoryStore` (tests, simulations) and `SqlStore`
+(SQLite file by default, PostgreSQL by URL). Both honour the same contract,
+checked by the parametrized suite in tests/coordinator/.
+
+Contract (all implementations):
+  * Every method is atomic: it fully happens or leaves the store unchanged.
+  * Methods are thread-safe; the coordinator calls them from worker threads
+    (never from the event loop directly, since the SQL backend blocks).
+  * Errors are the types of coordinator.store.errors only.
+  * Round numbers are the public identity of rounds (unique, >= 1); once a
+    round is terminal (committed/aborted) it is never written again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from coordinator.store.records import (
+    DeviceRecord,
+    DeviceStatus,
+    ModelVersion,
+    ModelVersionSummary,
+    NewModelVersion,
+    Page,
+    PrivacyEntry,
+    PrivacySummary,
+    RoundRecord,
+)
+
+
+@runtime_checkable
+class Store(Protocol):
+    # ------------------------------------------------------------ devices
+    def enroll_device(
+        self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
+    ) -> tuple[DeviceRecord, bool]:
+        """Enrol a device by its identity key; idempotent: an enrolled key
+        returns its existing record. Returns (record, newly_enrolled)."""
+        ...
+
+    def get_device(self, device_id: int) -> DeviceRecord | None: ...
+
+    def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
+        """All devices (optionally of one status), ascending id."""
+        ...
+
+    def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
+        """Set last_seen_at (default: the store clock); unknown ids are ignored."""
+        ...
+
+    def set_device_status(self, device_id: int, status: DeviceStatus) -> DeviceRecord:
+        """Raises NotFoundError for an unknown device."""
+        ...
+
+    # ------------------------------------------------------ model versions
+    def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
+        """Store a model version produced outside a round (the initial model,
+        an import); round_number is None."""
+        ...
+
+    def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:
+        """The newest version (of `model_name`, if given), or None.
+        Raises CorruptBlobError when its blob does not match its sha256."""
+        ...
+
+    def get_model_version(self, version_id: int) -> ModelVersion:
+        """Raises NotFoundError, CorruptBlobError."""
+        ...
+
+    def list_model_versions(
+        self, *, limit: int = 50, before: int | None = None
+    ) -> Page[ModelVersionSummary]:
+        """Newest first, without blobs; `before` is an exclusive version id."""
+        ...
+
+    # -------------------------------------------------------------- rounds
+    def next_round_number(self) -> int:
+        """1 + the highest round number stored (1 when none)."""
+        ...
+
+    def save_round_progress(self, record: RoundRecord) -> None:
+        """Insert or update a round in a NON-terminal state (the state machine
+        calls it at every stage change, so a crash leaves the round visible).
+        Raises InvalidRecordError for a terminal state, ConflictError if the
+        stored round is already terminal."""
+        ...
+
+    def commit_round(
+        self,
+        round_record: RoundRecord,
+        new_model_version: NewModelVersion,
+        privacy_entry: PrivacyEntry | None,
+    ) -> ModelVersionSummary:
+        """In ONE transaction: write the round in state COMMITTED (insert or
+        update), store the model version it produced (round_number set) and
+        its privacy-ledger entry (None when DP is off). All or nothing.
+        Raises InvalidRecordError (state not COMMITTED, entry for another
+        round), ConflictError (round already terminal)."""
+        ...
+
+    def abort_round(self, round_record: RoundRecord) -> None:
+        """Write the round in state ABORTED (insert or update).
+        Raises InvalidRecordError, ConflictError as commit_round."""
+        ...
+
+    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
+        """Crash recovery, called at start-up before any round runs: every
+        round in a non-terminal state becomes ABORTED with abort_reason
+        'coordinator_restart' and ended_at `at` (default: store clock).
+        Returns their numbers, ascending."""
+        ...
+
+    def get_round(self, number: int) -> RoundRecord | None: ...
+
+    def list_rounds(self, *, limit: int = 50, before: int | None = None) -> Page[RoundRecord]:
+        """Newest first; `before` is an exclusive round number."""
+        ...
+
+    # ------------------------------------------------------------- privacy
+    def privacy_ledger(self) -> list[PrivacyEntry]:
+        """All entries, ascending round number."""
+        ...
+
+    def privacy_summary(self) -> PrivacySummary: ...
+
+    def close(self) -> None:
+        """Release connections; the store is unusable afterwards."""
+        ...

@@ -1,0 +1,265 @@
+"""In-memory Store: for unit tests and single-process simulations.
+
+Same contract as the SQL store (coordinator.store.interface). Atomicity:
+every mutating method works on staged copies and publishes them with one
+assignment at the end, so an exception half-way leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from coordinator.store.errors import ConflictError, CorruptBlobError, InvalidRecordError, NotFoundError
+from coordinator.store.records import (
+    COORDINATOR_RESTART,
+    DeviceRecord,
+    DeviceStatus,
+    ModelVersion,
+    ModelVersionSummary,
+    NewModelVersion,
+    Page,
+    PrivacyEntry,
+    PrivacySummary,
+    RoundRecord,
+    RoundState,
+    sha256_hex,
+    utc_now,
+)
+from coordinator.store.summaries import page_of, summarize_privacy, validate_limit
+
+
+@dataclass(slots=True)
+class _State:
+    devices: dict[int, DeviceRecord]
+    models: dict[int, ModelVersion]
+    rounds: dict[int, RoundRecord]
+    ledger: dict[int, PrivacyEntry]
+
+    def copy(self) -> _State:
+        return _State(dict(self.devices), dict(self.models), dict(self.rounds), dict(self.ledger))
+
+
+class InMemoryStore:
+    """A Store held in process memory; lost when the process ends."""
+
+    def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._state = _State({}, {}, {}, {})
+
+    # ------------------------------------------------------------ devices
+    def enroll_device(
+        self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
+    ) -> tuple[DeviceRecord, bool]:
+        key = bytes(identity_public_key)
+        with self._lock:
+            for device in self._state.devices.values():
+                if device.identity_public_key == key:
+                    return device, False
+            record = DeviceRecord(
+                id=max(self._state.devices, default=0) + 1,
+                identity_public_key=key,
+                enrolled_at=self._clock(),
+                status=DeviceStatus.ACTIVE,
+                local_id=local_id,
+                client_id=client_id,
+            )
+            staged = self._state.copy()
+            staged.devices[record.id] = record
+            self._state = staged
+            return record, True
+
+    def get_device(self, device_id: int) -> DeviceRecord | None:
+        with self._lock:
+            return self._state.devices.get(device_id)
+
+    def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
+        with self._lock:
+            return [
+                d for _, d in sorted(self._state.devices.items()) if status is None or d.status == status
+            ]
+
+    def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
+        when = at or self._clock()
+        with self._lock:
+            staged = self._state.copy()
+            for device_id in device_ids:
+                if device_id in staged.devices:
+                    staged.devices[device_id] = replace(staged.devices[device_id], last_seen_at=when)
+            self._state = staged
+
+    def set_device_status(self, device_id: int, status: DeviceStatus) -> DeviceRecord:
+        with self._lock:
+            if device_id not in self._state.devices:
+                raise NotFoundError(f"device {device_id} is not enrolled")
+            staged = self._state.copy()
+            staged.devices[device_id] = replace(staged.devices[device_id], status=DeviceStatus(status))
+            self._state = staged
+            return staged.devices[device_id]
+
+    # ------------------------------------------------------ model versions
+    def _new_model(self, staged: _State, version: NewModelVersion, round_number: int | None) -> ModelVersion:
+        model = ModelVersion(
+            id=max(staged.models, default=0) + 1,
+            round_number=round_number,
+            created_at=version.created_at or self._clock(),
+            model_name=version.model_name,
+            sha256=sha256_hex(version.parameters),
+            size_bytes=len(version.parameters),
+            hyperparameters=copy.deepcopy(dict(version.hyperparameters)),
+            parameters=version.parameters,
+        )
+        staged.models[model.id] = model
+        return model
+
+    def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
+        with self._lock:
+            staged = self._state.copy()
+            model = self._new_model(staged, version, None)
+            self._state = staged
+            return _summary(model)
+
+    def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:
+        with self._lock:
+            for _, model in sorted(self._state.models.items(), reverse=True):
+                if model_name is None or model.model_name == model_name:
+                    return _verified(model)
+            return None
+
+    def get_model_version(self, version_id: int) -> ModelVersion:
+        with self._lock:
+            model = self._state.models.get(version_id)
+        if model is None:
+            raise NotFoundError(f"model version {version_id} does not exist")
+        return _verified(model)
+
+    def list_model_versions(self, *, limit: int = 50, before: int | None = None) -> Page[ModelVersionSummary]:
+        validate_limit(limit)
+        with self._lock:
+            ids = sorted((i for i in self._state.models if before is None or i < before), reverse=True)
+            items = tuple(_summary(self._state.models[i]) for i in ids[: limit + 1])
+        return page_of(items, limit, key=lambda m: m.id)
+
+    # -------------------------------------------------------------- rounds
+    def next_round_number(self) -> int:
+        with self._lock:
+            return max(self._state.rounds, default=0) + 1
+
+    def _check_writable(self, record: RoundRecord) -> None:
+        stored = self._state.rounds.get(record.number)
+        if stored is not None and stored.state.is_terminal:
+            raise ConflictError(f"round {record.number} is already {stored.state}")
+
+    def save_round_progress(self, record: RoundRecord) -> None:
+        if record.state.is_terminal:
+            raise InvalidRecordError(f"save_round_progress got terminal state {record.state}")
+        with self._lock:
+            self._check_writable(record)
+            staged = self._state.copy()
+            staged.rounds[record.number] = _copy_round(record)
+            self._state = staged
+
+    def commit_round(
+        self,
+        round_record: RoundRecord,
+        new_model_version: NewModelVersion,
+        privacy_entry: PrivacyEntry | None,
+    ) -> ModelVersionSummary:
+        _check_commit_args(round_record, privacy_entry)
+        with self._lock:
+            self._check_writable(round_record)
+            if privacy_entry is not None and round_record.number in self._state.ledger:
+                raise ConflictError(f"round {round_record.number} already has a privacy entry")
+            staged = self._state.copy()
+            staged.rounds[round_record.number] = _copy_round(round_record)
+            model = self._new_model(staged, new_model_version, round_record.number)
+            if privacy_entry is not None:
+                self._insert_privacy_entry(staged, privacy_entry)
+            self._state = staged  # publish: the only visible write
+            return _summary(model)
+
+    @staticmethod
+    def _insert_privacy_entry(staged: _State, entry: PrivacyEntry) -> None:
+        staged.ledger[entry.round_number] = entry
+
+    def abort_round(self, round_record: RoundRecord) -> None:
+        if round_record.state is not RoundState.ABORTED:
+            raise InvalidRecordError(f"abort_round got state {round_record.state}")
+        with self._lock:
+            self._check_writable(round_record)
+            staged = self._state.copy()
+            staged.rounds[round_record.number] = _copy_round(round_record)
+            self._state = staged
+
+    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
+        when = at or self._clock()
+        with self._lock:
+            staged = self._state.copy()
+            numbers = sorted(n for n, r in staged.rounds.items() if not r.state.is_terminal)
+            for n in numbers:
+                staged.rounds[n] = replace(
+                    staged.rounds[n], state=RoundState.ABORTED, abort_reason=COORDINATOR_RESTART, ended_at=when
+                )
+            self._state = staged
+            return numbers
+
+    def get_round(self, number: int) -> RoundRecord | None:
+        with self._lock:
+            record = self._state.rounds.get(number)
+        return None if record is None else _copy_round(record)
+
+    def list_rounds(self, *, limit: int = 50, before: int | None = None) -> Page[RoundRecord]:
+        validate_limit(limit)
+        with self._lock:
+            numbers = sorted((n for n in self._state.rounds if before is None or n < before), reverse=True)
+            items = tuple(_copy_round(self._state.rounds[n]) for n in numbers[: limit + 1])
+        return page_of(items, limit, key=lambda r: r.number)
+
+    # ------------------------------------------------------------- privacy
+    def privacy_ledger(self) -> list[PrivacyEntry]:
+        with self._lock:
+            return [e for _, e in sorted(self._state.ledger.items())]
+
+    def privacy_summary(self) -> PrivacySummary:
+        return summarize_privacy(self.privacy_ledger())
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
+    if record.state is not RoundState.COMMITTED:
+        raise InvalidRecordError(f"commit_round got state {record.state}")
+    if entry is not None and entry.round_number != record.number:
+        raise InvalidRecordError(
+            f"privacy entry is for round {entry.round_number}, not round {record.number}"
+        )
+
+
+def _copy_round(record: RoundRecord) -> RoundRecord:
+    # RoundRecord's constructor copies its mappings.
+    return replace(record)
+
+
+def _summary(model: ModelVersion) -> ModelVersionSummary:
+    return ModelVersionSummary(
+        id=model.id,
+        round_number=model.round_number,
+        created_at=model.created_at,
+        model_name=model.model_name,
+        sha256=model.sha256,
+        size_bytes=model.size_bytes,
+        hyperparameters=copy.deepcopy(dict(model.hyperparameters)),
+    )
+
+
+def _verified(model: ModelVersion) -> ModelVersion:
+    actual = sha256_hex(model.parameters)
+    if actual != model.sha256:
+        raise CorruptBlobError(model.id, model.sha256, actual)
+    return replace(model, hyperparameters=copy.deepcopy(dict(model.hyperparameters)))
+

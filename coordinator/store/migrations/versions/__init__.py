@@ -1,0 +1,1 @@
+"""Alembic revision files (Alembic itself skips this __init__.py)."""

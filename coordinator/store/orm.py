@@ -1,0 +1,131 @@
+"""SQLAlchemy 2 ORM tables of the SQL store (typed `Mapped[...]`).
+
+The schema itself is owned by the Alembic migrations in ./migrations; a test
+checks that these models and the migrated database never diverge
+(alembic's compare_metadata finds no difference, on SQLite and PostgreSQL).
+
+Portability: ids are BIGINT (INTEGER on SQLite, where only that aliases the
+rowid), JSON is JSONB on PostgreSQL, timestamps are stored in UTC
+(TIMESTAMP WITH TIME ZONE on PostgreSQL, naive UTC text on SQLite) and always
+come back timezone-aware. Enumerations are plain strings validated in Python,
+so adding a state never needs an ALTER TYPE / CHECK migration.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Double,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Primary keys: BIGINT, but INTEGER on SQLite so it autoincrements.
+Id = BigInteger().with_variant(Integer(), "sqlite")
+JsonDoc = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware datetimes in, aware UTC datetimes out, on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store needs timezone-aware values")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        bytes: LargeBinary(),
+        float: Double(),
+        dict[str, Any]: JsonDoc,
+    }
+
+
+class DeviceRow(Base):
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    local_id: Mapped[str] = mapped_column(String(255), default="")
+    client_id: Mapped[str | None] = mapped_column(String(255))
+    identity_public_key: Mapped[bytes] = mapped_column(unique=True)
+    enrolled_at: Mapped[datetime]
+    status: Mapped[str] = mapped_column(String(16))
+    last_seen_at: Mapped[datetime | None]
+
+
+class RoundRow(Base):
+    __tablename__ = "rounds"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    number: Mapped[int] = mapped_column(BigInteger, unique=True)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    abort_reason: Mapped[str | None] = mapped_column(String(64))
+    cohort_size: Mapped[int] = mapped_column(Integer)
+    base_model_version: Mapped[int | None] = mapped_column(BigInteger)
+    survivors: Mapped[dict[str, Any]]
+    dropouts: Mapped[dict[str, Any]]
+    timings: Mapped[dict[str, Any]]
+    metrics: Mapped[dict[str, Any]]
+
+
+class ModelVersionRow(Base):
+    __tablename__ = "model_versions"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    round_number: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("rounds.number"), unique=True
+    )
+    created_at: Mapped[datetime]
+    model_name: Mapped[str] = mapped_column(String(64), index=True)
+    parameters: Mapped[bytes]
+    sha256: Mapped[str] = mapped_column(String(64))
+    hyperparameters: Mapped[dict[str, Any]]
+
+
+class PrivacyLedgerRow(Base):
+    __tablename__ = "privacy_ledger"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    round_number: Mapped[int] = mapped_column(BigInteger, ForeignKey("rounds.number"), unique=True)
+    epsilon: Mapped[float]
+    delta: Mapped[float]
+    noise_multiplier: Mapped[float]
+    sampling_rate: Mapped[float]
+    cumulative_epsilon: Mapped[float]

@@ -1,0 +1,42 @@
+"""Pure helpers shared by the Store implementations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from coordinator.store.errors import InvalidRecordError
+from coordinator.store.records import Page, PrivacyEntry, PrivacySummary
+
+T = TypeVar("T")
+
+MAX_PAGE = 1000
+
+
+def validate_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidRecordError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
+
+
+def summarize_privacy(ledger: Sequence[PrivacyEntry]) -> PrivacySummary:
+    """Summary of a ledger sorted by ascending round number."""
+    if not ledger:
+        return PrivacySummary(
+            rounds_accounted=0, last_round=None, cumulative_epsilon=0.0, delta=None, epsilon_sum=0.0
+        )
+    last = ledger[-1]
+    return PrivacySummary(
+        rounds_accounted=len(ledger),
+        last_round=last.round_number,
+        cumulative_epsilon=last.cumulative_epsilon,
+        delta=last.delta,
+        epsilon_sum=sum(e.epsilon for e in ledger),
+    )
+
+
+def page_of(items: tuple[T, ...], limit: int, key: Callable[[T], int]) -> Page[T]:
+    """A Page from up to limit + 1 newest-first items (the extra one only
+    signals that an older page exists)."""
+    if len(items) > limit:
+        return Page(items[:limit], key(items[limit - 1]))
+    return Page(items, None)

@@ -1,0 +1,508 @@
+"""The batched federation simulator behind `fedmask simulate`.
+
+One process simulates a whole federation with exactly the per-device functions
+an edge client runs (`models/base.py`), stacked over the cohort. Each round:
+
+1. select a cohort (seeded; all users by default, or `clients_per_round`
+   drawn uniformly without replacement);
+2. gather the cohort's private rows (`take_rows`) and training data (`cohort_data`);
+3. `model.local_update` -> new private rows and the (B, update_dim) updates;
+4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
+   (`models/privacy.py`), on the device side, before aggregation;
+5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
+   in-process (fixed-point encoding, pairwise and self masks, unmasking);
+6. `model.apply_mean_update` -> the new global state; scatter the private rows back;
+7. every `eval_every` rounds (and after the last) evaluate on *validation*
+   (metric sums from `models/evaluation.py`).
+
+Model selection uses validation only: the state (global + all private rows)
+of the best validation round is kept (by reference when nothing can mutate
+it, copied on write otherwise) and the test metrics are computed once, on that
+state, after training. Test numbers never influence anything.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, put_rows, take_rows
+from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
+
+MODEL_NAMES: tuple[str, ...] = ("fedrap", "fedmmf", "pfedrec", "fedmf")
+IMPLICIT_ONLY = ("fedrap", "pfedrec")
+
+
+class ConfigError(ValueError):
+    """A simulation was asked for something that cannot run (message is user-facing)."""
+
+
+# ============================================================ models
+
+
+def build_model(
+    name: str,
+    *,
+    explicit: bool,
+    n_users: int,
+    n_items: int,
+    item_features: np.ndarray | torch.Tensor | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> FederatedRecommender:
+    """A model with its tuned defaults (the constructors' defaults), plus `overrides`."""
+    kw = dict(overrides or {})
+    try:
+        if name == "fedrap":
+            from models.fedrap import FedRAP
+
+            return FedRAP(n_users, n_items, **kw)
+        if name == "pfedrec":
+            from models.pfedrec import PFedRec
+
+            return PFedRec(n_users, n_items, **kw)
+        if name == "fedmf":
+            from models.fedmf import FedMF, FedMFExplicit
+
+            return FedMFExplicit(n_users, n_items, **kw) if explicit else FedMF(n_users, n_items, **kw)
+        if name == "fedmmf":
+            from models.fedmmf import FedMMF
+
+            feats = None
+            if item_features is not None:
+                feats = torch.as_tensor(np.asarray(item_features), dtype=torch.float32)
+            return FedMMF(n_users, n_items, feats, **kw)
+    except TypeError as e:  # an unknown hyperparameter name
+        raise ConfigError(f"bad parameter for model {name!r}: {e}") from e
+    raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+
+
+def model_is_explicit(name: str, explicit_flag: bool) -> bool:
+    if name not in MODEL_NAMES:
+        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if name == "fedmmf":
+        return True
+    if explicit_flag and name in IMPLICIT_ONLY:
+        raise ConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
+    return explicit_flag
+
+
+def model_config(model: FederatedRecommender) -> dict[str, Any]:
+    cfg = getattr(model, "config", None)
+    return dict(cfg()) if callable(cfg) else {}
+
+
+# ============================================================ config and results
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    model: str
+    dataset: str = "ml-100k"
+    seed: int = 0
+    rounds: int | None = None  # None: the model's tuned default (DEFAULT_ROUNDS)
+    clients_per_round: int | None = None  # None: every user, every round
+    secagg: bool = False
+    secagg_neighbors: int | None = None  # SecAgg+ graph degree; None: the secagg default
+    dp_noise: float | None = None
+    dp_clip: float | None = None
+    dp_delta: float = 1e-5
+    dp_accountant: str = "rdp"
+    device: str = "cpu"
+    explicit: bool = False
+    eval_every: int = 1
+    full_val: bool = False
+    threads: int | None = 2
+    data_dir: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+# rounds of the tuned defaults (docs/tuning.md)
+DEFAULT_ROUNDS: dict[str, int] = {"fedrap": 100, "pfedrec": 100, "fedmf": 100, "fedmmf": 100}
+
+
+def _select_key(explicit: bool) -> tuple[str, int]:
+    """(metric, sign): the validation metric that picks the best round; sign +1 = higher is better."""
+    return ("rmse", -1) if explicit else ("hr@10", +1)
+
+
+# ============================================================ data
+
+
+def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interactions:
+    if dataset == "synthetic":
+        from models.data.synthetic import synthetic
+
+        return synthetic(seed=seed)
+    from models.data.loaders import load_dataset
+
+    try:
+        return load_dataset(dataset, data_dir)
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from e
+
+
+def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit:
+    from models.data.splits import leave_one_out, random_explicit_split
+
+    return random_explicit_split(interactions, seed) if explicit else leave_one_out(interactions, seed)
+
+
+class _Cohorts:
+    """Padded training data of any cohort, cut from one all-users table."""
+
+    def __init__(self, split: ImplicitSplit | ExplicitSplit, device: torch.device) -> None:
+        from models.data.sampling import cohort_data, explicit_train_csr
+
+        users = np.arange(split.n_users)
+        csr = explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None
+        self.all = cohort_data(split, users, device=device, explicit_csr=csr)
+
+    def get(self, rows: torch.Tensor | None) -> CohortData:
+        if rows is None:
+            return self.all
+        a = self.all
+        lengths = a.lengths.index_select(0, rows)
+        lmax = int(lengths.max()) if rows.numel() else 0
+        return CohortData(
+            users=a.users.index_select(0, rows),
+            items=a.items.index_select(0, rows)[:, :lmax],
+            mask=a.mask.index_select(0, rows)[:, :lmax],
+            lengths=lengths,
+            ratings=None if a.ratings is None else a.ratings.index_select(0, rows)[:, :lmax],
+        )
+
+
+# ============================================================ aggregation
+
+
+def secure_mean(
+    updates: torch.Tensor,
+    *,
+    round_idx: int,
+    seed: int,
+    clip: float,
+    neighbors: int | None,
+) -> torch.Tensor:
+    """Mean of the rows of `updates` through the in-process SecAgg(+) driver."""
+    try:
+        from secagg.driver import run_round  # type: ignore[import-not-found]
+    except ImportError as e:  # pragma: no cover - depends on the secagg work
+        raise ConfigError("--secagg: the secagg in-process driver (secagg.driver.run_round) is not available") from e
+    x = updates.detach().to("cpu", torch.float32).numpy()
+    result = run_round(x, round_idx=round_idx, seed=seed, clip=clip, neighbors=neighbors)
+    mean = getattr(result, "mean", result)
+    return torch.as_tensor(np.asarray(mean), dtype=torch.float32, device=updates.device)
+
+
+# ============================================================ the simulation
+
+
+def _generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
+    """Independent seeded streams, so e.g. turning DP on does not change the cohorts."""
+    out = {}
+    for i, name in enumerate(("init", "cohort", "train", "dp")):
+        g = torch.Generator(device=device)
+        g.manual_seed(int(np.random.SeedSequence([seed, i]).generate_state(1)[0]))
+        out[name] = g
+    return out
+
+
+def _clone_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in state.items()}
+
+
+def evaluate_state(
+    model: FederatedRecommender,
+    global_: GlobalState,
+    private: PrivateState,
+    split: ImplicitSplit | ExplicitSplit,
+    stage: str,
+    *,
+    full: bool,
+    placebo: bool,
+    device: torch.device,
+) -> dict[str, float]:
+    from models.evaluation import evaluate, finalize
+
+    def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return model.score(global_, take_rows(private, users), users, items)
+
+    with torch.no_grad():
+        if isinstance(split, ImplicitSplit):
+            sums = evaluate(score_fn, split, stage, full=full, placebo=placebo, device=device)  # type: ignore[arg-type]
+        else:
+            sums = evaluate(score_fn, split, stage, device=device)  # type: ignore[arg-type]
+    return finalize(sums)
+
+
+def simulate(
+    config: SimulationConfig,
+    *,
+    interactions: Interactions | None = None,
+    progress: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run a whole federation; returns the results dict written to results.json."""
+    t_start = time.perf_counter()
+    explicit = model_is_explicit(config.model, config.explicit)
+    device = _resolve_device(config.device)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    if (config.dp_noise is None) != (config.dp_clip is None):
+        raise ConfigError("differential privacy needs both --dp-noise Z and --dp-clip TAU")
+    dp_on = config.dp_noise is not None
+    if dp_on and (config.dp_clip is None or config.dp_clip <= 0 or config.dp_noise is None or config.dp_noise < 0):
+        raise ConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
+    rounds = config.rounds if config.rounds is not None else DEFAULT_ROUNDS[config.model]
+    if rounds < 1:
+        raise ConfigError("--rounds must be >= 1")
+    if config.eval_every < 1:
+        raise ConfigError("--eval-every must be >= 1")
+
+    x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
+    split = make_split(x, explicit, config.seed)
+    n_users, n_items = split.n_users, split.n_items
+    cpr = config.clients_per_round
+    if cpr is not None and not 1 <= cpr <= n_users:
+        raise ConfigError(f"--clients-per-round must be in [1, {n_users}] for {x.name}, got {cpr}")
+    full_cohort = cpr is None or cpr == n_users
+    cohort_size = n_users if full_cohort else int(cpr)  # type: ignore[arg-type]
+
+    model = build_model(
+        config.model,
+        explicit=explicit,
+        n_users=n_users,
+        n_items=n_items,
+        item_features=split.item_features,
+        overrides=config.params,
+    )
+    gens = _generators(config.seed, device)
+    cohorts = _Cohorts(split, device)
+    global_ = model.init_global(gens["init"])
+    private = model.init_private(cohorts.all, global_, gens["init"])
+
+    accountant = None
+    if dp_on:
+        from models.privacy import RoundAccountant
+
+        accountant = RoundAccountant(
+            noise_multiplier=float(config.dp_noise),  # type: ignore[arg-type]
+            sampling_rate=cohort_size / n_users,
+            delta=config.dp_delta,
+            accountant=config.dp_accountant,  # type: ignore[arg-type]
+        ) if config.dp_noise and config.dp_noise > 0 else None
+
+    sel_key, sel_sign = _select_key(explicit)
+    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "private": None, "shared": False}
+    records: list[dict[str, Any]] = []
+    t_setup = time.perf_counter() - t_start
+
+    bar = _Progress(rounds, config.model, sel_key) if progress else None
+    try:
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            rows = None
+            if not full_cohort:
+                perm = torch.randperm(n_users, generator=gens["cohort"], device=gens["cohort"].device)
+                rows = perm[:cohort_size].sort().values.to(device)
+            data = cohorts.get(rows)
+            priv_c = private if rows is None else take_rows(private, rows)
+            new_priv, upd = model.local_update(global_, priv_c, data, r, gens["train"])
+            rec: dict[str, Any] = {"round": r}
+            if upd.shape != (data.users.shape[0], model.update_dim):
+                raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
+            if dp_on and upd.shape[1] > 0:
+                from models.privacy import privatize
+
+                upd, norms = privatize(
+                    upd, clip=float(config.dp_clip), noise_multiplier=float(config.dp_noise), generator=gens["dp"]  # type: ignore[arg-type]
+                )
+                rec["update_norm_mean"] = float(norms.mean())
+                rec["clipped_fraction"] = float((norms > float(config.dp_clip)).float().mean())  # type: ignore[arg-type]
+            if accountant is not None:
+                accountant.step()
+            if upd.shape[1] == 0:
+                mean = upd.new_zeros(0)
+            elif config.secagg:
+                mean = secure_mean(
+                    upd,
+                    round_idx=r,
+                    seed=config.seed,
+                    clip=_secagg_clip(upd, config),
+                    neighbors=config.secagg_neighbors,
+                )
+            else:
+                mean = upd.mean(0)
+            global_ = model.apply_mean_update(global_, mean, r)
+            if rows is None:
+                private = new_priv
+            else:
+                if best["shared"]:  # copy-on-write: the kept best state must not change
+                    best["private"] = _clone_state(best["private"])
+                    best["shared"] = False
+                put_rows(private, rows, new_priv)
+            del upd, new_priv, priv_c
+            rec["train_seconds"] = time.perf_counter() - t0
+
+            t1 = time.perf_counter()
+            if (r + 1) % config.eval_every == 0 or r == rounds - 1:
+                val = evaluate_state(
+                    model, global_, private, split, "val", full=config.full_val, placebo=False, device=device
+                )
+                rec["val"] = val
+                v = sel_sign * val.get(sel_key, math.nan)
+                if math.isfinite(v) and v > best["value"]:
+                    best.update(round=r, value=v)
+                    best["global"] = global_  # new tensors every round: safe by reference
+                    best["private"] = private
+                    best["shared"] = True
+            rec["eval_seconds"] = time.perf_counter() - t1
+            summary = getattr(model, "summary", None)
+            if callable(summary) and config.model == "fedrap":
+                rec.update(summary(global_, private))
+            rec["seconds"] = time.perf_counter() - t0
+            records.append(rec)
+            if bar is not None:
+                bar.advance(rec, best)
+            if on_round is not None:
+                on_round(rec)
+    finally:
+        if bar is not None:
+            bar.close()
+
+    t_train_end = time.perf_counter()
+    if best["round"] is None:  # every validation value was NaN: fall back to the last round
+        best["round"] = rounds - 1
+        best["global"], best["private"] = global_, private
+    test = evaluate_state(
+        model, best["global"], best["private"], split, "test", full=True, placebo=True, device=device
+    )
+    summary_fn = getattr(model, "summary", None)
+    summary_best = summary_fn(best["global"], best["private"]) if callable(summary_fn) else {}
+    seconds_total = time.perf_counter() - t_start
+
+    out: dict[str, Any] = {
+        "model": config.model,
+        "dataset": x.name,
+        "seed": config.seed,
+        "kind": "explicit" if explicit else "implicit",
+        "n_users": n_users,
+        "n_items": n_items,
+        "cohort_size": cohort_size,
+        "update_dim": model.update_dim,
+        "rounds": records,
+        "best_round": best["round"],
+        "selection": {"metric": f"val {sel_key}", "higher_is_better": sel_sign > 0},
+        "best_val": next(rec["val"] for rec in records if rec["round"] == best["round"] and "val" in rec)
+        if any("val" in rec and rec["round"] == best["round"] for rec in records)
+        else None,
+        "test": _test_block(test, explicit),
+        "summary": summary_best,
+        "seconds_total": seconds_total,
+        "seconds_setup": t_setup,
+        "seconds_training": t_train_end - t_start - t_setup,
+        "config": asdict(config) | {"rounds": rounds},
+        "model_config": model_config(model),
+        "protocol": _protocol_note(explicit),
+    }
+    if not explicit:
+        out["placebo"] = {"hr@10": test.get("placebo_hr@10", math.nan), "ndcg@10": test.get("placebo_ndcg@10", math.nan)}
+    if dp_on:
+        out["dp"] = {
+            "noise_multiplier": config.dp_noise,
+            "clip": config.dp_clip,
+            "delta": config.dp_delta,
+            "accountant": config.dp_accountant,
+            "sampling_rate": cohort_size / n_users,
+            "rounds": rounds,
+            "meaning": (
+                "user-level (add/remove one device) epsilon of the Poisson-subsampled Gaussian mechanism "
+                "with noise multiplier z and sampling rate q = cohort/n_users, composed over all rounds "
+                "(dp_accounting); conservative for the aggregate, see models/privacy.py"
+            ),
+        }
+        out["epsilon"] = accountant.epsilon() if accountant is not None else math.inf
+    return out
+
+
+def _test_block(test: Mapping[str, float], explicit: bool) -> dict[str, float]:
+    keys = ("rmse", "mae", "n_ratings") if explicit else ("hr@10", "ndcg@10", "full_hr@10", "full_ndcg@10", "n_users")
+    return {k: float(test[k]) for k in keys if k in test}
+
+
+def _protocol_note(explicit: bool) -> str:
+    if explicit:
+        return "per-user random split 72/8/20 (train/val/test); best round by validation RMSE; test once at the end"
+    return (
+        "leave-one-out by time; training negatives drawn every epoch from all items minus the user's training "
+        "items; best round by validation HR@10 (99 sampled negatives); test once at the end on the kept state"
+    )
+
+
+def _secagg_clip(updates: torch.Tensor, config: SimulationConfig) -> float:
+    """The fixed-point range [-c, c] for SecAgg: with DP, a bound that clipped+noised
+    coordinates essentially never exceed (|x_j| <= tau plus 6 noise std); without DP,
+    the largest coordinate of this round (a public bound the devices would agree on
+    in deployment; values beyond it are clipped by the encoding)."""
+    if config.dp_clip is not None:
+        return float(config.dp_clip) * (1.0 + 6.0 * float(config.dp_noise or 0.0))
+    return max(float(updates.abs().max()), 1e-6)
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {name} requested but CUDA is not available on this machine")
+        return torch.device(name)
+    raise ConfigError(f"unknown device {name!r}; use cpu or cuda")
+
+
+class _Progress:
+    """A rich progress bar over rounds showing the current validation metric."""
+
+    def __init__(self, rounds: int, model: str, metric: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self.metric = metric
+        self.p = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.p.start()
+        self.task = self.p.add_task(f"{model} rounds", total=rounds, status="")
+
+    def advance(self, rec: Mapping[str, Any], best: Mapping[str, Any]) -> None:
+        val = rec.get("val")
+        status = ""
+        if val is not None:
+            v = val.get(self.metric, math.nan)
+            status = f"val {self.metric} {v:.4f} (best round {best['round']})"
+        self.p.update(self.task, advance=1, status=status)
+
+    def close(self) -> None:
+        self.p.stop()
+
+
+def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write DIR/results.json and DIR/metrics.png; returns their paths."""
+    from models.results import plot_metrics, save_json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    j = save_json(results, out / "results.json")
+    p = plot_metrics(results, out / "metrics.png")
+    return j, p

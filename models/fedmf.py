@@ -1,0 +1,237 @@
+"""FedMF: plain federated matrix factorisation (Chai et al. 2020; the baseline of
+every paper here), in two modes.
+
+- `FedMF` (implicit): score sigmoid(<p_u, q_j> + b_u); BCE on the positives and
+  `n_neg` fresh uniform negatives per positive (from all items minus the
+  device's training items), `local_epochs` full-batch steps per round. It is
+  FedRAP without the personal table, the regularisers and the prox
+  (`FedRAP(variant="c_only", reg="none")`), so the two share one code path; the
+  global table is stored under the key "C".
+- `FedMFExplicit` (`--explicit`): prediction <p_u, q_i> (+ an optional item
+  bias b_i) + a public constant `center` (the middle of the rating scale; no
+  data is needed to know it); loss per device = 1/2 sum (r - r_hat)^2 +
+  reg/2 * sum_(u,i) (||p_u||^2 + ||q_i||^2) (paper Eq. 2: the L2 terms are
+  counted once per rating). `local_epochs` full-batch gradient steps on p_u
+  (mean-normalised, `lr_user`) and on the device's copy of the rated rows of Q
+  (summed loss, `lr_item`); the device sends Q_u - Q (and b_u - b), flattened.
+  Server: Q <- Q + server_lr * mean. With local_epochs = 1, server_lr = B
+  (the cohort size) is exactly the paper's "sum of the item gradients" step.
+
+`ExplicitMF` is the batched core shared with FedMMF (which adds a private
+additive mask to the prediction and trains Q on the masked ratings).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import torch
+
+from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.batched import flatten, randn
+from models.fedrap import FedRAP
+
+
+class FedMF(FedRAP):
+    """Implicit FedMF (see the module docstring)."""
+
+    name: ClassVar[str] = "fedmf"
+    kind: ClassVar[Literal["implicit", "explicit"]] = "implicit"
+
+    def __init__(
+        self,
+        n_users: int,
+        n_items: int,
+        *,
+        k: int = 32,
+        local_epochs: int = 10,
+        n_neg: int = 4,
+        lr_user: float = 0.5,
+        lr_item: float = 0.5,
+        lr_decay: float = 1.0,
+        server_lr: float = 1.0,
+        init_std_c: float = 0.1,
+        init_std_u: float = 0.1,
+        chunk: int = 64,
+    ) -> None:
+        super().__init__(
+            n_users,
+            n_items,
+            k=k,
+            variant="c_only",
+            reg="none",
+            v1=0.0,
+            v2=0.0,
+            local_epochs=local_epochs,
+            n_neg=n_neg,
+            lr_user=lr_user,
+            lr_item=lr_item,
+            lr_decay=lr_decay,
+            server_lr=server_lr,
+            init_std_c=init_std_c,
+            init_std_u=init_std_u,
+            chunk=chunk,
+        )
+
+    def config(self) -> dict[str, object]:
+        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr init_std_c init_std_u".split()
+        return {key: getattr(self, key) for key in keys}
+
+    def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
+        return {}
+
+
+class ExplicitMF(FederatedRecommender):
+    """Batched explicit MF core: global Q (m, k) [+ item bias bq (m,)], private p (n, k).
+
+    Subclasses may add a private per-(device, item) offset through `_offset`.
+    """
+
+    kind: ClassVar[Literal["implicit", "explicit"]] = "explicit"
+
+    def __init__(
+        self,
+        n_users: int,
+        n_items: int,
+        *,
+        k: int = 16,
+        item_bias: bool = True,
+        center: float = 3.0,
+        local_epochs: int = 1,
+        lr_user: float = 0.5,
+        lr_item: float = 0.05,
+        lr_decay: float = 1.0,
+        server_lr: float = 10.0,
+        reg: float = 0.05,
+        init_std: float = 0.1,
+        chunk: int = 64,
+    ) -> None:
+        if k < 1 or local_epochs < 1:
+            raise ValueError("k and local_epochs must be >= 1")
+        self.n_users, self.n_items, self.k = n_users, n_items, k
+        self.item_bias, self.center = item_bias, center
+        self.local_epochs = local_epochs
+        self.lr_user, self.lr_item, self.lr_decay, self.server_lr = lr_user, lr_item, lr_decay, server_lr
+        self.reg, self.init_std, self.chunk = reg, init_std, chunk
+
+    _CONFIG_KEYS: ClassVar[tuple[str, ...]] = (
+        "k", "item_bias", "center", "local_epochs", "lr_user", "lr_item", "lr_decay",
+        "server_lr", "reg", "init_std",
+    )  # fmt: skip
+
+    def config(self) -> dict[str, object]:
+        return {key: getattr(self, key) for key in self._CONFIG_KEYS}
+
+    @property
+    def update_dim(self) -> int:
+        return self.n_items * self.k + (self.n_items if self.item_bias else 0)
+
+    def init_global(self, generator: torch.Generator) -> GlobalState:
+        g: GlobalState = {"Q": randn((self.n_items, self.k), self.init_std, generator)}
+        if self.item_bias:
+            g["bq"] = torch.zeros(self.n_items, device=generator.device)
+        return g
+
+    def init_private(
+        self, data: CohortData, global_: GlobalState, generator: torch.Generator
+    ) -> PrivateState:
+        nb = int(data.users.shape[0])
+        return {"p": randn((nb, self.k), self.init_std, generator)}
+
+    # hook for FedMMF: private additive term of the prediction, (B, m) for the cohort rows
+    def _offset(self, private: PrivateState) -> torch.Tensor | None:
+        return None
+
+    def _carry(self, private: PrivateState) -> PrivateState:
+        """Private entries that local training leaves unchanged."""
+        return {}
+
+    def local_update(
+        self,
+        global_: GlobalState,
+        private: PrivateState,
+        data: CohortData,
+        round_idx: int,
+        generator: torch.Generator,
+    ) -> tuple[PrivateState, torch.Tensor]:
+        if data.ratings is None:
+            raise ValueError(f"{self.name} is an explicit model: the cohort data needs ratings")
+        m, k = self.n_items, self.k
+        Q = global_["Q"]
+        bq = global_.get("bq")
+        flat = flatten(data)
+        nb = flat.n_devices
+        dev_t = Q.device
+        f = self.lr_decay**round_idx
+        lr_u, lr_i = self.lr_user * f, self.lr_item * f
+        assert flat.rating is not None
+        # dense (B, m) tables of the targets and of which entries are rated
+        rated = torch.zeros(nb * m, device=dev_t)
+        rated[flat.dev * m + flat.item] = 1.0
+        target = torch.zeros(nb * m, device=dev_t)
+        target[flat.dev * m + flat.item] = flat.rating
+        rated, target = rated.view(nb, m), target.view(nb, m)
+        target = target - self.center
+        off = self._offset(private)
+        if off is not None:
+            target = target - off
+        n_r = flat.counts.clamp(min=1).to(torch.float32)
+
+        p_all = private["p"].clone()
+        upd = torch.empty(nb, self.update_dim, device=dev_t)
+        mk = m * k
+        for s in range(0, nb, self.chunk):
+            sl = slice(s, min(nb, s + self.chunk))
+            bc = sl.stop - sl.start
+            p = p_all[sl]
+            r_c, t_c = rated[sl], target[sl]
+            W = torch.zeros(bc, m, k, device=dev_t)  # Q_u - Q
+            wb = torch.zeros(bc, m, device=dev_t) if bq is not None else None  # b_u - b
+            for _ in range(self.local_epochs):
+                pred = torch.bmm(W, p.unsqueeze(2)).squeeze(2) + p @ Q.T
+                if bq is not None and wb is not None:
+                    pred = pred + bq + wb
+                g = r_c * (pred - t_c)  # d (1/2 sum err^2) / d pred, rated entries only
+                grad_p = torch.bmm(g.unsqueeze(1), W).squeeze(1) + g @ Q + self.reg * n_r[sl, None] * p
+                # item rows: g * p + reg * q for every rating of the item
+                W.baddbmm_(g.unsqueeze(2), p.unsqueeze(1), alpha=-lr_i)
+                if self.reg > 0:
+                    W.sub_((W + Q) * r_c.unsqueeze(2), alpha=lr_i * self.reg)
+                if wb is not None:
+                    wb.sub_(g, alpha=lr_i)
+                p.sub_(grad_p / n_r[sl, None], alpha=lr_u)
+            upd[sl, :mk] = W.view(bc, mk)
+            if wb is not None:
+                upd[sl, mk:] = wb
+        new_private: PrivateState = {"p": p_all}
+        new_private.update(self._carry(private))
+        return new_private, upd
+
+    def apply_mean_update(
+        self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int
+    ) -> GlobalState:
+        mk = self.n_items * self.k
+        out: GlobalState = {"Q": global_["Q"] + self.server_lr * mean_update[:mk].view(self.n_items, self.k)}
+        if self.item_bias:
+            out["bq"] = global_["bq"] + self.server_lr * mean_update[mk:]
+        return out
+
+    def _predict(
+        self, global_: GlobalState, private: PrivateState, items: torch.Tensor
+    ) -> torch.Tensor:
+        q = global_["Q"][items]  # (B, K, k)
+        pred = torch.einsum("bkd,bd->bk", q, private["p"]) + self.center
+        if self.item_bias:
+            pred = pred + global_["bq"][items]
+        return pred
+
+    def score(
+        self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        return self._predict(global_, private, items)
+
+
+class FedMFExplicit(ExplicitMF):
+    """Explicit FedMF (`fedmask simulate --model fedmf --explicit`)."""
+
+    name: ClassVar[str] = "fedmf"

@@ -1,0 +1,299 @@
+"""FedRAP: Federated Recommendation with Additive Personalization (Li, Long, Zhou; ICLR 2024).
+
+Each device i keeps a user vector u_i (plus a scalar bias b_i, the bias of the
+reference implementation's affine output; it does not change any ranking) and
+a personal item table D_i (m x k); the server keeps the global item table C
+(m x k). The score of item j is sigmoid(<u_i, (D_i + C)_j> + b_i).
+
+Objective (paper Eq. 3), per device i and round a:
+
+    sum_{(i,j)} BCE(r_ij, r_hat_ij)  -  lambda(a) * ||D_i - C||_F^2  +  mu(a) * ||C||_1
+
+with lambda(a) = c(a) * v1 and mu(a) = c(a) * v2 for a curriculum c (tanh(a/10)
+by default; fixed / sin / square / frac for the ablations). The *minus* sign is
+the paper's: Eq. (2) *maximises* ||D_i - C||_F^2 so that the two views are
+complementary (the DESIGN note's "- lambda(a) * ||D_i - C||^2" is the same
+term). Maximising a squared distance is unbounded, so v1 must stay small; it
+is a tuned hyperparameter (docs/tuning.md). The curriculum weights are really
+applied here (the published code computes them and then uses the constants).
+
+Optimisation (one round, per device, all devices of the cohort at once):
+- `local_epochs` full-batch gradient steps on the BCE part (positives plus
+  `n_neg` fresh uniform negatives per positive and epoch, drawn from all items
+  minus the device's training items). The BCE gradient only touches the rows
+  of the sampled items, so these steps are sparse scatter-adds into the
+  (B*m, k) tables. u_i and b_i use the gradient of the per-device *mean* BCE
+  (`lr_user`); the item rows of D_i and of the device's copy of C use the
+  gradient of the *summed* BCE as in Eq. (3) (`lr_item`).
+- then one step on the dense regulariser -lambda(a)||D_i - C_i||^2 of length
+  local_epochs * lr (Lie-Trotter splitting: the E small dense steps are taken
+  as one; the difference is O((lr*lambda*E)^2)). It pushes D_i and C_i apart.
+- the device sends C_i - C (flattened, update_dim = m*k). D_i, u_i, b_i never
+  leave it.
+
+Server (`apply_mean_update`): C <- prox(C + server_lr * mean_update). The
+L1 term mu(a)||C||_1 is applied as a proximal soft-threshold *on the server*,
+after averaging, with threshold server_lr * local_epochs * lr_item * mu(a)
+(what E proximal steps of the devices' item learning rate amount to). Doing
+it on the server is exact proximal gradient on the averaged objective, keeps
+C itself sparse (an average of individually thresholded copies is not), keeps
+it sparse under DP noise, and costs O(m k) instead of O(B m k). The L2
+ablation uses the proximal map of mu||C||_F^2 (a shrink by 1/(1 + 2t)).
+
+Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
+D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
+reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal
+
+import torch
+
+from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.batched import flatten, negative_counts, positive_table, randn, soft_threshold
+
+Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
+CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
+VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
+REGS: tuple[str, ...] = ("l1", "l2", "none")
+
+
+def curriculum_weight(kind: str, a: int) -> float:
+    """c(a) in [0, 1]: the factor of v1 / v2 at round a (0-based).
+
+    tanh: tanh(a/10) (the paper's choice); fixed: 1; sin: (sin(a/10) + 1)/2
+    (the paper writes sin(a/10), which turns negative after a ~ 31 and would
+    contradict its own "between 0 and v" statement; the published code uses
+    this shifted form); square: 0 on rounds [0,10), 1 on [10,20), ... (the
+    paper's "alternates between 0 and v every 10 iterations", starting from
+    full personalisation); frac: 1/(a+1).
+    """
+    if kind == "tanh":
+        return math.tanh(a / 10.0)
+    if kind == "fixed":
+        return 1.0
+    if kind == "sin":
+        return (math.sin(a / 10.0) + 1.0) / 2.0
+    if kind == "square":
+        return float((a // 10) % 2)
+    if kind == "frac":
+        return 1.0 / (a + 1.0)
+    raise ValueError(f"unknown curriculum {kind!r}; expected one of {CURRICULA}")
+
+
+class FedRAP(FederatedRecommender):
+    name: ClassVar[str] = "fedrap"
+    kind: ClassVar[Literal["implicit", "explicit"]] = "implicit"
+
+    def __init__(
+        self,
+        n_users: int,
+        n_items: int,
+        *,
+        k: int = 32,
+        variant: str = "full",
+        reg: str = "l1",
+        curriculum: str = "tanh",
+        v1: float = 1e-3,
+        v2: float = 1e-3,
+        local_epochs: int = 10,
+        n_neg: int = 4,
+        lr_user: float = 0.5,
+        lr_item: float = 0.5,
+        lr_decay: float = 1.0,
+        server_lr: float = 1.0,
+        weight_decay_d: float = 0.0,
+        init_std_c: float = 0.1,
+        init_std_d: float = 0.0,
+        init_std_u: float = 0.1,
+        chunk: int = 64,
+    ) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown FedRAP variant {variant!r}; expected one of {VARIANTS}")
+        if reg not in REGS:
+            raise ValueError(f"unknown regulariser {reg!r}; expected one of {REGS}")
+        curriculum_weight(curriculum, 0)  # validates the name
+        if k < 1 or local_epochs < 1 or n_neg < 0:
+            raise ValueError("k and local_epochs must be >= 1 and n_neg >= 0")
+        self.n_users, self.n_items, self.k = n_users, n_items, k
+        self.variant, self.reg, self.curriculum = variant, reg, curriculum
+        self.v1, self.v2 = v1, v2
+        self.local_epochs, self.n_neg = local_epochs, n_neg
+        self.lr_user, self.lr_item, self.lr_decay = lr_user, lr_item, lr_decay
+        self.server_lr = server_lr
+        self.weight_decay_d = weight_decay_d
+        self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
+        self.chunk = chunk
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def has_c(self) -> bool:
+        return self.variant != "d_only"
+
+    @property
+    def has_d(self) -> bool:
+        return self.variant != "c_only"
+
+    def lam(self, a: int) -> float:
+        """lambda(a, v1): weight of -||D_i - C||_F^2 at round a."""
+        return curriculum_weight(self.curriculum, a) * self.v1
+
+    def mu(self, a: int) -> float:
+        """mu(a, v2): weight of the sparsity term on C at round a."""
+        return 0.0 if self.reg == "none" else curriculum_weight(self.curriculum, a) * self.v2
+
+    def _lrs(self, a: int) -> tuple[float, float]:
+        f = self.lr_decay**a
+        return self.lr_user * f, self.lr_item * f
+
+    def config(self) -> dict[str, object]:
+        keys = (
+            "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_decay "
+            "server_lr weight_decay_d init_std_c init_std_d init_std_u"
+        ).split()
+        return {key: getattr(self, key) for key in keys}
+
+    # ------------------------------------------------------------------ interface
+    @property
+    def update_dim(self) -> int:
+        return self.n_items * self.k if self.has_c else 0
+
+    def init_global(self, generator: torch.Generator) -> GlobalState:
+        if not self.has_c:
+            return {}
+        return {"C": randn((self.n_items, self.k), self.init_std_c, generator)}
+
+    def init_private(
+        self, data: CohortData, global_: GlobalState, generator: torch.Generator
+    ) -> PrivateState:
+        b = int(data.users.shape[0])
+        # D-only needs a random start (with D = 0 and no C every score is 0 and u gets no gradient).
+        std_d = self.init_std_d if self.has_c or self.init_std_d > 0 else self.init_std_c
+        state = {
+            "u": randn((b, self.k), self.init_std_u, generator),
+            "b": torch.zeros(b, device=generator.device),
+        }
+        if self.has_d:
+            state["D"] = randn((b, self.n_items, self.k), std_d, generator)
+        return state
+
+    def local_update(
+        self,
+        global_: GlobalState,
+        private: PrivateState,
+        data: CohortData,
+        round_idx: int,
+        generator: torch.Generator,
+    ) -> tuple[PrivateState, torch.Tensor]:
+        m, k, n_ep = self.n_items, self.k, self.local_epochs
+        flat = flatten(data)
+        nb = flat.n_devices
+        dev_t = flat.item.device
+        lr_u, lr_i = self._lrs(round_idx)
+        lam = self.lam(round_idx)
+        t = n_ep * lr_i  # length of the one split step on the dense regulariser
+        C = global_["C"] if self.has_c else None
+
+        pos = positive_table(flat, m)  # (B, m)
+        negc = negative_counts(data, m, self.n_neg, n_ep, generator)  # (E, B, m)
+        n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
+
+        u_all = private["u"].clone()
+        b_all = private["b"].clone()
+        d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else None
+        upd = torch.empty(nb, m * k, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
+        # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by their sum
+        lr_w = lr_i * (int(self.has_c) + int(self.has_d))
+
+        for s in range(0, nb, self.chunk):
+            sl = slice(s, min(nb, s + self.chunk))
+            bc = sl.stop - sl.start
+            u = u_all[sl]  # views: updated in place (u_all is a fresh copy)
+            bias = b_all[sl]
+            inv_n = 1.0 / n_per[sl]
+            W = private["D"][sl].clone() if self.has_d else torch.zeros(bc, m, k, device=dev_t)
+            g_hist = torch.empty(bc, n_ep, m, device=dev_t)
+            u_hist = torch.empty(bc, n_ep, k, device=dev_t)
+            pos_c = pos[sl]
+            for e in range(n_ep):
+                z = torch.bmm(W, u.unsqueeze(2)).squeeze(2) + bias.unsqueeze(1)
+                if C is not None:
+                    z += u @ C.T
+                p = torch.sigmoid(z)
+                # summed BCE gradient w.r.t. the logit of every (device, item), all samples at once:
+                # negatives drawn c times contribute c * p, a positive contributes p - 1.
+                g = negc[e, sl].to(torch.float32) * p + pos_c * (p - 1.0)
+                grad_u = torch.bmm(g.unsqueeze(1), W).squeeze(1)
+                if C is not None:
+                    grad_u += g @ C
+                g_hist[:, e] = g
+                u_hist[:, e] = u
+                W.baddbmm_(g.unsqueeze(2), u.unsqueeze(1), alpha=-lr_w)
+                u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
+                bias.sub_(g.sum(1) * inv_n, alpha=lr_u)
+            if self.has_c:
+                # C_i - C = -lr_i * sum_e g_e (x) u_e, formed once from the factors
+                dc = torch.bmm(g_hist.transpose(1, 2), u_hist).mul_(-lr_i)
+                if self.has_d:
+                    d_new = W.sub_(dc)  # D_i = W - (C_i - C)
+                    if lam > 0 or self.weight_decay_d > 0:
+                        delta = d_new - dc - C  # D_i - C_i
+                        if self.weight_decay_d > 0:
+                            d_new.mul_(1.0 - t * self.weight_decay_d)
+                        if lam > 0:
+                            d_new.add_(delta, alpha=2.0 * lam * t)  # ascent on ||D_i - C_i||^2
+                            dc.sub_(delta, alpha=2.0 * lam * t)
+                    d_out[sl] = d_new
+                upd[sl] = dc.view(bc, m * k)
+            else:
+                if self.weight_decay_d > 0:
+                    W.mul_(1.0 - t * self.weight_decay_d)
+                d_out[sl] = W
+
+        new_private: PrivateState = {"u": u_all, "b": b_all}
+        if d_out is not None:
+            new_private["D"] = d_out
+        return new_private, upd
+
+    def apply_mean_update(
+        self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int
+    ) -> GlobalState:
+        if not self.has_c:
+            return dict(global_)
+        C = global_["C"] + self.server_lr * mean_update.view(self.n_items, self.k)
+        _, lr_i = self._lrs(round_idx)
+        thr = self.server_lr * self.local_epochs * lr_i * self.mu(round_idx)
+        if self.reg == "l1":
+            C = soft_threshold(C, thr)
+        elif self.reg == "l2" and thr > 0:
+            C = C / (1.0 + 2.0 * thr)
+        return {"C": C}
+
+    def score(
+        self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        nb = items.shape[0]
+        e = None
+        if self.has_c:
+            e = global_["C"][items]  # (B, K, k)
+        if self.has_d:
+            d = private["D"][torch.arange(nb, device=items.device).unsqueeze(1), items]
+            e = d if e is None else e + d
+        assert e is not None
+        return torch.einsum("bkd,bd->bk", e, private["u"]) + private["b"].unsqueeze(1)
+
+    # ------------------------------------------------------------------ reporting
+    def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
+        """Sparsity of C (fraction of exact zeros and of |c| <= 1e-2 / 1e-1)."""
+        if not self.has_c:
+            return {}
+        C = global_["C"]
+        n = C.numel()
+        return {
+            "c_zero_fraction": float((C == 0).sum()) / n,
+            "c_abs_gt_1e-2": float((C.abs() > 1e-2).sum()) / n,
+            "c_abs_gt_1e-1": float((C.abs() > 1e-1).sum()) / n,
+        }

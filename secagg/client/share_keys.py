@@ -1,0 +1,93 @@
+"""Client stage 1, ShareKeys: on the server's KeyList, check it, split b_u
+and s_u^SK t-of-|closure| among the advertised closure, and send each peer
+its two shares sealed with the directional c-agreement key."""
+
+from __future__ import annotations
+
+from secagg import identity, shamir
+from secagg.aead import seal, share_associated_data
+from secagg.client.base import ClientState, Reject, Transition
+from secagg.client.masked_input_collection import ClientMaskedInputCollection
+from secagg.errors import AbortReason, MalformedMessage
+from secagg.keys import PUBLIC_KEY_BYTES, SEED_BYTES, agree, share_key
+from secagg.messages import KeyEntry, KeyList, ShareKeys
+
+_BAD = AbortReason.INVALID_KEY_LIST
+
+
+class ClientShareKeys(ClientState):
+    """Waits for the KeyList (advertised keys of this device's closure).
+
+    Checks (else ClientAborted(INVALID_KEY_LIST / INVALID_SIGNATURE)): every
+    entry is a distinct member of the closure N[v]; our own entry is there
+    with our own keys; at least t entries; all 2m public keys distinct (no
+    key reflected back or reused); in active mode every peer's signature
+    verifies under its identity key.
+    """
+
+    stage = "share_keys"
+    expects = KeyList
+    __slots__ = ()
+
+    def _on_message(self, message: KeyList) -> Transition:
+        r = self._round
+        cfg = r.config
+        v = r.device_id
+        closure = r.graph.closure(v)
+        entries: dict[int, KeyEntry] = {}
+        if not isinstance(message.entries, tuple | list):
+            raise Reject(_BAD, "entries is not a list")
+        for e in message.entries:
+            if not isinstance(e, KeyEntry) or not isinstance(e.device_id, int):
+                raise Reject(_BAD, "malformed entry")
+            if e.device_id not in closure:
+                raise Reject(_BAD, f"device {e.device_id} is not in this device's neighbourhood")
+            if e.device_id in entries:
+                raise Reject(_BAD, f"device {e.device_id} listed twice")
+            if not (isinstance(e.c_public, bytes) and isinstance(e.s_public, bytes)
+                    and len(e.c_public) == PUBLIC_KEY_BYTES and len(e.s_public) == PUBLIC_KEY_BYTES):
+                raise Reject(_BAD, f"malformed keys for device {e.device_id}")
+            entries[e.device_id] = e
+        own = entries.get(v)
+        if own is None or own.c_public != r.c_pair.public or own.s_public != r.s_pair.public:
+            raise Reject(_BAD, "this device's own keys are missing or altered")
+        if len(entries) < cfg.threshold:
+            raise Reject(_BAD, f"{len(entries)} advertised devices in the neighbourhood, fewer than t={cfg.threshold}")
+        all_keys = [e.c_public for e in entries.values()] + [e.s_public for e in entries.values()]
+        if len(set(all_keys)) != len(all_keys):
+            raise Reject(_BAD, "two advertised public keys are equal")
+        if cfg.active_adversary:
+            for u, e in entries.items():
+                if u == v:
+                    continue
+                payload = identity.advertise_payload(cfg.session_id, r.round_idx, u, e.c_public, e.s_public)
+                if not identity.verify(r.peer_identity_keys.get(u), e.signature, payload):
+                    raise Reject(AbortReason.INVALID_SIGNATURE, f"bad key signature of device {u}")
+
+        # Secrets: b_u (self-mask seed) and s_u^SK, shared among the closure.
+        holders = sorted(entries)
+        r.b_seed = r.rand(SEED_BYTES)
+        b_shares, s_shares = shamir.split(
+            [shamir.secret_to_int(r.b_seed), shamir.secret_to_int(r.s_pair.private_bytes())],
+            [shamir.x_of(u) for u in holders],
+            cfg.threshold,
+            r.rand,
+        )
+        sid, rnd = cfg.session_id, r.round_idx
+        c_private = r.c_pair.private
+        out: list[tuple[int, bytes]] = []
+        for i, u in enumerate(holders):
+            if u == v:
+                r.own_b_share = b_shares[i]
+                continue
+            try:
+                shared = agree(c_private, entries[u].c_public)
+            except MalformedMessage:
+                raise Reject(_BAD, f"device {u} advertised an invalid key") from None
+            r.receive_keys[u] = share_key(shared, session_id=sid, round_idx=rnd, sender=u, receiver=v)
+            key = share_key(shared, session_id=sid, round_idx=rnd, sender=v, receiver=u)
+            plaintext = shamir.element_to_bytes(b_shares[i]) + shamir.element_to_bytes(s_shares[i])
+            out.append((u, seal(key, plaintext, share_associated_data(sid, rnd, v, u), r.rand)))
+        del entries[v]
+        r.peers = entries
+        return ClientMaskedInputCollection(r), [ShareKeys(**self._header(), shares=tuple(out))]

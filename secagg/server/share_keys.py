@@ -1,0 +1,68 @@
+"""Server stage 1, ShareKeys: collect the sealed shares and relay them."""
+
+from __future__ import annotations
+
+from secagg.aead import sealed_length
+from secagg.errors import AbortReason, DropReason
+from secagg.messages import ShareKeys, ShareRelay
+from secagg.server.base import Drop, ServerState, Transition, prune
+from secagg.server.masked_input_collection import ServerMaskedInputCollection
+from secagg.shamir import ELEMENT_BYTES
+
+SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
+
+
+class ServerShareKeys(ServerState):
+    """Expects U1. A device is dropped unless its ShareKeys has exactly one
+    sealed blob of the right size for each of its neighbours in U1 (no
+    duplicate, no unknown or missing receiver).
+
+    close(): U2 = accepted devices, pruned like U1; |U2| < t aborts with
+    TOO_FEW_SHARED. Each v in U2 is relayed the blobs addressed to it by its
+    neighbours in U2; these senders are R(v), the peers v masks with.
+    """
+
+    stage = "share_keys"
+    expects = ShareKeys
+    __slots__ = ()
+
+    def _accept(self, sender: int, message: ShareKeys) -> None:
+        r = self._round
+        expected = r.graph.neighbors(sender) & r.u1
+        if not isinstance(message.shares, tuple | list):
+            raise Drop(DropReason.MALFORMED_MESSAGE, "shares is not a list")
+        blobs: dict[int, bytes] = {}
+        for item in message.shares:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise Drop(DropReason.MALFORMED_MESSAGE, "malformed share entry")
+            receiver, sealed = item
+            if receiver not in expected:
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {receiver!r}, not an advertised neighbour")
+            if receiver in blobs:
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"two share blobs for device {receiver}")
+            if not (isinstance(sealed, bytes) and len(sealed) == SEALED_SHARES_BYTES):
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"share blob for {receiver} is not {SEALED_SHARES_BYTES} bytes")
+            blobs[receiver] = sealed
+        if len(blobs) != len(expected):
+            raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {len(blobs)} of {len(expected)} neighbours")
+        r.sealed[sender] = blobs
+
+    def _close(self) -> Transition:
+        r = self._round
+        cfg = r.config
+        accepted = self._live(self._answered)
+        u2 = prune(r.graph, accepted, cfg.threshold)
+        for v in sorted(accepted - u2):
+            self._drop(v, DropReason.NEIGHBOURHOOD_TOO_SMALL, "fewer than t key-sharing devices in its closure")
+        r.u2 = u2
+        r.survivors[self.stage] = tuple(sorted(u2))
+        if len(u2) < cfg.threshold:
+            return self._abort(AbortReason.TOO_FEW_SHARED, f"{len(u2)} devices shared keys, t={cfg.threshold}")
+        out = []
+        for v in sorted(u2):
+            senders = sorted(r.graph.neighbors(v) & u2)
+            r.relayed[v] = frozenset(senders)
+            out.append(ShareRelay(**self._header(v), shares=tuple((u, r.sealed[u][v]) for u in senders)))
+        r.sealed.clear()
+        r.accumulator = None
+        return ServerMaskedInputCollection(r, u2), out

@@ -1,0 +1,318 @@
+"""The Store contract, run against every backend: memory, sqlite, postgresql
+(the `backend` fixture of conftest.py; PostgreSQL is a real throwaway server).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from sqlalchemy import event, update
+
+from coordinator.store import (
+    COORDINATOR_RESTART,
+    ConflictError,
+    CorruptBlobError,
+    DeviceStatus,
+    InMemoryStore,
+    InvalidRecordError,
+    NewModelVersion,
+    NotFoundError,
+    PrivacyEntry,
+    RoundRecord,
+    RoundState,
+    StoreError,
+    open_store,
+)
+from coordinator.store.interface import Store
+from coordinator.store.orm import ModelVersionRow
+from coordinator.store.sql import SqlStore
+
+if TYPE_CHECKING:  # the fixture's type; conftest modules are not imported by name
+    from conftest import Backend
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def progress(number: int, state: RoundState = RoundState.ADVERTISE_KEYS, **kw: Any) -> RoundRecord:
+    return RoundRecord(number=number, state=state, started_at=T0 + timedelta(minutes=number), cohort_size=8, **kw)
+
+
+def committed(number: int, **kw: Any) -> RoundRecord:
+    return progress(
+        number,
+        RoundState.COMMITTED,
+        ended_at=T0 + timedelta(minutes=number, seconds=30),
+        survivors={"advertise_keys": [1, 2, 3, 4], "masked_input": [1, 2, 4]},
+        dropouts={"masked_input": [3]},
+        timings={"advertise_keys": 0.25, "unmasking": 1.5},
+        metrics={"loss": 0.693, "hr@10": 0.41},
+        base_model_version=number,
+        **kw,
+    )
+
+
+def model(name: str = "fedrap", blob: bytes = b"params", **hyper: Any) -> NewModelVersion:
+    return NewModelVersion(model_name=name, parameters=blob, hyperparameters=hyper or {"lr": 0.05, "k": 16})
+
+
+def entry(number: int, eps: float = 0.5, cumulative: float | None = None) -> PrivacyEntry:
+    return PrivacyEntry(
+        round_number=number, epsilon=eps, delta=1e-5, noise_multiplier=1.0, sampling_rate=0.01,
+        cumulative_epsilon=eps * number if cumulative is None else cumulative,
+    )
+
+
+# ------------------------------------------------------------------ devices
+def test_store_implements_the_protocol(backend: Backend) -> None:
+    assert isinstance(backend.store, Store)
+
+
+def test_enrolment_is_idempotent_per_identity_key(backend: Backend) -> None:
+    s = backend.store
+    a, new_a = s.enroll_device(b"A" * 32, local_id="user-1", client_id="edge-1")
+    b, new_b = s.enroll_device(b"B" * 32, local_id="user-2")
+    again, new_again = s.enroll_device(b"A" * 32, local_id="other")
+    assert (new_a, new_b, new_again) == (True, True, False)
+    assert again == a and a.id != b.id and a.id >= 1
+    assert a.status is DeviceStatus.ACTIVE and a.enrolled_at.tzinfo is not None
+    assert (a.local_id, a.client_id, a.identity_public_key) == ("user-1", "edge-1", b"A" * 32)
+    assert [d.id for d in s.list_devices()] == sorted([a.id, b.id])
+
+
+def test_device_status_and_last_seen(backend: Backend) -> None:
+    s = backend.store
+    d, _ = s.enroll_device(b"K" * 32)
+    seen = datetime(2025, 1, 2, 3, 4, 5, 678000, tzinfo=timezone(timedelta(hours=2)))
+    s.mark_devices_seen([d.id, 999], at=seen)
+    got = s.get_device(d.id)
+    assert got is not None and got.last_seen_at == seen and got.last_seen_at.tzinfo == UTC
+    revoked = s.set_device_status(d.id, DeviceStatus.REVOKED)
+    assert revoked.status is DeviceStatus.REVOKED
+    assert s.list_devices(status=DeviceStatus.ACTIVE) == []
+    assert [x.id for x in s.list_devices(status=DeviceStatus.REVOKED)] == [d.id]
+    assert s.get_device(12345) is None
+    with pytest.raises(NotFoundError):
+        s.set_device_status(12345, DeviceStatus.ACTIVE)
+
+
+# ----------------------------------------------------------- model versions
+def test_model_versions_latest_get_and_list(backend: Backend) -> None:
+    s = backend.store
+    assert s.latest_model_version() is None
+    v1 = s.add_model_version(model("fedrap", b"one"))
+    v2 = s.add_model_version(model("fedmf", b"two-two"))
+    assert v1.round_number is None and v2.id > v1.id and v2.size_bytes == 7
+    latest = s.latest_model_version()
+    assert latest is not None and latest.id == v2.id and latest.parameters == b"two-two"
+    by_name = s.latest_model_version("fedrap")
+    assert by_name is not None and by_name.parameters == b"one" and by_name.hyperparameters == {"lr": 0.05, "k": 16}
+    assert s.latest_model_version("pfedrec") is None
+    assert s.get_model_version(v1.id).sha256 == v1.sha256
+    with pytest.raises(NotFoundError):
+        s.get_model_version(10_000)
+    for i in range(3):
+        s.add_model_version(model(blob=bytes([i])))
+    first = s.list_model_versions(limit=2)
+    assert len(first.items) == 2 and first.items[0].id > first.items[1].id and first.next_cursor is not None
+    rest = s.list_model_versions(limit=10, before=first.next_cursor)
+    assert rest.next_cursor is None
+    assert [v.id for v in first.items + rest.items] == sorted((v.id for v in first.items + rest.items), reverse=True)
+    assert len(first.items + rest.items) == 5
+    assert rest.items[-1].id == v1.id and rest.items[-1].size_bytes == 3  # sizes without loading blobs
+    with pytest.raises(InvalidRecordError):
+        s.list_model_versions(limit=0)
+
+
+def _corrupt_latest_blob(backend: Backend, version_id: int) -> None:
+    if backend.name == "memory":
+        assert isinstance(backend.store, InMemoryStore)
+        state = backend.store._state  # test-only access to the private state
+        state.models[version_id] = dataclasses.replace(state.models[version_id], parameters=b"tampered")
+        return
+    with backend.engine.begin() as conn:
+        conn.execute(update(ModelVersionRow).where(ModelVersionRow.id == version_id).values(parameters=b"tampered"))
+
+
+def test_a_corrupted_blob_raises(backend: Backend) -> None:
+    s = backend.store
+    v = s.add_model_version(model(blob=b"good parameters"))
+    assert s.latest_model_version() is not None
+    _corrupt_latest_blob(backend, v.id)
+    with pytest.raises(CorruptBlobError) as info:
+        s.latest_model_version()
+    assert info.value.version_id == v.id
+    with pytest.raises(CorruptBlobError):
+        s.get_model_version(v.id)
+    # Listing does not read blobs, so the admin can still show the history.
+    assert s.list_model_versions().items[0].id == v.id
+
+
+# ------------------------------------------------------------------- rounds
+def test_round_progress_commit_and_reads(backend: Backend) -> None:
+    s = backend.store
+    assert s.next_round_number() == 1
+    s.save_round_progress(progress(1, RoundState.SELECTING))
+    s.save_round_progress(progress(1, RoundState.SHARE_KEYS, survivors={"advertise_keys": [1, 2]}))
+    got = s.get_round(1)
+    assert got is not None and got.state is RoundState.SHARE_KEYS and got.survivors == {"advertise_keys": [1, 2]}
+    assert s.next_round_number() == 2
+
+    version = s.commit_round(committed(1), model(blob=b"v1"), entry(1))
+    assert version.round_number == 1
+    final = s.get_round(1)
+    assert final == committed(1)
+    assert final is not None and final.started_at.tzinfo == UTC
+    latest = s.latest_model_version()
+    assert latest is not None and latest.id == version.id and latest.round_number == 1
+    assert s.privacy_ledger() == [entry(1)]
+
+
+def test_terminal_rounds_are_never_rewritten(backend: Backend) -> None:
+    s = backend.store
+    s.commit_round(committed(1), model(), entry(1))
+    with pytest.raises(ConflictError):
+        s.save_round_progress(progress(1))
+    with pytest.raises(ConflictError):
+        s.commit_round(committed(1), model(), None)
+    with pytest.raises(ConflictError):
+        s.abort_round(progress(1, RoundState.ABORTED, abort_reason="cancelled"))
+    assert len(s.list_model_versions().items) == 1 and len(s.privacy_ledger()) == 1
+
+
+def test_wrong_states_and_mismatched_entries_are_rejected(backend: Backend) -> None:
+    s = backend.store
+    with pytest.raises(InvalidRecordError):
+        s.save_round_progress(committed(1))
+    with pytest.raises(InvalidRecordError):
+        s.commit_round(progress(1), model(), None)
+    with pytest.raises(InvalidRecordError):
+        s.commit_round(committed(1), model(), entry(2))
+    with pytest.raises(InvalidRecordError):
+        s.abort_round(committed(1))
+    with pytest.raises(InvalidRecordError):
+        progress(2, RoundState.ABORTED)  # an abort needs a reason
+    with pytest.raises(InvalidRecordError):
+        RoundRecord(number=3, state=RoundState.SELECTING, started_at=datetime(2025, 1, 1), cohort_size=1)
+    assert s.get_round(1) is None and s.latest_model_version() is None
+
+
+def test_abort_round_and_commit_without_privacy_entry(backend: Backend) -> None:
+    s = backend.store
+    s.save_round_progress(progress(1))
+    s.abort_round(progress(1, RoundState.ABORTED, abort_reason="too_few_survivors", ended_at=T0))
+    s.commit_round(committed(2), model(), None)
+    r1, r2 = s.get_round(1), s.get_round(2)
+    assert r1 is not None and r1.state is RoundState.ABORTED and r1.abort_reason == "too_few_survivors"
+    assert r2 is not None and r2.state is RoundState.COMMITTED
+    assert s.privacy_ledger() == []
+
+
+@pytest.mark.parametrize("fail_at", ["model_versions", "privacy_ledger"])
+def test_commit_round_is_all_or_nothing(backend: Backend, monkeypatch: pytest.MonkeyPatch, fail_at: str) -> None:
+    """A failure in the middle of commit_round (after the round row was
+    updated) leaves the store exactly as before the call."""
+    s = backend.store
+    s.add_model_version(model(blob=b"initial"))
+    s.save_round_progress(progress(1, RoundState.UNMASKING))
+    before = (s.get_round(1), s.list_model_versions().items, s.privacy_ledger())
+
+    class Injected(RuntimeError):
+        pass
+
+    if backend.name == "memory":
+        target = "_new_model" if fail_at == "model_versions" else "_insert_privacy_entry"
+
+        def boom(*_: Any, **__: Any) -> None:
+            raise Injected(f"injected failure writing {fail_at}")
+
+        monkeypatch.setattr(InMemoryStore, target, boom)
+    else:
+        # Fail inside the database transaction, when the driver is about to
+        # execute the INSERT into `fail_at` (the round UPDATE already ran).
+        def on_execute(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith(f"INSERT INTO {fail_at.upper()}"):
+                raise Injected(f"injected failure: {statement.split('(')[0]}")
+
+        event.listen(backend.engine, "before_cursor_execute", on_execute)
+
+    with pytest.raises((Injected, StoreError)):
+        s.commit_round(committed(1), model(blob=b"new"), entry(1))
+
+    if backend.name != "memory":
+        event.remove(backend.engine, "before_cursor_execute", on_execute)
+    monkeypatch.undo()
+    assert (s.get_round(1), s.list_model_versions().items, s.privacy_ledger()) == before
+    # And the store still works: the same commit now succeeds.
+    s.commit_round(committed(1), model(blob=b"new"), entry(1))
+    assert s.latest_model_version() is not None and s.get_round(1) == committed(1)
+
+
+def test_interrupted_rounds_are_marked_aborted(backend: Backend) -> None:
+    s = backend.store
+    s.commit_round(committed(1), model(), None)
+    s.abort_round(progress(2, RoundState.ABORTED, abort_reason="cancelled", ended_at=T0))
+    s.save_round_progress(progress(3, RoundState.MASKED_INPUT))
+    s.save_round_progress(progress(4, RoundState.SELECTING))
+    if backend.url is not None:  # a real restart: a new process opens the same database
+        s.close()
+        s = backend.store = open_store(backend.url)
+    at = T0 + timedelta(hours=1)
+    assert s.mark_interrupted_rounds_aborted(at=at) == [3, 4]
+    for n in (3, 4):
+        r = s.get_round(n)
+        assert r is not None and r.state is RoundState.ABORTED
+        assert r.abort_reason == COORDINATOR_RESTART and r.ended_at == at
+    assert s.get_round(1).state is RoundState.COMMITTED  # type: ignore[union-attr]
+    assert s.get_round(2).abort_reason == "cancelled"  # type: ignore[union-attr]
+    assert s.mark_interrupted_rounds_aborted() == []
+
+
+def test_rounds_page_newest_first(backend: Backend) -> None:
+    s = backend.store
+    for n in range(1, 6):
+        s.save_round_progress(progress(n))
+    page = s.list_rounds(limit=2)
+    assert [r.number for r in page.items] == [5, 4] and page.next_cursor == 4
+    page = s.list_rounds(limit=2, before=page.next_cursor)
+    assert [r.number for r in page.items] == [3, 2] and page.next_cursor == 2
+    page = s.list_rounds(limit=2, before=page.next_cursor)
+    assert [r.number for r in page.items] == [1] and page.next_cursor is None
+
+
+def test_privacy_budget_summary(backend: Backend) -> None:
+    s = backend.store
+    empty = s.privacy_summary()
+    assert (empty.rounds_accounted, empty.cumulative_epsilon, empty.delta) == (0, 0.0, None)
+    for n in (1, 2, 3):
+        s.commit_round(committed(n), model(blob=bytes([n])), entry(n, eps=0.25, cumulative=0.2 + 0.2 * n))
+    summary = s.privacy_summary()
+    assert summary.rounds_accounted == 3 and summary.last_round == 3
+    assert summary.cumulative_epsilon == pytest.approx(0.8)
+    assert summary.epsilon_sum == pytest.approx(0.75) and summary.delta == 1e-5
+    assert [e.round_number for e in s.privacy_ledger()] == [1, 2, 3]
+
+
+def test_returned_records_are_copies(backend: Backend) -> None:
+    s = backend.store
+    s.save_round_progress(progress(1, survivors={"advertise_keys": [1]}))
+    r = s.get_round(1)
+    assert r is not None
+    r.survivors["advertise_keys"].append(99)  # type: ignore[attr-defined]
+    assert s.get_round(1).survivors == {"advertise_keys": [1]}  # type: ignore[union-attr]
+
+
+def test_clock_is_injected() -> None:
+    fixed = datetime(2030, 1, 1, tzinfo=UTC)
+    clock: Callable[[], datetime] = lambda: fixed  # noqa: E731
+    s = InMemoryStore(clock=clock)
+    d, _ = s.enroll_device(b"x" * 32)
+    assert d.enrolled_at == fixed
+    assert s.add_model_version(model()).created_at == fixed
+
+
+def test_sql_store_is_returned_for_sql_urls(backend: Backend) -> None:
+    assert isinstance(backend.store, InMemoryStore if backend.name == "memory" else SqlStore)

@@ -1,0 +1,132 @@
+"""Schema management and backend settings of the SQL store, on SQLite and a
+real PostgreSQL (`sql_url` fixture), plus the parameter-blob format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect, insert, text
+from sqlalchemy.exc import IntegrityError
+
+from coordinator.store import StoreError, open_store
+from coordinator.store.blobs import pack_parameters, unpack_parameters
+from coordinator.store.engine import create_store_engine, normalize_url
+from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
+from coordinator.store.orm import Base, PrivacyLedgerRow
+
+TABLES = {"devices", "rounds", "model_versions", "privacy_ledger", "alembic_version"}
+
+
+def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
+    engine = create_store_engine(sql_url)
+    try:
+        assert current_revision(engine) is None
+        upgrade_to_head(engine)
+        upgrade_to_head(engine)
+        assert current_revision(engine) == head_revision()
+        assert set(inspect(engine).get_table_names()) == TABLES
+    finally:
+        engine.dispose()
+
+
+def test_migrations_match_the_orm_models(sql_url: str) -> None:
+    engine = create_store_engine(sql_url)
+    try:
+        upgrade_to_head(engine)
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"compare_type": True})
+            diff = compare_metadata(ctx, Base.metadata)
+        assert diff == [], f"orm.py and the migrations diverge: {diff}"
+    finally:
+        engine.dispose()
+
+
+def test_downgrade_to_base_and_back(sql_url: str) -> None:
+    engine = create_store_engine(sql_url)
+    try:
+        upgrade_to_head(engine)
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "base")
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+        upgrade_to_head(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+
+
+def test_foreign_keys_are_enforced(sql_url: str) -> None:
+    engine = create_store_engine(sql_url)
+    try:
+        upgrade_to_head(engine)
+        row = dict(round_number=42, epsilon=1.0, delta=1e-5, noise_multiplier=1.0, sampling_rate=0.1,
+                   cumulative_epsilon=1.0)
+        with pytest.raises(IntegrityError), engine.begin() as conn:
+            conn.execute(insert(PrivacyLedgerRow), row)
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_file_uses_wal_and_foreign_keys(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    engine = create_store_engine(f"sqlite:///{tmp_path}/sub/dir/f.db")  # parent dirs are created
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+def test_sqlite_memory_url_works() -> None:
+    store = open_store("sqlite://")
+    try:
+        d, new = store.enroll_device(b"z" * 32)
+        assert new and store.get_device(d.id) == d
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [("postgresql://u@h:5/db", "postgresql+psycopg"), ("postgres://u@h/db", "postgresql+psycopg"),
+     ("sqlite:///x.db", "sqlite"), ("postgresql+psycopg://u@h/db", "postgresql+psycopg")],
+)
+def test_url_normalization(url: str, driver: str) -> None:
+    assert normalize_url(url).drivername == driver
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "postgresql+asyncpg://u@h/db", "not a url"])
+def test_unsupported_urls_are_refused_clearly(url: str) -> None:
+    with pytest.raises(StoreError, match="database URL"):
+        open_store(url)
+
+
+def test_unreachable_postgresql_raises_store_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    with pytest.raises(StoreError, match="cannot migrate"):
+        open_store(f"postgresql+psycopg://nobody@127.0.0.1:{port}/nothing?connect_timeout=2")
+
+
+# ------------------------------------------------------------------- blobs
+def test_parameter_blobs_are_deterministic_float32_npz() -> None:
+    params = {"item_embedding": np.arange(12, dtype=np.float64).reshape(4, 3), "bias": np.ones(4, np.float32),
+              "ids": np.arange(3, dtype=np.int64)}
+    blob = pack_parameters(params)
+    assert blob == pack_parameters(dict(reversed(list(params.items()))))
+    back = unpack_parameters(blob)
+    assert set(back) == set(params)
+    assert back["item_embedding"].dtype == np.float32 and back["ids"].dtype == np.int64
+    np.testing.assert_array_equal(back["item_embedding"], params["item_embedding"].astype(np.float32))
+
+
+def test_object_arrays_are_never_pickled() -> None:
+    with pytest.raises(ValueError):
+        pack_parameters({"x": np.array([object()], dtype=object)})
+    with pytest.raises(ValueError):
+        pack_parameters({"a/b": np.zeros(1)})
