@@ -4,9 +4,11 @@ every paper here), in two modes.
 - `FedMF` (implicit): score sigmoid(<p_u, q_j> + b_u); BCE on the positives and
   `n_neg` fresh uniform negatives per positive (from all items minus the
   device's training items), `local_epochs` full-batch steps per round. It is
-  FedRAP without the personal table, the regularisers and the prox
-  (`FedRAP(variant="c_only", reg="none")`), so the two share one code path; the
-  global table is stored under the key "C".
+  FedRAP without the personal table and the curriculum
+  (`FedRAP(variant="c_only", curriculum="fixed")`), so the two share one code
+  path; the global table is stored under the key "C". `reg="l2"` with weight
+  `v2` is the L2 term of the MF objective on the item table (applied as the
+  server-side proximal step), `weight_decay_u` the one on p_u.
 - `FedMFExplicit` (`--explicit`): prediction <p_u, q_i> (+ an optional item
   bias b_i) + a public constant `center` (the middle of the rating scale; no
   data is needed to know it); loss per device = 1/2 sum (r - r_hat)^2 +
@@ -50,6 +52,9 @@ class FedMF(FedRAP):
         lr_item: float = 0.5,
         lr_decay: float = 1.0,
         server_lr: float = 1.0,
+        reg: str = "none",
+        v2: float = 0.0,
+        weight_decay_u: float = 0.0,
         init_std_c: float = 0.1,
         init_std_u: float = 0.1,
         chunk: int = 64,
@@ -59,9 +64,11 @@ class FedMF(FedRAP):
             n_items,
             k=k,
             variant="c_only",
-            reg="none",
+            reg=reg,
+            curriculum="fixed",
             v1=0.0,
-            v2=0.0,
+            v2=v2,
+            weight_decay_u=weight_decay_u,
             local_epochs=local_epochs,
             n_neg=n_neg,
             lr_user=lr_user,
@@ -74,7 +81,7 @@ class FedMF(FedRAP):
         )
 
     def config(self) -> dict[str, object]:
-        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr init_std_c init_std_u".split()
+        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr reg v2 weight_decay_u init_std_c init_std_u".split()
         return {key: getattr(self, key) for key in keys}
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
@@ -194,9 +201,10 @@ class ExplicitMF(FederatedRecommender):
                 g = r_c * (pred - t_c)  # d (1/2 sum err^2) / d pred, rated entries only
                 grad_p = torch.bmm(g.unsqueeze(1), W).squeeze(1) + g @ Q + self.reg * n_r[sl, None] * p
                 # item rows: g * p + reg * q for every rating of the item
+                shrink = (W + Q).mul_(r_c.unsqueeze(2)) if self.reg > 0 else None
                 W.baddbmm_(g.unsqueeze(2), p.unsqueeze(1), alpha=-lr_i)
-                if self.reg > 0:
-                    W.sub_((W + Q) * r_c.unsqueeze(2), alpha=lr_i * self.reg)
+                if shrink is not None:
+                    W.sub_(shrink, alpha=lr_i * self.reg)
                 if wb is not None:
                     wb.sub_(g, alpha=lr_i)
                 p.sub_(grad_p / n_r[sl, None], alpha=lr_u)

@@ -103,9 +103,11 @@ class FedRAP(FederatedRecommender):
         n_neg: int = 4,
         lr_user: float = 0.5,
         lr_item: float = 0.5,
+        lr_personal: float | None = None,
         lr_decay: float = 1.0,
         server_lr: float = 1.0,
         weight_decay_d: float = 0.0,
+        weight_decay_u: float = 0.0,
         init_std_c: float = 0.1,
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,
@@ -123,8 +125,10 @@ class FedRAP(FederatedRecommender):
         self.v1, self.v2 = v1, v2
         self.local_epochs, self.n_neg = local_epochs, n_neg
         self.lr_user, self.lr_item, self.lr_decay = lr_user, lr_item, lr_decay
+        self.lr_personal = lr_item if lr_personal is None else lr_personal
         self.server_lr = server_lr
         self.weight_decay_d = weight_decay_d
+        self.weight_decay_u = weight_decay_u
         self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
         self.chunk = chunk
 
@@ -145,14 +149,15 @@ class FedRAP(FederatedRecommender):
         """mu(a, v2): weight of the sparsity term on C at round a."""
         return 0.0 if self.reg == "none" else curriculum_weight(self.curriculum, a) * self.v2
 
-    def _lrs(self, a: int) -> tuple[float, float]:
+    def _lrs(self, a: int) -> tuple[float, float, float]:
+        """(user, shared item table C, personal table D) learning rates at round a."""
         f = self.lr_decay**a
-        return self.lr_user * f, self.lr_item * f
+        return self.lr_user * f, self.lr_item * f, self.lr_personal * f
 
     def config(self) -> dict[str, object]:
         keys = (
-            "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_decay "
-            "server_lr weight_decay_d init_std_c init_std_d init_std_u"
+            "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay "
+            "server_lr weight_decay_d weight_decay_u init_std_c init_std_d init_std_u"
         ).split()
         return {key: getattr(self, key) for key in keys}
 
@@ -192,9 +197,9 @@ class FedRAP(FederatedRecommender):
         flat = flatten(data)
         nb = flat.n_devices
         dev_t = flat.item.device
-        lr_u, lr_i = self._lrs(round_idx)
+        lr_u, lr_i, lr_d = self._lrs(round_idx)
         lam = self.lam(round_idx)
-        t = n_ep * lr_i  # length of the one split step on the dense regulariser
+        t_c, t_d = n_ep * lr_i, n_ep * lr_d  # lengths of the one split step on the dense regulariser
         C = global_["C"] if self.has_c else None
 
         pos = positive_table(flat, m)  # (B, m)
@@ -205,8 +210,8 @@ class FedRAP(FederatedRecommender):
         b_all = private["b"].clone()
         d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else None
         upd = torch.empty(nb, m * k, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
-        # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by their sum
-        lr_w = lr_i * (int(self.has_c) + int(self.has_d))
+        # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
+        lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
 
         for s in range(0, nb, self.chunk):
             sl = slice(s, min(nb, s + self.chunk))
@@ -232,6 +237,8 @@ class FedRAP(FederatedRecommender):
                 g_hist[:, e] = g
                 u_hist[:, e] = u
                 W.baddbmm_(g.unsqueeze(2), u.unsqueeze(1), alpha=-lr_w)
+                if self.weight_decay_u > 0:
+                    grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
                 u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
                 bias.sub_(g.sum(1) * inv_n, alpha=lr_u)
             if self.has_c:
@@ -241,16 +248,16 @@ class FedRAP(FederatedRecommender):
                     d_new = W.sub_(dc)  # D_i = W - (C_i - C)
                     if lam > 0 or self.weight_decay_d > 0:
                         delta = d_new - dc - C  # D_i - C_i
-                        if self.weight_decay_d > 0:
-                            d_new.mul_(1.0 - t * self.weight_decay_d)
+                        if self.weight_decay_d > 0:  # prox of wd/2 ||D||^2: stable for any step
+                            d_new.div_(1.0 + t_d * self.weight_decay_d)
                         if lam > 0:
-                            d_new.add_(delta, alpha=2.0 * lam * t)  # ascent on ||D_i - C_i||^2
-                            dc.sub_(delta, alpha=2.0 * lam * t)
+                            d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
+                            dc.sub_(delta, alpha=2.0 * lam * t_c)
                     d_out[sl] = d_new
                 upd[sl] = dc.view(bc, m * k)
             else:
                 if self.weight_decay_d > 0:
-                    W.mul_(1.0 - t * self.weight_decay_d)
+                    W.div_(1.0 + t_d * self.weight_decay_d)
                 d_out[sl] = W
 
         new_private: PrivateState = {"u": u_all, "b": b_all}
@@ -264,7 +271,7 @@ class FedRAP(FederatedRecommender):
         if not self.has_c:
             return dict(global_)
         C = global_["C"] + self.server_lr * mean_update.view(self.n_items, self.k)
-        _, lr_i = self._lrs(round_idx)
+        _, lr_i, _ = self._lrs(round_idx)
         thr = self.server_lr * self.local_epochs * lr_i * self.mu(round_idx)
         if self.reg == "l1":
             C = soft_threshold(C, thr)

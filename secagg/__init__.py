@@ -1,4 +1,49 @@
 """Bonawitz et al. (CCS 2017) secure aggregation with the SecAgg+ sparse graphs of Bell et al. (CCS 2020).
 
 A pure library: standard library, numpy and cryptography only; no I/O.
+Protocol objects take a message and return the messages to send.
+
+Entry points:
+    SecAggConfig.create(...)                       settings of one cohort
+    config.encoding.encode(x, rng)                 float update -> uint32 vector
+    ClientAdvertiseKeys(config, id, round, x_enc)  a device's first state (secagg.client)
+    ServerAdvertiseKeys(config, round)             the server's first state (secagg.server)
+    decode_message(data) / message.to_bytes()      the wire format (secagg.messages)
+    secagg.testing.run_round(inputs, config=...)   the in-process driver
 """
+
+from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted
+from secagg.config import SecAggConfig
+from secagg.encoding import FixedPointEncoding
+from secagg.errors import (
+    AbortReason,
+    ConfigError,
+    DecryptionError,
+    DropReason,
+    EncodingRangeError,
+    MalformedMessage,
+    ProtocolMisuse,
+    SecAggError,
+)
+from secagg.messages import decode_message
+from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted
+
+__all__ = [
+    "AbortReason",
+    "ClientAborted",
+    "ClientAdvertiseKeys",
+    "ClientCompleted",
+    "ConfigError",
+    "DecryptionError",
+    "DropReason",
+    "EncodingRangeError",
+    "FixedPointEncoding",
+    "MalformedMessage",
+    "ProtocolMisuse",
+    "SecAggConfig",
+    "SecAggError",
+    "ServerAborted",
+    "ServerAdvertiseKeys",
+    "ServerCompleted",
+    "decode_message",
+]

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from secagg.config import SecAggConfig
+from secagg.errors import ConfigError
 from secagg.testing import DropoutPlan, run_round
 
 STAGE_CHOICES = ("none", "advertise-keys", "share-keys", "masked-input", "consistency-check", "unmasking")
@@ -89,21 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     expected = args.expected_dropout
     if expected is None:
         expected = args.dropout if args.dropout > 0 else 0.05
-    config = SecAggConfig.create(
-        num_clients=args.clients,
-        vector_length=args.dim,
-        session_id=f"bench-{args.seed}".encode(),
-        clip=args.clip,
-        neighbors=args.neighbors,
-        threshold=args.threshold,
-        expected_dropout=expected,
-        corrupt_fraction=args.corrupt_fraction,
-        active_adversary=args.active,
-    )
+    try:
+        config = SecAggConfig.create(
+            num_clients=args.clients,
+            vector_length=args.dim,
+            session_id=f"bench-{args.seed}".encode(),
+            clip=args.clip,
+            neighbors=args.neighbors,
+            threshold=args.threshold,
+            expected_dropout=expected,
+            corrupt_fraction=args.corrupt_fraction,
+            active_adversary=args.active,
+        )
+    except ConfigError as exc:
+        parser.error(str(exc))
     rng = np.random.default_rng(args.seed)
     inputs = (rng.standard_normal((args.clients, args.dim), dtype=np.float32) * np.float32(0.1 * args.clip))
     plan = DropoutPlan.random(args.clients, args.dropout, args.dropout_stage, seed=args.seed + 1)

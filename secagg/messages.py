@@ -24,7 +24,7 @@ Wire format (all integers big-endian, except vector words):
                                  | count u32 | (owner u32 | share[33])* (s-shares)
     ClientAbort/ServerAbort header | reason u8
 
-So a masked input is 4L + 35 + len(session) bytes, and one encrypted share
+So a masked input is 4L + 23 + len(session) bytes, and one encrypted share
 pair (two 33-byte field elements under AES-GCM) is a 94-byte sealed blob.
 `decode_message` raises MalformedMessage on any deviation, including trailing
 bytes.

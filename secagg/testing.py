@@ -9,16 +9,21 @@ transport would carry it. Nothing is computed once on behalf of two parties.
 Stable signature (used by the bench, the demo and the training engine):
 
     run_round(inputs, *, config, dropouts=None, round_idx=0, seed=0,
-              wire=True, intercept=None, stochastic_rounding=True) -> RoundOutcome
+              wire=True, intercept=None, stochastic_rounding=True,
+              clock=time.thread_time) -> RoundOutcome
 
 - inputs: float array (n, L), n = config.num_clients, L = config.vector_length.
 - dropouts: DropoutPlan: which devices go silent at which stage.
 - seed: makes the run reproducible (per-device random bytes, rounding, and
   identity keys in active mode all derive from it). These simulated devices
   use DeterministicRandom; real devices use os.urandom.
+- wire: serialize and parse every message (realistic sizes and costs);
+  False hands the objects over directly (a little faster).
 - intercept(sender, receiver, message) -> message | None: a man in the middle
   for tests (SERVER = -1 stands for the server); return a replacement to
   deliver, or None to lose the message.
+- client_cpu_ms[i] covers device i's encoding, its handlers and the encoding
+  and decoding of its messages; server_cpu_ms[stage] likewise for the server.
 """
 
 from __future__ import annotations
@@ -178,12 +183,13 @@ def run_round(
     wire: bool = True,
     intercept: Intercept | None = None,
     stochastic_rounding: bool = True,
+    clock: Callable[[], float] = time.thread_time,
 ) -> RoundOutcome:
     """Run one secure-aggregation round among config.num_clients simulated
     devices (see the module doc). Never raises for dropouts or peer
-    misbehaviour: those show in the outcome."""
+    misbehaviour: those show in the outcome. `clock` (seconds) times each
+    party's work; the default counts this thread's CPU only."""
     wall0 = time.perf_counter()
-    clock = time.thread_time
     inputs = _check_inputs(inputs, config)
     plan = dropouts or DropoutPlan()
     n = config.num_clients
@@ -317,3 +323,109 @@ def run_round(
         out.abort_stage = server.at_stage
     out.wall_s = time.perf_counter() - wall0
     return out
+
+
+class StepHarness:
+    """Drive a round by hand, one stage at a time, for state-level tests.
+
+    Holds n real client states and the real server state; nothing is
+    serialized. Typical use:
+
+        h = StepHarness(num_clients=4)
+        keylists = h.advance_to("share_keys")    # clients wait for KeyList
+        replies = h.deliver(keylists)            # {device: [ShareKeys]}
+        h.send(replies)
+        relays = h.close()                       # {device: ShareRelay}
+
+    `advance_to(stage)` runs the honest flow (with `drop`: {stage: devices}
+    going silent) until the server has produced the messages that open the
+    client stage `stage` ("share_keys", "masked_input_collection",
+    "consistency_check", "unmasking") and returns them.
+    """
+
+    def __init__(
+        self,
+        num_clients: int = 4,
+        vector_length: int = 8,
+        *,
+        neighbors: int | str = "all",
+        threshold: int | None = None,
+        active_adversary: bool = False,
+        session_id: bytes = FIXED_SESSION_ID,
+        round_idx: int = 0,
+        seed: int = 0,
+        config: SecAggConfig | None = None,
+    ) -> None:
+        self.config = config or SecAggConfig.create(
+            num_clients=num_clients,
+            vector_length=vector_length,
+            session_id=session_id,
+            neighbors=neighbors,
+            threshold=threshold,
+            active_adversary=active_adversary,
+        )
+        n = self.config.num_clients
+        self.round_idx = round_idx
+        rng = np.random.default_rng(seed)
+        self.inputs = rng.uniform(-1, 1, size=(n, self.config.vector_length))
+        self.encoded = encode_inputs(self.inputs, config=self.config, seed=seed)
+        self.identity_private, self.identity_public = (
+            identity_keys(n, seed) if self.config.active_adversary else ([None] * n, None)
+        )
+        self.clients: dict[int, ClientState] = {
+            i: ClientAdvertiseKeys(
+                self.config,
+                i,
+                round_idx,
+                self.encoded[i],
+                rand=DeterministicRandom(seed, f"harness-{i}-{round_idx}"),
+                identity_key=self.identity_private[i],
+                peer_identity_keys=self.identity_public,
+            )
+            for i in range(n)
+        }
+        self.server: ServerState = ServerAdvertiseKeys(self.config, round_idx, identity_keys=self.identity_public)
+
+    def start(self, devices: Iterable[int] | None = None) -> dict[int, list[Message]]:
+        """Clients `devices` (default all) start: {device: [AdvertiseKeys]}."""
+        out = {}
+        for i in self.config_ids() if devices is None else devices:
+            self.clients[i], out[i] = self.clients[i].start()
+        return out
+
+    def config_ids(self) -> range:
+        return range(self.config.num_clients)
+
+    def send(self, replies: dict[int, list[Message]]) -> None:
+        """Hand client messages to the server (sender = the dict key)."""
+        for i, msgs in replies.items():
+            for m in msgs:
+                self.server, _ = self.server.handle(i, m)
+
+    def close(self) -> dict[int, Message]:
+        """Close the server stage: {addressee: message}."""
+        self.server, out = self.server.close()
+        return {m.device_id: m for m in out}
+
+    def deliver(self, outbound: dict[int, Message], devices: Iterable[int] | None = None) -> dict[int, list[Message]]:
+        """Hand server messages to clients (all addressees, or `devices`)."""
+        replies = {}
+        for i, m in outbound.items():
+            if devices is not None and i not in devices:
+                continue
+            self.clients[i], replies[i] = self.clients[i].handle(m)
+        return replies
+
+    def advance_to(self, stage: str, drop: dict[str, Iterable[int]] | None = None) -> dict[int, Message]:
+        aliases = {"masked_input": "masked_input_collection"}
+        drop = {aliases.get(k, k): set(v) for k, v in (drop or {}).items()}
+        silent = set(drop.get("advertise_keys", ()))
+        self.send(self.start(i for i in self.config_ids() if i not in silent))
+        outbound = self.close()
+        while self.server.stage != stage:
+            if self.server.is_terminal:
+                raise RuntimeError(f"the round ended ({self.server!r}) before {stage}")
+            silent |= drop.get(self.server.stage, set())
+            self.send(self.deliver(outbound, [i for i in outbound if i not in silent]))
+            outbound = self.close()
+        return outbound

@@ -275,12 +275,22 @@ class MaskedInput(_message.Message):
     MASKED_VECTOR_FIELD_NUMBER: _builtins.int
     LENGTH_FIELD_NUMBER: _builtins.int
     MODULUS_BITS_FIELD_NUMBER: _builtins.int
+    UNDECRYPTABLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     device_id: _builtins.int
     masked_vector: _builtins.bytes
     length: _builtins.int
     modulus_bits: _builtins.int
+    @_builtins.property
+    def undecryptable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Peers (device ids, ascending) whose forwarded shares failed to decrypt
+        at this device: it still masks with them (the mask key comes from the
+        advertised s-keys) but holds no share of their secrets, so the server
+        does not count on it to reconstruct them. Empty for an honest server.
+        Added after v1's first draft; absent == empty (backward compatible).
+        """
+
     def __init__(
         self,
         *,
@@ -290,10 +300,11 @@ class MaskedInput(_message.Message):
         masked_vector: _builtins.bytes = ...,
         length: _builtins.int = ...,
         modulus_bits: _builtins.int = ...,
+        undecryptable: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "length", b"length", "masked_vector", b"masked_vector", "modulus_bits", b"modulus_bits", "round_number", b"round_number", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "length", b"length", "masked_vector", b"masked_vector", "modulus_bits", b"modulus_bits", "round_number", b"round_number", "session_id", b"session_id", "undecryptable", b"undecryptable"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -51,7 +51,7 @@ class ClientMaskedInputCollection(ClientState):
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise Reject(_BAD, "malformed relay entry")
             u, sealed = item
-            if u not in r.peers:
+            if not isinstance(u, int) or u not in r.peers:
                 raise Reject(_BAD, f"shares from {u!r}, who is not an advertised neighbour")
             if u in seen:
                 raise Reject(_BAD, f"shares from device {u} relayed twice")

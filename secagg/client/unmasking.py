@@ -83,7 +83,7 @@ class ClientUnmasking(ClientState):
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise Reject(AbortReason.INVALID_SIGNATURE, "malformed signature entry")
             signer, sig = item
-            if signer not in signed or signer not in closure or signer in signers:
+            if not isinstance(signer, int) or signer not in signed or signer not in closure or signer in signers:
                 raise Reject(AbortReason.INVALID_SIGNATURE, f"unexpected or repeated signer {signer!r}")
             if not identity.verify(r.peer_identity_keys.get(signer), sig, payload):
                 raise Reject(AbortReason.INVALID_SIGNATURE, f"bad consistency signature of device {signer}")

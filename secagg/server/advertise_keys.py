@@ -78,10 +78,10 @@ class ServerAdvertiseKeys(ServerState):
         entries = {
             v: KeyEntry(v, m.c_public, m.s_public, m.signature) for v, m in r.advertised.items() if v in u1
         }
-        out = []
+        out = self._notices(sorted(accepted - u1), AbortReason.TOO_FEW_ADVERTISED)
         if r.graph.is_complete:
             everyone = tuple(entries[v] for v in sorted(u1))
-            out = [KeyList(**self._header(v), entries=everyone) for v in sorted(u1)]
+            out += [KeyList(**self._header(v), entries=everyone) for v in sorted(u1)]
         else:
             for v in sorted(u1):
                 mine = tuple(entries[u] for u in sorted(r.graph.closure(v) & u1))

@@ -17,7 +17,8 @@ Errors, by who is at fault:
   in `record.rejections` (its first answer stands: a counted masked input
   cannot be taken back);
 - too few live devices: `ServerAborted(reason)`, and a ServerAbort message to
-  every device still taking part.
+  every device of the stage not dropped for cause. A device left out because
+  too few of its neighbours are left (`prune`) gets a ServerAbort too.
 """
 
 from __future__ import annotations
@@ -195,17 +196,27 @@ class ServerState:
         return frozenset(i for i in ids if i not in self._round.dropped)
 
     def _abort(self, reason: AbortReason, detail: str) -> Transition:
+        """End the round; tell every device of this stage not dropped for cause."""
         r = self._round
-        notify = sorted(self._live(self._expected))
-        out = [
-            ServerAbort(session_id=r.config.session_id, round_idx=r.round_idx, device_id=v, reason=reason)
-            for v in notify
+        notify = [
+            v for v in sorted(self._expected) if r.dropped.get(v, (None, None))[1] not in _FOR_CAUSE
         ]
-        return ServerAborted(r, reason, detail, self.stage), out
+        return ServerAborted(r, reason, detail, self.stage), self._notices(notify, reason)
+
+    def _notices(self, devices: Iterable[int], reason: AbortReason) -> list[Message]:
+        r = self._round
+        return [
+            ServerAbort(session_id=r.config.session_id, round_idx=r.round_idx, device_id=v, reason=reason)
+            for v in devices
+        ]
 
     def _header(self, device_id: int) -> dict:
         r = self._round
         return {"session_id": r.config.session_id, "round_idx": r.round_idx, "device_id": device_id}
+
+
+# Drops for misbehaviour or the device's own abort: no notice is sent to them.
+_FOR_CAUSE = frozenset(DropReason) - {DropReason.NEIGHBOURHOOD_TOO_SMALL, DropReason.TOO_FEW_SIGNERS_NEARBY}
 
 
 class _Terminal(ServerState):

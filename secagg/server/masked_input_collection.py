@@ -49,7 +49,12 @@ class ServerMaskedInputCollection(ServerState):
                 f"masked input must be uint32 of shape ({r.config.vector_length},), got {dtype} {shape}",
             )
         bad = message.undecryptable
-        if not isinstance(bad, tuple | list) or len(set(bad)) != len(bad) or not set(bad) <= r.relayed[sender]:
+        if (
+            not isinstance(bad, tuple | list)
+            or not all(isinstance(u, int) for u in bad)
+            or len(set(bad)) != len(bad)
+            or not set(bad) <= r.relayed[sender]
+        ):
             raise Drop(DropReason.MALFORMED_MESSAGE, "undecryptable lists unknown or repeated ids")
         np.add(r.accumulator, vec, out=r.accumulator)
         if bad:

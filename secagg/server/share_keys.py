@@ -36,7 +36,7 @@ class ServerShareKeys(ServerState):
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise Drop(DropReason.MALFORMED_MESSAGE, "malformed share entry")
             receiver, sealed = item
-            if receiver not in expected:
+            if not isinstance(receiver, int) or receiver not in expected:
                 raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {receiver!r}, not an advertised neighbour")
             if receiver in blobs:
                 raise Drop(DropReason.MALFORMED_MESSAGE, f"two share blobs for device {receiver}")
@@ -58,11 +58,10 @@ class ServerShareKeys(ServerState):
         r.survivors[self.stage] = tuple(sorted(u2))
         if len(u2) < cfg.threshold:
             return self._abort(AbortReason.TOO_FEW_SHARED, f"{len(u2)} devices shared keys, t={cfg.threshold}")
-        out = []
+        out = self._notices(sorted(accepted - u2), AbortReason.TOO_FEW_SHARED)
         for v in sorted(u2):
             senders = sorted(r.graph.neighbors(v) & u2)
             r.relayed[v] = frozenset(senders)
             out.append(ShareRelay(**self._header(v), shares=tuple((u, r.sealed[u][v]) for u in senders)))
         r.sealed.clear()
-        r.accumulator = None
         return ServerMaskedInputCollection(r, u2), out

@@ -52,7 +52,7 @@ class ServerUnmasking(ServerState):
                 if not (isinstance(item, tuple) and len(item) == 2):
                     raise Drop(DropReason.MALFORMED_MESSAGE, "malformed share entry")
                 owner, value = item
-                if owner not in allowed or owner in seen:
+                if not isinstance(owner, int) or owner not in allowed or owner in seen:
                     raise Drop(DropReason.MALFORMED_MESSAGE, f"unrequested or repeated share of {owner!r}")
                 if not (isinstance(value, int) and 0 <= value < shamir.PRIME):
                     raise Drop(DropReason.MALFORMED_MESSAGE, f"share of {owner} is not a field element")

@@ -1,0 +1,178 @@
+"""Property test: any dropout pattern gives the exact sum, or aborts exactly
+when a threshold is violated.
+
+The oracle below restates the protocol's survivor rules independently of the
+implementation (sets only, no cryptography):
+
+  U1 = prune(advertised)            U2 = prune(U1 - silent at share_keys)
+  U3 = U2 - silent at masked_input  R(v) = N(v) & U2 (the peers v masks with)
+  S  = {u in U2 - U3 : R(u) & U3}   (their pairwise masks must be removed)
+  abort at masked input unless |U3| >= t and every v in U3 has
+      |(R(v) | {v}) & U3| >= t, and every u in S has |R(u) & U3| >= t
+  [active: W = U3 - silent at consistency_check; abort unless |W| >= t;
+   A = {v in W : |N[v] & W| >= t}; every u in U3 | S keeps t holders in A]
+  U5 = asked - silent at unmasking; abort unless every u in U3 has
+      |(R(u) | {u}) & U5| >= t and every u in S has |R(u) & U5| >= t
+  else: the result is sum_{v in U3} encode(x_v), bit for bit.
+
+prune(S) is the largest subset in which every member has >= t of its closure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from secagg.config import SecAggConfig
+from secagg.errors import AbortReason
+from secagg.graph import majority_threshold
+from secagg.testing import DROPOUT_STAGES, DropoutPlan, encode_inputs, run_round
+
+
+@dataclass
+class Expected:
+    ok: bool
+    stage: str | None = None
+    reason: AbortReason | None = None
+    survivors: dict | None = None
+    counted: tuple[int, ...] = ()
+
+
+def _prune(graph, members: set[int], t: int) -> set[int]:
+    members = set(members)
+    changed = True
+    while changed:
+        changed = False
+        for v in sorted(members):
+            if len(graph.closure(v) & members) < t:
+                members.discard(v)
+                changed = True
+    return members
+
+
+def oracle(config: SecAggConfig, plan: DropoutPlan, round_idx: int) -> Expected:
+    n, t, g = config.num_clients, config.threshold, config.graph(round_idx)
+    surv: dict[str, tuple[int, ...]] = {}
+    u1 = _prune(g, set(range(n)) - plan.advertise_keys, t)
+    surv["advertise_keys"] = tuple(sorted(u1))
+    if len(u1) < t:
+        return Expected(False, "advertise_keys", AbortReason.TOO_FEW_ADVERTISED, surv)
+    u2 = _prune(g, u1 - plan.share_keys, t)
+    surv["share_keys"] = tuple(sorted(u2))
+    if len(u2) < t:
+        return Expected(False, "share_keys", AbortReason.TOO_FEW_SHARED, surv)
+    u3 = u2 - plan.masked_input
+    surv["masked_input_collection"] = tuple(sorted(u3))
+    R = {v: g.neighbors(v) & u2 for v in u2}
+    s_needed = {u for u in u2 - u3 if R[u] & u3}
+    mi = ("masked_input_collection", AbortReason.TOO_FEW_MASKED_INPUTS)
+    if len(u3) < t or any(len((R[v] | {v}) & u3) < t for v in u3):
+        return Expected(False, *mi, surv)
+    if any(len(R[u] & u3) < t for u in s_needed):
+        return Expected(False, *mi, surv)
+    asked = u3
+    if config.active_adversary:
+        signers = u3 - plan.consistency_check
+        surv["consistency_check"] = tuple(sorted(signers))
+        cc = ("consistency_check", AbortReason.TOO_FEW_SIGNATURES)
+        if len(signers) < t:
+            return Expected(False, *cc, surv)
+        asked = {v for v in signers if len(g.closure(v) & signers) >= t}
+        if any(len((R[u] | {u}) & asked) < t for u in u3 | s_needed):
+            return Expected(False, *cc, surv)
+    u5 = asked - plan.unmasking
+    surv["unmasking"] = tuple(sorted(u5))
+    if any(len((R[u] | {u}) & u5) < t for u in u3 | s_needed):
+        return Expected(False, "unmasking", AbortReason.TOO_FEW_UNMASKING_RESPONSES, surv)
+    return Expected(True, survivors=surv, counted=tuple(sorted(u3)))
+
+
+@st.composite
+def scenarios(draw, *, max_clients: int, active: bool):
+    n = draw(st.integers(2, max_clients))
+    harary = n >= 4 and draw(st.booleans())
+    k = 2 * draw(st.integers(1, (n - 2) // 2)) if harary else n - 1
+    t = draw(st.integers(majority_threshold(k), k + 1))
+    config = SecAggConfig.create(
+        num_clients=n,
+        vector_length=draw(st.integers(1, 12)),
+        session_id=draw(st.binary(min_size=1, max_size=24)),
+        clip=draw(st.sampled_from([0.5, 1.0, 4.0])),
+        neighbors=k,
+        threshold=t,
+        modulus_bits=draw(st.sampled_from([None, 24, 32])),
+        active_adversary=active,
+    )
+    stages = [s for s in DROPOUT_STAGES if active or s != "consistency_check"]
+    rate = draw(st.sampled_from([0.0, 0.1, 0.25, 0.5]))
+    picks = draw(st.lists(st.sampled_from(stages), min_size=n, max_size=n))
+    seed = draw(st.integers(0, 2**31))
+    chooser = np.random.default_rng(seed)
+    plan = DropoutPlan(
+        **{s: frozenset(i for i in range(n) if picks[i] == s and chooser.random() < rate) for s in stages}
+    )
+    return config, plan, draw(st.integers(0, 2**40)), seed
+
+
+def _check(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    clip = config.encoding.clip
+    inputs = rng.uniform(-2 * clip, 2 * clip, size=(config.num_clients, config.vector_length))
+    inputs[:, 0] = clip * 10  # always clipped to the top level
+    outcome = run_round(inputs, config=config, dropouts=plan, round_idx=round_idx, seed=seed)
+    want = oracle(config, plan, round_idx)
+    # An honest server never makes an honest device refuse anything.
+    assert all(a.reason is AbortReason.SERVER_ABORTED for a in outcome.client_aborts.values()), outcome.client_aborts
+    for stage, members in want.survivors.items():
+        assert outcome.survivors.get(stage) == members, (stage, outcome.survivors, want.survivors)
+    if not want.ok:
+        assert not outcome.ok, (want, outcome.counted)
+        assert (outcome.abort_stage, outcome.abort_reason) == (want.stage, want.reason), outcome.abort_detail
+        return
+    assert outcome.ok, (outcome.abort_stage, outcome.abort_reason, outcome.abort_detail)
+    assert outcome.counted == want.counted
+    encoded = encode_inputs(inputs, config=config, seed=seed)
+    plain = encoded[list(want.counted)].astype(np.uint64).sum(axis=0)
+    assert int(plain.max()) < 2**config.encoding.modulus_bits  # the sum never wraps
+    np.testing.assert_array_equal(outcome.encoded_sum.astype(np.uint64), plain)
+    clipped = np.clip(inputs[list(want.counted)], -clip, clip)
+    np.testing.assert_allclose(outcome.mean, clipped.mean(0), atol=config.encoding.step, rtol=0)
+
+
+def _events(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -> None:
+    event(f"outcome: {oracle(config, plan, round_idx).stage or 'ok'}")
+    event(f"graph: {'complete' if config.is_complete_graph else 'harary'}")
+    event(f"cohort: {'> 20' if config.num_clients > 20 else '<= 20'}")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(max_clients=40, active=False))
+def test_exact_sum_or_abort_exactly_when_a_threshold_fails(scenario) -> None:
+    _events(*scenario)
+    _check(*scenario)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(max_clients=14, active=True))
+def test_active_mode_exact_sum_or_abort(scenario) -> None:
+    _events(*scenario)
+    _check(*scenario)
+
+
+def test_the_oracle_reaches_every_outcome() -> None:
+    """Guard against a vacuous property test: fixed cases of each kind."""
+    cfg = SecAggConfig.create(num_clients=10, vector_length=3, session_id=b"s", neighbors=4, threshold=4)
+    cases = {
+        "ok": DropoutPlan(),
+        "advertise_keys": DropoutPlan(advertise_keys=frozenset(range(7))),
+        "share_keys": DropoutPlan(share_keys=frozenset(range(7))),
+        "masked_input_collection": DropoutPlan(masked_input=frozenset(range(0, 10, 2))),
+        "unmasking": DropoutPlan(unmasking=frozenset(range(0, 10, 2))),
+    }
+    for name, plan in cases.items():
+        want = oracle(cfg, plan, 0)
+        assert (want.stage or "ok") == name, (name, want)
+        _check(cfg, plan, 0, 1)
