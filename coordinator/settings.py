@@ -8,7 +8,7 @@ Sources, highest precedence first (nested groups are merged key by key):
                 (FEDMASK_MODEL__HYPERPARAMETERS='{"lr": 0.05}')
   3. file       a TOML file: `config_file`, else $FEDMASK_CONFIG; top-level
                 keys and [cohort], [deadlines], [secagg], [dp], [tls], [auth],
-                [model] / [model.hyperparameters] tables
+                [debug], [model] / [model.hyperparameters] tables
   4. defaults   below
 
 Every problem is reported at once as a `SettingsError` naming the dotted
@@ -75,6 +75,11 @@ class CohortSettings(_Group):
     minimum: PositiveInt = 10
     #: Extra fraction selected to absorb dropouts: select ceil(size * (1 + f)).
     over_selection: Annotated[float, Field(ge=0.0, le=1.0)] = 0.3
+    #: Let a device take part in two consecutive rounds. Off by default:
+    #: consecutive uploads of one device reveal its gradient (FedRAP paper).
+    allow_consecutive: bool = False
+    #: Seconds to wait between the end of one round and the next selection.
+    pause: Annotated[float, Field(ge=0.0)] = 0.0
 
     @model_validator(mode="after")
     def _minimum_fits(self) -> CohortSettings:
@@ -91,9 +96,12 @@ class DeadlineSettings(_Group):
     """Seconds each stage may take once the server opens it."""
 
     selection: PositiveFloat = 60.0
+    #: Local training, before a device advertises its keys: the stage-0
+    #: window the server allows is training + advertise_keys.
+    training: PositiveFloat = 300.0
     advertise_keys: PositiveFloat = 30.0
     share_keys: PositiveFloat = 30.0
-    #: Includes local training.
+    #: Masking and upload (training happens before stage 0, see `training`).
     masked_input: PositiveFloat = 300.0
     consistency_check: PositiveFloat = 30.0
     unmasking: PositiveFloat = 60.0
@@ -117,6 +125,15 @@ class SecaggSettings(_Group):
     signatures: bool = False
     #: Run the consistency-check stage (needs signatures).
     consistency_check: bool = False
+    #: Dropout rate the sparse ("auto") graph is sized for.
+    expected_dropout: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.1
+
+    @field_validator("graph")
+    @classmethod
+    def _even_degree(cls, value: object) -> object:
+        if isinstance(value, int) and value % 2:
+            raise ValueError(f"a sparse graph needs an even number of neighbours (Harary graph), got {value}")
+        return value
 
     @model_validator(mode="after")
     def _consistency_needs_signatures(self) -> SecaggSettings:
@@ -147,6 +164,8 @@ class DpSettings(_Group):
     noise_multiplier: Annotated[float, Field(ge=0.0)] = 1.0
     #: Target delta of the (epsilon, delta) accounting.
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    #: dp_accounting accountant used for epsilon (models.privacy.epsilon).
+    accountant: Literal["rdp", "pld"] = "rdp"
 
 
 class TlsSettings(_Group):
@@ -189,6 +208,22 @@ class AuthSettings(_Group):
         return self
 
 
+class DebugSettings(_Group):
+    #: DEBUG ONLY. Write each round's decoded sum (first `sum_coordinates`
+    #: coordinates, its L1/L2 norms and an exact checksum of the encoded
+    #: sum) into the round record's metrics, so tests can compare it with
+    #: the devices' plaintext sum. Refused unless the coordinator listens
+    #: on a loopback address. The server learns this sum anyway (it is the
+    #: secagg output); the flag only persists it where the admin shows it.
+    record_sums: bool = False
+    sum_coordinates: Annotated[int, Field(ge=0, le=4096)] = 16
+    #: INSECURE, DEBUG ONLY (benchmark baseline): rounds without secure
+    #: aggregation; devices send their encoded updates unmasked and the
+    #: server sums them (coordinator/plaintext.py). Loopback only; edge
+    #: clients must opt in with --debug-allow-insecure-plaintext.
+    insecure_plaintext: bool = False
+
+
 _CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_config_data", default=None)
 
 
@@ -214,6 +249,17 @@ class CoordinatorSettings(BaseSettings):
     dp: DpSettings = Field(default_factory=DpSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    debug: DebugSettings = Field(default_factory=DebugSettings)
+    #: Stop after this many rounds (committed or aborted); None: run until stopped.
+    rounds: PositiveInt | None = None
+    #: Seed of cohort selection and session ids' non-secret parts; None: OS entropy.
+    seed: int | None = None
+    #: Clients must send a heartbeat this often; 3 silent intervals close the session.
+    heartbeat_interval: PositiveFloat = 10.0
+    #: gRPC max receive message size in bytes; None: sized from the model
+    #: (one MaskedInput of 4 * update_dim bytes) and the cohort (a ShareKeys
+    #: of cohort-1 shares), with headroom. The send limit is unlimited.
+    max_receive_message_bytes: Annotated[int, Field(ge=1 << 16)] | None = None
 
     @field_validator("listen_address")
     @classmethod
@@ -241,6 +287,10 @@ class CoordinatorSettings(BaseSettings):
                 raise ValueError(
                     "auth.mode 'mtls' needs tls.cert, tls.key, tls.client_ca and tls.require_client_cert = true"
                 )
+        if self.debug.record_sums and not is_loopback(split_host_port(self.listen_address)[0]):
+            raise ValueError("debug.record_sums is only allowed on a loopback listen_address (tests, benchmarks)")
+        if self.debug.insecure_plaintext and not is_loopback(split_host_port(self.listen_address)[0]):
+            raise ValueError("debug.insecure_plaintext is only allowed on a loopback listen_address (benchmarks)")
         if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):
             raise ValueError(
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"

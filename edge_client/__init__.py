@@ -1,1 +1,22 @@
-"""The edge client hosting one or many devices (issue 4)."""
+"""The edge client: one process hosting one or many devices (`fedmask client`).
+
+Public API, by module (nothing is re-exported here, so importing one module
+never pulls torch or grpc needlessly):
+
+    edge_client.app        ClientConfig, EdgeClient (prepare / run / stop), run_client
+    edge_client.session    SessionDriver: ServerMessage in, ClientMessages out
+                           (rounds, secagg stages, metrics, aborts, top-k); Device
+    edge_client.transport  TransportConfig (TLS / mTLS / token), make_channel,
+                           enroll, run_session
+    edge_client.trainer    Trainer: local splits, batched local training with the
+                           engine's functions, DP, private state, top-k;
+                           synthetic_updates (benchmark mode)
+    edge_client.state      ClientStore / DeviceStore: atomic, checksummed files
+                           under --state-dir; StateCorruptError
+    edge_client.backoff    Backoff: exponential backoff with full jitter
+    edge_client.faults     FaultPlan: --drop-rate/--drop-stage, --crash-after-round, --delay-ms
+    edge_client.users      parse_user_ranges ("1-100,200"), check_users_fit
+
+Boundaries: imports `secagg`, `models`, `wire`, `fedmask_proto`, grpc; never
+`coordinator`. Private device state stays under --state-dir.
+"""

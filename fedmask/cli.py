@@ -12,6 +12,9 @@ import typer
 from fedmask.commands import demo as demo_cmd
 from fedmask.commands import models as models_cmd
 from fedmask.commands import certs as certs_cmd
+from fedmask.commands import client as client_cmd
+from fedmask.commands import coordinator as coordinator_cmd
+from fedmask.commands import bench as bench_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -24,6 +27,9 @@ app = typer.Typer(
 demo_cmd.register(app)
 models_cmd.register(app)
 certs_cmd.register(app)
+client_cmd.register(app)
+coordinator_cmd.register(app)
+bench_cmd.register(app)
 
 
 def main() -> None:

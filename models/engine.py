@@ -109,7 +109,8 @@ class SimulationConfig:
     rounds: int | None = None  # None: the model's tuned default (DEFAULT_ROUNDS)
     clients_per_round: int | None = None  # None: every user, every round
     secagg: bool = False
-    secagg_neighbors: int | None = None  # SecAgg+ graph degree; None: the secagg default
+    secagg_neighbors: int | str | None = None  # SecAgg+ graph degree, or 'all'; None: 'auto' (SecAgg+)
+    secagg_clip: float | None = None  # fixed-point range [-c, c]; None: see _secagg_clip
     dp_noise: float | None = None
     dp_clip: float | None = None
     dp_delta: float = 1e-5
@@ -182,23 +183,56 @@ class _Cohorts:
 # ============================================================ aggregation
 
 
-def secure_mean(
-    updates: torch.Tensor,
-    *,
-    round_idx: int,
-    seed: int,
-    clip: float,
-    neighbors: int | None,
-) -> torch.Tensor:
-    """Mean of the rows of `updates` through the in-process SecAgg(+) driver."""
-    try:
-        from secagg.driver import run_round  # type: ignore[import-not-found]
-    except ImportError as e:  # pragma: no cover - depends on the secagg work
-        raise ConfigError("--secagg: the secagg in-process driver (secagg.driver.run_round) is not available") from e
-    x = updates.detach().to("cpu", torch.float32).numpy()
-    result = run_round(x, round_idx=round_idx, seed=seed, clip=clip, neighbors=neighbors)
-    mean = getattr(result, "mean", result)
-    return torch.as_tensor(np.asarray(mean), dtype=torch.float32, device=updates.device)
+class SecureAggregator:
+    """Aggregation through the real SecAgg(+) protocol, run in process by
+    `secagg.testing.run_round`: every device encodes its update to fixed point,
+    runs its own client states (keys, Shamir shares, pairwise and self masks)
+    and the server states unmask only the sum. One `SecAggConfig` per cohort
+    size, reused across rounds (the round index is bound into every key)."""
+
+    def __init__(self, *, seed: int, neighbors: int | str | None) -> None:
+        self.seed = seed
+        self.neighbors: int | str = "auto" if neighbors is None else neighbors
+        self.session_id = f"fedmask-sim-seed-{seed}".encode()
+        self._configs: dict[tuple[int, int, float], Any] = {}
+        self.last: dict[str, Any] = {}
+
+    def config(self, n: int, length: int, clip: float) -> Any:
+        from secagg import SecAggConfig
+
+        from secagg import ConfigError as SecAggConfigError
+
+        key = (n, length, clip)
+        if key not in self._configs:
+            kw = {"num_clients": n, "vector_length": length, "session_id": self.session_id, "clip": clip}
+            try:
+                cfg = SecAggConfig.create(**kw, neighbors=self.neighbors)
+            except SecAggConfigError as e:
+                if self.neighbors != "auto":
+                    raise ConfigError(f"--secagg: {e}") from e
+                # too few devices for SecAgg+'s failure targets: the complete graph (Bonawitz)
+                cfg = SecAggConfig.create(**kw, neighbors="all")
+            self._configs[key] = cfg
+        return self._configs[key]
+
+    def mean(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
+        from secagg.testing import run_round
+
+        n, length = updates.shape
+        if n < 2:
+            raise ConfigError("--secagg needs at least 2 devices per round")
+        cfg = self.config(n, length, clip)
+        x = updates.detach().to("cpu", torch.float32).numpy()
+        out = run_round(x, config=cfg, round_idx=round_idx, seed=self.seed * 1_000_003 + round_idx)
+        if not out.ok or out.mean is None:
+            raise RuntimeError(f"secure aggregation aborted in round {round_idx}: {out.abort_reason} {out.abort_detail}")
+        self.last = {
+            "secagg_graph": cfg.describe(),
+            "secagg_counted": len(out.counted),
+            "secagg_exact": bool(out.exact),
+            "secagg_wall_s": float(out.wall_s),
+        }
+        return torch.as_tensor(np.asarray(out.mean, dtype=np.float32), device=updates.device)
 
 
 # ============================================================ the simulation
@@ -263,6 +297,8 @@ def simulate(
     rounds = config.rounds if config.rounds is not None else DEFAULT_ROUNDS[config.model]
     if rounds < 1:
         raise ConfigError("--rounds must be >= 1")
+    if config.secagg_clip is not None and not config.secagg_clip > 0:
+        raise ConfigError("--secagg-clip must be > 0")
     if config.eval_every < 1:
         raise ConfigError("--eval-every must be >= 1")
 
@@ -299,6 +335,7 @@ def simulate(
             accountant=config.dp_accountant,  # type: ignore[arg-type]
         ) if config.dp_noise and config.dp_noise > 0 else None
 
+    secure = SecureAggregator(seed=config.seed, neighbors=config.secagg_neighbors) if config.secagg else None
     sel_key, sel_sign = _select_key(explicit)
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "private": None, "shared": False}
     records: list[dict[str, Any]] = []
@@ -330,14 +367,11 @@ def simulate(
                 accountant.step()
             if upd.shape[1] == 0:
                 mean = upd.new_zeros(0)
-            elif config.secagg:
-                mean = secure_mean(
-                    upd,
-                    round_idx=r,
-                    seed=config.seed,
-                    clip=_secagg_clip(upd, config),
-                    neighbors=config.secagg_neighbors,
-                )
+            elif secure is not None:
+                c = _secagg_clip(config)
+                mean = secure.mean(upd, round_idx=r, clip=c)
+                rec.update(secure.last)
+                rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
             else:
                 mean = upd.mean(0)
             global_ = model.apply_mean_update(global_, mean, r)
@@ -446,14 +480,20 @@ def _protocol_note(explicit: bool) -> str:
     )
 
 
-def _secagg_clip(updates: torch.Tensor, config: SimulationConfig) -> float:
-    """The fixed-point range [-c, c] for SecAgg: with DP, a bound that clipped+noised
-    coordinates essentially never exceed (|x_j| <= tau plus 6 noise std); without DP,
-    the largest coordinate of this round (a public bound the devices would agree on
-    in deployment; values beyond it are clipped by the encoding)."""
+SECAGG_DEFAULT_CLIP = 32.0
+
+
+def _secagg_clip(config: SimulationConfig) -> float:
+    """The fixed-point range [-c, c] every device encodes its update in (a public,
+    agreed constant): --secagg-clip if given; with DP, tau * (1 + 6 z) (a clipped
+    coordinate is at most tau, the noise rarely exceeds 6 std); otherwise 32,
+    above every coordinate the tuned models produce (the encoding clips the rare
+    larger one; the run records how many were)."""
+    if config.secagg_clip is not None:
+        return float(config.secagg_clip)
     if config.dp_clip is not None:
         return float(config.dp_clip) * (1.0 + 6.0 * float(config.dp_noise or 0.0))
-    return max(float(updates.abs().max()), 1e-6)
+    return SECAGG_DEFAULT_CLIP
 
 
 def _resolve_device(name: str) -> torch.device:

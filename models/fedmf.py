@@ -16,6 +16,10 @@ every paper here), in two modes.
   counted once per rating). `local_epochs` full-batch gradient steps on p_u
   (mean-normalised, `lr_user`) and on the device's copy of the rated rows of Q
   (summed loss, `lr_item`); the device sends Q_u - Q (and b_u - b), flattened.
+  Options: `user_bias` (a private b_u), `user_solver="exact"` (each round the
+  device first sets p_u, b_u to the exact ridge solution for the received Q:
+  the ALS step of federated collaborative filtering, Ammad-ud-din et al.
+  2019; then `local_epochs` steps on its copy of the rated rows of Q).
   Server: Q <- Q + server_lr * mean. With local_epochs = 1, server_lr = B
   (the cohort size) is exactly the paper's "sum of the item gradients" step.
 
@@ -48,13 +52,13 @@ class FedMF(FedRAP):
         k: int = 32,
         local_epochs: int = 10,
         n_neg: int = 4,
-        lr_user: float = 0.5,
-        lr_item: float = 0.5,
-        lr_decay: float = 1.0,
-        server_lr: float = 1.0,
-        reg: str = "none",
-        v2: float = 0.0,
-        weight_decay_u: float = 0.0,
+        lr_user: float = 5.0,
+        lr_item: float = 3.0,
+        lr_decay: float = 0.98,
+        server_lr: float = 10.0,
+        reg: str = "l2",
+        v2: float = 1e-4,
+        weight_decay_u: float = 0.03,
         init_std_c: float = 0.1,
         init_std_u: float = 0.1,
         chunk: int = 64,
@@ -103,6 +107,8 @@ class ExplicitMF(FederatedRecommender):
         *,
         k: int = 16,
         item_bias: bool = True,
+        user_bias: bool = False,
+        user_solver: str = "gd",
         center: float = 3.0,
         local_epochs: int = 1,
         lr_user: float = 0.5,
@@ -115,14 +121,16 @@ class ExplicitMF(FederatedRecommender):
     ) -> None:
         if k < 1 or local_epochs < 1:
             raise ValueError("k and local_epochs must be >= 1")
+        if user_solver not in ("gd", "exact"):
+            raise ValueError(f"user_solver must be 'gd' or 'exact', not {user_solver!r}")
         self.n_users, self.n_items, self.k = n_users, n_items, k
-        self.item_bias, self.center = item_bias, center
+        self.item_bias, self.user_bias, self.user_solver, self.center = item_bias, user_bias, user_solver, center
         self.local_epochs = local_epochs
         self.lr_user, self.lr_item, self.lr_decay, self.server_lr = lr_user, lr_item, lr_decay, server_lr
         self.reg, self.init_std, self.chunk = reg, init_std, chunk
 
     _CONFIG_KEYS: ClassVar[tuple[str, ...]] = (
-        "k", "item_bias", "center", "local_epochs", "lr_user", "lr_item", "lr_decay",
+        "k", "item_bias", "user_bias", "user_solver", "center", "local_epochs", "lr_user", "lr_item", "lr_decay",
         "server_lr", "reg", "init_std",
     )  # fmt: skip
 
@@ -143,7 +151,10 @@ class ExplicitMF(FederatedRecommender):
         self, data: CohortData, global_: GlobalState, generator: torch.Generator
     ) -> PrivateState:
         nb = int(data.users.shape[0])
-        return {"p": randn((nb, self.k), self.init_std, generator)}
+        state: PrivateState = {"p": randn((nb, self.k), self.init_std, generator)}
+        if self.user_bias:
+            state["bu"] = torch.zeros(nb, device=generator.device)
+        return state
 
     # hook for FedMMF: private additive term of the prediction, (B, m) for the cohort rows
     def _offset(self, private: PrivateState) -> torch.Tensor | None:
@@ -185,19 +196,25 @@ class ExplicitMF(FederatedRecommender):
         n_r = flat.counts.clamp(min=1).to(torch.float32)
 
         p_all = private["p"].clone()
+        bu_all = private["bu"].clone() if self.user_bias else None
         upd = torch.empty(nb, self.update_dim, device=dev_t)
         mk = m * k
         for s in range(0, nb, self.chunk):
             sl = slice(s, min(nb, s + self.chunk))
             bc = sl.stop - sl.start
             p = p_all[sl]
+            bu = bu_all[sl] if bu_all is not None else None
             r_c, t_c = rated[sl], target[sl]
+            if self.user_solver == "exact":
+                self._solve_users(Q, bq, r_c, t_c, n_r[sl], p, bu)
             W = torch.zeros(bc, m, k, device=dev_t)  # Q_u - Q
             wb = torch.zeros(bc, m, device=dev_t) if bq is not None else None  # b_u - b
             for _ in range(self.local_epochs):
                 pred = torch.bmm(W, p.unsqueeze(2)).squeeze(2) + p @ Q.T
                 if bq is not None and wb is not None:
                     pred = pred + bq + wb
+                if bu is not None:
+                    pred = pred + bu.unsqueeze(1)
                 g = r_c * (pred - t_c)  # d (1/2 sum err^2) / d pred, rated entries only
                 grad_p = torch.bmm(g.unsqueeze(1), W).squeeze(1) + g @ Q + self.reg * n_r[sl, None] * p
                 # item rows: g * p + reg * q for every rating of the item
@@ -207,13 +224,46 @@ class ExplicitMF(FederatedRecommender):
                     W.sub_(shrink, alpha=lr_i * self.reg)
                 if wb is not None:
                     wb.sub_(g, alpha=lr_i)
-                p.sub_(grad_p / n_r[sl, None], alpha=lr_u)
+                if self.user_solver == "gd":
+                    if bu is not None:
+                        bu.sub_(g.sum(1) / n_r[sl], alpha=lr_u)
+                    p.sub_(grad_p / n_r[sl, None], alpha=lr_u)
             upd[sl, :mk] = W.view(bc, mk)
             if wb is not None:
                 upd[sl, mk:] = wb
         new_private: PrivateState = {"p": p_all}
+        if bu_all is not None:
+            new_private["bu"] = bu_all
         new_private.update(self._carry(private))
         return new_private, upd
+
+    def _solve_users(
+        self,
+        Q: torch.Tensor,
+        bq: torch.Tensor | None,
+        rated: torch.Tensor,
+        target: torch.Tensor,
+        n_r: torch.Tensor,
+        p: torch.Tensor,
+        bu: torch.Tensor | None,
+    ) -> None:
+        """ALS step of federated collaborative filtering (Ammad-ud-din et al. 2019):
+        each device sets p_u (and b_u) to the exact ridge solution for the current
+        item table, in place: min 1/2 sum (t - b_i - b_u - p.q_i)^2 + reg/2 n_u ||p||^2
+        (b_u unpenalised)."""
+        qa = Q if bu is None else torch.cat([Q, torch.ones(Q.shape[0], 1, device=Q.device)], 1)
+        kk = qa.shape[1]
+        y = target - (bq if bq is not None else 0.0)
+        A = torch.einsum("bm,mi,mj->bij", rated, qa, qa)
+        diag = torch.full((kk,), 1.0, device=Q.device)
+        if bu is not None:
+            diag[-1] = 1e-6
+        A = A + self.reg * n_r[:, None, None] * torch.diag(diag) + 1e-6 * torch.eye(kk, device=Q.device)
+        rhs = (rated * y) @ qa
+        sol = torch.linalg.solve(A, rhs)
+        p.copy_(sol[:, : self.k])
+        if bu is not None:
+            bu.copy_(sol[:, -1])
 
     def apply_mean_update(
         self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int
@@ -231,6 +281,8 @@ class ExplicitMF(FederatedRecommender):
         pred = torch.einsum("bkd,bd->bk", q, private["p"]) + self.center
         if self.item_bias:
             pred = pred + global_["bq"][items]
+        if self.user_bias:
+            pred = pred + private["bu"].unsqueeze(1)
         return pred
 
     def score(

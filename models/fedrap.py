@@ -40,6 +40,13 @@ C itself sparse (an average of individually thresholded copies is not), keeps
 it sparse under DP noise, and costs O(m k) instead of O(B m k). The L2
 ablation uses the proximal map of mu||C||_F^2 (a shrink by 1/(1 + 2t)).
 
+Learning rates and extra L2 terms (the published code has one SGD
+optimiser with `weight_decay` over all of u, D and C): `lr_item` for the
+device's copy of C, `lr_personal` for D_i (None: lr_item), `lr_user` for
+u_i and b_i, all multiplied by lr_decay**a; `weight_decay_u` on u_i (in its
+gradient) and `weight_decay_d` on D_i (applied as the proximal map of
+wd/2 ||D_i||^2 in the split step, stable for any step length).
+
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
@@ -97,17 +104,17 @@ class FedRAP(FederatedRecommender):
         variant: str = "full",
         reg: str = "l1",
         curriculum: str = "tanh",
-        v1: float = 1e-3,
-        v2: float = 1e-3,
+        v1: float = 1e-5,
+        v2: float = 1e-4,
         local_epochs: int = 10,
         n_neg: int = 4,
-        lr_user: float = 0.5,
-        lr_item: float = 0.5,
-        lr_personal: float | None = None,
-        lr_decay: float = 1.0,
-        server_lr: float = 1.0,
+        lr_user: float = 5.0,
+        lr_item: float = 3.0,
+        lr_personal: float | None = 0.1,
+        lr_decay: float = 0.98,
+        server_lr: float = 10.0,
         weight_decay_d: float = 0.0,
-        weight_decay_u: float = 0.0,
+        weight_decay_u: float = 0.03,
         init_std_c: float = 0.1,
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,

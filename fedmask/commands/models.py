@@ -105,6 +105,15 @@ def _parse_params(items: list[str]) -> dict[str, object]:
     return out
 
 
+def _parse_neighbors(value: str | None) -> int | str | None:
+    if value is None or value in ("auto", "all"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise typer.BadParameter(f"expected an even integer, 'all' or 'auto', got {value!r}") from None
+
+
 def register_simulate(app: typer.Typer) -> None:
     """`fedmask simulate`: a whole federation in one process (models/engine.py)."""
 
@@ -129,8 +138,19 @@ def register_simulate(app: typer.Typer) -> None:
             bool, typer.Option("--secagg/--no-secagg", help="Aggregate through the real SecAgg+ protocol, in process.")
         ] = False,
         secagg_neighbors: Annotated[
-            int | None,
-            typer.Option(help="SecAgg+ neighbourhood size (default: the secagg package's choice).", show_default=False),
+            str | None,
+            typer.Option(
+                help="SecAgg+ graph degree (even int) or 'all' for the complete graph (default: 'auto', "
+                "the secagg package's SecAgg+ choice for the cohort size).",
+                show_default=False,
+            ),
+        ] = None,
+        secagg_clip: Annotated[
+            float | None,
+            typer.Option(
+                help="SecAgg fixed-point range [-c, c] of every coordinate (default: tau*(1+6z) with DP, else 32).",
+                show_default=False,
+            ),
         ] = None,
         dp_noise: Annotated[
             float | None,
@@ -185,7 +205,8 @@ def register_simulate(app: typer.Typer) -> None:
                 rounds=rounds,
                 clients_per_round=clients_per_round,
                 secagg=secagg,
-                secagg_neighbors=secagg_neighbors,
+                secagg_neighbors=_parse_neighbors(secagg_neighbors),
+                secagg_clip=secagg_clip,
                 dp_noise=dp_noise,
                 dp_clip=dp_clip,
                 dp_delta=dp_delta,

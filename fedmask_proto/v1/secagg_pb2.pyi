@@ -313,7 +313,9 @@ Global___MaskedInput: _TypeAlias = MaskedInput  # noqa: Y015
 @_typing.final
 class ConsistencyCheckRequest(_message.Message):
     """Stage 2 -> 3, server -> client (only when SecaggSettings.consistency_check):
-    the survivor set U3 of the device's neighbourhood, ascending, to be signed.
+    the whole survivor set U3 (every device whose masked input was counted,
+    not only the neighbourhood), ascending, to be signed; RoundTask.cohort
+    maps its ids.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -524,13 +524,15 @@ class StageDeadlines(_message.Message):
     CONSISTENCY_CHECK_FIELD_NUMBER: _builtins.int
     UNMASKING_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def advertise_keys(self) -> _duration_pb2.Duration: ...
+    def advertise_keys(self) -> _duration_pb2.Duration:
+        """Includes local training: the secagg client state needs the encoded
+        update before it advertises its keys (the RoundTask starts this stage).
+        """
+
     @_builtins.property
     def share_keys(self) -> _duration_pb2.Duration: ...
     @_builtins.property
-    def masked_input(self) -> _duration_pb2.Duration:
-        """Includes local training: the masked input needs the trained update."""
-
+    def masked_input(self) -> _duration_pb2.Duration: ...
     @_builtins.property
     def consistency_check(self) -> _duration_pb2.Duration: ...
     @_builtins.property
@@ -572,6 +574,7 @@ class RoundTask(_message.Message):
     DP_FIELD_NUMBER: _builtins.int
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     DEADLINES_FIELD_NUMBER: _builtins.int
+    COHORT_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     model_name: _builtins.str
@@ -591,6 +594,14 @@ class RoundTask(_message.Message):
     def assignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceAssignment]: ...
     @_builtins.property
     def deadlines(self) -> Global___StageDeadlines: ...
+    @_builtins.property
+    def cohort(self) -> _containers.RepeatedCompositeFieldContainer[Global___Participant]:
+        """The whole cohort (every device of the round with its secagg_id), set
+        only when secagg.consistency_check is on: a device signs the complete
+        survivor set U3, which in a sparse graph names devices outside its
+        neighbourhood. Empty otherwise (absent == empty: backward compatible).
+        """
+
     def __init__(
         self,
         *,
@@ -604,10 +615,11 @@ class RoundTask(_message.Message):
         dp: Global___DpSettings | None = ...,
         assignments: _abc.Iterable[Global___DeviceAssignment] | None = ...,
         deadlines: Global___StageDeadlines | None = ...,
+        cohort: _abc.Iterable[Global___Participant] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "secagg", b"secagg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "hyperparameters_json", b"hyperparameters_json", "model_name", b"model_name", "model_version", b"model_version", "round_number", b"round_number", "secagg", b"secagg", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "cohort", b"cohort", "deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "hyperparameters_json", b"hyperparameters_json", "model_name", b"model_name", "model_version", b"model_version", "round_number", b"round_number", "secagg", b"secagg", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -178,3 +178,32 @@ def test_cli_simulate_writes_results(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["simulate", "--model", "fedx", "--dataset", "synthetic", "--out", str(out)])
     assert bad.exit_code == 2 and "unknown model" in bad.output
     assert math.isfinite(res["seconds_total"])
+
+
+def test_secagg_gives_the_plain_mean_up_to_fixed_point(x, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's SecAgg path runs the real protocol; its mean equals the plain mean
+    to fixed-point precision, and training proceeds the same."""
+    means: dict[str, list[torch.Tensor]] = {"plain": [], "secure": []}
+    real_apply = engine.build_model
+
+    def spy_build(*a, **kw):
+        m = real_apply(*a, **kw)
+        orig = m.apply_mean_update
+
+        def apply(g, mean, r):
+            means[spy_build.mode].append(mean.clone())
+            return orig(g, mean, r)
+
+        m.apply_mean_update = apply  # type: ignore[method-assign]
+        return m
+
+    monkeypatch.setattr(engine, "build_model", spy_build)
+    spy_build.mode = "plain"
+    a = run(x, model="fedrap", rounds=2, clients_per_round=12, params={"k": 4})
+    spy_build.mode = "secure"
+    b = run(x, model="fedrap", rounds=2, clients_per_round=12, secagg=True, params={"k": 4})
+    assert all(rec["secagg_exact"] and rec["secagg_counted"] == 12 for rec in b["rounds"])
+    assert b["rounds"][0]["secagg_clipped_fraction"] == 0.0
+    step = 2 * 32.0 / ((2**32 - 1) // 12)
+    assert torch.allclose(means["plain"][0], means["secure"][0], atol=step)
+    assert b["best_val"]["hr@10"] == pytest.approx(a["best_val"]["hr@10"], abs=0.05)

@@ -77,3 +77,24 @@ def test_implicit_learns_on_synthetic_data() -> None:
     x = synthetic(200, 300, seed=0)
     res = simulate(SimulationConfig(model="fedmf", rounds=6, seed=0), interactions=x)
     assert res["best_val"]["hr@10"] > 0.35
+
+
+def test_exact_user_solver_zeroes_the_user_gradient() -> None:
+    items = torch.tensor([[0, 3, 4, 2], [1, 3, 0, 0]])
+    mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    ratings = torch.tensor([[5.0, 1.0, 3.0, 4.0], [4.0, 2.0, 0.0, 0.0]])
+    data = CohortData(users=torch.arange(2), items=items, mask=mask, lengths=mask.sum(1), ratings=ratings)
+    m = FedMFExplicit(2, 5, k=2, user_solver="exact", user_bias=True, reg=0.1, lr_item=0.0)
+    g0 = m.init_global(gen())
+    g0["bq"] = torch.randn(5, generator=gen(3)) * 0.2
+    p0 = m.init_private(data, g0, gen(1))
+    new_p, upd = m.local_update(g0, p0, data, 0, gen(2))
+    assert torch.count_nonzero(upd) == 0  # lr_item = 0: only the users moved
+    for b in range(2):
+        p = new_p["p"][b].clone().requires_grad_()
+        bu = new_p["bu"][b].clone().requires_grad_()
+        it, r = items[b][mask[b]], ratings[b][mask[b]]
+        pred = g0["Q"][it] @ p + g0["bq"][it] + bu + 3.0
+        loss = 0.5 * ((r - pred) ** 2).sum() + 0.1 / 2 * len(it) * (p**2).sum()
+        gp, gb = torch.autograd.grad(loss, [p, bu])
+        assert gp.abs().max() < 1e-4 and gb.abs() < 1e-4

@@ -97,8 +97,8 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
     negc[:, pos.bool()] = 0
     monkeypatch.setattr(fedrap_mod, "negative_counts", lambda *a, **kw: negc)
     model = FedRAP(
-        B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, v1=0.05, v2=0.0,
-        init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02,
+        B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, lr_personal=0.15, v1=0.05,
+        v2=0.0, init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02, lr_decay=1.0,
     )  # fmt: skip
     G = model.init_global(gen(1))
     P = model.init_private(data, G, gen(1))
@@ -121,14 +121,14 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
             with torch.no_grad():
                 u -= 0.3 * gu
                 bb -= 0.3 * gb
-                D -= 0.2 * gD
+                D -= 0.15 * gD
                 C -= 0.2 * gC
         with torch.no_grad():  # the split step on -lambda ||D - C||^2 (+ weight decay on D)
-            t = E * 0.2
+            t_d, t_c = E * 0.15, E * 0.2
             delta = D - C
-            D.div_(1 + t * 0.01)
-            D += 2 * lam * t * delta
-            C -= 2 * lam * t * delta
+            D.div_(1 + t_d * 0.01)
+            D += 2 * lam * t_d * delta
+            C -= 2 * lam * t_c * delta
         assert torch.allclose(new_p["u"][b], u, atol=1e-5)
         assert torch.allclose(new_p["b"][b], bb, atol=1e-5)
         assert torch.allclose(new_p["D"][b], D, atol=1e-5)
@@ -190,7 +190,7 @@ def test_curriculum_is_applied_in_training() -> None:
 
 
 def test_l1_proximal_step_makes_c_sparse() -> None:
-    m = FedRAP(2, 50, k=8, v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0)
+    m = FedRAP(2, 50, k=8, v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
     G = {"C": torch.randn(50, 8, generator=gen()) * 0.1}
     thr = 1.0 * 2 * 0.1 * 0.5
     G1 = m.apply_mean_update(G, torch.zeros(50 * 8), 5)
@@ -200,7 +200,7 @@ def test_l1_proximal_step_makes_c_sparse() -> None:
     assert torch.allclose(c1[keep], c0[keep] - thr * c0[keep].sign())
     assert (c1 == 0).float().mean() > 0.5
     # L2 ablation: a shrink, never exact zeros; none: untouched
-    l2 = FedRAP(2, 50, k=8, v2=0.5, reg="l2", curriculum="fixed", lr_item=0.1, local_epochs=2)
+    l2 = FedRAP(2, 50, k=8, v2=0.5, reg="l2", curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
     assert torch.allclose(l2.apply_mean_update(G, torch.zeros(400), 5)["C"], c0 / (1 + 2 * thr))
     none = FedRAP(2, 50, k=8, v2=0.5, reg="none", curriculum="fixed")
     assert torch.equal(none.apply_mean_update(G, torch.zeros(400), 5)["C"], c0)

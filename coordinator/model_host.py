@@ -1,0 +1,151 @@
+"""The server side of a model: initial parameters and the server step.
+
+`build_server_model(name, hyperparameters)` is the coordinator's factory:
+
+* ``"synthetic"`` (benchmarks, tests): no learning. The update is a vector
+  of ``vector_length`` floats the devices make up; the global parameters are
+  one tensor ``"mean"`` (L,) holding the last round's decoded mean (zeros at
+  version 0). Hyper-parameters: ``{"vector_length": L}``.
+* any name of `models.engine.build_model` ("fedrap", "fedmf", "pfedrec",
+  "fedmmf"): hyper-parameters must include ``n_users`` and ``n_items`` (the
+  federation's catalogue; the server needs them to shape the global
+  parameters) and may include ``explicit`` (fedmf) and the model's own
+  overrides. The server step is the model's `apply_mean_update`.
+
+Parameters travel as ``dict[str, np.ndarray]`` (float32). The model step
+(`round_idx` of the model, its curriculum position) is the number of rounds
+committed before, carried in the stored version's hyper-parameters as
+``"step"``, so restarts and aborted rounds do not shift the curriculum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+SYNTHETIC = "synthetic"
+# Keys of the model hyper-parameters the coordinator consumes itself.
+_FACTORY_KEYS = ("n_users", "n_items", "explicit")
+
+
+class ModelConfigError(ValueError):
+    """The configured model cannot be built (unknown name, bad parameters)."""
+
+
+class ServerModel(Protocol):
+    name: str
+    #: Length of the flat update every device sends (secagg vector_length).
+    update_dim: int
+
+    def hyperparameters(self) -> dict[str, Any]:
+        """JSON-able hyper-parameters sent in every RoundTask (devices build
+        the same model from them)."""
+        ...
+
+    def init_parameters(self, seed: int) -> dict[str, np.ndarray]: ...
+
+    def apply_mean(self, params: Mapping[str, np.ndarray], mean: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        """The new global parameters from the mean update (float64 or
+        float32, length update_dim) of round `step` (0-based)."""
+        ...
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+
+@dataclass
+class SyntheticModel:
+    """See the module doc."""
+
+    vector_length: int
+    name: str = SYNTHETIC
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.vector_length, int) and 1 <= self.vector_length <= 1 << 28):
+            raise ModelConfigError(f"synthetic model: vector_length must be an int in 1..2^28, got {self.vector_length!r}")
+
+    @property
+    def update_dim(self) -> int:
+        return self.vector_length
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"vector_length": self.vector_length}
+
+    def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
+        return {"mean": np.zeros(self.vector_length, dtype=np.float32)}
+
+    def apply_mean(self, params: Mapping[str, np.ndarray], mean: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        return {"mean": np.asarray(mean, dtype=np.float32)}
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"mean": (self.vector_length,)}
+
+
+@dataclass
+class RecommenderModel:
+    """A `models` recommender behind the ServerModel protocol (torch inside)."""
+
+    name: str
+    config: dict[str, Any]
+    model: Any = field(repr=False)
+
+    @property
+    def update_dim(self) -> int:
+        return int(self.model.update_dim)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.config)
+
+    def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
+        import torch
+
+        gen = torch.Generator().manual_seed(int(seed))
+        return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in self.model.init_global(gen).items()}
+
+    def apply_mean(self, params: Mapping[str, np.ndarray], mean: np.ndarray, step: int) -> dict[str, np.ndarray]:
+        import torch
+
+        global_ = {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in params.items()}
+        upd = torch.from_numpy(np.ascontiguousarray(mean, dtype=np.float32))
+        with torch.no_grad():
+            out = self.model.apply_mean_update(global_, upd, step)
+        return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in out.items()}
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v.shape) for k, v in self.init_parameters(0).items()}
+
+
+def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = None) -> ServerModel:
+    """The coordinator's model factory (see the module doc)."""
+    hp = dict(hyperparameters or {})
+    if name == SYNTHETIC:
+        unknown = set(hp) - {"vector_length"}
+        if unknown or "vector_length" not in hp:
+            raise ModelConfigError(
+                f"synthetic model takes exactly the hyperparameter 'vector_length' (got {sorted(hp)})"
+            )
+        return SyntheticModel(hp["vector_length"])
+    try:
+        from models.engine import ConfigError as EngineConfigError
+        from models.engine import build_model
+    except ImportError as exc:  # pragma: no cover - models is part of the distribution
+        raise ModelConfigError(f"cannot import the models package: {exc}") from exc
+    missing = [k for k in ("n_users", "n_items") if k not in hp]
+    if missing:
+        raise ModelConfigError(f"model {name!r} needs hyperparameters {missing} (the federation's catalogue)")
+    overrides = {k: v for k, v in hp.items() if k not in _FACTORY_KEYS}
+    try:
+        model = build_model(
+            name,
+            explicit=bool(hp.get("explicit", False)),
+            n_users=int(hp["n_users"]),
+            n_items=int(hp["n_items"]),
+            overrides=overrides,
+        )
+    except (EngineConfigError, TypeError, ValueError) as exc:
+        raise ModelConfigError(str(exc)) from exc
+    if model.update_dim < 1:
+        raise ModelConfigError(f"model {name!r} with these hyperparameters sends no update (update_dim 0)")
+    return RecommenderModel(name, hp, model)

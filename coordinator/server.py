@@ -1,0 +1,121 @@
+"""Build and run the coordinator's grpc.aio server.
+
+    server = await build_server(coordinator, settings)     # bound, not started
+    await server.start(); ...; await server.stop(grace)
+
+`serve(settings)` is what `fedmask coordinator` runs: open the store, build
+the model, recover, serve CoordinatorService + grpc.health.v1 + reflection,
+run rounds, and on SIGINT/SIGTERM shut down gracefully (ServerShutdown to
+clients, the running round aborted with COORDINATOR_SHUTDOWN, the health
+status NOT_SERVING, the store closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator.auth import TokenAuthInterceptor
+from coordinator.logs import log_event
+from coordinator.model_host import build_server_model
+from coordinator.servicer import add_to_server
+from coordinator.service import Coordinator, max_receive_message_bytes
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import Store, open_store
+from fedmask_proto.v1 import coordinator_service_pb2
+
+SERVICE_NAME = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
+
+
+def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
+    tls = settings.tls
+    if not tls.enabled:
+        return None
+    root = tls.client_ca.read_bytes() if tls.client_ca is not None else None
+    return grpc.ssl_server_credentials(
+        [(tls.key.read_bytes(), tls.cert.read_bytes())],
+        root_certificates=root,
+        require_client_auth=tls.require_client_cert,
+    )
+
+
+async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, object]:
+    """A bound grpc.aio server (not started): (server, port, health servicer)."""
+    interceptors = []
+    if settings.auth.mode == "token":
+        interceptors.append(TokenAuthInterceptor(settings.auth.token.get_secret_value()))
+    options = [
+        ("grpc.max_receive_message_length", max_receive_message_bytes(settings, coordinator.model.update_dim)),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+    add_to_server(coordinator, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+    creds = server_credentials(settings)
+    address = settings.listen_address
+    port = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server, port, health_servicer
+
+
+async def set_serving(health_servicer: object, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, status)  # type: ignore[attr-defined]
+
+
+async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
+                stop: asyncio.Event | None = None, grace: float = 5.0) -> int:
+    """Run the coordinator until `settings.rounds` are done or a signal
+    (or `stop`) arrives. Returns the exit code."""
+    model = build_server_model(settings.model.name, settings.model.hyperparameters)
+    own_store = store is None
+    store = store if store is not None else open_store(settings.database_url)
+    coordinator = Coordinator(settings, store=store, model=model)
+    server = None
+    try:
+        await coordinator.start()
+        server, port, health_servicer = await build_server(coordinator, settings)
+        await server.start()
+        await set_serving(health_servicer, True)
+        log_event("listening", address=settings.listen_address, port=port, model=model.name,
+                  update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready.set()
+        rounds = asyncio.create_task(coordinator.run(), name="fedmask-rounds")
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({rounds, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        await set_serving(health_servicer, False)
+        await coordinator.shutdown("coordinator shutting down" if stop.is_set() else "configured rounds done")
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(rounds, timeout=grace + 30)
+        stopper.cancel()
+        await server.stop(grace)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+        return 0
+    finally:
+        if server is not None:
+            await server.stop(0)
+        if own_store:
+            store.close()
+        log_event("stopped")

@@ -1,0 +1,291 @@
+"""The edge-client process: hosts many devices, enrols them, keeps one session open.
+
+    EdgeClient(ClientConfig(...)).prepare()   parse users, open the state dir,
+                                              load the dataset and the local splits,
+                                              identity keys, decline unfinished rounds
+    await client.run()                        enrol (retrying), then sessions
+                                              with backoff until stopped
+
+`run_client(config)` does both and returns the process exit code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edge_client.backoff import Backoff
+from edge_client.faults import FaultPlan
+from edge_client.session import Device, FatalSessionError, RoundEvent, SessionDriver, decline_unfinished_rounds
+from edge_client.state import ClientStore, StateError
+from edge_client.trainer import DatasetError, HostedDevice, Trainer, load_interactions, local_id_of
+from edge_client.transport import (
+    FATAL_CODES,
+    TransportConfig,
+    TransportConfigError,
+    describe_rpc_error,
+    enroll,
+    make_channel,
+    run_session,
+)
+from edge_client.users import UserRangeError, check_users_fit, format_user_ranges, parse_user_ranges
+from fedmask_proto.v1 import coordinator_service_pb2_grpc, session_pb2
+
+log = logging.getLogger("edge_client")
+
+CLIENT_VERSION = "0.1.0"
+
+
+class ClientError(Exception):
+    """A problem the user must fix; the message says what (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    coordinator: str
+    users: str
+    state_dir: Path
+    dataset: str = "ml-100k"
+    data_dir: str | None = None
+    device: str = "cpu"
+    seed: int = 0
+    name: str | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_server_name: str | None = None
+    token: str | None = None
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    exit_after_rounds: int | None = None
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    threads: int | None = None
+
+
+class EdgeClient:
+    def __init__(self, config: ClientConfig, *, backoff: Backoff | None = None) -> None:
+        self.config = config
+        self.backoff = backoff or Backoff(base=config.backoff_base, cap=config.backoff_cap)
+        self.store: ClientStore | None = None
+        self.trainer: Trainer | None = None
+        self.hosted: list[HostedDevice] = []
+        self.identities: dict[str, Ed25519PrivateKey] = {}
+        self.driver: SessionDriver | None = None
+        self.rounds_done = 0
+        self.events: list[RoundEvent] = []
+        self._stop: asyncio.Event | None = None  # created in run()
+        self.name = config.name or f"edge-{socket.gethostname()}-{os.getpid()}"
+
+    # ------------------------------------------------------------ set-up
+    def prepare(self) -> EdgeClient:
+        cfg = self.config
+        try:
+            self.transport = TransportConfig(
+                target=cfg.coordinator, tls_ca=cfg.tls_ca, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
+                tls_server_name=cfg.tls_server_name, token=cfg.token,
+            )
+            numbers = parse_user_ranges(cfg.users)
+        except (TransportConfigError, UserRangeError) as e:
+            raise ClientError(str(e)) from None
+        if cfg.threads:
+            import torch
+
+            torch.set_num_threads(cfg.threads)
+        try:
+            x = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
+            check_users_fit(numbers, x.n_users, x.name)
+            self.store = ClientStore(cfg.state_dir).open()
+            self.store.check_client({"dataset": x.name, "split_seed": cfg.seed, "client_name": self.name})
+            self.hosted = [HostedDevice(n, self.store.device(local_id_of(n))) for n in numbers]
+            self.trainer = Trainer(
+                x, self.hosted, split_seed=cfg.seed, seed=cfg.seed, torch_device=cfg.device,
+                global_path=self.store.root / "global.fms",
+            )
+            created = self.trainer.prepare_local_data()
+            for h in self.hosted:
+                raw = h.store.load_or_create_identity()
+                self.identities[h.local_id] = Ed25519PrivateKey.from_private_bytes(raw)
+        except (DatasetError, UserRangeError, StateError) as e:
+            self.close()
+            raise ClientError(str(e)) from None
+        log.info(
+            "hosting %d device(s) of %s (users %s) in %s; %d new local split(s)",
+            len(self.hosted), x.name, format_user_ranges(numbers), cfg.state_dir, created,
+        )
+        return self
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def _identity_public(self, local_id: str) -> bytes:
+        return self.identities[local_id].public_key().public_bytes_raw()
+
+    # ------------------------------------------------------------ enrolment
+    async def enroll_devices(self, stub, *, only: list[str] | None = None) -> dict[str, int]:
+        """local_id -> device_id for every hosted device; enrols (and persists)
+        those not yet enrolled with this coordinator."""
+        assert self.store is not None
+        known = self.store.enrolled(self.config.coordinator)
+        wanted = [h.local_id for h in self.hosted]
+        todo = only if only is not None else [lid for lid in wanted if lid not in known]
+        if todo:
+            got = await enroll(
+                stub, self.transport, client_name=self.name,
+                devices=[(lid, self._identity_public(lid)) for lid in todo],
+            )
+            self.store.save_enrolled(self.config.coordinator, got)
+            known.update(got)
+            log.info("enrolled %d device(s) with %s", len(got), self.config.coordinator)
+        return {lid: known[lid] for lid in wanted}
+
+    def _make_driver(self, ids: dict[str, int]) -> SessionDriver:
+        assert self.trainer is not None
+        by_local = {h.local_id: h for h in self.hosted}
+        devices = [
+            Device(device_id=ids[lid], number=h.number, local_id=lid, identity_key=self.identities[lid], store=h.store)
+            for lid, h in by_local.items()
+        ]
+        declined = decline_unfinished_rounds({d.device_id: d for d in devices})
+        if declined:
+            log.warning("%d device(s) had an unfinished round from before the restart: declined", declined)
+        return SessionDriver(
+            client_name=self.name,
+            client_version=CLIENT_VERSION,
+            devices=devices,
+            trainer=self.trainer,
+            faults=self.config.faults,
+            on_round_end=self._on_round_end,
+        )
+
+    def _on_round_end(self, event: RoundEvent) -> None:
+        self.events.append(event)
+        self.rounds_done += 1
+        if event.outcome in ("committed", "aborted") and self.config.faults.should_crash_after(event.round_number):
+            log.warning("--crash-after-round %d: exiting abruptly now", self.config.faults.crash_after_round)
+            logging.shutdown()
+            self.config.faults.crash()
+        if self.config.exit_after_rounds is not None and self.rounds_done >= self.config.exit_after_rounds:
+            log.info("took part in %d round(s): stopping (--exit-after-rounds)", self.rounds_done)
+            self.stop()
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _reenroll_unknown(self, stub) -> None:
+        """Devices the coordinator does not know (e.g. its database was reset) enrol again."""
+        d = self.driver
+        assert d is not None and self.store is not None
+        try:
+            await self._reenroll(stub, d)
+        except Exception as e:  # noqa: BLE001 - logged; the session goes on with the others
+            log.error("re-enrolment failed: %s", e)
+
+    async def _reenroll(self, stub, d: SessionDriver) -> None:
+        unknown = [r.device_id for r in d.last_rejections
+                   if r.reason == session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE and r.device_id in d.devices]
+        if not unknown:
+            return
+        lids = [d.devices[i].local_id for i in unknown]
+        log.warning("coordinator does not know %d of our device(s); enrolling them again", len(lids))
+        got = await self.enroll_devices(stub, only=lids)
+        for old in unknown:
+            dev = d.devices.pop(old)
+            dev.device_id = got[dev.local_id]
+            d.devices[dev.device_id] = dev
+        d.outbox.put_nowait(d.check_in_message())
+
+    # ------------------------------------------------------------ main loop
+    async def run(self) -> int:
+        """Enrol and serve sessions until stopped; returns the exit code."""
+        self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
+            loop.add_signal_handler(signal.SIGTERM, self.stop)
+        log.info("connecting to %s (%s)", self.config.coordinator, self.transport.mode)
+        channel = make_channel(self.transport)
+        stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel)
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            while not self._stop.is_set():
+                work = asyncio.ensure_future(self._connect_once(stub))
+                done, _ = await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    while not work.done():  # re-cancel: a cancellation can be swallowed by a racing await
+                        work.cancel()
+                        await asyncio.wait([work], timeout=1.0)
+                    if not work.cancelled():
+                        work.exception()  # retrieved: nothing to report on a requested stop
+                    break
+                try:
+                    work.result()
+                    delay_hint = self.driver.retry_after if self.driver else None
+                except FatalSessionError as e:
+                    log.error("%s", e)
+                    return 2
+                except grpc.aio.AioRpcError as e:
+                    if e.code() in FATAL_CODES:
+                        log.error("%s", describe_rpc_error(e, self.transport))
+                        return 2
+                    log.warning("%s", describe_rpc_error(e, self.transport))
+                    delay_hint = None
+                except (ConnectionError, asyncio.TimeoutError, OSError) as e:
+                    log.warning("session lost: %s", e or type(e).__name__)
+                    delay_hint = None
+                except Exception as e:  # noqa: BLE001 - keep the process up; reconnect
+                    log.error("session failed: %s: %s", type(e).__name__, e)
+                    delay_hint = None
+                if self._stop.is_set():
+                    break
+                if delay_hint is not None:
+                    log.info("reconnecting in %.1fs (as the coordinator asked)", delay_hint)
+                    pause = asyncio.ensure_future(asyncio.sleep(delay_hint))
+                else:
+                    delay = self.backoff.next_delay()
+                    log.info("reconnecting in %.2fs (attempt %d)", delay, self.backoff.attempt)
+                    pause = asyncio.ensure_future(self.backoff.sleep(delay))
+                await asyncio.wait([pause, stopper], return_when=asyncio.FIRST_COMPLETED)  # a stop cuts the wait
+                pause.cancel()
+            return 0
+        finally:
+            stopper.cancel()
+            await channel.close()
+
+    async def _connect_once(self, stub) -> None:
+        ids = await self.enroll_devices(stub)
+        if self.driver is None:
+            self.driver = self._make_driver(ids)
+        driver = self.driver
+
+        def welcomed() -> None:
+            self.backoff.reset()
+            asyncio.ensure_future(self._reenroll_unknown(stub))
+
+        await run_session(stub, self.transport, driver, on_welcome=welcomed)
+
+
+def run_client(config: ClientConfig) -> int:
+    """Prepare and run until interrupted; returns the process exit code."""
+    client = EdgeClient(config)
+    try:
+        client.prepare()
+    except ClientError as e:
+        log.error("%s", e)
+        return 2
+    try:
+        return asyncio.run(client.run())
+    except KeyboardInterrupt:
+        log.info("interrupted; bye")
+        return 130
+    finally:
+        client.close()

@@ -1,0 +1,78 @@
+"""Fault injection for tests and demos (`--drop-rate/--drop-stage`,
+`--crash-after-round`, `--delay-ms`).
+
+- Dropping: each device selected for a round drops, with probability
+  `drop_rate`, at `drop_stage`: it does everything before that stage and then
+  stops answering for the rest of the round (no message at all, exactly like
+  a phone that lost its network; the process and its stream stay up, and its
+  other devices carry on). `advertise-keys` means silent from the RoundTask
+  on (the device does not even train); `share-keys`, `masked-input`,
+  `consistency-check`, `unmasking`: the device receives the server's request
+  for that stage and never answers it. The draw is a pure function of (seed,
+  round number, device id), so a run is reproducible and the same device
+  does not always drop.
+- Crashing: after round `crash_after_round` has ended for this process (and
+  its private state is committed), the process exits with `os._exit(CRASH_EXIT_CODE)`:
+  no cleanup, no goodbye on the stream, as if killed.
+- Delaying: `delay_ms` before every stage reply (AdvertiseKeys, ShareKeys,
+  MaskedInput, ConsistencyCheck, UnmaskingResponse).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# CLI names of the stages a device can drop at, in protocol order, and the
+# stage names of secagg.testing.DROPOUT_STAGES they correspond to.
+DROP_STAGES: dict[str, str] = {
+    "advertise-keys": "advertise_keys",
+    "share-keys": "share_keys",
+    "masked-input": "masked_input",
+    "consistency-check": "consistency_check",
+    "unmasking": "unmasking",
+}
+CRASH_EXIT_CODE = 75
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    drop_rate: float = 0.0
+    drop_stage: str | None = None  # a key of DROP_STAGES
+    seed: int = 0
+    crash_after_round: int | None = None
+    delay_ms: float = 0.0
+    exit: Callable[[int], None] = os._exit
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.drop_rate <= 1.0:
+            raise ValueError(f"--drop-rate must be in [0, 1], got {self.drop_rate}")
+        if self.drop_rate > 0 and self.drop_stage is None:
+            raise ValueError("--drop-rate needs --drop-stage (" + ", ".join(DROP_STAGES) + ")")
+        if self.drop_stage is not None and self.drop_stage not in DROP_STAGES:
+            raise ValueError(f"unknown --drop-stage {self.drop_stage!r}; one of {', '.join(DROP_STAGES)}")
+        if self.delay_ms < 0:
+            raise ValueError("--delay-ms must be >= 0")
+        if self.crash_after_round is not None and self.crash_after_round < 0:
+            raise ValueError("--crash-after-round must be >= 0")
+
+    def drop_stage_of(self, device_id: int, round_number: int) -> str | None:
+        """The secagg stage name at which this device goes silent this round, or None."""
+        if self.drop_rate <= 0 or self.drop_stage is None:
+            return None
+        u = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(round_number), int(device_id), 0xD20]).random()
+        return DROP_STAGES[self.drop_stage] if u < self.drop_rate else None
+
+    @property
+    def delay_s(self) -> float:
+        return self.delay_ms / 1000.0
+
+    def should_crash_after(self, round_number: int) -> bool:
+        return self.crash_after_round is not None and round_number >= self.crash_after_round
+
+    def crash(self) -> None:
+        """Exit abruptly (os._exit: no finally blocks, no atexit, no stream close)."""
+        self.exit(CRASH_EXIT_CODE)

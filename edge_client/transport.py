@@ -1,0 +1,222 @@
+"""gRPC transport of the edge client: channel, credentials, Enroll, the Session stream.
+
+Credentials (the coordinator's `auth.mode`, docs/decisions.md D8):
+- mTLS: `--tls-ca` (the federation CA, verifies the coordinator) plus
+  `--tls-cert/--tls-key` (this client's certificate from `fedmask certs init`);
+- token: `--token`, sent as call metadata `authorization: Bearer <token>` on
+  every RPC (over TLS when `--tls-ca` is given, else plaintext: the
+  coordinator only allows that on loopback);
+- neither: a plaintext channel (coordinator auth mode `none`, loopback only).
+
+The stream: `run_session` sends Hello, waits for Welcome, then runs three
+loops until the stream ends: reading (each ServerMessage to the driver),
+writing (the driver's outbox, in order, one write at a time as grpc.aio
+requires) and heartbeats (every Welcome.heartbeat_interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from edge_client.session import FatalSessionError, SessionDriver
+from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+
+log = logging.getLogger("edge_client.transport")
+
+AUTHORIZATION_KEY = "authorization"
+BEARER_PREFIX = "Bearer "
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+WELCOME_TIMEOUT_S = 30.0
+ENROLL_TIMEOUT_S = 30.0
+# status codes after which retrying cannot help
+FATAL_CODES = frozenset({
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.UNIMPLEMENTED,
+})
+
+
+class TransportConfigError(ValueError):
+    """Inconsistent or unreadable TLS / token settings (user-facing)."""
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    target: str  # HOST:PORT
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_server_name: str | None = None
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        host, sep, port = self.target.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise TransportConfigError(f"--coordinator must be HOST:PORT, got {self.target!r}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise TransportConfigError("--tls-cert and --tls-key go together (mTLS)")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise TransportConfigError("mTLS needs --tls-ca too (the CA that signed the coordinator's certificate)")
+        if self.token is not None and not self.token.strip():
+            raise TransportConfigError("--token is empty")
+
+    @property
+    def mode(self) -> str:
+        if self.tls_cert is not None:
+            return "mtls"
+        return ("tls+" if self.tls_ca else "") + ("token" if self.token else "none")
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((AUTHORIZATION_KEY, BEARER_PREFIX + self.token),) if self.token else ()
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise TransportConfigError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def make_channel(cfg: TransportConfig) -> grpc.aio.Channel:
+    options: list[tuple[str, int | str]] = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 0),
+        # reconnects are ours (with jitter); keep gRPC's own short
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
+    if cfg.tls_ca is None:
+        return grpc.aio.insecure_channel(cfg.target, options=options)
+    if cfg.tls_server_name:
+        options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_read(cfg.tls_ca, "--tls-ca"),
+        private_key=_read(cfg.tls_key, "--tls-key") if cfg.tls_key else None,
+        certificate_chain=_read(cfg.tls_cert, "--tls-cert") if cfg.tls_cert else None,
+    )
+    return grpc.aio.secure_channel(cfg.target, creds, options=options)
+
+
+def describe_rpc_error(e: grpc.aio.AioRpcError, cfg: TransportConfig) -> str:
+    code = e.code()
+    text = f"{code.name}: {e.details() or ''}".strip()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        hint = "check --token" if cfg.mode.endswith("token") else "check --tls-cert/--tls-key or pass --token"
+        return f"the coordinator refused our credentials ({text}); {hint}"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"coordinator {cfg.target} unreachable ({e.details()})"
+    return text
+
+
+async def enroll(
+    stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
+    cfg: TransportConfig,
+    *,
+    client_name: str,
+    devices: Sequence[tuple[str, bytes]],
+) -> dict[str, int]:
+    """Enroll (local_id, identity public key) pairs; returns local_id -> device_id."""
+    req = enrollment_pb2.EnrollRequest(
+        client_name=client_name,
+        devices=[enrollment_pb2.DeviceEnrollment(local_id=lid, identity_public_key=pk) for lid, pk in devices],
+    )
+    resp = await stub.Enroll(req, metadata=cfg.metadata(), timeout=ENROLL_TIMEOUT_S)
+    if len(resp.devices) != len(devices):
+        raise FatalSessionError(f"Enroll answered {len(resp.devices)} devices for {len(devices)} asked")
+    out: dict[str, int] = {}
+    for asked, got in zip(devices, resp.devices, strict=True):
+        if got.local_id != asked[0] or got.device_id < 1:
+            raise FatalSessionError(f"Enroll answered {got.local_id!r}/{got.device_id} for {asked[0]!r}")
+        out[got.local_id] = int(got.device_id)
+    return out
+
+
+async def run_session(
+    stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
+    cfg: TransportConfig,
+    driver: SessionDriver,
+    *,
+    on_welcome: Callable[[], None] | None = None,
+) -> None:
+    """One Session stream, from Hello to its end. Returns when the server
+    closes the stream (OK); raises AioRpcError on transport errors."""
+    driver.new_session()
+    call = stub.Session(metadata=cfg.metadata(), wait_for_ready=False)
+    tasks: list[asyncio.Task] = []
+    try:
+        await call.write(driver.hello_message())
+        # (not asyncio.wait_for: on 3.11 it can swallow a cancellation that
+        # races with the read completing, and the client would not stop)
+        welcome_read = asyncio.ensure_future(call.read())
+        done, _ = await asyncio.wait([welcome_read], timeout=WELCOME_TIMEOUT_S)
+        if not done:
+            welcome_read.cancel()
+            raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
+        first = welcome_read.result()
+        if first is grpc.aio.EOF:
+            await call.wait_for_connection()
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                raise grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                           await call.details())
+            raise ConnectionError("the coordinator closed the session before Welcome")
+        if first.WhichOneof("message") != "welcome":
+            raise FatalSessionError(f"the coordinator's first message is {first.WhichOneof('message')}, not welcome")
+        await driver.handle(first)
+        if on_welcome is not None:
+            on_welcome()
+
+        async def writer() -> None:
+            while True:
+                m = await driver.outbox.get()
+                await call.write(m)
+
+        async def heartbeats() -> None:
+            while True:
+                await asyncio.sleep(driver.heartbeat_interval)
+                driver.outbox.put_nowait(driver.heartbeat_message())
+
+        tasks = [asyncio.create_task(writer()), asyncio.create_task(heartbeats())]
+        while True:
+            reader = asyncio.ensure_future(call.read())
+            done, _ = await asyncio.wait([reader, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+            if tasks[0] in done and reader not in done:
+                # the writer failed (the stream ended under it): the reader tells how
+                await asyncio.wait([reader], timeout=5.0)
+                if not reader.done():
+                    reader.cancel()
+                    raise ConnectionError("the session stream broke while writing")
+            msg = reader.result()
+            if msg is grpc.aio.EOF:
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    raise grpc.aio.AioRpcError(code, await call.initial_metadata(),
+                                               await call.trailing_metadata(), await call.details())
+                log.info("the coordinator closed the session")
+                return
+            await driver.handle(msg)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:  # noqa: BLE001 - cancelled or already failed
+                pass
+        driver.on_disconnect()
+        call.cancel()
+
+
+def session_message_kinds() -> list[str]:
+    """Every ClientMessage case (for tests and docs)."""
+    return [f.name for f in session_pb2.ClientMessage.DESCRIPTOR.oneofs_by_name["message"].fields]

@@ -1,0 +1,342 @@
+"""Federation benchmarks over real processes on 127.0.0.1.
+
+`run_round_bench(RoundBenchConfig(...))`: one coordinator (SQLite in a temp
+folder, the `synthetic` model of length L) and P edge-client processes
+hosting N devices in synthetic-update mode (no local training: device d's
+update in round r is `uniform(-clip, clip, L)` seeded by (seed, r, d)). R
+secure rounds run; every committed aggregate is checked bit for bit: the
+coordinator records a checksum of the encoded sum (`--debug-record-sums`),
+the clients write each device's encoded input (`--debug-record-inputs`),
+and the checksum of the sum of exactly the counted devices' inputs must be
+equal. Then the same R rounds run with fresh processes in the coordinator's
+INSECURE plaintext mode (`--debug-insecure-plaintext`: devices upload their
+encoded update unmasked, no secagg stages; coordinator/plaintext.py), with
+the same deadlines and fault injection, checked the same way.
+
+Round time = the round record's ended_at - started_at: from the coordinator
+opening the round (cohort selected, RoundTasks about to go out) to the
+commit record. Dropped devices are silent (the fault injection's drop is a
+device that stops answering, like a phone that lost its network), so a
+stage with a dropout lasts its full deadline: the deadlines used are part of
+the result.
+
+`run_connections_bench(...)`: N idle devices in P client processes connect
+to one coordinator that never starts a round (its cohort minimum is N + 1);
+reports whether all N were admitted and the coordinator's RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedmask.bench.processes import (
+    LOOPBACK,
+    ProcessFailed,
+    ProcessGroup,
+    flags,
+    free_port,
+    health_serving,
+    split_users,
+    wait_until,
+    write_user_csv,
+)
+
+
+@dataclass(frozen=True)
+class RoundBenchConfig:
+    devices: int = 100
+    client_processes: int = 2
+    dim: int = 53_824
+    neighbors: str = "all"  # all | auto | K
+    dropout: float = 0.1
+    dropout_stage: str = "masked-input"
+    rounds: int = 3
+    seed: int = 0
+    threshold: str = "two_thirds"
+    #: Stage deadlines (s): a silent (dropped) device costs its stage's deadline.
+    training_deadline: float = 1.0
+    advertise_keys_deadline: float = 5.0
+    share_keys_deadline: float = 3.0
+    masked_input_deadline: float = 1.0
+    unmasking_deadline: float = 3.0
+    plaintext: bool = True
+    timeout: float = 600.0
+    keep: Path | None = None
+
+
+def _graph(neighbors: str) -> str:
+    return {"all": "full", "full": "full", "auto": "auto"}.get(neighbors, neighbors)
+
+
+def _read_rounds(db: Path) -> list[Any]:
+    from coordinator.store import open_store
+
+    store = open_store(f"sqlite:///{db}", migrate=False)
+    try:
+        return sorted(store.list_rounds(limit=10_000).items, key=lambda r: r.number)
+    finally:
+        store.close()
+
+
+def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -> np.ndarray | None:
+    for d in state_dirs:
+        p = d / "debug" / "inputs" / f"round-{round_number:06d}" / f"device-{device_id}.npy"
+        if p.exists():
+            return np.load(p, allow_pickle=False)
+    return None
+
+
+def _exact(record: Any, state_dirs: list[Path]) -> bool:
+    from coordinator.debug import encoded_checksum
+
+    counted = list(record.survivors.get("masked_input", []))
+    vectors = [_recorded_input(state_dirs, record.number, d) for d in counted]
+    if not counted or any(v is None for v in vectors):
+        return False
+    total = np.sum(np.stack(vectors), axis=0, dtype=np.uint64).astype(np.uint32)
+    return (record.metrics.get("debug.counted") == len(counted)
+            and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
+
+
+def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> dict[str, Any]:
+    """One coordinator + P clients; R rounds; returns the phase's figures."""
+    name = "plaintext" if plaintext else "secure"
+    work = root / name
+    work.mkdir()
+    csv = write_user_csv(work / "users.csv", cfg.devices, seed=cfg.seed)
+    db = work / "coordinator.db"
+    port = free_port()
+    coord_flags = {
+        "database_url": f"sqlite:///{db}",
+        "listen": f"{LOOPBACK}:{port}",
+        "model": "synthetic",
+        "model_params": {"vector_length": cfg.dim},
+        "cohort_size": cfg.devices,
+        "cohort_minimum": cfg.devices,
+        "over_selection": 0.0,
+        "allow_consecutive": True,
+        "rounds": cfg.rounds,
+        "seed": cfg.seed,
+        "selection_deadline": 120,
+        "training_deadline": cfg.training_deadline,
+        "advertise_keys_deadline": cfg.advertise_keys_deadline,
+        "share_keys_deadline": cfg.share_keys_deadline,
+        "masked_input_deadline": cfg.masked_input_deadline,
+        "unmasking_deadline": cfg.unmasking_deadline,
+        "secagg_graph": _graph(cfg.neighbors),
+        "secagg_threshold": cfg.threshold,
+        "dp_mode": "none",
+        "debug_record_sums": True,
+        "debug_insecure_plaintext": plaintext,
+        "log_level": "INFO",
+    }
+    state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
+    t_start = time.monotonic()
+    with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
+        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
+        group.sample_rss_of([coord])
+        wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
+        for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
+            client_flags = {
+                "dataset": str(csv),
+                "seed": cfg.seed,
+                "drop_rate": cfg.dropout if cfg.dropout > 0 else None,
+                "drop_stage": cfg.dropout_stage if cfg.dropout > 0 else None,
+                "debug_record_inputs": True,
+                "debug_allow_insecure_plaintext": plaintext,
+                "threads": 1,
+                "log_level": "warning",
+            }
+            group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state_dirs[i],
+                                        *flags(client_flags)])
+        clients = [c for c in group.children if c is not coord]
+        log(f"[{name}] coordinator pid {coord.pid} on port {port}, {len(clients)} client process(es) started")
+
+        def done() -> bool:
+            for c in clients:
+                if not c.alive():
+                    raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode}; log tail:\n{c.tail()}")
+            return not coord.alive()
+
+        wait_until(done, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
+        coord_rc = coord.popen.returncode
+        peak_rss = coord.peak_rss_mb
+    if coord_rc != 0:
+        raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
+    records = [r for r in _read_rounds(db) if r.state.is_terminal]
+    round_s, stage_s, per_round = [], {}, []
+    ok = len(records) == cfg.rounds
+    for r in records:
+        committed = r.state.value == "committed"
+        exact = committed and _exact(r, state_dirs)
+        dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else math.nan
+        per_round.append({
+            "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
+            "counted": len(r.survivors.get("masked_input", [])), "dropouts": {k: len(v) for k, v in r.dropouts.items()},
+            "exact": exact, "timings": {k: round(v, 3) for k, v in r.timings.items()},
+        })
+        ok = ok and committed and exact
+        if committed:
+            round_s.append(dur)
+            for k, v in r.timings.items():
+                stage_s.setdefault(k, []).append(v)
+    log(f"[{name}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
+    return {
+        "ok": ok,
+        "round_s": [round(x, 3) for x in round_s],
+        "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
+        "stage_s_median": {k: round(statistics.median(v), 3) for k, v in stage_s.items()},
+        "coordinator_rss_mb": round(peak_rss, 1),
+        "rounds": per_round,
+    }
+
+
+def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-round-"))
+    try:
+        secure = _phase(cfg, root, plaintext=False, log=log)
+        plain = _phase(cfg, root, plaintext=True, log=log) if cfg.plaintext else None
+        t = None
+        if secure["rounds"]:
+            import re
+
+            log_text = (root / "secure" / "coordinator.log").read_text(errors="replace")
+            m = re.search(r"config='n=\d+ L=\d+ graph=([^ ]+) t=(\d+)", log_text)
+            t = {"graph": m.group(1), "threshold": int(m.group(2))} if m else None
+        return {
+            "ok": bool(secure["ok"] and (plain is None or plain["ok"])),
+            "devices": cfg.devices,
+            "client_processes": cfg.client_processes,
+            "dim": cfg.dim,
+            "neighbors": cfg.neighbors,
+            "secagg": t,
+            "dropout": cfg.dropout,
+            "dropout_stage": cfg.dropout_stage,
+            "rounds": cfg.rounds,
+            "deadlines_s": {
+                "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
+                "share_keys": cfg.share_keys_deadline, "masked_input": cfg.masked_input_deadline,
+                "unmasking": cfg.unmasking_deadline,
+            },
+            "secure_round_s_median": secure["round_s_median"],
+            "plaintext_round_s_median": plain["round_s_median"] if plain else None,
+            "secure_round_s": secure["round_s"],
+            "plaintext_round_s": plain["round_s"] if plain else None,
+            "secure_stage_s_median": secure["stage_s_median"],
+            "coordinator_rss_mb": secure["coordinator_rss_mb"],
+            "plaintext_coordinator_rss_mb": plain["coordinator_rss_mb"] if plain else None,
+            "secure_detail": secure["rounds"],
+            "plaintext_detail": plain["rounds"] if plain else None,
+        }
+    finally:
+        if cfg.keep is not None:
+            cfg.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(root, cfg.keep / root.name, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.npy", "*.fms"))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ConnectionsBenchConfig:
+    devices: int = 1000
+    client_processes: int = 4
+    hold: float = 5.0
+    heartbeat_interval: float = 2.0
+    timeout: float = 300.0
+    seed: int = 0
+
+
+def _admitted(log_text: str) -> int:
+    """Devices currently admitted: sum of `accepted` over sessions opened
+    and not closed (from the coordinator's event log)."""
+    import re
+
+    open_sessions: dict[str, int] = {}
+    for line in log_text.splitlines():
+        m = re.search(r"event=session_opened session=(\d+) .*accepted=(\d+)", line)
+        if m:
+            open_sessions[m.group(1)] = int(m.group(2))
+            continue
+        m = re.search(r"event=session_(?:closed|displaced) session=(\d+)", line)
+        if m:
+            open_sessions.pop(m.group(1), None)
+    return sum(open_sessions.values())
+
+
+def run_connections_bench(cfg: ConnectionsBenchConfig, log: Any = print) -> dict[str, Any]:
+    from fedmask.bench.processes import rss_mb
+
+    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-conn-"))
+    try:
+        csv = write_user_csv(root / "users.csv", cfg.devices, seed=cfg.seed)
+        port = free_port()
+        with ProcessGroup(root, env={"OMP_NUM_THREADS": "1"}) as group:
+            coord = group.start("coordinator", ["coordinator", *flags({
+                "database_url": f"sqlite:///{root / 'coordinator.db'}",
+                "listen": f"{LOOPBACK}:{port}",
+                "model": "synthetic",
+                "model_params": {"vector_length": 16},
+                # never starts a round: the devices stay idle
+                "cohort_size": cfg.devices + 1,
+                "cohort_minimum": cfg.devices + 1,
+                "heartbeat_interval": cfg.heartbeat_interval,
+                "dp_mode": "none",
+                "log_level": "INFO",
+            })])
+            group.sample_rss_of([coord])
+            wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
+            rss_idle = rss_mb(coord.pid) or 0.0
+            t0 = time.monotonic()
+            for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
+                group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", root / f"client-{i}",
+                                            "--dataset", str(csv), "--threads", "1", "--log-level", "warning"])
+            watch = list(group.children)
+            log_path = coord.log_path
+
+            def all_in() -> bool:
+                return _admitted(log_path.read_text(errors="replace")) >= cfg.devices
+
+            try:
+                wait_until(all_in, cfg.timeout, what=f"{cfg.devices} devices to check in", watch=watch, step=0.25)
+                connect_s = time.monotonic() - t0
+                ok = True
+            except ProcessFailed as exc:
+                log(str(exc))
+                connect_s, ok = time.monotonic() - t0, False
+            # hold them: several heartbeat intervals, all must stay connected
+            time.sleep(cfg.hold if ok else 0)
+            admitted = _admitted(log_path.read_text(errors="replace"))
+            ok = ok and admitted == cfg.devices and all(c.alive() for c in watch)
+            rss_now = rss_mb(coord.pid) or 0.0
+            coord.sample_rss()
+            peak = coord.peak_rss_mb
+        return {
+            "ok": ok,
+            "devices": cfg.devices,
+            "admitted": admitted,
+            "client_processes": cfg.client_processes,
+            "connect_s": round(connect_s, 2),
+            "held_s": cfg.hold,
+            "coordinator_rss_mb": round(rss_now, 1),
+            "coordinator_rss_peak_mb": round(peak, 1),
+            "coordinator_rss_before_clients_mb": round(rss_idle, 1),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def dumps(result: dict[str, Any]) -> str:
+    return json.dumps(result, sort_keys=False, default=str)
+
+
+__all__ = ["ConnectionsBenchConfig", "RoundBenchConfig", "asdict", "dumps", "run_connections_bench", "run_round_bench"]

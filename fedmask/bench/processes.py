@@ -1,0 +1,233 @@
+"""Start a coordinator and edge-client processes on 127.0.0.1 and clean them up.
+
+Used by `fedmask bench ...` and `fedmask demo`. Every process is
+`sys.executable -m fedmask ...` in its own process group (so its children
+die with it), with stdout+stderr in a log file of the run's folder.
+`ProcessGroup.close()` stops them all (SIGTERM, then SIGKILL after a grace
+period); use the group as a context manager so that happens on any exit,
+Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def flags(options: Mapping[str, Any]) -> list[str]:
+    """{"cohort_size": 5, "allow_consecutive": True} -> ["--cohort-size", "5", "--allow-consecutive"]
+    (None / False omitted; dicts as JSON)."""
+    out: list[str] = []
+    for key, value in options.items():
+        name = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(name)
+        elif isinstance(value, dict):
+            out += [name, json.dumps(value)]
+        else:
+            out += [name, str(value)]
+    return out
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float | None:
+    """Resident set size (VmRSS) or its peak (VmHWM) of a process in MiB, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen
+    peak_rss_mb: float = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def sample_rss(self) -> None:
+        for key in ("VmHWM", "VmRSS"):
+            got = rss_mb(self.pid, key)
+            if got is not None:
+                self.peak_rss_mb = max(self.peak_rss_mb, got)
+
+
+@dataclass
+class ProcessGroup:
+    """The processes of one run; see the module doc."""
+
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    children: list[Child] = field(default_factory=list)
+    _sampler: threading.Thread | None = None
+    _stop_sampling: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None) -> Child:
+        argv = [sys.executable, "-m", "fedmask", *map(str, args)]
+        log_path = self.workdir / f"{name}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **self.env, **(env or {})}
+        full_env.pop("FEDMASK_CONFIG", None)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=full_env, start_new_session=True,
+            )
+        child = Child(name, argv, log_path, popen)
+        self.children.append(child)
+        return child
+
+    def sample_rss_of(self, children: Iterable[Child], every: float = 0.1) -> None:
+        """Track the peak RSS of `children` in a background thread until close()."""
+        watched = list(children)
+
+        def loop() -> None:
+            while not self._stop_sampling.wait(every):
+                for c in watched:
+                    if c.alive():
+                        c.sample_rss()
+
+        self._sampler = threading.Thread(target=loop, name="fedmask-rss-sampler", daemon=True)
+        self._sampler.start()
+
+    def check_alive(self, *children: Child) -> None:
+        for c in children or self.children:
+            if not c.alive():
+                raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode}; log tail:\n{c.tail()}")
+
+    def stop(self, child: Child, grace: float = 10.0) -> int:
+        if child.alive():
+            child.signal_group(signal.SIGTERM)
+            try:
+                return child.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        child.signal_group(signal.SIGKILL)
+        return child.popen.wait(10)
+
+    def close(self, grace: float = 8.0) -> None:
+        self._stop_sampling.set()
+        for c in self.children:
+            if c.alive():
+                c.signal_group(signal.SIGTERM)
+        end = time.monotonic() + grace
+        for c in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.popen.wait(max(0.1, end - time.monotonic()))
+            c.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                c.popen.wait(10)
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, *, what: str, watch: Iterable[Child] = (),
+               step: float = 0.1) -> Any:
+    end = time.monotonic() + timeout
+    watch = list(watch)
+    while True:
+        got = pred()
+        if got:
+            return got
+        for c in watch:
+            if not c.alive():
+                raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode} while waiting for {what}; "
+                                    f"log tail:\n{c.tail()}")
+        if time.monotonic() > end:
+            raise ProcessFailed(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(step)
+
+
+def health_serving(port: int, timeout: float = 2.0) -> bool:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    channel = grpc.insecure_channel(f"{LOOPBACK}:{port}")
+    try:
+        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+        return resp.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+    finally:
+        channel.close()
+
+
+def split_users(first: int, count: int, parts: int) -> list[str]:
+    """`count` users from `first` in `parts` contiguous ranges ("A-B")."""
+    parts = max(1, min(parts, count))
+    out, start = [], first
+    for i in range(parts):
+        size = count // parts + (1 if i < count % parts else 0)
+        out.append(f"{start}-{start + size - 1}" if size > 1 else str(start))
+        start += size
+    return out
+
+
+def write_user_csv(path: Path, n_users: int, *, n_items: int = 60, per_user: int = 3, seed: int = 0) -> Path:
+    """A tiny ratings file with `n_users` users (raw ids 1..n), for hosting
+    many devices in synthetic-update benchmarks (their data is never used)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lines = ["user,item,rating,timestamp"]
+    for u in range(1, n_users + 1):
+        items = rng.choice(n_items, size=min(per_user, n_items), replace=False)
+        for j, i in enumerate(items):
+            lines.append(f"{u},{int(i) + 1},{int(rng.integers(1, 6))},{j}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+__all__ = [
+    "Child", "LOOPBACK", "ProcessFailed", "ProcessGroup", "flags", "free_port", "health_serving", "rss_mb",
+    "split_users", "wait_until", "write_user_csv",
+]

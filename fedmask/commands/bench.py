@@ -1,0 +1,119 @@
+"""`fedmask bench round|connections`: federation benchmarks over real
+processes on 127.0.0.1 (see fedmask/bench/federation.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(
+    help="Federation benchmarks: a real coordinator and edge-client processes on 127.0.0.1. "
+    "Each prints progress on stderr and, as its LAST stdout line, one JSON object.",
+    no_args_is_help=True,
+)
+
+_STAGES = ("advertise-keys", "share-keys", "masked-input", "unmasking")
+
+
+@bench_app.command("round")
+def round_(
+    devices: Annotated[int, typer.Option(min=3, help="Devices (the whole cohort of every round).")] = 100,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
+    dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
+    neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device drops (goes silent) in a round.")] = 0.1,
+    dropout_stage: Annotated[str, typer.Option(help="Stage at which dropped devices go silent: " + " | ".join(_STAGES) + ".")] = "masked-input",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (secure, then plaintext).")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic updates, of the dropout draws and of cohort selection.")] = 0,
+    threshold: Annotated[str, typer.Option(help="Shamir threshold policy: majority, two_thirds or a fraction (sparse 'auto' graphs use secagg's t).")] = "two_thirds",
+    training_deadline: Annotated[float, typer.Option(help="Seconds; stage 0 lasts at most training + advertise-keys.")] = 1.0,
+    advertise_keys_deadline: Annotated[float, typer.Option(help="Seconds for AdvertiseKeys.")] = 5.0,
+    share_keys_deadline: Annotated[float, typer.Option(help="Seconds for ShareKeys.")] = 3.0,
+    masked_input_deadline: Annotated[float, typer.Option(help="Seconds for MaskedInput. Devices dropped at masked-input are silent, so this stage lasts this long whenever one drops.")] = 1.0,
+    unmasking_deadline: Annotated[float, typer.Option(help="Seconds for Unmasking.")] = 3.0,
+    plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 600.0,
+    keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors) here.", show_default=False)] = None,
+) -> None:
+    """Time secure rounds against plaintext rounds over gRPC.
+
+    Starts a coordinator (SQLite in a temp folder, the synthetic model of
+    length --dim) and --client-processes edge clients hosting --devices
+    devices in synthetic-update mode (no local training), all on 127.0.0.1;
+    runs --rounds secure rounds with --dropout of the devices going silent at
+    --dropout-stage, and checks each committed aggregate bit for bit against
+    the sum of the counted devices' encoded inputs. Then runs the same rounds
+    in the coordinator's INSECURE plaintext mode (devices upload unmasked
+    updates; no secagg stages) with fresh processes. A round's time runs from
+    the coordinator opening it to its commit. Dropped devices stay silent, so
+    a stage with a dropout lasts its whole deadline (reported in the JSON).
+
+    Last stdout line: JSON with ok, secure_round_s_median,
+    plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the
+    deadlines and per-round details.
+    """
+    from rich.console import Console
+
+    from fedmask.bench.federation import RoundBenchConfig, dumps, run_round_bench
+    from fedmask.bench.processes import ProcessFailed
+
+    if dropout_stage not in _STAGES:
+        raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
+    if neighbors not in ("all", "auto") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
+        raise typer.BadParameter("'all', 'auto' or an even number", param_hint="--neighbors")
+    err = Console(stderr=True)
+    cfg = RoundBenchConfig(
+        devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
+        dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
+        training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
+        share_keys_deadline=share_keys_deadline, masked_input_deadline=masked_input_deadline,
+        unmasking_deadline=unmasking_deadline, plaintext=plaintext, timeout=timeout, keep=keep,
+    )
+    try:
+        result = run_round_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
+    except ProcessFailed as exc:
+        err.print(f"bench failed: {exc}", markup=False)
+        result = {"ok": False, "error": str(exc).splitlines()[0]}
+    print(dumps(result), flush=True)
+    if not result.get("ok"):
+        raise typer.Exit(1)
+
+
+@bench_app.command("connections")
+def connections(
+    devices: Annotated[int, typer.Option(min=1, help="Idle devices to connect.")] = 1000,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting them.")] = 4,
+    hold: Annotated[float, typer.Option(min=0.0, help="Seconds to keep them connected (heartbeating) before measuring.")] = 5.0,
+    heartbeat_interval: Annotated[float, typer.Option(help="Coordinator heartbeat interval (s).")] = 2.0,
+    timeout: Annotated[float, typer.Option(help="Give up if not all devices checked in after this many seconds.")] = 300.0,
+) -> None:
+    """Connect --devices idle devices to one coordinator and measure it.
+
+    The coordinator (SQLite in a temp folder) never starts a round (its cohort
+    minimum is devices + 1); the devices enrol, open their sessions, check in
+    and heartbeat. Last stdout line: JSON with ok (all devices admitted and
+    still connected after --hold seconds) and coordinator_rss_mb.
+    """
+    from rich.console import Console
+
+    from fedmask.bench.federation import ConnectionsBenchConfig, dumps, run_connections_bench
+    from fedmask.bench.processes import ProcessFailed
+
+    err = Console(stderr=True)
+    cfg = ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
+                                 heartbeat_interval=heartbeat_interval, timeout=timeout)
+    try:
+        result = run_connections_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
+    except ProcessFailed as exc:
+        err.print(f"bench failed: {exc}", markup=False)
+        result = {"ok": False, "error": str(exc).splitlines()[0]}
+    print(dumps(result), flush=True)
+    if not result.get("ok"):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `fedmask bench ...` to the root app."""
+    app.add_typer(bench_app, name="bench")

@@ -1,0 +1,144 @@
+"""`fedmask client`: an edge-client process hosting one or many devices (edge_client/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+_STAGES = "advertise-keys | share-keys | masked-input | consistency-check | unmasking"
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `fedmask client` to the root app."""
+    app.command("client")(client)
+
+
+def client(
+    coordinator: Annotated[
+        str, typer.Option("--coordinator", "-c", help="Coordinator address HOST:PORT.", show_default=False)
+    ],
+    users: Annotated[
+        str,
+        typer.Option(
+            "--users", "-u",
+            help="Users of the dataset to host, one device each: N or ranges A-B, comma-separated "
+            "(e.g. 1-100,200,300-310). 1-based positions in the dataset's user order (user N = "
+            "dense id N-1; for MovieLens that is the raw user id N).",
+            show_default=False,
+        ),
+    ],
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            "--state-dir", "-s",
+            help="Folder of the devices' private state (identity keys, enrolment, local ratings split, "
+            "private model state, round secrets). Survives restarts; one process per folder.",
+            show_default=False,
+        ),
+    ],
+    dataset: Annotated[
+        str, typer.Option(help="Dataset name under --data-dir (ml-100k, ml-1m, ...), a folder or .csv, or 'synthetic'.")
+    ] = "ml-100k",
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", envvar="FEDMASK_DATA_DIR", help="Folder holding the datasets (default: ./data).",
+                     show_default=False),
+    ] = None,
+    device: Annotated[str, typer.Option(help="Torch device for local training: cpu or cuda[:N].")] = "cpu",
+    seed: Annotated[
+        int,
+        typer.Option(help="Seed of the local train/validation split, of negative sampling, and of --drop-rate draws "
+                     "(never of DP noise or secagg secrets, which use os.urandom)."),
+    ] = 0,
+    name: Annotated[
+        str | None, typer.Option(help="Client name shown to the coordinator (default: edge-HOSTNAME-PID).",
+                                 show_default=False)
+    ] = None,
+    tls_ca: Annotated[
+        Path | None, typer.Option("--tls-ca", help="CA certificate (PEM) that signed the coordinator's certificate; "
+                                  "turns TLS on.", show_default=False)
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="This client's certificate (PEM) for mTLS (with --tls-key).",
+                                  show_default=False)
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="Private key (PEM) of --tls-cert.", show_default=False)
+    ] = None,
+    tls_server_name: Annotated[
+        str | None, typer.Option("--tls-server-name", help="Expected name in the coordinator's certificate, when "
+                                 "it differs from HOST.", show_default=False)
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="FEDMASK_TOKEN", help="Shared bearer token (token auth mode), sent as gRPC metadata "
+                     "'authorization: Bearer ...'. Prefer the env var FEDMASK_TOKEN (not visible in ps).",
+                     show_default=False),
+    ] = None,
+    drop_rate: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="Fault injection: each selected device drops (stops answering "
+                            "for the rest of the round) with this probability at --drop-stage.")
+    ] = 0.0,
+    drop_stage: Annotated[
+        str | None, typer.Option(help=f"Stage at which --drop-rate devices go silent: {_STAGES}.", show_default=False)
+    ] = None,
+    crash_after_round: Annotated[
+        int | None, typer.Option(help="Fault injection: exit abruptly (os._exit, code 75) once round R (or a later "
+                                 "one) this process took part in has ended, its private state committed.",
+                                 show_default=False)
+    ] = None,
+    delay_ms: Annotated[
+        float, typer.Option(min=0.0, help="Fault injection: wait this long before every stage reply.")
+    ] = 0.0,
+    exit_after_rounds: Annotated[
+        int | None, typer.Option(min=1, help="Exit (code 0) after taking part in this many rounds.",
+                                 show_default=False)
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(min=1, help="Torch CPU threads (default: torch's choice).", show_default=False)
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
+) -> None:
+    """Host devices of a dataset, enrol them, and train with the coordinator.
+
+    One process hosts one device per selected user. The devices are enrolled
+    once (the result is kept in --state-dir), one Session stream is opened,
+    and whenever a RoundTask arrives the selected devices train together,
+    clip and noise their updates as the task says, and run the secure
+    aggregation stages. Private state never leaves --state-dir. Reconnects
+    with exponential backoff and full jitter. Ctrl-C stops.
+    """
+    import logging
+
+    from rich.logging import RichHandler
+
+    from edge_client.app import ClientConfig, run_client
+    from edge_client.faults import DROP_STAGES, FaultPlan
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"unknown level {log_level!r}", param_hint="--log-level")
+    logging.basicConfig(
+        level=level, format="%(message)s", datefmt="%H:%M:%S",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False, markup=False)], force=True,
+    )
+    logging.getLogger("grpc").setLevel(max(level, logging.WARNING))
+    if drop_stage is not None and drop_stage not in DROP_STAGES:
+        raise typer.BadParameter(f"unknown stage {drop_stage!r}; one of {_STAGES}", param_hint="--drop-stage")
+    if drop_rate > 0 and drop_stage is None:
+        raise typer.BadParameter("--drop-rate needs --drop-stage", param_hint="--drop-stage")
+    if crash_after_round is not None and crash_after_round < 0:
+        raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
+    faults = FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed,
+                       crash_after_round=crash_after_round, delay_ms=delay_ms)
+    config = ClientConfig(
+        coordinator=coordinator, users=users, state_dir=state_dir, dataset=dataset,
+        data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,
+        tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
+        faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
+    )
+    code = run_client(config)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,162 @@
+"""`fedmask coordinator`: run the gRPC coordinator.
+
+Every flag overrides the matching setting of coordinator.settings (flags >
+FEDMASK_* environment > TOML file > defaults); a flag that is not given
+leaves the setting to the lower sources.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+_GRAPH_HELP = "SecAgg graph: 'full' (Bonawitz), 'auto' (SecAgg+ sized by secagg) or K neighbours per device."
+_THRESHOLD_HELP = "Shamir threshold policy: 'majority', 'two_thirds' or a fraction in (0.5, 1] of each group."
+
+
+def _graph(value: str | None) -> Any:
+    if value is None:
+        return None
+    return int(value) if value.isdigit() else value
+
+
+def _threshold(value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return value
+
+
+def _json_object(value: str | None, flag: str) -> dict | None:
+    if value is None:
+        return None
+    try:
+        out = json.loads(value)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{flag} must be a JSON object: {exc}") from None
+    if not isinstance(out, dict):
+        raise typer.BadParameter(f"{flag} must be a JSON object")
+    return out
+
+
+def coordinator(
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML settings file (else $FEDMASK_CONFIG).")] = None,
+    listen: Annotated[str | None, typer.Option(help="gRPC listen address HOST:PORT (default 127.0.0.1:50051).", rich_help_panel="Service")] = None,
+    database_url: Annotated[str | None, typer.Option(help="Store: sqlite:///FILE (default ./fedmask.db), postgresql+psycopg://..., or memory://.", rich_help_panel="Service")] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Stop after this many rounds (default: run until stopped).", rich_help_panel="Service")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of cohort selection and of the initial model (default: OS entropy / 0).", rich_help_panel="Service")] = None,
+    heartbeat_interval: Annotated[float | None, typer.Option(help="Seconds between client heartbeats; 3 silent intervals close a session (default 10).", rich_help_panel="Service")] = None,
+    max_message_bytes: Annotated[int | None, typer.Option(help="gRPC max receive message size (default: sized from the model and cohort).", rich_help_panel="Service")] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level: DEBUG, INFO, WARNING, ERROR.", rich_help_panel="Service")] = "INFO",
+    model: Annotated[str | None, typer.Option(help="Model: fedrap, fedmmf, fedmf, pfedrec, or 'synthetic' (benchmarks; needs vector_length).", rich_help_panel="Model")] = None,
+    model_params: Annotated[str | None, typer.Option(help='Model hyperparameters as JSON, e.g. \'{"n_users": 943, "n_items": 1682, "k": 32}\' or \'{"vector_length": 53824}\' for synthetic.', rich_help_panel="Model")] = None,
+    cohort_size: Annotated[int | None, typer.Option(help="Devices per round before over-selection (default 100).", rich_help_panel="Cohort")] = None,
+    cohort_minimum: Annotated[int | None, typer.Option(help="A round starts only with at least this many eligible devices (default 10).", rich_help_panel="Cohort")] = None,
+    over_selection: Annotated[float | None, typer.Option(help="Extra fraction selected to absorb dropouts: ceil(size*(1+f)) (default 0.3).", rich_help_panel="Cohort")] = None,
+    allow_consecutive: Annotated[bool | None, typer.Option("--allow-consecutive/--no-consecutive", help="Let a device contribute to two consecutive rounds (default: no; consecutive uploads reveal its gradient).", rich_help_panel="Cohort")] = None,
+    round_pause: Annotated[float | None, typer.Option(help="Seconds to wait between rounds (default 0).", rich_help_panel="Cohort")] = None,
+    selection_deadline: Annotated[float | None, typer.Option(help="Seconds to wait for a full cohort once the minimum is available (default 60).", rich_help_panel="Deadlines")] = None,
+    training_deadline: Annotated[float | None, typer.Option(help="Seconds for local training before AdvertiseKeys (default 300).", rich_help_panel="Deadlines")] = None,
+    advertise_keys_deadline: Annotated[float | None, typer.Option(help="Seconds for AdvertiseKeys, after training (default 30).", rich_help_panel="Deadlines")] = None,
+    share_keys_deadline: Annotated[float | None, typer.Option(help="Seconds for ShareKeys (default 30).", rich_help_panel="Deadlines")] = None,
+    masked_input_deadline: Annotated[float | None, typer.Option(help="Seconds for MaskedInput (default 300).", rich_help_panel="Deadlines")] = None,
+    consistency_check_deadline: Annotated[float | None, typer.Option(help="Seconds for ConsistencyCheck (active mode; default 30).", rich_help_panel="Deadlines")] = None,
+    unmasking_deadline: Annotated[float | None, typer.Option(help="Seconds for Unmasking (default 60).", rich_help_panel="Deadlines")] = None,
+    secagg_graph: Annotated[str | None, typer.Option(help=_GRAPH_HELP + " (default auto)", rich_help_panel="Secure aggregation")] = None,
+    secagg_threshold: Annotated[str | None, typer.Option(help=_THRESHOLD_HELP + " (default two_thirds; 'auto' graphs use secagg's t)", rich_help_panel="Secure aggregation")] = None,
+    modulus_bits: Annotated[int | None, typer.Option(help="Arithmetic modulo 2^bits, 8..32 (default 32).", rich_help_panel="Secure aggregation")] = None,
+    secagg_clip: Annotated[float | None, typer.Option(help="Per-coordinate clip of the fixed-point encoding (default 1.0).", rich_help_panel="Secure aggregation")] = None,
+    expected_dropout: Annotated[float | None, typer.Option(help="Dropout rate the sparse graph is sized for (default 0.1).", rich_help_panel="Secure aggregation")] = None,
+    signatures: Annotated[bool | None, typer.Option("--signatures/--no-signatures", help="Active-adversary mode: Ed25519-signed keys and the consistency check.", rich_help_panel="Secure aggregation")] = None,
+    consistency_check: Annotated[bool | None, typer.Option("--consistency-check/--no-consistency-check", help="Run the consistency-check stage (needs --signatures).", rich_help_panel="Secure aggregation")] = None,
+    dp_mode: Annotated[str | None, typer.Option(help="Differential privacy: none, local (each device adds full noise), distributed (default local).", rich_help_panel="Differential privacy")] = None,
+    dp_clip: Annotated[float | None, typer.Option(help="L2 clipping norm tau of an update (default 0.1).", rich_help_panel="Differential privacy")] = None,
+    dp_noise: Annotated[float | None, typer.Option(help="Noise multiplier z: std = z * tau (default 1.0).", rich_help_panel="Differential privacy")] = None,
+    dp_delta: Annotated[float | None, typer.Option(help="Delta of the (epsilon, delta) accounting (default 1e-5).", rich_help_panel="Differential privacy")] = None,
+    dp_accountant: Annotated[str | None, typer.Option(help="Accountant: rdp or pld (default rdp).", rich_help_panel="Differential privacy")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="Server certificate chain (PEM).", rich_help_panel="Security")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="Server private key (PEM).", rich_help_panel="Security")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(help="CA bundle client certificates must chain to.", rich_help_panel="Security")] = None,
+    require_client_cert: Annotated[bool | None, typer.Option("--require-client-cert/--no-require-client-cert", help="Require client certificates (mTLS).", rich_help_panel="Security")] = None,
+    auth: Annotated[str | None, typer.Option(help="Authentication: mtls, token (FEDMASK_AUTH__TOKEN), or none (loopback only; default).", rich_help_panel="Security")] = None,
+    debug_record_sums: Annotated[bool | None, typer.Option("--debug-record-sums/--no-debug-record-sums", help="DEBUG ONLY (loopback only): store each round's decoded sum digest in its metrics.", rich_help_panel="Debug")] = None,
+    debug_insecure_plaintext: Annotated[bool | None, typer.Option("--debug-insecure-plaintext/--no-debug-insecure-plaintext", help="INSECURE, benchmarks only (loopback only): rounds WITHOUT secure aggregation; devices send unmasked updates (clients must opt in with --debug-allow-insecure-plaintext).", rich_help_panel="Debug")] = None,
+) -> None:
+    """Run the coordinator: enrolment, session streams, cohort selection and
+    secure-aggregation rounds. Ctrl-C / SIGTERM stops it gracefully (running
+    round aborted with COORDINATOR_SHUTDOWN, clients told, store closed).
+    The bearer token is read from FEDMASK_AUTH__TOKEN or the TOML file only,
+    never from a flag (flags show up in process listings)."""
+    import asyncio
+
+    from coordinator.logs import configure_logging
+    from coordinator.model_host import ModelConfigError
+    from coordinator.server import serve
+    from coordinator.settings import CoordinatorSettings, SettingsError
+    from coordinator.store import StoreError
+
+    overrides = {
+        "listen_address": listen,
+        "database_url": database_url,
+        "rounds": rounds,
+        "seed": seed,
+        "heartbeat_interval": heartbeat_interval,
+        "max_receive_message_bytes": max_message_bytes,
+        "model.name": model,
+        "model.hyperparameters": _json_object(model_params, "--model-params"),
+        "cohort.size": cohort_size,
+        "cohort.minimum": cohort_minimum,
+        "cohort.over_selection": over_selection,
+        "cohort.allow_consecutive": allow_consecutive,
+        "cohort.pause": round_pause,
+        "deadlines.selection": selection_deadline,
+        "deadlines.training": training_deadline,
+        "deadlines.advertise_keys": advertise_keys_deadline,
+        "deadlines.share_keys": share_keys_deadline,
+        "deadlines.masked_input": masked_input_deadline,
+        "deadlines.consistency_check": consistency_check_deadline,
+        "deadlines.unmasking": unmasking_deadline,
+        "secagg.graph": _graph(secagg_graph),
+        "secagg.threshold": _threshold(secagg_threshold),
+        "secagg.modulus_bits": modulus_bits,
+        "secagg.clip": secagg_clip,
+        "secagg.expected_dropout": expected_dropout,
+        "secagg.signatures": signatures,
+        "secagg.consistency_check": consistency_check,
+        "dp.mode": dp_mode,
+        "dp.clip": dp_clip,
+        "dp.noise_multiplier": dp_noise,
+        "dp.delta": dp_delta,
+        "dp.accountant": dp_accountant,
+        "tls.cert": tls_cert,
+        "tls.key": tls_key,
+        "tls.client_ca": tls_client_ca,
+        "tls.require_client_cert": require_client_cert,
+        "auth.mode": auth,
+        "debug.record_sums": debug_record_sums,
+        "debug.insecure_plaintext": debug_insecure_plaintext,
+    }
+    configure_logging(log_level)
+    try:
+        settings = CoordinatorSettings.load(config_file=config, overrides=overrides)
+    except SettingsError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    try:
+        code = asyncio.run(serve(settings))
+    except (ModelConfigError, StoreError, ValueError, OSError) as exc:
+        typer.echo(f"fedmask coordinator: {exc}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # a second Ctrl-C during shutdown
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `fedmask coordinator` to the root app."""
+    app.command("coordinator", no_args_is_help=False)(coordinator)

@@ -1,0 +1,430 @@
+"""The coordinator over real gRPC on 127.0.0.1, with fake edge clients
+written only with the stubs, secagg and wire."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from coordinator.debug import encoded_checksum
+from coordinator.model_host import build_server_model
+from coordinator.server import build_server, set_serving
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import InMemoryStore, RoundRecord, RoundState, open_store
+from coordinator.store.blobs import unpack_parameters
+from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
+
+from coordinator_fakes import FakeClient, FakeDevice, enroll
+
+P = common_pb2
+L = 16
+
+
+SHORT = {f"deadlines.{k}": 0.8 for k in ("advertise_keys", "share_keys", "masked_input", "unmasking")}
+SHORT["deadlines.training"] = 0.2
+
+
+def make_settings(**over):
+    base = {
+        "listen_address": "127.0.0.1:0",
+        "database_url": "memory://",
+        "model.name": "synthetic",
+        "model.hyperparameters": {"vector_length": L},
+        "cohort.size": 4,
+        "cohort.minimum": 3,
+        "cohort.over_selection": 0.0,
+        "cohort.allow_consecutive": True,
+        "deadlines.selection": 0.3,
+        # Stages close as soon as every device answered: generous deadlines
+        # cost nothing unless a device is silent (then use SHORT, below).
+        "deadlines.training": 5.0,
+        "deadlines.advertise_keys": 5.0,
+        "deadlines.share_keys": 5.0,
+        "deadlines.masked_input": 5.0,
+        "deadlines.consistency_check": 5.0,
+        "deadlines.unmasking": 5.0,
+        "dp.mode": "none",
+        "secagg.graph": "full",
+        "secagg.threshold": "majority",
+        "debug.record_sums": True,
+        "seed": 3,
+        "rounds": 1,
+    }
+    base.update(over)
+    return CoordinatorSettings.load(overrides=base)
+
+
+@contextlib.asynccontextmanager
+async def running(settings, store=None):
+    store = store or InMemoryStore()
+    model = build_server_model(settings.model.name, settings.model.hyperparameters)
+    coord = Coordinator(settings, store=store, model=model)
+    await coord.start()
+    server, port, health = await build_server(coord, settings)
+    await server.start()
+    await set_serving(health, True)
+    rounds = asyncio.create_task(coord.run())
+    try:
+        yield coord, f"127.0.0.1:{port}", store, rounds
+    finally:
+        await coord.shutdown("test over")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(rounds, 10)
+        await server.stop(0.5)
+
+
+async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0):
+    enrolled = await enroll(target, n, seed=seed)
+    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper) for i, (d, _) in enumerate(enrolled)]
+    clients = [FakeClient(target, devices[g::groups], name=f"client-{g}") for g in range(groups)]
+    for c in clients:
+        await c.start()
+    for c in clients:
+        await asyncio.wait_for(c.welcome.wait(), 5)
+    return clients, devices
+
+
+async def _wait_rounds(rounds_task, timeout=15):
+    await asyncio.wait_for(asyncio.shield(rounds_task), timeout)
+
+
+def test_secure_round_over_grpc_is_exact():
+    async def main():
+        settings = make_settings(rounds=2)
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 5, groups=2)
+            await _wait_rounds(rounds)
+            page = store.list_rounds()
+            assert [r.state for r in page.items] == [RoundState.COMMITTED, RoundState.COMMITTED]
+            for rec in page.items:
+                counted = [d for d in devices if d.device_id in rec.survivors["masked_input"]]
+                assert len(counted) == 4
+                enc = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64).astype(np.uint32)
+                # devices are reseeded per round: recompute this round's encoded inputs
+                assert rec.metrics["debug.counted"] == 4
+                assert rec.metrics["contributors"] == 4 and rec.metrics["loss"] == pytest.approx(0.5)
+                assert rec.dropouts == {}
+                del enc
+            last = page.items[0]
+            counted = [d for d in devices if d.device_id in last.survivors["masked_input"]]
+            enc = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64).astype(np.uint32)
+            assert last.metrics["debug.encoded_checksum"] == encoded_checksum(enc)
+            version = store.latest_model_version("synthetic")
+            mean = unpack_parameters(version.parameters)["mean"]
+            want = np.mean([d.update for d in counted], axis=0)
+            assert np.allclose(mean, want, atol=1e-5)
+            assert version.hyperparameters["step"] == 2
+            await asyncio.wait_for(_until(lambda: all(len(c.committed) == 2 for c in clients)), 5)
+            committed = [m for c in clients for m in c.committed]
+            assert {m.round_number for m in committed} == {1, 2} and all(m.contributors == 4 for m in committed)
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("stage", ["advertise_keys", "share_keys", "masked_input", "unmasking"])
+def test_a_device_drops_at_each_stage(stage):
+    async def main():
+        settings = make_settings(**{"cohort.size": 5, **SHORT})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 5, groups=2, silent={1: stage})
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED, rec
+            late = devices[1]
+            assert rec.dropouts == {stage: [late.device_id]}
+            assert P.ABORT_REASON_DEADLINE_MISSED in late.aborted
+            counted = [d for d in devices if d.device_id in rec.survivors["masked_input"]]
+            assert (late in counted) == (stage == "unmasking")
+            enc = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64).astype(np.uint32)
+            assert rec.metrics["debug.encoded_checksum"] == encoded_checksum(enc)
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_too_few_survivors_aborts_and_the_next_round_runs():
+    async def main():
+        settings = make_settings(rounds=2, **{"cohort.size": 3, "cohort.pause": 0.5, **SHORT})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 3, groups=1, silent={0: "share_keys", 1: "share_keys"})
+            await asyncio.wait_for(_until(lambda: store.get_round(1) is not None and store.get_round(1).state.is_terminal), 10)
+            assert store.get_round(1).abort_reason == "too_few_survivors"
+            # the two silent devices recover for round 2
+            for d in devices:
+                d.silent_at = None
+            await _wait_rounds(rounds)
+            assert store.get_round(2).state is RoundState.COMMITTED
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+async def _until(pred, step=0.02):
+    while not pred():
+        await asyncio.sleep(step)
+
+
+def test_bad_inputs_drop_the_device_and_the_round_goes_on():
+    def tamper(device_id, p):
+        if isinstance(p, secagg_pb2.MaskedInput) and device_id == tamper.victim:
+            p.masked_vector = p.masked_vector[:-4]
+        return p
+
+    async def main():
+        settings = make_settings(**{"cohort.size": 5})
+        async with running(settings) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 5)
+            tamper.victim = enrolled[2][0]
+            devices = [FakeDevice(d, seed=7, tamper=tamper) for d, _ in enrolled]
+            client = FakeClient(target, devices)
+            await client.start()
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED
+            assert rec.dropouts == {"masked_input": [tamper.victim]}
+            assert devices[2].aborted == [P.ABORT_REASON_PROTOCOL_VIOLATION]
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_stream_contract_violations_get_clear_statuses():
+    async def main():
+        settings = make_settings(rounds=None)
+        async with running(settings) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 2)
+            async with grpc.aio.insecure_channel(target) as ch:
+                stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch)
+
+                async def one(*msgs):
+                    async def gen():
+                        for m in msgs:
+                            yield m
+                        await asyncio.sleep(0.3)
+
+                    call = stub.Session(gen())
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        async for _ in call:
+                            pass
+                    return info.value
+
+                hb = session_pb2.ClientMessage(heartbeat=session_pb2.Heartbeat(sequence=1))
+                hello = session_pb2.ClientMessage(hello=session_pb2.Hello(client_name="x", available_device_ids=[enrolled[0][0]]))
+                err = await one(hb)
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "hello" in err.details()
+                err = await one(hello, session_pb2.ClientMessage())
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "empty" in err.details()
+                foreign = session_pb2.ClientMessage(advertise_keys=secagg_pb2.AdvertiseKeys(device_id=enrolled[1][0]))
+                err = await one(hello, foreign)
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "not hosted" in err.details()
+                # Garbage bytes: grpc refuses to deserialize; the coordinator never sees them.
+                raw = ch.stream_stream("/fedmask.v1.CoordinatorService/Session",
+                                       request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+                async def garbage():
+                    yield b"\xff\xff\xff\xff garbage"
+
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    async for _ in raw(garbage()):
+                        pass
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in info.value.details()
+                # Oversized message: refused by the transport.
+                huge = session_pb2.ClientMessage(masked_input=secagg_pb2.MaskedInput(masked_vector=b"\0" * (6 << 20)))
+                err = await one(hello, huge)
+                assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                # Enrolment errors.
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.Enroll(enrollment_pb2.EnrollRequest(devices=[
+                        enrollment_pb2.DeviceEnrollment(local_id="a", identity_public_key=b"short")]))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                again = await enroll(target, 2)  # idempotent per identity key
+                assert [d for d, _ in again] == [d for d, _ in enrolled]
+                # Health and reflection.
+                h = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="fedmask.v1.CoordinatorService"))
+                assert h.status == health_pb2.HealthCheckResponse.SERVING
+            assert not rounds.done()  # nothing above crashed the round loop
+
+    asyncio.run(main())
+
+
+def test_displacement_and_welcome_admission():
+    async def main():
+        settings = make_settings(rounds=None)
+        async with running(settings) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 2)
+            ids = [d for d, _ in enrolled]
+            old = FakeClient(target, [FakeDevice(ids[0])], name="old")
+            await old.start()
+            await asyncio.wait_for(old.welcome.wait(), 5)
+            new = FakeClient(target, [FakeDevice(ids[0]), FakeDevice(999_999)], name="new")
+            await new.start()
+            await asyncio.wait_for(new.welcome.wait(), 5)
+            welcome = new.received[0].welcome
+            assert list(welcome.admission.accepted_device_ids) == [ids[0]]
+            assert welcome.admission.rejected[0].reason == session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE
+            await asyncio.wait_for(_until(lambda: old.status is not None), 5)
+            assert old.status == grpc.StatusCode.ABORTED and "displaced" in old.details
+            await new.close()
+
+    asyncio.run(main())
+
+
+def test_shutdown_aborts_the_running_round_and_tells_clients():
+    async def main():
+        settings = make_settings(rounds=None, **{"deadlines.masked_input": 30.0})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 4, groups=1, silent={0: "masked_input"})
+            await asyncio.wait_for(_until(lambda: coord.round is not None and coord.round.phase.value == "masked_input"), 10)
+            await coord.shutdown("test shutdown", retry_after=1.0)
+            await asyncio.wait_for(rounds, 10)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.ABORTED and rec.abort_reason == "coordinator_shutdown"
+            c = clients[0]
+            await asyncio.wait_for(_until(lambda: c.status is not None), 5)
+            assert c.status == grpc.StatusCode.OK
+            kinds = [m.WhichOneof("message") for m in c.received]
+            assert "shutdown" in kinds
+            assert any(P.ABORT_REASON_COORDINATOR_SHUTDOWN in d.aborted for d in devices[1:])
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_crash_recovery_resumes_from_the_latest_version(backend, tmp_path):
+    async def main():
+        store = InMemoryStore() if backend == "memory" else open_store(f"sqlite:///{tmp_path / 'c.db'}")
+        settings = make_settings()
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 4, groups=1)
+            await _wait_rounds(rounds)
+            for c in clients:
+                await c.close()
+        v1 = store.latest_model_version("synthetic")
+        # A crash mid-round leaves a non-terminal round behind.
+        store.save_round_progress(RoundRecord(number=2, state=RoundState.SHARE_KEYS, started_at=datetime.now(UTC), cohort_size=4))
+        async with running(make_settings(rounds=None), store) as (coord, target, _, rounds):
+            assert store.get_round(2).state is RoundState.ABORTED
+            assert store.get_round(2).abort_reason == "coordinator_restart"
+            assert coord.model_version == v1.id and coord._step == 1
+            assert store.next_round_number() == 3
+        store.close()
+
+    asyncio.run(main())
+
+
+def test_token_auth_and_heartbeats():
+    async def main():
+        token = "t" * 24
+        settings = make_settings(rounds=None, **{"auth.mode": "token", "auth.token": token})
+        async with running(settings) as (coord, target, store, rounds):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await enroll(target, 1)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            md = (("authorization", "Bearer " + token),)
+            enrolled = await enroll(target, 1, metadata=md)
+            c = FakeClient(target, [FakeDevice(enrolled[0][0])], metadata=md)
+            await c.start()
+            await asyncio.wait_for(c.welcome.wait(), 5)
+            c.send(session_pb2.ClientMessage(heartbeat=session_pb2.Heartbeat(sequence=9)))
+            await asyncio.wait_for(_until(lambda: any(m.WhichOneof("message") == "heartbeat" for m in c.received)), 5)
+            echo = [m.heartbeat for m in c.received if m.WhichOneof("message") == "heartbeat"][0]
+            assert echo.sequence == 9 and echo.sent_at.seconds > 0
+            await c.close()
+
+    asyncio.run(main())
+
+
+def test_a_real_model_round_with_dp_commits_model_and_privacy_in_one_go():
+    async def main():
+        hp = {"n_users": 8, "n_items": 5, "k": 2}
+        settings = make_settings(**{
+            "model.name": "fedmf", "model.hyperparameters": hp, "dp.mode": "local", "dp.noise_multiplier": 1.0,
+            "dp.clip": 0.1, "debug.record_sums": False,
+        })
+        async with running(settings) as (coord, target, store, rounds):
+            base = unpack_parameters(store.latest_model_version("fedmf").parameters)
+            clients, devices = await _clients(target, 4, groups=1)
+            task = await asyncio.wait_for(_until(lambda: clients[0].tasks), 10)
+            del task
+            t = clients[0].tasks[0]
+            assert t.dp.mode == session_pb2.DP_MODE_LOCAL and t.dp.noise_stddev == pytest.approx(0.1)
+            assert '"round_idx": 0' in t.hyperparameters_json and t.secagg.vector_length == 10
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED
+            v = store.latest_model_version("fedmf")
+            assert v.round_number == 1 and v.hyperparameters["step"] == 1
+            mean = np.mean([d.update for d in devices], axis=0).astype(np.float32)
+            want = coord.model.apply_mean(base, mean, 0)  # the model's own server step
+            got = unpack_parameters(v.parameters)
+            assert set(got) == set(want) and all(np.allclose(got[k], want[k], atol=1e-4) for k in want)
+            assert not all(np.allclose(got[k], base[k]) for k in want)
+            (entry,) = store.privacy_ledger()
+            assert entry.round_number == 1 and entry.sampling_rate == 1.0 and entry.epsilon > 0
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+class FlakyStore(InMemoryStore):
+    """Fails the first commit (a database hiccup)."""
+
+    failed = False
+
+    def commit_round(self, *args, **kwargs):
+        if not self.failed:
+            self.failed = True
+            from coordinator.store import StoreError
+
+            raise StoreError("database went away")
+        return super().commit_round(*args, **kwargs)
+
+
+def test_a_failed_commit_aborts_the_round_and_the_next_one_commits():
+    async def main():
+        store = FlakyStore()
+        v0 = None
+        async with running(make_settings(rounds=2), store) as (coord, target, _, rounds):
+            v0 = coord.model_version
+            clients, devices = await _clients(target, 4, groups=1)
+            await _wait_rounds(rounds)
+            assert store.get_round(1).state is RoundState.ABORTED and store.get_round(1).abort_reason == "cancelled"
+            assert store.get_round(2).state is RoundState.COMMITTED
+            assert store.latest_model_version("synthetic").id != v0
+            assert store.latest_model_version("synthetic").hyperparameters["step"] == 1
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_check_in_replaces_the_available_set():
+    async def main():
+        async with running(make_settings(rounds=None, **{"cohort.minimum": 3, "cohort.size": 3})) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 2)
+            ids = [d for d, _ in enrolled]
+            c = FakeClient(target, [FakeDevice(d) for d in ids])
+            await c.start()
+            await asyncio.wait_for(c.welcome.wait(), 5)
+            assert coord.eligible() == ids
+            c.send(session_pb2.ClientMessage(check_in=session_pb2.CheckIn(available_device_ids=[ids[1], 424242])))
+            await asyncio.wait_for(_until(lambda: any(m.WhichOneof("message") == "check_in_ack" for m in c.received)), 5)
+            ack = [m.check_in_ack for m in c.received if m.WhichOneof("message") == "check_in_ack"][0]
+            assert list(ack.accepted_device_ids) == [ids[1]] and ack.rejected[0].device_id == 424242
+            assert coord.eligible() == [ids[1]]
+            assert store.get_round(1) is None  # 1 eligible < minimum 3: no round started
+            await c.close()
+
+    asyncio.run(main())

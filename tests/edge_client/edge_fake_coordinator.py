@@ -1,0 +1,351 @@
+"""An in-process fake coordinator for the edge-client tests.
+
+A real grpc.aio server on 127.0.0.1 (generated stubs, `wire` codecs) whose
+Session handler drives the real `secagg` server states, one stage at a time,
+closing a stage when every expected device answered or its timeout passed.
+It records every ClientMessage it receives (for the privacy test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import duration_pb2
+
+import wire
+from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+from secagg.config import SecAggConfig
+from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted
+from wire import secagg_codec
+
+log = logging.getLogger("fake_coordinator")
+
+
+@dataclass
+class Stream:
+    context: Any
+    hello: session_pb2.Hello
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # round-scoped client messages
+    metrics: list = field(default_factory=list)
+    responses: dict = field(default_factory=dict)  # correlation_id -> DeviceResponse
+    response_event: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def device_ids(self) -> list[int]:
+        return sorted(self.hello.available_device_ids)
+
+    def send(self, **oneof: Any) -> None:
+        self.out.put_nowait(session_pb2.ServerMessage(**oneof))
+
+
+@dataclass
+class RoundResult:
+    server: Any
+    config: SecAggConfig
+    ids: wire.RoundIds
+    counted_devices: list[int]
+    aborts: list  # client AbortNotices received
+    task: session_pb2.RoundTask
+
+    @property
+    def ok(self) -> bool:
+        return isinstance(self.server, ServerCompleted)
+
+    def decoded_sum(self) -> np.ndarray:
+        return self.server.decoded_sum()
+
+
+class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
+    def __init__(self, *, token: str | None = None, heartbeat_s: float = 5.0) -> None:
+        self.token = token
+        self.heartbeat_s = heartbeat_s
+        self.identity: dict[int, bytes] = {}  # device_id -> identity public key
+        self._by_key: dict[bytes, int] = {}
+        self.enroll_calls = 0
+        self.received: list[session_pb2.ClientMessage] = []
+        self.streams: list[Stream] = []
+        self.stream_ready = asyncio.Event()
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self.round_number = 0
+        self.reject_unknown = False
+        self._returned = 0
+
+    # ------------------------------------------------------------ server
+    async def start(self, *, tls: tuple[bytes, bytes, bytes] | None = None) -> int:
+        """Listen on 127.0.0.1; `tls` = (server key, server cert, client CA) for mTLS."""
+        self.server = grpc.aio.server()
+        coordinator_service_pb2_grpc.add_CoordinatorServiceServicer_to_server(self, self.server)
+        if tls is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            key, cert, ca = tls
+            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+            self.port = self.server.add_secure_port("127.0.0.1:0", creds)
+        await self.server.start()
+        return self.port
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(grace=None)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def _check_auth(self, context) -> None:
+        if self.token is None:
+            return
+        md = dict(context.invocation_metadata() or ())
+        if md.get("authorization") != f"Bearer {self.token}":
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
+
+    # ------------------------------------------------------------ RPCs
+    async def Enroll(self, request, context):
+        await self._check_auth(context)
+        self.enroll_calls += 1
+        out = enrollment_pb2.EnrollResponse(protocol_version="fedmask.v1", coordinator_version="fake")
+        for d in request.devices:
+            key = bytes(d.identity_public_key)
+            if len(key) != 32:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "identity key must be 32 bytes")
+            new = key not in self._by_key
+            if new:
+                self._by_key[key] = len(self._by_key) + 1
+                self.identity[self._by_key[key]] = key
+            out.devices.add(local_id=d.local_id, device_id=self._by_key[key], newly_enrolled=new)
+        return out
+
+    async def Session(self, request_iterator, context):
+        await self._check_auth(context)
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("message") != "hello":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
+        self.received.append(first)
+        s = Stream(context=context, hello=first.hello)
+        admission = session_pb2.DeviceAdmission()
+        for d in first.hello.available_device_ids:
+            if d in self.identity and not self.reject_unknown:
+                admission.accepted_device_ids.append(d)
+            else:
+                admission.rejected.add(device_id=d, reason=session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
+        await context.write(session_pb2.ServerMessage(welcome=session_pb2.Welcome(
+            protocol_version="fedmask.v1", coordinator_version="fake",
+            heartbeat_interval=duration_pb2.Duration(seconds=int(self.heartbeat_s),
+                                                     nanos=int((self.heartbeat_s % 1) * 1e9)),
+            admission=admission,
+        )))
+        self.streams.append(s)
+        self.stream_ready.set()
+        reader = asyncio.ensure_future(self._read(context, s))
+        try:
+            await self._pump(context, s, reader)
+        except (asyncio.CancelledError, grpc.RpcError, ConnectionError):
+            pass
+        finally:
+            reader.cancel()
+            s.closed.set()
+
+    async def _pump(self, context, s: Stream, reader: asyncio.Future) -> None:
+        while True:
+            getter = asyncio.ensure_future(s.out.get())
+            done, _ = await asyncio.wait([getter, reader], return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                return
+            m = getter.result()
+            if m is None:
+                return
+            await context.write(m)
+
+    async def _read(self, context, s: Stream) -> None:
+        while True:
+            m = await context.read()
+            if m is grpc.aio.EOF:
+                return
+            self.received.append(m)
+            kind = m.WhichOneof("message")
+            if kind == "heartbeat":
+                s.send(heartbeat=session_pb2.Heartbeat(sequence=m.heartbeat.sequence))
+            elif kind == "check_in":
+                s.send(check_in_ack=session_pb2.DeviceAdmission(accepted_device_ids=m.check_in.available_device_ids))
+            elif kind == "round_metrics":
+                s.metrics.append(m.round_metrics)
+            elif kind == "device_response":
+                s.responses[m.device_response.correlation_id] = m.device_response
+                s.response_event.set()
+            elif kind in secagg_codec.CLIENT_FIELDS.values():
+                s.inbox.put_nowait(getattr(m, kind))
+
+    async def wait_stream(self, timeout: float = 20.0) -> Stream:
+        """The next session stream opened after the ones already returned."""
+        async def until() -> Stream:
+            while len(self.streams) <= self._returned:
+                self.stream_ready.clear()
+                await self.stream_ready.wait()
+            self._returned += 1
+            return self.streams[self._returned - 1]
+
+        return await asyncio.wait_for(until(), timeout)
+
+    # ------------------------------------------------------------ a round
+    async def run_round(
+        self,
+        s: Stream,
+        *,
+        model_name: str = "synthetic",
+        vector_length: int = 16,
+        global_parameters: dict[str, np.ndarray] | None = None,
+        hyperparameters: dict | None = None,
+        clip: float = 1.0,
+        devices: list[int] | None = None,
+        neighbors: int | str = "all",
+        threshold: int | None = None,
+        active: bool = False,
+        dp: session_pb2.DpSettings | None = None,
+        first_stage_timeout: float = 30.0,
+        stage_timeout: float = 10.0,
+        commit: bool = True,
+        tamper: Any = None,
+        task_tamper: Any = None,
+    ) -> RoundResult:
+        devices = sorted(devices if devices is not None else s.device_ids)
+        self.round_number += 1
+        r = self.round_number
+        config = SecAggConfig.create(
+            num_clients=len(devices), vector_length=vector_length, session_id=os.urandom(16), clip=clip,
+            neighbors=neighbors, threshold=threshold, active_adversary=active,
+        )
+        ids = wire.RoundIds.from_cohort(devices)
+        id_keys = {ids.secagg(d): self.identity[d] for d in devices} if active else None
+        params = global_parameters if global_parameters is not None else {"mean": np.zeros(vector_length, np.float32)}
+        hyper = dict(hyperparameters or {})
+        if model_name == "synthetic":
+            hyper.setdefault("vector_length", vector_length)
+        task = wire.build_round_task(
+            config=config, round_number=r, ids=ids, devices=devices, model_name=model_name, model_version=r,
+            global_parameters=params, hyperparameters=hyper, dp=dp,
+            deadlines={"advertise_keys": first_stage_timeout, "share_keys": stage_timeout},
+        )
+        if task_tamper is not None:
+            task_tamper(task)
+        s.send(round_task=task)
+        server = ServerAdvertiseKeys(config, r, identity_keys=id_keys)
+        aborts: list = []
+        loop = asyncio.get_running_loop()
+        timeout = first_stage_timeout
+        while not server.is_terminal:
+            deadline = loop.time() + timeout
+            while server.pending:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    p = await asyncio.wait_for(s.inbox.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                if (bytes(p.session_id), p.round_number) != (config.session_id, r):
+                    continue
+                if isinstance(p, common_pb2.AbortNotice):
+                    aborts.append(p)
+                    for q in secagg_codec.expand_abort(p, [d for d in devices]):
+                        try:
+                            server.handle(ids.secagg(q.device_id), wire.client_from_proto(
+                                q, ids, vector_length=vector_length, modulus_bits=config.encoding.modulus_bits))
+                        except wire.WireError:
+                            pass
+                    continue
+                try:
+                    msg = wire.client_from_proto(p, ids, vector_length=vector_length,
+                                                 modulus_bits=config.encoding.modulus_bits)
+                except wire.WireError:
+                    continue
+                server.handle(ids.secagg(p.device_id), msg)
+            timeout = stage_timeout
+            if server.pending:
+                log.debug("fake: closing %s at its timeout; still pending %s", server.stage, sorted(server.pending))
+            server, outbound = server.close()
+            for m in outbound:
+                p = wire.server_to_proto(m, ids, identity_keys=id_keys)
+                if tamper is not None:
+                    p = tamper(p)
+                    if p is None:
+                        continue
+                s.send(**{wire.SERVER_FIELDS[type(p)]: p})
+        counted = [ids.device(i) for i in server.counted] if isinstance(server, ServerCompleted) else []
+        if isinstance(server, ServerCompleted) and commit:
+            s.send(round_committed=session_pb2.RoundCommitted(
+                session_id=config.session_id, round_number=r, new_model_version=r + 1, contributors=len(counted)))
+        elif isinstance(server, ServerAborted):
+            s.send(abort=secagg_codec.round_abort_notice(
+                config.session_id, r, common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS, server.reason.value))
+        return RoundResult(server, config, ids, counted, aborts, task)
+
+    async def top_k(self, s: Stream, device_id: int, k: int, exclude_seen: bool = True,
+                    timeout: float = 20.0) -> session_pb2.DeviceResponse:
+        cid = os.urandom(8).hex()
+        s.send(device_request=session_pb2.DeviceRequest(
+            correlation_id=cid, device_id=device_id, top_k=session_pb2.TopKQuery(k=k, exclude_seen=exclude_seen)))
+
+        async def until() -> session_pb2.DeviceResponse:
+            while cid not in s.responses:
+                s.response_event.clear()
+                await s.response_event.wait()
+            return s.responses[cid]
+
+        return await asyncio.wait_for(until(), timeout)
+
+    async def wait_metrics(self, s: Stream, n: int = 1, timeout: float = 20.0) -> list:
+        async def until() -> None:
+            while len(s.metrics) < n:
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(until(), timeout)
+        return s.metrics
+
+
+# ---------------------------------------------------------------- client helpers
+
+
+class RunningClient:
+    """An EdgeClient serving the fake from a background task (async context manager)."""
+
+    def __init__(self, fake: FakeCoordinator, state_dir, *, users: str = "1-6", dataset: str = "synthetic",
+                 backoff=None, **config: Any) -> None:
+        from edge_client.app import ClientConfig, EdgeClient
+        from edge_client.backoff import Backoff
+
+        cfg = ClientConfig(coordinator=fake.target, users=users, state_dir=state_dir, dataset=dataset, **config)
+        self.client = EdgeClient(cfg, backoff=backoff or Backoff(base=0.05, cap=0.2))
+        self.task: asyncio.Task | None = None
+        self.exit_code: int | None = None
+
+    async def __aenter__(self) -> RunningClient:
+        self.client.prepare()
+        self.task = asyncio.ensure_future(self.client.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.client.stop()
+        if self.task is not None:
+            try:
+                self.exit_code = await asyncio.wait_for(self.task, 10)
+            finally:
+                self.client.close()
+
+    @property
+    def driver(self):
+        return self.client.driver
+
+
+def run_async(coro, timeout: float = 60.0):
+    """Run a coroutine to completion in a fresh event loop (tests are sync)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))

@@ -1,0 +1,154 @@
+"""The trainer adapter: the engine's batched path, private state on disk, top-k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_client.state import ClientStore
+from edge_client.trainer import HostedDevice, TaskSpec, Trainer, TrainingError, local_id_of, synthetic_updates
+from models.data.sampling import cohort_data, explicit_train_csr
+from models.data.splits import leave_one_out, random_explicit_split
+from models.data.synthetic import synthetic
+
+NUMBERS = [3, 5, 8, 13]
+HYPER = {"k": 8, "local_epochs": 2}
+
+
+@pytest.fixture(scope="module")
+def interactions():
+    return synthetic(seed=0)
+
+
+@pytest.fixture
+def trainer(tmp_path: Path, interactions):
+    store = ClientStore(tmp_path).open()
+    hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in range(1, 21)]
+    t = Trainer(interactions, hosted, split_seed=0, seed=0, global_path=tmp_path / "global.fms")
+    assert t.prepare_local_data() == 20
+    yield t
+    store.close()
+
+
+def _task(trainer: Trainer, name: str, hyper: dict, *, round_number: int = 4, version: int = 1) -> tuple[TaskSpec, dict]:
+    entry = trainer.model_for(name, hyper)
+    g = entry.model.init_global(torch.Generator().manual_seed(11))
+    spec = TaskSpec(
+        model_name=name, model_version=version, round_number=round_number, round_idx=round_number - 1,
+        hyperparameters=hyper, global_params={k: v.numpy() for k, v in g.items()},
+        vector_length=entry.model.update_dim,
+    )
+    return spec, g
+
+
+@pytest.mark.parametrize(("name", "hyper"), [("fedrap", HYPER), ("pfedrec", {"k": 8}), ("fedmf", {"k": 8, "explicit": True})])
+def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interactions, name: str, hyper: dict) -> None:
+    spec, global_ = _task(trainer, name, hyper)
+    model = trainer.model_for(name, hyper).model
+    explicit = bool(hyper.get("explicit"))
+    split = random_explicit_split(interactions, 0) if explicit else leave_one_out(interactions, 0)
+    users = np.array(NUMBERS) - 1
+    data = cohort_data(split, users, explicit_csr=explicit_train_csr(split) if explicit else None)
+    private = model.init_private(data, global_, trainer._generator(spec.round_number, 0x1717))
+    want_priv, want = model.local_update(global_, private, data, spec.round_idx, trainer._generator(spec.round_number, 0x7EA1))
+
+    out = trainer.train(spec, NUMBERS)
+    np.testing.assert_array_equal(out.updates, want.numpy().astype(np.float64))
+    for i, n in enumerate(NUMBERS):  # the new private rows are on disk, one file per device
+        arrays, meta = trainer.devices[n].store.load_model(name)
+        assert meta["model_version"] == 1 and meta["round_number"] == spec.round_number
+        for k, v in want_priv.items():
+            np.testing.assert_array_equal(arrays[k], v[i].numpy())
+
+    # round 2 for a subset starts from the stored rows (take_rows/put_rows on disk)
+    spec2 = TaskSpec(**{**spec.__dict__, "round_number": 5, "round_idx": 4})
+    sub = [1, 3]  # rows of NUMBERS
+    rows = torch.tensor(sub)
+    priv2 = {k: v.index_select(0, rows) for k, v in want_priv.items()}
+    data2 = cohort_data(split, users[sub], explicit_csr=explicit_train_csr(split) if explicit else None)
+    _, want2 = model.local_update(global_, priv2, data2, 4, trainer._generator(5, 0x7EA1))
+    out2 = trainer.train(spec2, [NUMBERS[i] for i in sub])
+    np.testing.assert_array_equal(out2.updates, want2.numpy().astype(np.float64))
+
+
+def test_dp_clips_and_noises_every_row(trainer: Trainer) -> None:
+    spec, _ = _task(trainer, "fedrap", HYPER)
+    spec = TaskSpec(**{**spec.__dict__, "dp_mode": "local", "dp_clip_norm": 0.1, "dp_noise_stddev": 0.0})
+    out = trainer.train(spec, NUMBERS)
+    assert np.all(np.linalg.norm(out.updates, axis=1) <= 0.1 + 1e-6)
+    sums, counts = out.metrics([0, 1, 2, 3])
+    assert counts["devices"] == 4 and sums["clipped"] == 4 and sums["update_norm"] > 0.4
+    spec = TaskSpec(**{**spec.__dict__, "dp_noise_stddev": 0.05})
+    a = trainer.train(spec, NUMBERS).updates
+    b = trainer.train(spec, NUMBERS).updates
+    assert np.std(a) > 0.01 and not np.allclose(a, b)  # noise from os.urandom, not --seed
+
+
+def test_metrics_only_for_the_rows_asked(trainer: Trainer) -> None:
+    spec, _ = _task(trainer, "fedrap", HYPER)
+    out = trainer.train(spec, NUMBERS)
+    s_all, c_all = out.metrics(range(4))
+    s_two, c_two = out.metrics([0, 2])
+    assert c_all["devices"] == 4 and c_two["devices"] == 2
+    assert c_all["val_sampled_count"] == 4 and c_two["val_sampled_count"] == 2
+    assert c_two["examples"] < c_all["examples"]
+    assert {"val_sampled_hits@10", "val_sampled_ndcg@10", "update_norm"} <= set(s_all)
+
+
+def test_model_mismatch_is_reported(trainer: Trainer) -> None:
+    spec, _ = _task(trainer, "fedrap", HYPER)
+    bad = TaskSpec(**{**spec.__dict__, "global_params": {"C": np.zeros((5, 8), np.float32)}})
+    with pytest.raises(TrainingError, match="do not fit") as e:
+        trainer.train(bad, NUMBERS)
+    assert e.value.reason == "model_mismatch"
+    with pytest.raises(TrainingError, match="vector_length"):
+        trainer.train(TaskSpec(**{**spec.__dict__, "vector_length": 7}), NUMBERS)
+    with pytest.raises(TrainingError, match="cannot build"):
+        trainer.model_for("fedrap", {"no_such_knob": 1})
+
+
+def test_top_k_on_the_device(trainer: Trainer) -> None:
+    with pytest.raises(LookupError):
+        trainer.top_k(3, 5, exclude_seen=True)
+    spec, global_ = _task(trainer, "fedrap", HYPER, version=7)
+    trainer.train(spec, NUMBERS)
+    with pytest.raises(LookupError, match="not trained"):
+        trainer.top_k(4, 5, exclude_seen=True)  # hosted, never selected
+    items, scores, version = trainer.top_k(5, 10, exclude_seen=True)
+    assert version == 7 and len(items) == 10 and scores == sorted(scores, reverse=True)
+    seen = set(trainer._seen[5].tolist())
+    assert seen and not seen & set(items)
+    # the same numbers as model.score over all items with the stored private state
+    model = trainer.model_for("fedrap", HYPER).model
+    arrays, _ = trainer.devices[5].store.load_model("fedrap")
+    priv = {k: torch.as_tensor(v).unsqueeze(0) for k, v in arrays.items()}
+    s = model.score(global_, priv, torch.tensor([4]), torch.arange(trainer.n_items).unsqueeze(0))[0]
+    s[list(seen)] = -float("inf")
+    assert items == torch.topk(s, 10).indices.tolist()
+    all_items, _, _ = trainer.top_k(5, trainer.n_items, exclude_seen=False)
+    assert len(all_items) == trainer.n_items
+
+
+def test_restart_reads_the_persisted_split_and_state(tmp_path: Path, interactions) -> None:
+    with ClientStore(tmp_path) as store:
+        hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in (1, 2)]
+        t1 = Trainer(interactions, hosted, global_path=tmp_path / "global.fms")
+        assert t1.prepare_local_data() == 2
+        spec, _ = _task(t1, "fedrap", HYPER, version=3)
+        t1.train(spec, [1, 2])
+        before = t1.top_k(1, 5, exclude_seen=True)
+    with ClientStore(tmp_path) as store:
+        hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in (1, 2)]
+        t2 = Trainer(interactions, hosted, global_path=tmp_path / "global.fms")
+        assert t2.prepare_local_data() == 0
+        assert t2.top_k(1, 5, exclude_seen=True) == before  # global params and private state from disk
+
+
+def test_synthetic_updates_are_a_function_of_seed_round_and_device() -> None:
+    a = synthetic_updates([4, 9], round_number=3, vector_length=6, seed=1, scale=0.5)
+    assert a.shape == (2, 6) and np.abs(a).max() <= 0.5
+    np.testing.assert_array_equal(a[1], np.random.default_rng([1, 3, 9]).uniform(-0.5, 0.5, 6))
+    assert not np.array_equal(a, synthetic_updates([4, 9], round_number=4, vector_length=6, seed=1, scale=0.5))
