@@ -15,10 +15,13 @@ Tokens are compared in constant time and never logged.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import grpc
+
+from coordinator.logs import log_event
 
 AUTHORIZATION_KEY = "authorization"
 BEARER_PREFIX = "Bearer "
@@ -64,14 +67,19 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._authorized(handler_call_details.invocation_metadata):
             return handler
-        return _denying_handler(handler)
+        return _denying_handler(handler, method)
 
 
-async def _deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
+def _denier(method: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+    async def _deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        # one log line per refused call (never the presented token)
+        log_event("unauthenticated", logging.WARNING, method=method, peer=context.peer())
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
+
+    return _deny
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _denying_handler(handler: grpc.RpcMethodHandler, method: str = "") -> grpc.RpcMethodHandler:
     """A handler of the same streaming kind as `handler` that aborts at once
     (matching the kind keeps the server from waiting on a request message a
     streaming client may not have sent)."""
@@ -79,13 +87,14 @@ def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         "request_deserializer": handler.request_deserializer,
         "response_serializer": handler.response_serializer,
     }
+    deny = _denier(method)
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(_deny, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(_deny, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(_deny, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(_deny, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
 
 
 def peer_common_name(context: grpc.aio.ServicerContext | grpc.ServicerContext) -> str | None:

@@ -38,4 +38,8 @@ def configure_logging(level: str = "INFO") -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         handler._fedmask = True  # type: ignore[attr-defined]
         root.addHandler(handler)
+    # Our handler prints every line; without this, a library that configures
+    # the root logger (dp_accounting's first warning calls logging.basicConfig)
+    # would print each line a second time.
+    root.propagate = False
     root.setLevel(level.upper())

@@ -763,6 +763,9 @@ class Coordinator:
 
             merged = {**r.metric_sums, **{k: float(v) for k, v in r.metric_counts.items()}}
             out.update(finalize(merged))
+            # edge clients report validation sums as "val_<name>" (e.g. val_sampled_hits@10)
+            val = {k.removeprefix("val_"): v for k, v in merged.items() if k.startswith("val_")}
+            out.update({f"val_{k}": v for k, v in finalize(val).items()})
         if self.settings.debug.record_sums:
             out.update(debug_metrics(result.encoded_sum, result.decoded_sum, len(result.counted),
                                      self.settings.debug.sum_coordinates))

@@ -85,7 +85,10 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
                     end = item
                     break
                 await context.write(item)
-        except (asyncio.CancelledError, Exception) as exc:  # client gone mid-write
+        except asyncio.CancelledError:  # the RPC was terminated under us
+            end = StreamEnd(grpc.StatusCode.CANCELLED,
+                            "stream cancelled by the transport (client gone, or a message over the receive limit)")
+        except Exception as exc:  # client gone mid-write
             end = StreamEnd(grpc.StatusCode.CANCELLED, type(exc).__name__)
         finally:
             reader.cancel()
@@ -104,7 +107,9 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
                     session.end(grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
                     return
                 if msg is grpc.aio.EOF:
-                    session.end(grpc.StatusCode.OK, "client closed the stream")
+                    # a half-close; the transport refusing a message over the receive
+                    # limit (RESOURCE_EXHAUSTED to the client) looks the same from here
+                    session.end(grpc.StatusCode.OK, "client closed the stream (or sent a message over the receive limit)")
                     return
                 try:
                     await coord.handle(session, msg)

@@ -69,6 +69,12 @@ class ClientConfig:
     backoff_base: float = 0.5
     backoff_cap: float = 30.0
     threads: int | None = None
+    #: DEBUG ONLY (loopback coordinators): write each device's encoded input
+    #: of every round to STATE_DIR/debug/inputs/ (tests, benchmarks).
+    debug_record_inputs: bool = False
+    #: INSECURE (loopback coordinators, benchmarks): answer the coordinator's
+    #: plaintext rounds by sending unmasked updates.
+    allow_insecure_plaintext: bool = False
 
 
 class EdgeClient:
@@ -96,6 +102,9 @@ class EdgeClient:
             numbers = parse_user_ranges(cfg.users)
         except (TransportConfigError, UserRangeError) as e:
             raise ClientError(str(e)) from None
+        if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not _is_loopback(cfg.coordinator):
+            raise ClientError("--debug-record-inputs and --debug-allow-insecure-plaintext are for tests and "
+                              "benchmarks against a loopback coordinator only")
         if cfg.threads:
             import torch
 
@@ -165,6 +174,8 @@ class EdgeClient:
             trainer=self.trainer,
             faults=self.config.faults,
             on_round_end=self._on_round_end,
+            debug_inputs_dir=(self.store.root / "debug" / "inputs") if self.config.debug_record_inputs and self.store else None,
+            allow_insecure_plaintext=self.config.allow_insecure_plaintext,
         )
 
     def _on_round_end(self, event: RoundEvent) -> None:
@@ -272,6 +283,18 @@ class EdgeClient:
             asyncio.ensure_future(self._reenroll_unknown(stub))
 
         await run_session(stub, self.transport, driver, on_welcome=welcomed)
+
+
+def _is_loopback(target: str) -> bool:
+    import ipaddress
+
+    host = target.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def run_client(config: ClientConfig) -> int:

@@ -33,6 +33,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,7 @@ from google.protobuf import timestamp_pb2
 
 import wire
 from edge_client.faults import FaultPlan
-from edge_client.state import RoundSecret
+from edge_client.state import RoundSecret, StateCorruptError
 from edge_client.trainer import SYNTHETIC_MODEL, TaskSpec, Trainer, TrainingError, TrainOutput
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
@@ -56,6 +57,8 @@ PROTOCOL_VERSION = "fedmask.v1"
 SUPPORTED_MODELS = ("fedrap", "fedmmf", "pfedrec", "fedmf", SYNTHETIC_MODEL)
 DEFAULT_HEARTBEAT_S = 10.0
 ROUND_SECRET_LABEL = b"fedmask/edge_client/round-secret/v1"
+# RoundTask hyper-parameter of the coordinator's INSECURE plaintext mode (benchmarks)
+PLAINTEXT_HYPERPARAMETER = "insecure_plaintext"
 
 # server stage message (ServerMessage oneof field) -> the secagg stage whose reply it asks for
 STAGE_OF_FIELD = {
@@ -150,6 +153,8 @@ class SessionDriver:
         faults: FaultPlan | None = None,
         on_round_end: Callable[[RoundEvent], None] | None = None,
         secure_random: Callable[[int], bytes] = os.urandom,
+        debug_inputs_dir: Path | None = None,
+        allow_insecure_plaintext: bool = False,
     ) -> None:
         self.client_name = client_name
         self.client_version = client_version
@@ -158,6 +163,11 @@ class SessionDriver:
         self.faults = faults or FaultPlan()
         self.on_round_end = on_round_end
         self.secure_random = secure_random
+        # DEBUG ONLY (tests, benchmarks; loopback): each device's encoded input
+        # per round is written here, so the aggregate can be checked exactly.
+        self.debug_inputs_dir = debug_inputs_dir
+        # INSECURE (benchmark baseline): answer plaintext rounds (no masks).
+        self.allow_insecure_plaintext = allow_insecure_plaintext
         self.outbox: asyncio.Queue[session_pb2.ClientMessage] = asyncio.Queue()
         self.accepted: set[int] = set()
         self.last_rejections: list[session_pb2.DeviceRejection] = []
@@ -297,6 +307,13 @@ class SessionDriver:
         if view.model_name not in SUPPORTED_MODELS:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
             return
+        plaintext = bool(view.hyperparameters.get(PLAINTEXT_HYPERPARAMETER, False))
+        if plaintext and not self.allow_insecure_plaintext:
+            log.error("round %d: the coordinator asks for an INSECURE plaintext round; refused "
+                      "(only --debug-allow-insecure-plaintext accepts it)", view.round_number)
+            self._abort_run(run, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
+                            "refusing an insecure plaintext round")
+            return
         active = []
         for dr in run.devices.values():
             if dr.drop_at == "advertise_keys":
@@ -326,10 +343,11 @@ class SessionDriver:
         run.train = out
         if view.model_name != SYNTHETIC_MODEL:
             log.info("round %d: trained %d device(s) in %.2fs", view.round_number, len(active), out.seconds)
-        await asyncio.gather(*(self._advertise(run, dr, i, out.updates[i]) for i, dr in enumerate(active)))
+        upload = self._plaintext_upload if plaintext else self._advertise
+        await asyncio.gather(*(upload(run, dr, i, out.updates[i]) for i, dr in enumerate(active)))
 
     def _task_spec(self, view: wire.RoundTaskView) -> TaskSpec:
-        hyper = view.hyperparameters
+        hyper = {k: v for k, v in view.hyperparameters.items() if k != PLAINTEXT_HYPERPARAMETER}
         round_idx = hyper.get("round_idx", view.round_number)
         return TaskSpec(
             model_name=view.model_name,
@@ -352,6 +370,8 @@ class SessionDriver:
                 return
             dr.row = row
             encoded = view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.trainer.secure_numpy_rng())
+            if self.debug_inputs_dir is not None:
+                await asyncio.to_thread(self._record_input, view.round_number, dev.device_id, encoded)
             seed = self.secure_random(32)
             # durable BEFORE the keys exist anywhere else
             await asyncio.to_thread(
@@ -373,6 +393,40 @@ class SessionDriver:
             dr.state, out = state.start()
             dr.own = out[0]  # type: ignore[assignment]
             await self._reply(run, dr, out)
+
+    def _record_input(self, round_number: int, device_id: int, encoded: np.ndarray) -> None:
+        """DEBUG ONLY: DIR/round-NNNNNN/device-ID.npy (uint32, what secagg masks)."""
+        assert self.debug_inputs_dir is not None
+        folder = self.debug_inputs_dir / f"round-{round_number:06d}"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f".device-{device_id}.npy.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, encoded, allow_pickle=False)
+            os.replace(tmp, folder / f"device-{device_id}.npy")
+        except OSError as e:  # a debug aid never stops a round
+            log.warning("cannot record the debug input of device %d: %s", device_id, e)
+
+    async def _plaintext_upload(self, run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray) -> None:
+        """INSECURE plaintext round (benchmark baseline, coordinator/plaintext.py):
+        the encoded update goes out unmasked in a MaskedInput; no secagg state,
+        no round secret. A device set to drop at share-keys or masked-input
+        stays silent; later drop stages do not exist in this mode."""
+        view = run.view
+        async with dr.lock:
+            if dr.done or run.over:
+                return
+            dr.row = row
+            if dr.drop_at in ("share_keys", "masked_input"):
+                self._go_silent(run, dr, dr.drop_at)
+                return
+            encoded = view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.trainer.secure_numpy_rng())
+            if self.debug_inputs_dir is not None:
+                await asyncio.to_thread(self._record_input, view.round_number, dr.device.device_id, encoded)
+            msg = sm.MaskedInput(session_id=view.session_id, round_idx=view.round_number, device_id=dr.secagg_id,
+                                 vector=encoded)
+            await self._reply(run, dr, [msg])
+            self._finish_device(run, dr)
 
     def _route_stage(self, field_name: str, p: Any) -> None:
         run = self.run
@@ -575,7 +629,15 @@ def decline_unfinished_rounds(devices: Mapping[int, Device]) -> int:
     coordinator already counts it as dropped). Returns how many were found."""
     n = 0
     for dev in devices.values():
-        secret = dev.store.load_round_secret()
+        try:
+            secret = dev.store.load_round_secret()
+        except StateCorruptError:
+            # what a crash in the middle of the wipe (secure_delete: zeroes, then
+            # unlink) leaves behind; the secret is of no use after a restart anyway
+            log.warning("%s: unreadable round secret left by a crash; wiping it", dev.local_id)
+            dev.store.clear_round_secret()
+            n += 1
+            continue
         if secret is not None:
             log.warning("%s: declining unfinished round %d after a restart", dev.local_id, secret.round_number)
             dev.store.clear_round_secret()

@@ -115,6 +115,7 @@ class SimulationConfig:
     dp_clip: float | None = None
     dp_delta: float = 1e-5
     dp_accountant: str = "rdp"
+    dp_mode: str = "local"  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / B)
     device: str = "cpu"
     explicit: bool = False
     eval_every: int = 1
@@ -125,7 +126,14 @@ class SimulationConfig:
 
 
 # rounds of the tuned defaults (docs/tuning.md)
-DEFAULT_ROUNDS: dict[str, int] = {"fedrap": 100, "pfedrec": 100, "fedmf": 100, "fedmmf": 100}
+DEFAULT_ROUNDS: dict[str, int] = {"fedrap": 100, "pfedrec": 100, "fedmf": 100, "fedmmf": 150}
+DEFAULT_ROUNDS_EXPLICIT_FEDMF = 150
+
+
+def default_rounds(model: str, explicit: bool) -> int:
+    if model == "fedmf" and explicit:
+        return DEFAULT_ROUNDS_EXPLICIT_FEDMF
+    return DEFAULT_ROUNDS[model]
 
 
 def _select_key(explicit: bool) -> tuple[str, int]:
@@ -294,9 +302,15 @@ def simulate(
     dp_on = config.dp_noise is not None
     if dp_on and (config.dp_clip is None or config.dp_clip <= 0 or config.dp_noise is None or config.dp_noise < 0):
         raise ConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
-    rounds = config.rounds if config.rounds is not None else DEFAULT_ROUNDS[config.model]
+    rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
     if rounds < 1:
         raise ConfigError("--rounds must be >= 1")
+    if config.dp_mode not in ("local", "distributed"):
+        raise ConfigError(f"--dp-mode must be local or distributed, not {config.dp_mode!r}")
+    if config.dp_mode == "distributed" and dp_on and not config.secagg:
+        raise ConfigError(
+            "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
+        )
     if config.secagg_clip is not None and not config.secagg_clip > 0:
         raise ConfigError("--secagg-clip must be > 0")
     if config.eval_every < 1:
@@ -358,9 +372,10 @@ def simulate(
             if dp_on and upd.shape[1] > 0:
                 from models.privacy import privatize
 
-                upd, norms = privatize(
-                    upd, clip=float(config.dp_clip), noise_multiplier=float(config.dp_noise), generator=gens["dp"]  # type: ignore[arg-type]
-                )
+                z = float(config.dp_noise)  # type: ignore[arg-type]
+                if config.dp_mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
+                    z = z / math.sqrt(upd.shape[0])
+                upd, norms = privatize(upd, clip=float(config.dp_clip), noise_multiplier=z, generator=gens["dp"])  # type: ignore[arg-type]
                 rec["update_norm_mean"] = float(norms.mean())
                 rec["clipped_fraction"] = float((norms > float(config.dp_clip)).float().mean())  # type: ignore[arg-type]
             if accountant is not None:
@@ -398,8 +413,8 @@ def simulate(
                     best["private"] = private
                     best["shared"] = True
             rec["eval_seconds"] = time.perf_counter() - t1
-            summary = getattr(model, "summary", None)
-            if callable(summary) and config.model == "fedrap":
+            summary = getattr(model, "summary", None)  # e.g. FedRAP's sparsity of C
+            if callable(summary):
                 rec.update(summary(global_, private))
             rec["seconds"] = time.perf_counter() - t0
             records.append(rec)
@@ -454,12 +469,20 @@ def simulate(
             "clip": config.dp_clip,
             "delta": config.dp_delta,
             "accountant": config.dp_accountant,
+            "mode": config.dp_mode,
             "sampling_rate": cohort_size / n_users,
             "rounds": rounds,
             "meaning": (
                 "user-level (add/remove one device) epsilon of the Poisson-subsampled Gaussian mechanism "
                 "with noise multiplier z and sampling rate q = cohort/n_users, composed over all rounds "
-                "(dp_accounting); conservative for the aggregate, see models/privacy.py"
+                "(dp_accounting), for what the aggregated updates reveal; "
+                + (
+                    "local noise: conservative for the aggregate (it carries noise z*tau*sqrt(B))"
+                    if config.dp_mode == "local"
+                    else "distributed noise: exact for the sum seen through secure aggregation, "
+                    "assuming the devices add their share"
+                )
+                + "; see models/privacy.py"
             ),
         }
         out["epsilon"] = accountant.epsilon() if accountant is not None else math.inf

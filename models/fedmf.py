@@ -59,6 +59,7 @@ class FedMF(FedRAP):
         reg: str = "l2",
         v2: float = 1e-4,
         weight_decay_u: float = 0.03,
+        update_scale: float = 1.0,
         init_std_c: float = 0.1,
         init_std_u: float = 0.1,
         chunk: int = 64,
@@ -73,6 +74,7 @@ class FedMF(FedRAP):
             v1=0.0,
             v2=v2,
             weight_decay_u=weight_decay_u,
+            update_scale=update_scale,
             local_epochs=local_epochs,
             n_neg=n_neg,
             lr_user=lr_user,
@@ -85,7 +87,7 @@ class FedMF(FedRAP):
         )
 
     def config(self) -> dict[str, object]:
-        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr reg v2 weight_decay_u init_std_c init_std_u".split()
+        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr reg v2 weight_decay_u update_scale init_std_c init_std_u".split()
         return {key: getattr(self, key) for key in keys}
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
@@ -108,14 +110,14 @@ class ExplicitMF(FederatedRecommender):
         k: int = 16,
         item_bias: bool = True,
         user_bias: bool = False,
-        user_solver: str = "gd",
+        user_solver: str = "exact",
         center: float = 3.0,
         local_epochs: int = 1,
         lr_user: float = 0.5,
-        lr_item: float = 0.05,
+        lr_item: float = 0.2,
         lr_decay: float = 1.0,
         server_lr: float = 10.0,
-        reg: float = 0.05,
+        reg: float = 0.1,
         init_std: float = 0.1,
         chunk: int = 64,
     ) -> None:

@@ -46,7 +46,7 @@ class FedMMF(ExplicitMF):
         item_features: torch.Tensor | None,
         *,
         order: str = "two",
-        mask_reg: float = 0.01,
+        mask_reg: float = 0.3,
         mask_steps: int = 300,
         mask_lr: float = 0.05,
         fm_k: int = 4,

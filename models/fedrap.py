@@ -47,6 +47,10 @@ u_i and b_i, all multiplied by lr_decay**a; `weight_decay_u` on u_i (in its
 gradient) and `weight_decay_d` on D_i (applied as the proximal map of
 wd/2 ||D_i||^2 in the split step, stable for any step length).
 
+The sent vector is (C_i - C) / `update_scale` and the server multiplies the
+mean back: the unit only matters where something acts on the vector itself,
+i.e. DP clipping (tau refers to this unit) and the SecAgg fixed-point range.
+
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
@@ -115,6 +119,7 @@ class FedRAP(FederatedRecommender):
         server_lr: float = 10.0,
         weight_decay_d: float = 0.0,
         weight_decay_u: float = 0.03,
+        update_scale: float = 1.0,
         init_std_c: float = 0.1,
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,
@@ -136,6 +141,9 @@ class FedRAP(FederatedRecommender):
         self.server_lr = server_lr
         self.weight_decay_d = weight_decay_d
         self.weight_decay_u = weight_decay_u
+        if not update_scale > 0:
+            raise ValueError("update_scale must be > 0")
+        self.update_scale = update_scale
         self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
         self.chunk = chunk
 
@@ -164,7 +172,7 @@ class FedRAP(FederatedRecommender):
     def config(self) -> dict[str, object]:
         keys = (
             "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay "
-            "server_lr weight_decay_d weight_decay_u init_std_c init_std_d init_std_u"
+            "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u"
         ).split()
         return {key: getattr(self, key) for key in keys}
 
@@ -261,7 +269,7 @@ class FedRAP(FederatedRecommender):
                             d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
                             dc.sub_(delta, alpha=2.0 * lam * t_c)
                     d_out[sl] = d_new
-                upd[sl] = dc.view(bc, m * k)
+                upd[sl] = dc.view(bc, m * k).div_(self.update_scale)
             else:
                 if self.weight_decay_d > 0:
                     W.div_(1.0 + t_d * self.weight_decay_d)
@@ -277,7 +285,7 @@ class FedRAP(FederatedRecommender):
     ) -> GlobalState:
         if not self.has_c:
             return dict(global_)
-        C = global_["C"] + self.server_lr * mean_update.view(self.n_items, self.k)
+        C = global_["C"] + (self.server_lr * self.update_scale) * mean_update.view(self.n_items, self.k)
         _, lr_i, _ = self._lrs(round_idx)
         thr = self.server_lr * self.local_epochs * lr_i * self.mu(round_idx)
         if self.reg == "l1":

@@ -14,6 +14,8 @@ ClientUpdate (paper Alg. 1), all devices of the cohort at once:
       1. S_i <- S_i - lr * grad_S BCE_mean(batch)      (item embedding fixed)
       2. E_i <- E_i - lr_item * grad_E BCE_sum(batch)   (with the updated S_i)
   upload E_i (as the update E_i - E, update_dim = m*k); keep S_i and E_i.
+`weight_decay` is an L2 term on the score function's weight (the published
+code's `l2_regularization`), applied in the batches a device takes part in.
 Server: E <- E + server_lr * mean(E_i - E) (server_lr = 1 is the paper's plain
 average of the uploaded embeddings). The score function never leaves the
 device (partial aggregation). The published code uses `lr * n_items * lr_eta`
@@ -51,10 +53,11 @@ class PFedRec(FederatedRecommender):
         local_epochs: int = 1,
         batch_size: int = 256,
         n_neg: int = 4,
-        lr: float = 0.1,
-        lr_item: float = 1.0,
+        lr: float = 1.0,
+        lr_item: float = 0.1,
         lr_decay: float = 1.0,
-        server_lr: float = 1.0,
+        server_lr: float = 300.0,
+        weight_decay: float = 0.03,
         init_std_e: float = 0.1,
         init_std_w: float = 0.1,
         chunk: int = 64,
@@ -64,11 +67,12 @@ class PFedRec(FederatedRecommender):
         self.n_users, self.n_items, self.k = n_users, n_items, k
         self.local_epochs, self.batch_size, self.n_neg = local_epochs, batch_size, n_neg
         self.lr, self.lr_item, self.lr_decay, self.server_lr = lr, lr_item, lr_decay, server_lr
+        self.weight_decay = weight_decay
         self.init_std_e, self.init_std_w = init_std_e, init_std_w
         self.chunk = chunk
 
     def config(self) -> dict[str, object]:
-        keys = "k local_epochs batch_size n_neg lr lr_item lr_decay server_lr init_std_e init_std_w".split()
+        keys = "k local_epochs batch_size n_neg lr lr_item lr_decay server_lr weight_decay init_std_e init_std_w".split()
         return {key: getattr(self, key) for key in keys}
 
     @property
@@ -156,6 +160,8 @@ class PFedRec(FederatedRecommender):
                     p = torch.sigmoid(z)
                     g = cneg[t] * p + cpos[t] * (p - 1.0)
                     gw = (torch.bmm(g.unsqueeze(1), W).squeeze(1) + g @ Eg) / nbatch[t].unsqueeze(1)
+                    if self.weight_decay > 0:  # the reference code's l2_regularization, on S_i
+                        gw = gw + self.weight_decay * w * (call[t].sum(1, keepdim=True) > 0)
                     w = w - lr * gw
                     bias = bias - lr * g.sum(1) / nbatch[t]
                     # 2. item embedding with the updated score function (summed BCE)

@@ -30,6 +30,11 @@ What `epsilon` means (state this wherever it is reported):
     part gets no amplification by sampling: that device's local guarantee
     is the same accountant with q = 1 over the rounds it took part in
     (`epsilon(..., sampling_rate=1.0, rounds=participations)`).
+    With *distributed* noise (the engine's --dp-mode distributed, only with
+    secure aggregation) every device adds N(0, (z tau)^2 / B): the sum the
+    server unmasks carries exactly N(0, (z tau)^2), the same epsilon is then
+    tight for the aggregate, assuming the devices add their share, and an
+    individual update on its own is not protected.
 """
 
 from __future__ import annotations

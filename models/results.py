@@ -43,7 +43,7 @@ def plot_metrics(results: Mapping[str, Any], path: str | Path) -> Path:
     explicit = results.get("kind") == "explicit"
     keys = ("rmse", "mae") if explicit else ("hr@10", "ndcg@10")
     recs = [r for r in results["rounds"] if r.get("val")]
-    xs = [r["round"] + 1 for r in recs]
+    xs = [r["round"] for r in recs]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     for key in keys:
         ys = [r["val"].get(key, math.nan) for r in recs]
@@ -54,7 +54,7 @@ def plot_metrics(results: Mapping[str, Any], path: str | Path) -> Path:
         ax.plot(xs, [r["val"].get(extra, math.nan) for r in recs], label=f"val {extra}")
     best = results.get("best_round")
     if best is not None:
-        ax.axvline(best + 1, color="grey", linestyle="--", linewidth=1, label=f"best round {best + 1}")
+        ax.axvline(best, color="grey", linestyle="--", linewidth=1, label=f"best round {best}")
     test = results.get("test", {})
     title = f"{results.get('model')} on {results.get('dataset')} (seed {results.get('seed')})"
     if test:
@@ -62,7 +62,7 @@ def plot_metrics(results: Mapping[str, Any], path: str | Path) -> Path:
         if main in test and test[main] is not None:
             title += f" - test {main} {test[main]:.4f}"
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("round")
+    ax.set_xlabel("round (0-based, as in results.json)")
     ax.set_ylabel("validation metric")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -33,7 +33,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,9 @@ from fedmask.bench.processes import (
     wait_until,
     write_user_csv,
 )
+
+
+PLAINTEXT_TRAINING_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class RoundBenchConfig:
     plaintext: bool = True
     timeout: float = 600.0
     keep: Path | None = None
+    profile: Path | None = None  # cProfile every process into PROFILE/<mode>/<name>.prof
 
 
 def _graph(neighbors: str) -> str:
@@ -83,7 +87,7 @@ def _read_rounds(db: Path) -> list[Any]:
 
     store = open_store(f"sqlite:///{db}", migrate=False)
     try:
-        return sorted(store.list_rounds(limit=10_000).items, key=lambda r: r.number)
+        return sorted(store.list_rounds(limit=1000).items, key=lambda r: r.number)
     finally:
         store.close()
 
@@ -128,7 +132,9 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "rounds": cfg.rounds,
         "seed": cfg.seed,
         "selection_deadline": 120,
-        "training_deadline": cfg.training_deadline,
+        # plaintext: one stage of training + masked-input; synthetic updates need no
+        # training, so a silent device costs about the same masked-input deadline
+        "training_deadline": PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
         "advertise_keys_deadline": cfg.advertise_keys_deadline,
         "share_keys_deadline": cfg.share_keys_deadline,
         "masked_input_deadline": cfg.masked_input_deadline,
@@ -142,7 +148,11 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     }
     state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
     t_start = time.monotonic()
-    with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
+    profile_dir = None
+    if cfg.profile is not None:
+        profile_dir = cfg.profile / name
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}, profile_dir=profile_dir) as group:
         coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
         group.sample_rss_of([coord])
         wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
@@ -176,14 +186,20 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     records = [r for r in _read_rounds(db) if r.state.is_terminal]
     round_s, stage_s, per_round = [], {}, []
     ok = len(records) == cfg.rounds
+    as_injected = True
     for r in records:
         committed = r.state.value == "committed"
         exact = committed and _exact(r, state_dirs)
+        # did exactly the fault-injected devices drop (no honest device missed a deadline)?
+        injected = _injected_drops(cfg, r.number, plaintext)
+        dropped = {d for ids in r.dropouts.values() for d in ids}
+        as_injected = as_injected and dropped == injected
         dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else math.nan
         per_round.append({
             "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
             "counted": len(r.survivors.get("masked_input", [])), "dropouts": {k: len(v) for k, v in r.dropouts.items()},
-            "exact": exact, "timings": {k: round(v, 3) for k, v in r.timings.items()},
+            "exact": exact, "dropouts_as_injected": dropped == injected,
+            "timings": {k: round(v, 3) for k, v in r.timings.items()},
         })
         ok = ok and committed and exact
         if committed:
@@ -197,8 +213,21 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
         "stage_s_median": {k: round(statistics.median(v), 3) for k, v in stage_s.items()},
         "coordinator_rss_mb": round(peak_rss, 1),
+        "dropouts_as_injected": as_injected,
         "rounds": per_round,
     }
+
+
+def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -> set[int]:
+    """The devices the clients' fault injection silences in this round (device
+    ids are 1..N on the bench's fresh database; the draw is a pure function of
+    (seed, round, device id), edge_client.faults.FaultPlan)."""
+    from edge_client.faults import FaultPlan
+
+    if cfg.dropout <= 0 or (plaintext and cfg.dropout_stage == "unmasking"):
+        return set()
+    plan = FaultPlan(drop_rate=cfg.dropout, drop_stage=cfg.dropout_stage, seed=cfg.seed)
+    return {d for d in range(1, cfg.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
 
 
 def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
@@ -211,7 +240,7 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             import re
 
             log_text = (root / "secure" / "coordinator.log").read_text(errors="replace")
-            m = re.search(r"config='n=\d+ L=\d+ graph=([^ ]+) t=(\d+)", log_text)
+            m = re.search(r"config='n=\d+ L=\d+ graph=(.+?) t=(\d+)'", log_text)
             t = {"graph": m.group(1), "threshold": int(m.group(2))} if m else None
         return {
             "ok": bool(secure["ok"] and (plain is None or plain["ok"])),
@@ -227,12 +256,14 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
                 "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
                 "share_keys": cfg.share_keys_deadline, "masked_input": cfg.masked_input_deadline,
                 "unmasking": cfg.unmasking_deadline,
+                "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.masked_input_deadline, 3),
             },
             "secure_round_s_median": secure["round_s_median"],
             "plaintext_round_s_median": plain["round_s_median"] if plain else None,
             "secure_round_s": secure["round_s"],
             "plaintext_round_s": plain["round_s"] if plain else None,
             "secure_stage_s_median": secure["stage_s_median"],
+            "dropouts_as_injected": secure["dropouts_as_injected"] and (plain is None or plain["dropouts_as_injected"]),
             "coordinator_rss_mb": secure["coordinator_rss_mb"],
             "plaintext_coordinator_rss_mb": plain["coordinator_rss_mb"] if plain else None,
             "secure_detail": secure["rounds"],
@@ -339,4 +370,4 @@ def dumps(result: dict[str, Any]) -> str:
     return json.dumps(result, sort_keys=False, default=str)
 
 
-__all__ = ["ConnectionsBenchConfig", "RoundBenchConfig", "asdict", "dumps", "run_connections_bench", "run_round_bench"]
+__all__ = ["ConnectionsBenchConfig", "RoundBenchConfig", "dumps", "run_connections_bench", "run_round_bench"]

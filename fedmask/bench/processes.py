@@ -105,6 +105,8 @@ class ProcessGroup:
     workdir: Path
     env: dict[str, str] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
+    #: Run every child under cProfile, writing PROFILE_DIR/<name>.prof at its exit.
+    profile_dir: Path | None = None
     _sampler: threading.Thread | None = None
     _stop_sampling: threading.Event = field(default_factory=threading.Event)
 
@@ -115,7 +117,8 @@ class ProcessGroup:
         self.close()
 
     def start(self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None) -> Child:
-        argv = [sys.executable, "-m", "fedmask", *map(str, args)]
+        prof = [] if self.profile_dir is None else ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]
+        argv = [sys.executable, *prof, "-m", "fedmask", *map(str, args)]
         log_path = self.workdir / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **self.env, **(env or {})}
         full_env.pop("FEDMASK_CONFIG", None)

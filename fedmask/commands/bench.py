@@ -3,6 +3,10 @@ processes on 127.0.0.1 (see fedmask/bench/federation.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +40,7 @@ def round_(
     plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 600.0,
     keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors) here.", show_default=False)] = None,
+    profile: Annotated[Path | None, typer.Option(help="Run every process under cProfile; profiles go to PROFILE/<mode>/<process>.prof.", show_default=False)] = None,
 ) -> None:
     """Time secure rounds against plaintext rounds over gRPC.
 
@@ -69,10 +74,11 @@ def round_(
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
         share_keys_deadline=share_keys_deadline, masked_input_deadline=masked_input_deadline,
-        unmasking_deadline=unmasking_deadline, plaintext=plaintext, timeout=timeout, keep=keep,
+        unmasking_deadline=unmasking_deadline, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
     )
     try:
-        result = run_round_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
+        with _interruptible():
+            result = run_round_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
     except ProcessFailed as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}
@@ -105,13 +111,31 @@ def connections(
     cfg = ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
                                  heartbeat_interval=heartbeat_interval, timeout=timeout)
     try:
-        result = run_connections_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
+        with _interruptible():
+            result = run_connections_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
     except ProcessFailed as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}
     print(dumps(result), flush=True)
     if not result.get("ok"):
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C: the benchmark's processes are stopped on the way out."""
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("interrupted: every process of the benchmark was stopped", file=sys.stderr)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(app: typer.Typer) -> None:

@@ -100,6 +100,16 @@ def client(
         int | None, typer.Option(min=1, help="Torch CPU threads (default: torch's choice).", show_default=False)
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
+    debug_record_inputs: Annotated[
+        bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
+                           "encoded input of every round to STATE_DIR/debug/inputs/, so tests and benchmarks can "
+                           "check the aggregate exactly.", rich_help_panel="Debug")
+    ] = False,
+    debug_allow_insecure_plaintext: Annotated[
+        bool, typer.Option("--debug-allow-insecure-plaintext", help="INSECURE, benchmarks only (loopback "
+                           "coordinator): answer the coordinator's plaintext rounds (--debug-insecure-plaintext) "
+                           "with UNMASKED updates. Without it such rounds are refused.", rich_help_panel="Debug")
+    ] = False,
 ) -> None:
     """Host devices of a dataset, enrol them, and train with the coordinator.
 
@@ -138,6 +148,7 @@ def client(
         data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
+        debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
     )
     code = run_client(config)
     if code:

@@ -1,17 +1,28 @@
-"""`fedmask demo`: one secure-aggregation round among simulated devices.
+"""`fedmask demo`: a real federation on this machine, reported round by round.
 
-Runs the real secagg client and server states in this process (the in-process
-driver `secagg.testing.run_round`), with devices dropping at two stages, and
-prints who dropped where, whether the protocol's sum equals the plaintext sum
-bit for bit, how far the decoded mean is from the float mean, and timings.
+A coordinator (SQLite in a run folder) and edge-client processes (ML-100K
+users, one device each) on 127.0.0.1 train FedRAP for a few secure rounds
+with injected dropouts (each client process drops devices at another secagg
+stage), and every round is reported: survivors and dropouts per stage,
+stage timings, the aggregated validation metrics the devices reported, the
+model version it committed, the privacy budget, and a bit-for-bit check of
+the secure sum (debug instrumentation: the coordinator records a checksum of
+the sum, the clients the inputs they encoded). All processes are stopped on
+exit, Ctrl-C included.
+
+`fedmask secagg-demo` (or `fedmask demo --secagg-only`) is the earlier
+one-process demo of the secure-aggregation library alone.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
-
 
 _WHEN = {
     "advertise_keys": "never advertised keys",
@@ -20,14 +31,320 @@ _WHEN = {
     "consistency_check": "no consistency signature",
     "unmasking": "masked input sent, no unmasking",
 }
+_STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
+_DROP_STAGES = ("masked-input", "unmasking", "share-keys", "advertise-keys")
 
 
 def register(app: typer.Typer) -> None:
-    """Attach `fedmask demo` to the root app."""
+    """Attach `fedmask demo` and `fedmask secagg-demo` to the root app."""
     app.command("demo")(demo)
+    app.command("secagg-demo")(secagg_demo)
+
+
+# ============================================================ the federation demo
 
 
 def demo(
+    rounds: Annotated[int, typer.Option(min=1, help="Secure rounds to run.")] = 4,
+    devices: Annotated[int, typer.Option(min=4, help="Devices hosted (ML-100K users 1..N, one device each).")] = 160,
+    cohort: Annotated[int, typer.Option(min=3, help="Devices per round (before 20% over-selection).")] = 50,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.4, help="Dropout probability per selected device; "
+                                           "client process i drops at stage i of: masked-input, unmasking, "
+                                           "share-keys, advertise-keys.")] = 0.1,
+    model: Annotated[str, typer.Option(help="Model: fedrap, pfedrec, fedmf (implicit feedback).")] = "fedrap",
+    dataset: Annotated[str, typer.Option(help="Dataset under --data-dir (fetched when it is ml-100k and missing).")] = "ml-100k",
+    data_dir: Annotated[Path | None, typer.Option(envvar="FEDMASK_DATA_DIR", help="Datasets folder (default ./data).",
+                                                  show_default=False)] = None,
+    neighbors: Annotated[str, typer.Option(help="SecAgg graph: auto (SecAgg+), full (Bonawitz) or an even K.")] = "auto",
+    dp_mode: Annotated[str, typer.Option(help="Differential privacy: local (FedRAP paper: clip 0.1, z = 1), "
+                                         "distributed or none.")] = "local",
+    seed: Annotated[int, typer.Option(help="Seed of selection, splits and dropout draws.")] = 0,
+    keep: Annotated[Path | None, typer.Option(help="Run in this folder and keep it (logs, database, device state).",
+                                              show_default=False)] = None,
+    secagg_only: Annotated[bool, typer.Option("--secagg-only", help="Run the one-process secure-aggregation demo "
+                                              "instead (`fedmask secagg-demo`, with its defaults).")] = False,
+) -> None:
+    """Run a real federation on this machine and report every round.
+
+    Starts a coordinator (SQLite) and edge-client processes on 127.0.0.1;
+    the devices (ML-100K users) train the model locally and the coordinator
+    aggregates their updates with secure aggregation, while devices drop out
+    at several stages. Each round is reported as it ends: who survived and
+    who dropped at each stage, stage timings, the devices' aggregated
+    validation metrics, the committed model version and the privacy budget.
+    Everything is stopped on exit or Ctrl-C. Takes one to three minutes.
+    """
+    if secagg_only:
+        secagg_demo()
+        return
+    from rich.console import Console
+
+    console = Console()
+    if neighbors not in ("auto", "full") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
+        raise typer.BadParameter("auto, full or an even number", param_hint="--neighbors")
+    if dp_mode not in ("local", "distributed", "none"):
+        raise typer.BadParameter("local, distributed or none", param_hint="--dp-mode")
+    data_root = Path(data_dir) if data_dir is not None else Path("data")
+    _ensure_dataset(console, dataset, data_root)
+    from models.engine import ConfigError, load_interactions
+
+    try:
+        x = load_interactions(dataset, str(data_root), seed)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--dataset") from None
+    if devices > x.n_users:
+        raise typer.BadParameter(f"{dataset} has {x.n_users} users", param_hint="--devices")
+    selected = -(-cohort * 6 // 5)  # ceil(1.2 * cohort)
+    if 2 * selected > devices:
+        raise typer.BadParameter(f"host at least {2 * selected} devices for cohorts of {selected} (a device "
+                                 "sits out the round after it contributed)", param_hint="--devices")
+
+    workdir = Path(keep) if keep is not None else Path(tempfile.mkdtemp(prefix="fedmask-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        _run(console, workdir, x, dataset=dataset, data_root=data_root.resolve(), rounds=rounds, devices=devices,
+             cohort=cohort, client_processes=client_processes, dropout=dropout, model=model, neighbors=neighbors,
+             dp_mode=dp_mode, seed=seed)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/yellow]: every process of the demo was stopped")
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if keep is None:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            console.print(f"run folder kept: {workdir} (coordinator.log, client-*.log, coordinator.db)")
+
+
+def _raise_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _ensure_dataset(console: Any, dataset: str, data_root: Path) -> None:
+    if dataset != "ml-100k" or (data_root / "ml-100k").is_dir():
+        return
+    import subprocess
+    import sys
+
+    console.print(f"{data_root / 'ml-100k'} is missing: fetching it (fedmask data fetch ml-100k)")
+    rc = subprocess.run([sys.executable, "-m", "fedmask", "data", "fetch", "ml-100k", "--data-dir", str(data_root)],
+                        check=False).returncode
+    if rc != 0:
+        console.print("[red]could not fetch ml-100k[/red]; put it under DATA_DIR/ml-100k or pass --data-dir")
+        raise typer.Exit(1)
+
+
+def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, rounds: int, devices: int,
+         cohort: int, client_processes: int, dropout: float, model: str, neighbors: str, dp_mode: str,
+         seed: int) -> None:
+    from rich.table import Table
+
+    from coordinator.store import open_store
+    from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, health_serving, split_users, wait_until
+
+    port = free_port()
+    db = workdir / "coordinator.db"
+    coord_flags = {
+        "listen": f"{LOOPBACK}:{port}",
+        "database_url": f"sqlite:///{db}",
+        "model": model,
+        "model_params": {"n_users": int(x.n_users), "n_items": int(x.n_items)},
+        "cohort_size": cohort,
+        "cohort_minimum": cohort,
+        "over_selection": 0.2,
+        "rounds": rounds,
+        "seed": seed,
+        "selection_deadline": 20,
+        "training_deadline": 60,
+        "advertise_keys_deadline": 10,
+        "share_keys_deadline": 5,
+        "masked_input_deadline": 3,
+        "unmasking_deadline": 3,
+        "secagg_graph": neighbors,
+        "dp_mode": dp_mode,
+        "debug_record_sums": True,
+    }
+    users = split_users(1, devices, client_processes)
+    plan = [_DROP_STAGES[i % len(_DROP_STAGES)] for i in range(len(users))]
+    head = Table(title=f"fedmask demo: {model} on {dataset}, secure aggregation over gRPC (127.0.0.1)",
+                 show_header=False)
+    head.add_row("coordinator", f"port {port}, SQLite {db}")
+    head.add_row("devices", f"{devices} ({dataset} users 1-{devices}) in {len(users)} client process(es): "
+                 + ", ".join(f"users {u}" for u in users))
+    head.add_row("rounds", f"{rounds}, cohort {cohort} (+20% over-selected = {-(-cohort * 6 // 5)}), "
+                 f"graph {neighbors}, DP {dp_mode}")
+    head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
+                 + " (a dropped device goes silent; its stage waits for the deadline)")
+    head.add_row("deadlines", "training 60 s, advertise 10 s, share 5 s, masked input 3 s, unmasking 3 s")
+    console.print(head)
+
+    env = {"OMP_NUM_THREADS": "1", "FEDMASK_DATA_DIR": str(data_root)}
+    t0 = time.monotonic()
+    with ProcessGroup(workdir, env=env) as group:
+        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
+        with console.status("starting the coordinator ..."):
+            wait_until(lambda: health_serving(port), 60, what="the coordinator", watch=[coord], step=0.2)
+        for i, (u, stage) in enumerate(zip(users, plan, strict=True)):
+            group.start(f"client-{i}", ["client", *flags({
+                "coordinator": f"{LOOPBACK}:{port}", "users": u, "state_dir": workdir / f"client-{i}",
+                "dataset": dataset, "seed": seed, "drop_rate": dropout if dropout > 0 else None,
+                "drop_stage": stage if dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
+            })])
+        state_dirs = [workdir / f"client-{i}" for i in range(len(users))]
+        store = None
+        reported: set[int] = set()
+        records: list[Any] = []
+        try:
+            with console.status("clients enrolling their devices ...") as status:
+                while True:
+                    group.check_alive(*[c for c in group.children if c is not coord])
+                    if store is None and db.exists():
+                        try:
+                            store = open_store(f"sqlite:///{db}", migrate=False)
+                        except Exception:  # the schema is being created
+                            store = None
+                    current = None
+                    if store is not None:
+                        try:
+                            page = store.list_rounds(limit=rounds + 5).items
+                        except Exception:
+                            page = []
+                        for r in sorted(page, key=lambda r: r.number):
+                            if r.state.is_terminal and r.number not in reported:
+                                reported.add(r.number)
+                                records.append(r)
+                                console.print(_round_line(r, store, state_dirs))
+                            elif not r.state.is_terminal:
+                                current = r
+                    if current is not None:
+                        status.update(f"round {current.number}: {current.state.value.replace('_', ' ')} "
+                                      f"({len(current.survivors.get('selected', []))} devices) ...")
+                    elif not records:
+                        status.update("clients enrolling their devices, waiting for a full cohort ...")
+                    if not coord.alive():
+                        break
+                    time.sleep(0.3)
+            if coord.popen.returncode != 0:
+                console.print(f"[red]the coordinator exited with {coord.popen.returncode}[/red]:\n{coord.tail()}")
+                raise typer.Exit(1)
+            assert store is not None
+            for r in sorted(store.list_rounds(limit=rounds + 5).items, key=lambda r: r.number):
+                if r.state.is_terminal and r.number not in reported:
+                    records.append(r)
+                    console.print(_round_line(r, store, state_dirs))
+            console.print(_stage_table(records))
+            console.print(_metrics_table(records, store))
+            committed = sum(r.state.value == "committed" for r in records)
+            console.print(f"{committed} of {len(records)} rounds committed in {time.monotonic() - t0:.0f} s "
+                          "(process start-up included)")
+        finally:
+            if store is not None:
+                store.close()
+
+
+def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:
+    total = (r.ended_at - r.started_at).total_seconds() if r.ended_at else float("nan")
+    drops = ", ".join(f"{len(v)} at {k.replace('_', ' ')}" for k, v in r.dropouts.items() if v) or "none"
+    if r.state.value != "committed":
+        return (f"[red]round {r.number} aborted[/red] ({r.abort_reason}) after {total:.1f} s; "
+                f"cohort {r.cohort_size}, dropouts: {drops}")
+    version = next((v.id for v in store.list_model_versions(limit=50).items if v.round_number == r.number), None)
+    hr = r.metrics.get("val_hr@10")
+    exact = _exact(r, state_dirs)
+    return (f"[green]round {r.number} committed[/green] in {total:.1f} s: model v{version}, "
+            f"{int(r.metrics.get('contributors', 0))}/{r.cohort_size} devices in the sum, dropouts: {drops}"
+            + (f", val HR@10 {hr:.3f}" if hr is not None else "")
+            + f", secure sum {'[green]exact[/green]' if exact else '[red]NOT exact[/red]'}")
+
+
+def _exact(r: Any, state_dirs: list[Path]) -> bool:
+    import numpy as np
+
+    from coordinator.debug import encoded_checksum
+
+    counted = r.survivors.get("masked_input", [])
+    vecs = []
+    for d in counted:
+        for s in state_dirs:
+            p = s / "debug" / "inputs" / f"round-{r.number:06d}" / f"device-{d}.npy"
+            if p.exists():
+                vecs.append(np.load(p, allow_pickle=False))
+                break
+        else:
+            return False
+    if not vecs:
+        return False
+    total = np.sum(np.stack(vecs), axis=0, dtype=np.uint64).astype(np.uint32)
+    return encoded_checksum(total) == r.metrics.get("debug.encoded_checksum")
+
+
+def _stage_table(records: list[Any]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(title="per stage: devices that completed it [red](-dropped there)[/red], seconds it took",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("round", justify="right")
+    t.add_column("selected", justify="right")
+    for name in ("advertise\nkeys", "share\nkeys", "masked\ninput", "unmasking", "commit", "total"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for r in records:
+        cells = []
+        for s in _STAGES:
+            lost = len(r.dropouts.get(s, []))
+            alive = f"{len(r.survivors[s])}" if s in r.survivors else "-"
+            secs = f"{r.timings[s]:.2f} s" if s in r.timings else ""
+            cells.append(alive + (f" [red]-{lost}[/red]" if lost else "") + (f"\n{secs}" if secs else ""))
+        cells.append(f"{r.timings['aggregating']:.2f} s" if "aggregating" in r.timings else "-")
+        total = (r.ended_at - r.started_at).total_seconds() if r.ended_at else float("nan")
+        end = f"{total:.1f} s" if r.state.value == "committed" else f"[red]aborted[/red]\n{r.abort_reason}"
+        t.add_row(str(r.number), str(len(r.survivors.get("selected", []))), *cells, end)
+    return t
+
+
+def _metrics_table(records: list[Any], store: Any) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    versions = {v.round_number: v for v in store.list_model_versions(limit=100).items}
+    ledger = {e.round_number: e for e in store.privacy_ledger()}
+    t = Table(title="what the counted devices reported, summed (validation on their own held-out items)",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("round", "model", "in sum", "train\nexamples", "val\nHR@10", "val\nNDCG@10",
+                 "clipped", "epsilon\nround / total"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for r in records:
+        m = r.metrics
+        v = versions.get(r.number)
+        e = ledger.get(r.number)
+        n = m.get("count.devices") or m.get("contributors") or 0
+
+        def f(key: str, fmt: str = "{:.3f}") -> str:
+            return fmt.format(m[key]) if key in m else "-"
+
+        t.add_row(
+            str(r.number),
+            f"v{r.base_model_version}->v{v.id}" if v else f"v{r.base_model_version} kept",
+            f("contributors", "{:.0f}"),
+            f("count.examples", "{:.0f}"),
+            f("val_hr@10"),
+            f("val_ndcg@10"),
+            f"{m['sum.clipped']:.0f}/{n:.0f}" if "sum.clipped" in m and n else "-",
+            f"{e.epsilon:.2f} / {e.cumulative_epsilon:.2f}" if e else "-",
+        )
+    t.caption = ("clipped: updates clipped to the DP norm; epsilon of (epsilon, delta)-DP, per round and "
+                 "composed so far")
+    return t
+
+
+# ============================================================ the secagg-only demo (one process)
+
+
+def secagg_demo(
     clients: Annotated[int, typer.Option(min=3, help="Cohort size.")] = 20,
     dim: Annotated[int, typer.Option(min=1, help="Length of each device's update vector.")] = 1_000,
     neighbors: Annotated[
@@ -40,7 +357,7 @@ def demo(
     second_stage: Annotated[str, typer.Option(help="Second dropout stage.")] = "unmasking",
     seed: Annotated[int, typer.Option(help="Seed of updates, dropouts and keys.")] = 0,
 ) -> None:
-    """Run one secure-aggregation round among simulated devices and report it."""
+    """Run one secure-aggregation round among simulated devices in this process and report it."""
     import numpy as np
     from rich.console import Console
     from rich.table import Table

@@ -161,6 +161,13 @@ def register_simulate(app: typer.Typer) -> None:
         ] = None,
         dp_delta: Annotated[float, typer.Option(help="delta of the reported (epsilon, delta).")] = 1e-5,
         dp_accountant: Annotated[str, typer.Option(help="Privacy accountant: rdp or pld (dp-accounting).")] = "rdp",
+        dp_mode: Annotated[
+            str,
+            typer.Option(
+                help="local: every device adds N(0, (z tau)^2); distributed: N(0, (z tau)^2 / B) each, so only "
+                "the sum carries the full noise (needs --secagg)."
+            ),
+        ] = "local",
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         explicit: Annotated[
             bool, typer.Option("--explicit", help="Explicit ratings (fedmf only; fedmmf is always explicit): MSE, RMSE/MAE.")
@@ -211,6 +218,7 @@ def register_simulate(app: typer.Typer) -> None:
                 dp_clip=dp_clip,
                 dp_delta=dp_delta,
                 dp_accountant=dp_accountant,
+                dp_mode=dp_mode,
                 device=device,
                 explicit=explicit,
                 eval_every=eval_every,

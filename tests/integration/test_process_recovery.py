@@ -135,9 +135,9 @@ def test_coordinator_sigkill_mid_round_then_restart_resumes(procs: Processes, tm
         store.close()
 
     # the killed client found its unfinished round at start-up, declined it and wiped the secrets
-    if secrets_b:
-        assert "declining unfinished round 2" in b2.log()
-    assert not list(dirs[1].glob("devices/*/round.fms"))
+    if secrets_b:  # (a kill during the wipe itself leaves an unreadable secret: wiped too)
+        assert "declining unfinished round 2" in b2.log() or "unreadable round secret" in b2.log()
+    wait_until(lambda: not list(dirs[1].glob("devices/*/round.fms")), 10, what="the restarted client's secrets wiped")
 
 
 def _private(state_dir: Path, local_id: str) -> tuple[str, dict, dict]:
@@ -155,6 +155,7 @@ def test_client_crash_after_round_restarts_with_its_private_state(procs: Process
     coord = procs.start("coordinator", coordinator_args(
         port, db, model="fedrap", model_params={"n_users": 200, "n_items": 300, "k": 8, "local_epochs": 2},
         cohort_size=8, cohort_minimum=8, over_selection=0.0, allow_consecutive=True, rounds=2, seed=1,
+        round_pause=3,  # client A exits right after round 1: round 2 must then wait for its restart
         selection_deadline=60, training_deadline=60, advertise_keys_deadline=10, share_keys_deadline=10,
         masked_input_deadline=10, unmasking_deadline=10, secagg_graph="full", secagg_threshold="majority",
         dp_mode="none",
@@ -180,7 +181,7 @@ def test_client_crash_after_round_restarts_with_its_private_state(procs: Process
         # the state written in the last round the client completed, from the version that round started on
         assert meta["round_number"] == 1, (lid, meta)
         assert meta["model_version"] == r1.base_model_version
-    assert not list(dir_a.glob("devices/*/round.fms"))  # nothing unfinished: it crashed after the round
+    # (a round secret whose background wipe the abrupt exit cut short may remain: the restart declines it)
 
     a2 = procs.start("client-a", client_args(port, "1-4", dir_a, dataset="synthetic", seed=3, threads=1))
     coord.wait(180)
@@ -201,3 +202,4 @@ def test_client_crash_after_round_restarts_with_its_private_state(procs: Process
         assert set(arrays1) == set(arrays0)
         assert any(not np.array_equal(arrays0[k], arrays1[k]) for k in arrays0)
     assert "re-initialising" not in a2.log()  # the stored state was used, not a fresh one
+    wait_until(lambda: not list(dir_a.glob("devices/*/round.fms")), 10, what="every round secret wiped")

@@ -207,3 +207,25 @@ def test_secagg_gives_the_plain_mean_up_to_fixed_point(x, monkeypatch: pytest.Mo
     step = 2 * 32.0 / ((2**32 - 1) // 12)
     assert torch.allclose(means["plain"][0], means["secure"][0], atol=step)
     assert b["best_val"]["hr@10"] == pytest.approx(a["best_val"]["hr@10"], abs=0.05)
+
+
+def test_distributed_dp_needs_secagg_and_splits_the_noise(x, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="needs --secagg"):
+        run(x, dp_noise=1.0, dp_clip=0.1, dp_mode="distributed")
+    with pytest.raises(ConfigError, match="dp-mode"):
+        run(x, dp_noise=1.0, dp_clip=0.1, dp_mode="central")
+    seen: list[float] = []
+    real = engine.SecureAggregator.mean if hasattr(engine, "SecureAggregator") else None
+    import models.privacy as privacy
+
+    orig = privacy.privatize
+
+    def spy(updates, *, clip, noise_multiplier, generator):
+        seen.append(noise_multiplier)
+        return orig(updates, clip=clip, noise_multiplier=noise_multiplier, generator=generator)
+
+    monkeypatch.setattr(privacy, "privatize", spy)
+    res = run(x, model="fedmf", rounds=1, dp_noise=1.0, dp_clip=0.1, dp_mode="distributed", secagg=True,
+              clients_per_round=16, params={"k": 4})  # fmt: skip
+    assert seen == [pytest.approx(1.0 / 4.0)] and res["dp"]["mode"] == "distributed"
+    assert real is not None and res["epsilon"] > 0

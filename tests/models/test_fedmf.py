@@ -31,7 +31,9 @@ def test_explicit_contract_and_exact_step() -> None:
     mask = torch.tensor([[True, True, True], [True, True, False]])
     ratings = torch.tensor([[5.0, 1.0, 3.0], [4.0, 2.0, 0.0]])
     data = CohortData(users=torch.arange(2), items=items, mask=mask, lengths=mask.sum(1), ratings=ratings)
-    m = FedMFExplicit(2, 5, k=3, local_epochs=2, lr_user=0.2, lr_item=0.1, reg=0.05, item_bias=True, center=3.0)
+    m = FedMFExplicit(
+        2, 5, k=3, local_epochs=2, lr_user=0.2, lr_item=0.1, reg=0.05, item_bias=True, center=3.0, user_solver="gd"
+    )
     assert m.kind == "explicit" and m.update_dim == 5 * 3 + 5
     g0 = m.init_global(gen())
     g0["bq"] = torch.randn(5, generator=gen(9)) * 0.1

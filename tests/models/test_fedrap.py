@@ -225,3 +225,16 @@ def test_learns_on_synthetic_data() -> None:
     assert res["test"]["hr@10"] > 0.3
     assert 0.03 < res["placebo"]["hr@10"] < 0.2
     assert res["summary"]["c_zero_fraction"] > 0.0  # the L1 prox is at work
+
+
+def test_update_scale_only_changes_the_unit(synth_split) -> None:
+    s = synth_split
+    data = cohort_data(s, list(range(20)))
+    a = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1)
+    b = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1, update_scale=7.0)
+    g0 = a.init_global(gen())
+    p0 = a.init_private(data, g0, gen(1))
+    _, ua = a.local_update(g0, p0, data, 4, gen(2))
+    _, ub = b.local_update(g0, p0, data, 4, gen(2))
+    assert torch.allclose(ub * 7.0, ua, atol=1e-5)
+    assert torch.allclose(a.apply_mean_update(g0, ua.mean(0), 4)["C"], b.apply_mean_update(g0, ub.mean(0), 4)["C"], atol=1e-5)

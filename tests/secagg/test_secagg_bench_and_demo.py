@@ -1,4 +1,4 @@
-"""The benchmark's command line and the `fedmask demo` command."""
+"""The benchmark's command line and the `fedmask secagg-demo` command."""
 
 from __future__ import annotations
 
@@ -61,8 +61,11 @@ def test_demo_command() -> None:
 
     from fedmask.cli import app
 
-    result = CliRunner().invoke(app, ["demo", "--clients", "12", "--dim", "50"])
+    # the one-process secagg demo is `fedmask secagg-demo` (`fedmask demo` runs a real federation)
+    result = CliRunner().invoke(app, ["secagg-demo", "--clients", "12", "--dim", "50"])
     assert result.exit_code == 0, result.output
     assert "exact sum" in result.output and "yes" in result.output
-    bad = CliRunner().invoke(app, ["demo", "--first-stage", "nowhere"])
+    bad = CliRunner().invoke(app, ["secagg-demo", "--first-stage", "nowhere"])
     assert bad.exit_code != 0
+    only = CliRunner().invoke(app, ["demo", "--secagg-only"])
+    assert only.exit_code == 0 and "exact sum" in only.output, only.output

@@ -1,0 +1,59 @@
+"""The coordinator's INSECURE plaintext rounds (benchmark baseline) are
+answered only by a client started with --debug-allow-insecure-plaintext; any
+other client withdraws its devices (AbortNotice PROTOCOL_VIOLATION) and
+sends nothing of its updates. With the opt-in, a device sends exactly its
+encoded update, unmasked, and records it with --debug-record-inputs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
+from fedmask_proto.v1 import common_pb2
+
+PLAINTEXT = {"insecure_plaintext": True, "seed": 5}
+
+
+def test_a_client_refuses_plaintext_rounds_without_the_opt_in(tmp_path: Path) -> None:
+    async def go() -> None:
+        fake = FakeCoordinator()
+        await fake.start()
+        async with RunningClient(fake, tmp_path, users="1-3"):
+            s = await fake.wait_stream()
+            res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
+                                       commit=False)
+            assert not res.ok
+            assert [a.reason for a in res.aborts] == [common_pb2.ABORT_REASON_PROTOCOL_VIOLATION]
+            assert "plaintext" in res.aborts[0].detail
+            kinds = {m.WhichOneof("message") for m in fake.received}
+            assert not kinds & {"advertise_keys", "masked_input"}
+        await fake.stop()
+
+    run_async(go())
+
+
+def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> None:
+    async def go() -> None:
+        fake = FakeCoordinator()
+        await fake.start()
+        async with RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True,
+                                 debug_record_inputs=True):
+            s = await fake.wait_stream()
+            # the fake drives secagg stages: it sees MaskedInputs where it expects AdvertiseKeys
+            await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3, commit=False)
+            for _ in range(50):
+                got = [m.masked_input for m in fake.received if m.WhichOneof("message") == "masked_input"]
+                if len(got) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert sorted(m.device_id for m in got) == [1, 2, 3]
+            for m in got:
+                rec = np.load(tmp_path / "debug" / "inputs" / f"round-{m.round_number:06d}" / f"device-{m.device_id}.npy")
+                assert np.frombuffer(m.masked_vector, dtype="<u4").tolist() == rec.tolist()
+            assert not [m for m in fake.received if m.WhichOneof("message") == "advertise_keys"]
+        await fake.stop()
+
+    run_async(go())

@@ -1,0 +1,64 @@
+"""Smoke runs of the commands that start federations themselves:
+`fedmask bench round` (secure and INSECURE plaintext rounds, both checked
+bit for bit), `fedmask bench connections` and `fedmask demo` (tiny sizes;
+the synthetic dataset, so no download is needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from integration_harness import Processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+def _fedmask_processes() -> set[str]:
+    if shutil.which("pgrep") is None:  # no procps: nothing to compare
+        return set()
+    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client)"], capture_output=True, text=True).stdout
+    return {line for line in out.splitlines() if line}
+
+
+def _last_json(proc) -> dict:
+    lines = [ln for ln in proc.log().splitlines() if ln.startswith("{")]
+    assert lines, proc.tail()
+    return json.loads(lines[-1])
+
+
+def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
+    before = _fedmask_processes()
+    p = procs.start("bench-round", ["bench", "round", "--devices", "6", "--client-processes", "2", "--dim", "64",
+                                    "--rounds", "2", "--dropout", "0.2", "--masked-input-deadline", "1.0"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["dropouts_as_injected"] is True
+    assert r["secure_round_s_median"] > 0 and r["plaintext_round_s_median"] > 0 and r["coordinator_rss_mb"] > 0
+    assert all(d["exact"] for d in r["secure_detail"] + r["plaintext_detail"])
+    assert all("unmasking" in d["timings"] for d in r["secure_detail"])
+    assert all(set(d["timings"]) == {"masked_input", "aggregating"} for d in r["plaintext_detail"])
+    assert _fedmask_processes() <= before  # the benchmark cleaned up after itself
+
+
+def test_bench_connections(procs: Processes) -> None:
+    p = procs.start("bench-conn", ["bench", "connections", "--devices", "30", "--client-processes", "2",
+                                   "--hold", "1", "--heartbeat-interval", "0.5"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["admitted"] == 30 and 0 < r["coordinator_rss_mb"] < 1024
+
+
+def test_demo_runs_a_federation_and_reports_it(procs: Processes, tmp_path: Path) -> None:
+    before = _fedmask_processes()
+    p = procs.start("demo", ["demo", "--rounds", "2", "--devices", "30", "--cohort", "10", "--dataset", "synthetic",
+                             "--dropout", "0.2", "--keep", str(tmp_path / "run")])
+    assert p.wait(120) == 0, p.tail()
+    out = " ".join(p.log().split())  # rich wraps long lines
+    assert "round 1 committed" in out and "round 2 committed" in out and "secure sum exact" in out
+    assert "per stage" in out and "2 of 2 rounds committed" in out
+    assert (tmp_path / "run" / "coordinator.db").exists()
+    assert _fedmask_processes() <= before
