@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.data.fetch import SOURCES, invalid_files
 from models.data.loaders import (
     DataFormatError,
     DatasetNotFoundError,
@@ -22,7 +21,6 @@ from models.data.loaders import (
 )
 from models.data.types import Interactions
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def write(path: Path, text: str, encoding: str = "utf-8") -> Path:
@@ -331,15 +329,8 @@ def test_filter_users(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ the real ML-100K
 
-ML100K = REPO / "data" / "ml-100k"
-
-
-@pytest.mark.skipif(
-    not ML100K.is_dir() or bool(invalid_files(SOURCES["ml-100k"], ML100K)),
-    reason="data/ml-100k absent (run `fedmask data fetch ml-100k`); test_data_fetch downloads it anyway",
-)
-def test_real_ml100k_loads() -> None:
-    x = load_dataset("ml-100k", REPO / "data")
+def test_real_ml100k_loads(ml100k_data_dir: Path) -> None:
+    x = load_dataset("ml-100k", ml100k_data_dir)
     check_invariants(x)
     assert (x.n_users, x.n_items, len(x.user)) == (943, 1682, 100_000)
     assert np.bincount(x.user).min() >= 20

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -115,19 +114,3 @@ def test_edge_cases() -> None:
     assert torch.all(neg == 2)
     with pytest.raises(ValueError, match="item ids"):
         sample_negatives_padded(torch.tensor([[7]]), torch.tensor([1]), 5, 1, g)
-
-
-def test_speed_ml100k_sized() -> None:
-    # 943 users x ~106 positives x 4 negatives, like ML-100K
-    x = synthetic(943, 1682, seed=0, mean_interactions=106, max_interactions=700)
-    c = cohort_data(leave_one_out(x, 0), np.arange(943))
-    g = torch.Generator().manual_seed(0)
-    sample_negatives(c, 1682, 4, g)  # warm-up
-    best = min(_timed(lambda: sample_negatives(c, 1682, 4, g)) for _ in range(5))
-    assert best < 0.1, best
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t

@@ -1,0 +1,23 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def ml100k_data_dir() -> Path:
+    """The data folder holding a verified `ml-100k/`.
+
+    Fetched the documented way (the recbole wheel from PyPI, hashes checked)
+    when absent, so tests that need the real data never skip.
+    """
+    from models.data.fetch import fetch_dataset
+
+    data_dir = REPO / "data"
+    fetch_dataset("ml-100k", data_dir)  # idempotent: verifies hashes, downloads only if needed
+    return data_dir
