@@ -22,3 +22,65 @@ class ProtocolViolation(CoordinatorError):
 
 class Unavailable(CoordinatorError):
     """The coordinator is starting or shutting down (UNAVAILABLE)."""
+
+
+# ---------------------------------------------------------------- device requests
+# Raised by `Coordinator.request_top_k` (the relay of DeviceRequests over the
+# session stream, coordinator/relay.py) to its in-process callers (the admin
+# service). No RPC maps them to status codes yet.
+
+
+class DeviceRequestError(CoordinatorError):
+    """Base of the errors of a request relayed to a device."""
+
+
+class DeviceNotConnected(DeviceRequestError):
+    """No open session stream hosts the device, so nothing was sent."""
+
+    def __init__(self, device_id: int, detail: str = "no open session hosts it") -> None:
+        super().__init__(f"device {device_id} is not connected: {detail}")
+        self.device_id = device_id
+
+
+class UnknownDevice(DeviceNotConnected):
+    """The device id was never enrolled with this coordinator."""
+
+    def __init__(self, device_id: int) -> None:
+        super().__init__(device_id, "no such enrolled device")
+
+
+class DeviceDisconnected(DeviceNotConnected):
+    """The request was sent, then the stream hosting the device closed (or
+    the coordinator shut down) before the answer came."""
+
+    def __init__(self, device_id: int, why: str) -> None:
+        super().__init__(device_id, f"its session closed before it answered ({why})")
+
+
+class DeviceTimeout(DeviceRequestError):
+    """The device did not answer within the request's timeout."""
+
+    def __init__(self, device_id: int, timeout_s: float) -> None:
+        super().__init__(f"device {device_id} did not answer within {timeout_s:g} s")
+        self.device_id = device_id
+        self.timeout_s = timeout_s
+
+
+class DeviceAnswerError(DeviceRequestError):
+    """The device answered with a DeviceError. `code` is the lower-case
+    DeviceErrorCode suffix ("not_ready", "invalid_argument", ...)."""
+
+    def __init__(self, device_id: int, code: str, message: str) -> None:
+        super().__init__(f"device {device_id} answered {code}: {message}" if message else f"device {device_id} answered {code}")
+        self.device_id = device_id
+        self.code = code
+        self.device_message = message
+
+
+class InvalidDeviceAnswer(DeviceRequestError):
+    """The device's answer breaks the message contract (wrong kind, lengths,
+    order or item ids); it is dropped, the stream goes on."""
+
+    def __init__(self, device_id: int, why: str) -> None:
+        super().__init__(f"device {device_id} sent an invalid answer: {why}")
+        self.device_id = device_id

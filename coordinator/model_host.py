@@ -39,6 +39,9 @@ class ServerModel(Protocol):
     name: str
     #: Length of the flat update every device sends (secagg vector_length).
     update_dim: int
+    #: Items in the catalogue (the bound of a top-k query); None for a
+    #: model without items (synthetic).
+    n_items: int | None
 
     def hyperparameters(self) -> dict[str, Any]:
         """JSON-able hyper-parameters sent in every RoundTask (devices build
@@ -70,6 +73,10 @@ class SyntheticModel:
     def update_dim(self) -> int:
         return self.vector_length
 
+    @property
+    def n_items(self) -> None:
+        return None
+
     def hyperparameters(self) -> dict[str, Any]:
         return {"vector_length": self.vector_length}
 
@@ -94,6 +101,10 @@ class RecommenderModel:
     @property
     def update_dim(self) -> int:
         return int(self.model.update_dim)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.config["n_items"])
 
     def hyperparameters(self) -> dict[str, Any]:
         return dict(self.config)

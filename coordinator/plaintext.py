@@ -81,17 +81,10 @@ class PlaintextRoundMachine(RoundMachine):
     # ------------------------------------------------------------ events
 
     def handle(self, device_id: int, message: Any, now: float) -> list[Action]:
+        screened = self._screen(device_id, message, now)
+        if screened is not None:
+            return screened
         kind = type(message).__name__
-        if message.session_id != self.session_id or message.round_number != self.number:
-            return [self._log("message_discarded", device=device_id, kind=kind, why="another round or session")]
-        if not self.phase.is_collecting:
-            return [self._log("message_discarded", device=device_id, kind=kind, why=f"round is {self.phase.value}")]
-        if message.device_id != device_id:
-            return self._drop(device_id, P.ABORT_REASON_PROTOCOL_VIOLATION, "device_id does not match the sender", now)
-        if not self.ids.has_device(device_id):
-            return [self._log("message_discarded", device=device_id, kind=kind, why="not in this round's cohort")]
-        if device_id in self._out:
-            return [self._log("message_discarded", device=device_id, kind=kind, why="device already left the round")]
         if isinstance(message, P.AbortNotice):
             self._pending.discard(device_id)
             self._mark_out(device_id, f"client_abort:{reason_name(message.reason)}")

@@ -252,9 +252,10 @@ class RoundMachine:
         self.deadline = now + self.deadlines[self.phase.value]
         return [PhaseChanged(self.phase), self._log("stage_opened", stage=self.phase.value, devices=len(self.cohort))]
 
-    def handle(self, device_id: int, message: Any, now: float) -> list[Action]:
-        """One stage message (unwrapped proto) from the authenticated
-        `device_id` (the runner checked that the session hosts it)."""
+    def _screen(self, device_id: int, message: Any, now: float) -> list[Action] | None:
+        """The checks every round-scoped message passes first (also in the
+        plaintext machine): the actions that end its handling (discarded,
+        or its sender dropped), or None to go on."""
         kind = type(message).__name__
         if message.session_id != self.session_id or message.round_number != self.number:
             return [self._log("message_discarded", device=device_id, kind=kind, why="another round or session")]
@@ -266,6 +267,15 @@ class RoundMachine:
             return [self._log("message_discarded", device=device_id, kind=kind, why="not in this round's cohort")]
         if device_id in self._out:
             return [self._log("message_discarded", device=device_id, kind=kind, why="device already left the round")]
+        return None
+
+    def handle(self, device_id: int, message: Any, now: float) -> list[Action]:
+        """One stage message (unwrapped proto) from the authenticated
+        `device_id` (the runner checked that the session hosts it)."""
+        screened = self._screen(device_id, message, now)
+        if screened is not None:
+            return screened
+        kind = type(message).__name__
         stage = _MESSAGE_STAGE.get(type(message))
         current = _STAGE_INDEX[self.phase]
         if stage is not None and stage < current:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -78,9 +79,12 @@ async def set_serving(health_servicer: object, serving: bool) -> None:
 
 
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None, grace: float = 5.0) -> int:
+                stop: asyncio.Event | None = None, grace: float = 5.0,
+                on_ready: Callable[[Coordinator, int], None] | None = None) -> int:
     """Run the coordinator until `settings.rounds` are done or a signal
-    (or `stop`) arrives. Returns the exit code."""
+    (or `stop`) arrives. Returns the exit code. Once serving, `on_ready` gets
+    the Coordinator and the bound port (in-process callers of its API, such
+    as `request_top_k`, and tests), then `ready` is set."""
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     own_store = store is None
     store = store if store is not None else open_store(settings.database_url)
@@ -98,6 +102,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        if on_ready is not None:
+            on_ready(coordinator, port)
         if ready is not None:
             ready.set()
         rounds = asyncio.create_task(coordinator.run(), name="fedmask-rounds")

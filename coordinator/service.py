@@ -11,6 +11,10 @@ model step go to worker threads. The gRPC servicer only calls:
 
 and drains `session.outbox` (ServerMessage, or a StreamEnd that ends the
 stream with a status). Errors are `coordinator.errors` exceptions.
+
+In-process callers (the admin) relay queries to a device over its stream:
+
+    answer = await coordinator.request_top_k(device_id, k, exclude_seen=True, timeout_s=10)
 """
 
 from __future__ import annotations
@@ -33,10 +37,19 @@ import numpy as np
 from google.protobuf import timestamp_pb2
 
 from coordinator.debug import debug_metrics
-from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation, Unavailable
+from coordinator.errors import (
+    DeviceNotConnected,
+    DeviceRequestError,
+    InvalidArgument,
+    PermissionDenied,
+    ProtocolViolation,
+    Unavailable,
+    UnknownDevice,
+)
 from coordinator.logs import log_event
 from coordinator.model_host import SYNTHETIC, ServerModel
 from coordinator.plaintext import PLAINTEXT_HYPERPARAMETER, PlaintextRoundMachine
+from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
 from coordinator.rounds import (
     AggregateReady,
     Broadcast,
@@ -226,6 +239,7 @@ class Coordinator:
         self._stopping = False
         self.rounds_run = 0
         self._reaper: asyncio.Task | None = None
+        self._requests = PendingRequests(token=token_source)
 
     # ================================================================== lifecycle
 
@@ -281,6 +295,7 @@ class Coordinator:
         self._round_event.set()
         if self._reaper is not None:
             self._reaper.cancel()
+        self._requests.fail_all("coordinator shutting down")
         msg = session_pb2.ServerMessage(
             shutdown=session_pb2.ServerShutdown(reason=reason, retry_after=seconds_to_duration(retry_after))
         )
@@ -441,7 +456,8 @@ class Coordinator:
             return
         session.closed = True
         self._forget_session(session)
-        log_event("session_closed", session=session.sid, why=why)
+        failed = self._requests.fail_session(session.sid, why)
+        log_event("session_closed", session=session.sid, why=why, **({"pending_requests_failed": failed} if failed else {}))
 
     async def handle(self, session: ClientSession, message: session_pb2.ClientMessage) -> None:
         """One message from the stream after Hello."""
@@ -467,7 +483,7 @@ class Coordinator:
             self._on_metrics(session, message.round_metrics)
             return
         if kind == "device_response":
-            log_event("device_response_ignored", session=session.sid, device=message.device_response.device_id)
+            self._requests.resolve(session.sid, message.device_response)
             return
         if kind in _STAGE_MESSAGES:
             self._on_stage_message(session, getattr(message, kind))
@@ -515,6 +531,44 @@ class Coordinator:
                         self.close_session(s, "silent")
         except asyncio.CancelledError:
             pass
+
+    # ================================================================== device requests
+
+    async def request_top_k(self, device_id: int, k: int, *, exclude_seen: bool = True,
+                            timeout_s: float = DEFAULT_TIMEOUT_S) -> TopKAnswer:
+        """The device's top-k recommendation, computed on the device from its
+        private parameters and relayed over the stream hosting it.
+
+        Raises InvalidArgument (k not in 1..n_items, bad timeout, a model
+        without items; nothing is sent), UnknownDevice (never enrolled) or
+        DeviceNotConnected (no open stream hosts it), DeviceTimeout,
+        DeviceDisconnected (its stream closed first), DeviceAnswerError (the
+        device answered with an error code), InvalidDeviceAnswer, and
+        Unavailable (starting or shutting down)."""
+        self._check_running()
+        n_items = self.model.n_items
+        check_top_k(k, n_items=n_items, timeout_s=timeout_s)
+        assert n_items is not None
+        session = self._owner.get(device_id)
+        if session is None or session.closed:
+            raise DeviceNotConnected(device_id) if device_id in self._devices else UnknownDevice(device_id)
+        pending = self._requests.open(session.sid, device_id, "top_k")
+        t0 = self._clock()
+        outcome = "ok"
+        try:
+            session.send(top_k_request(pending.correlation_id, device_id, k=k, exclude_seen=exclude_seen,
+                                       timeout_s=timeout_s))
+            response = await self._requests.wait(pending, timeout_s)
+            return top_k_answer(response, k=k, n_items=n_items)
+        except DeviceRequestError as exc:
+            outcome = type(exc).__name__
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            log_event("device_request", session=session.sid, device=device_id, kind="top_k", k=k,
+                      exclude_seen=exclude_seen, outcome=outcome, seconds=f"{self._clock() - t0:.3f}")
 
     # ================================================================== actions
 
@@ -797,6 +851,7 @@ class Coordinator:
 __all__ = [
     "ClientSession",
     "Coordinator",
+    "TopKAnswer",
     "StreamEnd",
     "max_receive_message_bytes",
     "secagg_config_for",

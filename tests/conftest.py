@@ -8,6 +8,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The throwaway PostgreSQL server (postgresql_server, postgresql_url) for
+# every package's tests: tests/conftest_pg.py, imported as a plugin once.
+pytest_plugins = ("conftest_pg",)
+
 
 @pytest.fixture(scope="session")
 def ml100k_data_dir() -> Path:

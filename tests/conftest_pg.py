@@ -1,5 +1,5 @@
-"""A throwaway PostgreSQL server for tests (fixtures imported by
-tests/coordinator/conftest.py).
+"""A throwaway PostgreSQL server for tests (a plugin of tests/conftest.py,
+so its fixtures serve every test package).
 
 Fixtures:
   postgresql_server  session scope: initdb into a fresh temp dir, start the

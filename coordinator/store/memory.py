@@ -29,7 +29,7 @@ from coordinator.store.records import (
     sha256_hex,
     utc_now,
 )
-from coordinator.store.summaries import page_of, summarize_privacy, validate_limit
+from coordinator.store.summaries import check_commit_args, page_of, summarize_privacy, validate_limit
 
 
 @dataclass(slots=True)
@@ -169,7 +169,7 @@ class InMemoryStore:
         new_model_version: NewModelVersion,
         privacy_entry: PrivacyEntry | None,
     ) -> ModelVersionSummary:
-        _check_commit_args(round_record, privacy_entry)
+        check_commit_args(round_record, privacy_entry)
         with self._lock:
             self._check_writable(round_record)
             if privacy_entry is not None and round_record.number in self._state.ledger:
@@ -229,15 +229,6 @@ class InMemoryStore:
 
     def close(self) -> None:
         """Nothing to release."""
-
-
-def _check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
-    if record.state is not RoundState.COMMITTED:
-        raise InvalidRecordError(f"commit_round got state {record.state}")
-    if entry is not None and entry.round_number != record.number:
-        raise InvalidRecordError(
-            f"privacy entry is for round {entry.round_number}, not round {record.number}"
-        )
 
 
 def _copy_round(record: RoundRecord) -> RoundRecord:

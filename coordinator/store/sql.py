@@ -40,7 +40,7 @@ from coordinator.store.records import (
     sha256_hex,
     utc_now,
 )
-from coordinator.store.summaries import page_of, summarize_privacy, validate_limit
+from coordinator.store.summaries import check_commit_args, page_of, summarize_privacy, validate_limit
 
 _TERMINAL = (RoundState.COMMITTED.value, RoundState.ABORTED.value)
 
@@ -215,12 +215,7 @@ class SqlStore:
         new_model_version: NewModelVersion,
         privacy_entry: PrivacyEntry | None,
     ) -> ModelVersionSummary:
-        if round_record.state is not RoundState.COMMITTED:
-            raise InvalidRecordError(f"commit_round got state {round_record.state}")
-        if privacy_entry is not None and privacy_entry.round_number != round_record.number:
-            raise InvalidRecordError(
-                f"privacy entry is for round {privacy_entry.round_number}, not round {round_record.number}"
-            )
+        check_commit_args(round_record, privacy_entry)
         with self._tx() as s:  # one transaction: all three writes or none
             self._write_round(s, round_record)
             model = self._insert_model(s, new_model_version, round_record.number)

@@ -6,11 +6,19 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from coordinator.store.errors import InvalidRecordError
-from coordinator.store.records import Page, PrivacyEntry, PrivacySummary
+from coordinator.store.records import Page, PrivacyEntry, PrivacySummary, RoundRecord, RoundState
 
 T = TypeVar("T")
 
 MAX_PAGE = 1000
+
+
+def check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
+    """What `Store.commit_round` requires of its arguments (InvalidRecordError)."""
+    if record.state is not RoundState.COMMITTED:
+        raise InvalidRecordError(f"commit_round got state {record.state}")
+    if entry is not None and entry.round_number != record.number:
+        raise InvalidRecordError(f"privacy entry is for round {entry.round_number}, not round {record.number}")
 
 
 def validate_limit(limit: int) -> None:

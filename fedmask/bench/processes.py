@@ -1,6 +1,7 @@
 """Start a coordinator and edge-client processes on 127.0.0.1 and clean them up.
 
-Used by `fedmask bench ...` and `fedmask demo`. Every process is
+Used by `fedmask bench ...`, `fedmask demo` and the process-level tests
+(tests/integration/integration_harness.py builds on it). Every process is
 `sys.executable -m fedmask ...` in its own process group (so its children
 die with it), with stdout+stderr in a log file of the run's folder.
 `ProcessGroup.close()` stops them all (SIGTERM, then SIGKILL after a grace
@@ -62,6 +63,14 @@ def rss_mb(pid: int, key: str = "VmRSS") -> float | None:
     return None
 
 
+def read_log(path: Path) -> str:
+    """The text of a log file ("" while it does not exist)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 class ProcessFailed(RuntimeError):
     pass
 
@@ -81,15 +90,41 @@ class Child:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def log(self) -> str:
+        return read_log(self.log_path)
+
     def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return "\n".join(self.log().splitlines()[-lines:])
 
     def signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> int:
+        """SIGKILL the whole process group and reap it."""
+        self.signal_group(signal.SIGKILL)
+        return self.popen.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM the process group, then SIGKILL after `timeout` seconds."""
+        if self.alive():
+            self.signal_group(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill()
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; ProcessFailed (with the log tail) if still running after `timeout`."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ProcessFailed(f"{self.name} still running after {timeout:.0f}s; log tail:\n{self.tail()}") from None
 
     def sample_rss(self) -> None:
         for key in ("VmHWM", "VmRSS"):
@@ -150,14 +185,7 @@ class ProcessGroup:
                 raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode}; log tail:\n{c.tail()}")
 
     def stop(self, child: Child, grace: float = 10.0) -> int:
-        if child.alive():
-            child.signal_group(signal.SIGTERM)
-            try:
-                return child.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        child.signal_group(signal.SIGKILL)
-        return child.popen.wait(10)
+        return child.stop(grace)
 
     def close(self, grace: float = 8.0) -> None:
         self._stop_sampling.set()
@@ -175,6 +203,8 @@ class ProcessGroup:
 
 def wait_until(pred: Callable[[], Any], timeout: float, *, what: str, watch: Iterable[Child] = (),
                step: float = 0.1) -> Any:
+    """Poll `pred` until truthy (returned); ProcessFailed early when a
+    watched process died, or after `timeout` (with the watched log tails)."""
     end = time.monotonic() + timeout
     watch = list(watch)
     while True:
@@ -186,22 +216,31 @@ def wait_until(pred: Callable[[], Any], timeout: float, *, what: str, watch: Ite
                 raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode} while waiting for {what}; "
                                     f"log tail:\n{c.tail()}")
         if time.monotonic() > end:
-            raise ProcessFailed(f"timed out after {timeout:.0f}s waiting for {what}")
+            tails = "".join(f"\n--- {c.name}\n{c.tail(25)}" for c in watch)
+            raise ProcessFailed(f"timed out after {timeout:.0f}s waiting for {what}{tails}")
         time.sleep(step)
 
 
-def health_serving(port: int, timeout: float = 2.0) -> bool:
+def health_status(port: int, *, service: str = "", timeout: float = 2.0, credentials: Any = None) -> str | None:
+    """The grpc.health.v1 status name ("SERVING", ...) of `service` ("" = the
+    server) on 127.0.0.1:port, or None if unreachable. `credentials`: grpc
+    channel credentials (TLS); plaintext without."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    channel = grpc.insecure_channel(f"{LOOPBACK}:{port}")
+    target = f"{LOOPBACK}:{port}"
+    channel = grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
     try:
-        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-        return resp.status == health_pb2.HealthCheckResponse.SERVING
+        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError:
-        return False
+        return None
     finally:
         channel.close()
+
+
+def health_serving(port: int, timeout: float = 2.0) -> bool:
+    return health_status(port, timeout=timeout) == "SERVING"
 
 
 def split_users(first: int, count: int, parts: int) -> list[str]:
@@ -231,6 +270,7 @@ def write_user_csv(path: Path, n_users: int, *, n_items: int = 60, per_user: int
 
 
 __all__ = [
-    "Child", "LOOPBACK", "ProcessFailed", "ProcessGroup", "flags", "free_port", "health_serving", "rss_mb",
+    "Child", "LOOPBACK", "ProcessFailed", "ProcessGroup", "flags", "free_port", "health_serving", "health_status",
+    "read_log", "rss_mb",
     "split_users", "wait_until", "write_user_csv",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -59,16 +59,12 @@ def round_(
     plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the
     deadlines and per-round details.
     """
-    from rich.console import Console
-
-    from fedmask.bench.federation import RoundBenchConfig, dumps, run_round_bench
-    from fedmask.bench.processes import ProcessFailed
+    from fedmask.bench.federation import RoundBenchConfig, run_round_bench
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
     if neighbors not in ("all", "auto") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
         raise typer.BadParameter("'all', 'auto' or an even number", param_hint="--neighbors")
-    err = Console(stderr=True)
     cfg = RoundBenchConfig(
         devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
@@ -76,15 +72,7 @@ def round_(
         share_keys_deadline=share_keys_deadline, masked_input_deadline=masked_input_deadline,
         unmasking_deadline=unmasking_deadline, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
     )
-    try:
-        with _interruptible():
-            result = run_round_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
-    except ProcessFailed as exc:
-        err.print(f"bench failed: {exc}", markup=False)
-        result = {"ok": False, "error": str(exc).splitlines()[0]}
-    print(dumps(result), flush=True)
-    if not result.get("ok"):
-        raise typer.Exit(1)
+    _run_and_report(lambda log: run_round_bench(cfg, log=log))
 
 
 @bench_app.command("connections")
@@ -102,17 +90,26 @@ def connections(
     and heartbeat. Last stdout line: JSON with ok (all devices admitted and
     still connected after --hold seconds) and coordinator_rss_mb.
     """
+    from fedmask.bench.federation import ConnectionsBenchConfig, run_connections_bench
+
+    cfg = ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
+                                 heartbeat_interval=heartbeat_interval, timeout=timeout)
+    _run_and_report(lambda log: run_connections_bench(cfg, log=log))
+
+
+def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:
+    """Run `bench(log)` (progress to stderr), print its result as the last
+    stdout line (JSON; {"ok": false, "error": ...} when a process failed),
+    exit 1 unless ok."""
     from rich.console import Console
 
-    from fedmask.bench.federation import ConnectionsBenchConfig, dumps, run_connections_bench
+    from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
 
     err = Console(stderr=True)
-    cfg = ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
-                                 heartbeat_interval=heartbeat_interval, timeout=timeout)
     try:
         with _interruptible():
-            result = run_connections_bench(cfg, log=lambda m: err.print(m, markup=False, highlight=False))
+            result = bench(lambda m: err.print(m, markup=False, highlight=False))
     except ProcessFailed as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}

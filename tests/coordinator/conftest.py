@@ -1,11 +1,10 @@
-"""Fixtures of the coordinator tests: the throwaway PostgreSQL server (from
-tests/conftest_pg.py) and a `backend` fixture giving a fresh, migrated
-store of each implementation: memory, sqlite (a WAL file), postgresql."""
+"""Fixtures of the coordinator tests: a `backend` fixture giving a fresh,
+migrated store of each implementation: memory, sqlite (a WAL file),
+postgresql (on the throwaway server of tests/conftest_pg.py, a plugin of
+tests/conftest.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,22 +14,6 @@ from sqlalchemy import Engine
 
 from coordinator.store import InMemoryStore, Store, open_store
 from coordinator.store.sql import SqlStore
-
-
-def _load_pg_plugin():  # type: ignore[no-untyped-def]
-    name = "fedmask_tests_conftest_pg"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "conftest_pg.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_pg = _load_pg_plugin()
-postgresql_server = _pg.postgresql_server
-postgresql_url = _pg.postgresql_url
 
 BACKENDS = ["memory", "sqlite", "postgresql"]
 SQL_BACKENDS = ["sqlite", "postgresql"]

@@ -9,7 +9,7 @@ import pytest
 
 
 def _pg_module():  # type: ignore[no-untyped-def]
-    return sys.modules["fedmask_tests_conftest_pg"]  # loaded by conftest.py
+    return sys.modules["conftest_pg"]  # a plugin of tests/conftest.py
 
 
 @pytest.mark.parametrize("value", ["true", "1", "yes"])

@@ -5,35 +5,17 @@
                 group) at teardown, also when the test fails or times out
   database_url  parametrize indirectly with "sqlite" / "postgresql": a fresh
                 SQLite file, or a fresh database on the throwaway PostgreSQL
-                server of tests/conftest_pg.py
+                server of tests/conftest_pg.py (a plugin of tests/conftest.py)
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from integration_harness import Processes
-
-
-def _load_pg_plugin():  # type: ignore[no-untyped-def]
-    name = "fedmask_tests_conftest_pg"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "conftest_pg.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_pg = _load_pg_plugin()
-postgresql_server = _pg.postgresql_server
-postgresql_url = _pg.postgresql_url
 
 
 @pytest.fixture

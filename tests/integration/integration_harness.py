@@ -2,9 +2,15 @@
 
 Every coordinator and edge client is started as `sys.executable -m fedmask
 ...` in its own process group (start_new_session), with stdout+stderr in a
-log file under the test's temp dir. `Processes.close()` (the `procs`
-fixture's teardown, which also runs when a test fails or times out) sends
-SIGTERM to every group still alive, waits a little, then SIGKILLs it.
+log file under the test's temp dir, by `fedmask.bench.processes` (the
+launcher `fedmask bench` and `fedmask demo` use; `Proc` is its `Child`).
+`Processes.close()` (the `procs` fixture's teardown, which also runs when a
+test fails or times out) sends SIGTERM to every group still alive, waits a
+little, then SIGKILLs it.
+
+`InProcessCoordinator` runs the coordinator's server module on a thread of
+the test process instead, for tests that call the Coordinator's in-process
+API (the relay of device requests).
 
 Helpers read the coordinator's store directly (SQLite file or PostgreSQL
 URL), like an operator would, and recompute each committed round's
@@ -14,213 +20,150 @@ aggregate from the encoded inputs the clients wrote with
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
+import asyncio
+import logging
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-LOOPBACK = "127.0.0.1"
+# one implementation of the process plumbing: fedmask.bench.processes (also
+# re-exported from here for the tests: LOOPBACK, free_port, wait_until, Proc,
+# ProcessDied)
+from fedmask.bench.processes import Child as Proc
+from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, read_log, wait_until
+from fedmask.bench.processes import ProcessFailed as ProcessDied
+from fedmask.bench.processes import health_status as server_health_status
+
 REPO = Path(__file__).resolve().parents[2]
+COORDINATOR_SERVICE = "fedmask.v1.CoordinatorService"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+class Processes(ProcessGroup):
+    """Starts fedmask processes (fedmask.bench.processes.ProcessGroup with
+    the tests' environment: the repository's data folder, one OpenMP
+    thread); `close()` cleans every one of them up."""
 
-
-class ProcessDied(AssertionError):
-    pass
-
-
-@dataclass(eq=False)
-class Proc:
-    name: str
-    argv: list[str]
-    log_path: Path
-    popen: subprocess.Popen
+    def __init__(self, workdir: Path, env: Mapping[str, str] | None = None) -> None:
+        super().__init__(workdir, env={"FEDMASK_DATA_DIR": str(REPO / "data"), "OMP_NUM_THREADS": "1", **(env or {})})
 
     @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.popen.poll()
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-lines:])
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
-
-    def kill(self) -> int:
-        """SIGKILL the whole process group and reap it."""
-        self.signal_group(signal.SIGKILL)
-        return self.popen.wait(10)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM, then SIGKILL after `timeout`."""
-        if self.alive():
-            self.signal_group(signal.SIGTERM)
-            try:
-                return self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        self.signal_group(signal.SIGKILL)
-        return self.popen.wait(10)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.name} still running after {timeout:.0f}s; log tail:\n{self.tail()}") from None
-
-
-@dataclass
-class Processes:
-    """Starts fedmask processes; `close()` cleans every one of them up."""
-
-    workdir: Path
-    procs: list[Proc] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def start(self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None) -> Proc:
-        argv = [sys.executable, "-m", "fedmask", *map(str, args)]
-        log_path = self.workdir / f"{name}.log"
-        # several starts of one name (restarts) append to one log
-        log = open(log_path, "ab")  # noqa: SIM115 - closed by the OS when the child exits; we keep no handle
-        try:
-            full_env = {
-                **os.environ,
-                "PYTHONUNBUFFERED": "1",
-                "COLUMNS": "200",  # rich log lines stay on one line
-                "FEDMASK_DATA_DIR": str(REPO / "data"),
-                "OMP_NUM_THREADS": "1",
-                **self.env,
-                **(env or {}),
-            }
-            full_env.pop("FEDMASK_CONFIG", None)
-            popen = subprocess.Popen(
-                argv, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, start_new_session=True,
-            )
-        finally:
-            log.close()
-        p = Proc(name, argv, log_path, popen)
-        self.procs.append(p)
-        return p
-
-    def check_alive(self, *procs: Proc) -> None:
-        for p in procs or self.procs:
-            if not p.alive():
-                raise ProcessDied(f"{p.name} exited with {p.returncode}; log tail:\n{p.tail()}")
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.alive():
-                p.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + 8
-        for p in self.procs:
-            try:
-                p.popen.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            p.signal_group(signal.SIGKILL)  # also strays left in the group
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(10)
-
-
-def wait_until(pred: Callable[[], Any], timeout: float, *, what: str, watch: Iterable[Proc] = (),
-               step: float = 0.1) -> Any:
-    """Poll `pred` until truthy (returned); fail early when a watched process died."""
-    end = time.monotonic() + timeout
-    watch = list(watch)
-    while True:
-        got = pred()
-        if got:
-            return got
-        for p in watch:
-            if not p.alive():
-                raise ProcessDied(f"{p.name} exited with {p.returncode} while waiting for {what}; log tail:\n{p.tail()}")
-        if time.monotonic() > end:
-            tails = "\n".join(f"--- {p.name}\n{p.tail(25)}" for p in watch)
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{tails}")
-        time.sleep(step)
+    def procs(self) -> list[Proc]:
+        return self.children
 
 
 # --------------------------------------------------------------------------- coordinator / clients
 
 
-def coordinator_args(port: int, database_url: str, **flags: Any) -> list[str]:
-    """`fedmask coordinator` argv; flags as python names (None / False omitted,
-    True -> bare flag)."""
+def coordinator_args(port: int, database_url: str, **options: Any) -> list[str]:
+    """`fedmask coordinator` argv; options as python names (None / False
+    omitted, True -> bare flag)."""
     args = ["coordinator", "--listen", f"{LOOPBACK}:{port}", "--database-url", database_url]
-    return args + _flags(flags)
+    return args + flags(options)
 
 
-def client_args(port: int, users: str, state_dir: Path, **flags: Any) -> list[str]:
+def client_args(port: int, users: str, state_dir: Path, **options: Any) -> list[str]:
     args = ["client", "--coordinator", f"{LOOPBACK}:{port}", "--users", users, "--state-dir", str(state_dir)]
-    return args + _flags(flags)
-
-
-def _flags(flags: Mapping[str, Any]) -> list[str]:
-    out: list[str] = []
-    for key, value in flags.items():
-        name = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            out.append(name)
-        elif isinstance(value, dict):
-            out += [name, json.dumps(value)]
-        else:
-            out += [name, str(value)]
-    return out
+    return args + flags(options)
 
 
 def health_status(port: int, *, timeout: float = 2.0, credentials: Any = None) -> str | None:
-    """The grpc.health.v1 status name of the coordinator, or None if unreachable."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    target = f"{LOOPBACK}:{port}"
-    channel = grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
-    try:
-        resp = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="fedmask.v1.CoordinatorService"), timeout=timeout
-        )
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
-    except grpc.RpcError:
-        return None
-    finally:
-        channel.close()
+    """The grpc.health.v1 status name of the coordinator service, or None if unreachable."""
+    return server_health_status(port, service=COORDINATOR_SERVICE, timeout=timeout, credentials=credentials)
 
 
 def wait_serving(port: int, proc: Proc, timeout: float = 60.0, credentials: Any = None) -> None:
     wait_until(lambda: health_status(port, credentials=credentials) == "SERVING", timeout,
                what=f"coordinator on port {port} serving", watch=[proc], step=0.2)
+
+
+class InProcessCoordinator:
+    """`coordinator.server.serve` on its own event loop in a thread of the
+    test process, so a test can call the Coordinator's in-process API
+    (`request_top_k`, what the admin service uses) while the edge clients
+    are real processes. Its log lines go to WORKDIR/coordinator.log (read
+    them with `events(c.log())`).
+
+        with InProcessCoordinator(settings, tmp_path) as c:
+            answer = c.call(lambda coord: coord.request_top_k(device, 10))
+    """
+
+    def __init__(self, settings: Any, workdir: Path, *, ready_timeout: float = 60.0) -> None:
+        self.settings = settings
+        self.log_path = workdir / "coordinator.log"
+        self.ready_timeout = ready_timeout
+        self.coordinator: Any = None
+        self.port: int | None = None
+        self.exit_code: int | None = None
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="in-process-coordinator", daemon=True)
+        self._handler: logging.Handler | None = None
+
+    def __enter__(self) -> InProcessCoordinator:
+        self._handler = logging.FileHandler(self.log_path)
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        log = logging.getLogger("fedmask.coordinator")
+        log.addHandler(self._handler)
+        log.setLevel(logging.INFO)
+        self._thread.start()
+        if not self._ready.wait(self.ready_timeout) or self.port is None:
+            self.close()
+            raise AssertionError(f"the in-process coordinator did not start: {self.error!r}\n{self.log()}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _main(self) -> None:
+        from coordinator.server import serve
+
+        async def main() -> int:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+
+            def on_ready(coordinator: Any, port: int) -> None:
+                self.coordinator, self.port = coordinator, port
+                self._ready.set()
+
+            return await serve(self.settings, stop=self._stop, on_ready=on_ready, grace=1.0)
+
+        try:
+            self.exit_code = asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported by __enter__ / call
+            self.error = exc
+        finally:
+            self._ready.set()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def call(self, make: Callable[[Any], Awaitable[Any]], timeout: float = 60.0) -> Any:
+        """Run `make(coordinator)` on the coordinator's loop; its result or exception."""
+        if self._loop is None or not self.alive():
+            raise AssertionError(f"the in-process coordinator is not running: {self.error!r}")
+
+        async def run() -> Any:
+            return await make(self.coordinator)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def log(self) -> str:
+        return read_log(self.log_path)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._loop is not None and self._stop is not None and self.alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+        if self._handler is not None:
+            logging.getLogger("fedmask.coordinator").removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
 
 
 _EVENT = re.compile(r"event=(\w+)(.*)$")
@@ -316,3 +259,11 @@ def synthetic_sum(device_ids: Sequence[int], *, round_number: int, vector_length
 
     return synthetic_updates(device_ids, round_number=round_number, vector_length=vector_length, seed=seed,
                              scale=scale).sum(axis=0)
+
+
+__all__ = [
+    "LOOPBACK", "REPO", "InProcessCoordinator", "Proc", "ProcessDied", "Processes", "all_rounds",
+    "check_exact_aggregate", "client_args", "coordinator_args", "events", "free_port", "health_status",
+    "open_store_readonly", "recorded_input", "round_record", "synthetic_sum", "terminal_rounds", "wait_serving",
+    "wait_until",
+]
