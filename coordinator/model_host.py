@@ -110,9 +110,9 @@ class RecommenderModel:
         return dict(self.config)
 
     def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
-        import torch
+        from models.keyed_random import global_init_generator
 
-        gen = torch.Generator().manual_seed(int(seed))
+        gen = global_init_generator(int(seed))  # the engine's initialisation, for the same seed
         return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in self.model.init_global(gen).items()}
 
     def apply_mean(self, params: Mapping[str, np.ndarray], mean: np.ndarray, step: int) -> dict[str, np.ndarray]:

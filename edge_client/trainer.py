@@ -16,10 +16,13 @@ simulation uses, so numbers are comparable) and persisted in its state dir;
 later starts read it from there. Each device keeps both forms (implicit and
 explicit); the round's model decides which one trains.
 
-Randomness: negative sampling and private-state initialisation are seeded
-from (--seed, round) for reproducible runs; DP noise and stochastic rounding
-always come from os.urandom (a seeded noise would let anyone who knows the
-seed subtract it).
+Randomness: private-state initialisation, training negatives and mini-batch
+orders are keyed draws (`models/keyed_random.py`): pure functions of
+(--seed, the task's round_idx, the device's user id, purpose, index), so a
+device trains exactly as in `fedmask simulate --seed S` whichever devices
+share its process or batch. DP noise and the stochastic rounding of the
+secagg encoding always come from os.urandom (a seeded noise would let anyone
+who knows the seed subtract it).
 """
 
 from __future__ import annotations
@@ -370,10 +373,6 @@ class Trainer:
             )
         return {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(self.device) for k, v in params.items()}
 
-    def _generator(self, *label: int) -> torch.Generator:
-        s = int(np.random.SeedSequence([self.seed & 0xFFFFFFFF, *label]).generate_state(1)[0])
-        return torch.Generator(device=self.device).manual_seed(s)
-
     def _secure_generator(self) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(int.from_bytes(self.secure_random(8), "little") >> 1)
 
@@ -383,7 +382,7 @@ class Trainer:
 
     # ------------------------------------------------------------ private state
     def _load_private(
-        self, entry: _ModelEntry, name: str, numbers: Sequence[int], data: CohortData, global_: GlobalState, round_number: int
+        self, entry: _ModelEntry, name: str, numbers: Sequence[int], data: CohortData, global_: GlobalState
     ) -> PrivateState:
         """Stack the devices' stored private rows; initialise the missing ones
         (all of them in one `init_private` call, like the engine)."""
@@ -392,7 +391,7 @@ class Trainer:
                 tmpl = entry.model.init_private(
                     _take_cohort(data, torch.zeros(1, dtype=torch.int64, device=self.device)),
                     global_,
-                    self._generator(0x5EED),
+                    self.seed,
                 )
             entry.private_shapes = {k: tuple(v.shape[1:]) for k, v in tmpl.items()}
         rows: dict[int, dict[str, np.ndarray]] = {}
@@ -411,9 +410,7 @@ class Trainer:
         if missing:
             idx = torch.tensor(missing, dtype=torch.int64, device=self.device)
             with torch.no_grad():
-                fresh = entry.model.init_private(
-                    _take_cohort(data, idx), global_, self._generator(round_number, 0x1717)
-                )
+                fresh = entry.model.init_private(_take_cohort(data, idx), global_, self.seed)
         keys = list(entry.private_shapes)
         out: PrivateState = {}
         pos = {i: j for j, i in enumerate(missing)}
@@ -458,10 +455,9 @@ class Trainer:
         global_ = self._globals(entry, task.global_params, task.model_name)
         self.remember_global(task)
         data, split = self.cohort(numbers, entry.explicit)
-        private = self._load_private(entry, task.model_name, numbers, data, global_, task.round_number)
-        gen = self._generator(task.round_number, 0x7EA1)
+        private = self._load_private(entry, task.model_name, numbers, data, global_)
         with torch.no_grad():
-            new_private, upd = model.local_update(global_, private, data, task.round_idx, gen)
+            new_private, upd = model.local_update(global_, private, data, task.round_idx, self.seed)
         B = len(numbers)
         if tuple(upd.shape) != (B, model.update_dim):
             raise TrainingError(f"{task.model_name}.local_update returned shape {tuple(upd.shape)}")

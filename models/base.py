@@ -13,6 +13,12 @@ Vocabulary:
 - update: the flat float32 vector a device sends for aggregation, shape
   (B, update_dim) for a cohort of B devices. DP clipping/noise and secure
   aggregation act on it; the model never sees masks.
+- seed: the federation's seed. Every per-device random draw (initial private
+  parameters, training negatives, mini-batch order) is keyed by (seed, round,
+  user id, purpose, index) through `models/keyed_random.py`, never drawn from a
+  shared stream, so a device gets the same numbers in any batch, in any order,
+  in `fedmask simulate` and on an edge client. Only `init_global` (run once, by
+  the server) takes a generator (`keyed_random.global_init_generator(seed)`).
 """
 
 from __future__ import annotations
@@ -71,11 +77,10 @@ class FederatedRecommender(ABC):
         """The server's initial parameters."""
 
     @abstractmethod
-    def init_private(
-        self, data: CohortData, global_: GlobalState, generator: torch.Generator
-    ) -> PrivateState:
+    def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         """Initial private state for the devices in `data` (all users at once
-        in simulation). May train device-local models first (FedMMF's masks)."""
+        in simulation). May train device-local models first (FedMMF's masks).
+        Row b depends only on (seed, data.users[b], its data, global_)."""
 
     @abstractmethod
     def local_update(
@@ -84,10 +89,12 @@ class FederatedRecommender(ABC):
         private: PrivateState,
         data: CohortData,
         round_idx: int,
-        generator: torch.Generator,
+        seed: int,
     ) -> tuple[PrivateState, torch.Tensor]:
         """Train the cohort locally; return its new private state and the
-        (B, update_dim) updates to aggregate. Must not modify `global_`."""
+        (B, update_dim) updates to aggregate. Must not modify `global_`.
+        Row b depends only on (seed, round_idx, data.users[b], its data and
+        private rows, global_): never on the other rows of the batch."""
 
     @abstractmethod
     def apply_mean_update(

@@ -3,8 +3,10 @@
 One process simulates a whole federation with exactly the per-device functions
 an edge client runs (`models/base.py`), stacked over the cohort. Each round:
 
-1. select a cohort (seeded; all users by default, or `clients_per_round`
-   drawn uniformly without replacement);
+1. select a cohort (seeded; all devices of the population by default, or
+   `clients_per_round` drawn uniformly without replacement); the population
+   is every user of the dataset, or `users` (1-based user numbers, like an
+   edge client's --users);
 2. gather the cohort's private rows (`take_rows`) and training data (`cohort_data`);
 3. `model.local_update` -> new private rows and the (B, update_dim) updates;
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
@@ -14,6 +16,16 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
 6. `model.apply_mean_update` -> the new global state; scatter the private rows back;
 7. every `eval_every` rounds (and after the last) evaluate on *validation*
    (metric sums from `models/evaluation.py`).
+
+Randomness: the initial global state comes from
+`keyed_random.global_init_generator(seed)`, exactly like the coordinator's
+version 1; every per-device draw (private initialisation, negatives,
+mini-batch order) is keyed by (seed, round, user id, ...) inside the models
+(`models/keyed_random.py`). So a device trains exactly as it would on an edge
+client, whatever the cohort: with the same seed and settings a federation over
+gRPC reaches the same global model as `simulate` (up to the secagg
+quantisation; tests/integration/test_simulate_equivalence.py). Cohort
+sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
 of the best validation round is kept (by reference when nothing can mutate
@@ -123,6 +135,8 @@ class SimulationConfig:
     threads: int | None = 2
     data_dir: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    users: tuple[int, ...] | None = None  # the population: 1-based user numbers (None: every user)
+    save_global: str | None = None  # write the final global state here (.npz, one array per parameter)
 
 
 # rounds of the tuned defaults (docs/tuning.md)
@@ -164,12 +178,12 @@ def make_split(interactions: Interactions, explicit: bool, seed: int) -> Implici
 
 
 class _Cohorts:
-    """Padded training data of any cohort, cut from one all-users table."""
+    """Padded training data of any cohort, cut from one table of the whole
+    population (row i = dense user `users[i]`)."""
 
-    def __init__(self, split: ImplicitSplit | ExplicitSplit, device: torch.device) -> None:
+    def __init__(self, split: ImplicitSplit | ExplicitSplit, users: np.ndarray, device: torch.device) -> None:
         from models.data.sampling import cohort_data, explicit_train_csr
 
-        users = np.arange(split.n_users)
         csr = explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None
         self.all = cohort_data(split, users, device=device, explicit_csr=csr)
 
@@ -247,9 +261,10 @@ class SecureAggregator:
 
 
 def _generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
-    """Independent seeded streams, so e.g. turning DP on does not change the cohorts."""
+    """Independent seeded streams, so e.g. turning DP on does not change the cohorts.
+    (Initialisation and training draws are keyed, see the module doc.)"""
     out = {}
-    for i, name in enumerate(("init", "cohort", "train", "dp")):
+    for i, name in ((1, "cohort"), (3, "dp")):
         g = torch.Generator(device=device)
         g.manual_seed(int(np.random.SeedSequence([seed, i]).generate_state(1)[0]))
         out[name] = g
@@ -270,17 +285,27 @@ def evaluate_state(
     full: bool,
     placebo: bool,
     device: torch.device,
+    population: np.ndarray | None = None,
 ) -> dict[str, float]:
+    """Metrics of the devices of `population` (dense user ids; row i of
+    `private` is user population[i]; None: every user, row = user id)."""
     from models.evaluation import evaluate, finalize
 
-    def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        return model.score(global_, take_rows(private, users), users, items)
+    row_of: torch.Tensor | None = None
+    if population is not None:
+        row_of = torch.full((split.n_users,), -1, dtype=torch.int64, device=device)
+        row_of[torch.as_tensor(population, device=device)] = torch.arange(len(population), device=device)
 
+    def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        rows = users if row_of is None else row_of[users]
+        return model.score(global_, take_rows(private, rows), users, items)
+
+    kw: dict[str, Any] = {} if population is None else {"users": population}
     with torch.no_grad():
         if isinstance(split, ImplicitSplit):
-            sums = evaluate(score_fn, split, stage, full=full, placebo=placebo, device=device)  # type: ignore[arg-type]
+            sums = evaluate(score_fn, split, stage, full=full, placebo=placebo, device=device, **kw)  # type: ignore[arg-type]
         else:
-            sums = evaluate(score_fn, split, stage, device=device)  # type: ignore[arg-type]
+            sums = evaluate(score_fn, split, stage, device=device, **kw)  # type: ignore[arg-type]
     return finalize(sums)
 
 
@@ -319,11 +344,14 @@ def simulate(
     x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
     split = make_split(x, explicit, config.seed)
     n_users, n_items = split.n_users, split.n_items
+    population = _population(config.users, n_users, x.name)
+    n_pop = len(population)
+    pop_arg = None if config.users is None else population  # evaluation over the population only
     cpr = config.clients_per_round
-    if cpr is not None and not 1 <= cpr <= n_users:
-        raise ConfigError(f"--clients-per-round must be in [1, {n_users}] for {x.name}, got {cpr}")
-    full_cohort = cpr is None or cpr == n_users
-    cohort_size = n_users if full_cohort else int(cpr)  # type: ignore[arg-type]
+    if cpr is not None and not 1 <= cpr <= n_pop:
+        raise ConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
+    full_cohort = cpr is None or cpr == n_pop
+    cohort_size = n_pop if full_cohort else int(cpr)  # type: ignore[arg-type]
 
     model = build_model(
         config.model,
@@ -333,10 +361,13 @@ def simulate(
         item_features=split.item_features,
         overrides=config.params,
     )
+    from models.keyed_random import global_init_generator
+
     gens = _generators(config.seed, device)
-    cohorts = _Cohorts(split, device)
-    global_ = model.init_global(gens["init"])
-    private = model.init_private(cohorts.all, global_, gens["init"])
+    cohorts = _Cohorts(split, population, device)
+    with torch.no_grad():
+        global_ = {k: v.to(device) for k, v in model.init_global(global_init_generator(config.seed)).items()}
+        private = model.init_private(cohorts.all, global_, config.seed)
 
     accountant = None
     if dp_on:
@@ -344,7 +375,7 @@ def simulate(
 
         accountant = RoundAccountant(
             noise_multiplier=float(config.dp_noise),  # type: ignore[arg-type]
-            sampling_rate=cohort_size / n_users,
+            sampling_rate=cohort_size / n_pop,
             delta=config.dp_delta,
             accountant=config.dp_accountant,  # type: ignore[arg-type]
         ) if config.dp_noise and config.dp_noise > 0 else None
@@ -361,11 +392,12 @@ def simulate(
             t0 = time.perf_counter()
             rows = None
             if not full_cohort:
-                perm = torch.randperm(n_users, generator=gens["cohort"], device=gens["cohort"].device)
+                perm = torch.randperm(n_pop, generator=gens["cohort"], device=gens["cohort"].device)
                 rows = perm[:cohort_size].sort().values.to(device)
             data = cohorts.get(rows)
             priv_c = private if rows is None else take_rows(private, rows)
-            new_priv, upd = model.local_update(global_, priv_c, data, r, gens["train"])
+            with torch.no_grad():
+                new_priv, upd = model.local_update(global_, priv_c, data, r, config.seed)
             rec: dict[str, Any] = {"round": r}
             if upd.shape != (data.users.shape[0], model.update_dim):
                 raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
@@ -403,7 +435,8 @@ def simulate(
             t1 = time.perf_counter()
             if (r + 1) % config.eval_every == 0 or r == rounds - 1:
                 val = evaluate_state(
-                    model, global_, private, split, "val", full=config.full_val, placebo=False, device=device
+                    model, global_, private, split, "val", full=config.full_val, placebo=False, device=device,
+                    population=pop_arg,
                 )
                 rec["val"] = val
                 v = sel_sign * val.get(sel_key, math.nan)
@@ -427,11 +460,15 @@ def simulate(
             bar.close()
 
     t_train_end = time.perf_counter()
+    saved_global = None
+    if config.save_global is not None:
+        saved_global = str(save_global_state(global_, config.save_global, round_=rounds - 1, seed=config.seed))
     if best["round"] is None:  # every validation value was NaN: fall back to the last round
         best["round"] = rounds - 1
         best["global"], best["private"] = global_, private
     test = evaluate_state(
-        model, best["global"], best["private"], split, "test", full=True, placebo=True, device=device
+        model, best["global"], best["private"], split, "test", full=True, placebo=True, device=device,
+        population=pop_arg,
     )
     summary_fn = getattr(model, "summary", None)
     summary_best = summary_fn(best["global"], best["private"]) if callable(summary_fn) else {}
@@ -445,6 +482,7 @@ def simulate(
         "n_users": n_users,
         "n_items": n_items,
         "cohort_size": cohort_size,
+        "population": n_pop,
         "update_dim": model.update_dim,
         "rounds": records,
         "best_round": best["round"],
@@ -461,6 +499,8 @@ def simulate(
         "model_config": model_config(model),
         "protocol": _protocol_note(explicit),
     }
+    if saved_global is not None:
+        out["saved_global"] = saved_global
     if not explicit:
         out["placebo"] = {"hr@10": test.get("placebo_hr@10", math.nan), "ndcg@10": test.get("placebo_ndcg@10", math.nan)}
     if dp_on:
@@ -470,11 +510,11 @@ def simulate(
             "delta": config.dp_delta,
             "accountant": config.dp_accountant,
             "mode": config.dp_mode,
-            "sampling_rate": cohort_size / n_users,
+            "sampling_rate": cohort_size / n_pop,
             "rounds": rounds,
             "meaning": (
                 "user-level (add/remove one device) epsilon of the Poisson-subsampled Gaussian mechanism "
-                "with noise multiplier z and sampling rate q = cohort/n_users, composed over all rounds "
+                "with noise multiplier z and sampling rate q = cohort/population, composed over all rounds "
                 "(dp_accounting), for what the aggregated updates reveal; "
                 + (
                     "local noise: conservative for the aggregate (it carries noise z*tau*sqrt(B))"
@@ -487,6 +527,39 @@ def simulate(
         }
         out["epsilon"] = accountant.epsilon() if accountant is not None else math.inf
     return out
+
+
+def _population(users: tuple[int, ...] | None, n_users: int, name: str) -> np.ndarray:
+    """Dense user ids (sorted) of the simulated devices; `users` are 1-based numbers."""
+    if users is None:
+        return np.arange(n_users, dtype=np.int64)
+    pop = np.array(sorted(int(u) - 1 for u in users), dtype=np.int64)
+    if len(pop) == 0:
+        raise ConfigError("--users selects no device")
+    if len(np.unique(pop)) != len(pop):
+        raise ConfigError("--users lists a user twice")
+    if pop[0] < 0 or pop[-1] >= n_users:
+        raise ConfigError(f"--users must lie in 1..{n_users} for {name}")
+    return pop
+
+
+def save_global_state(global_: GlobalState, path: str | Path, **meta: Any) -> Path:
+    """Write a global state as an .npz of float32 arrays (one per parameter,
+    by name) plus `__meta__` (JSON); returns the path."""
+    import json
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {k: v.detach().to("cpu", torch.float32).numpy() for k, v in global_.items()}
+    with open(p, "wb") as f:  # np.savez would append .npz to a name without it
+        np.savez(f, **arrays, __meta__=np.array(json.dumps(meta)))
+    return p
+
+
+def load_global_state(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of `save_global_state` (without the metadata)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files if k != "__meta__"}
 
 
 def _test_block(test: Mapping[str, float], explicit: bool) -> dict[str, float]:

@@ -36,6 +36,7 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
 from models.batched import flatten, randn
 from models.fedrap import FedRAP
+from models.keyed_random import check_seed, user_normal
 
 
 class FedMF(FedRAP):
@@ -149,13 +150,11 @@ class ExplicitMF(FederatedRecommender):
             g["bq"] = torch.zeros(self.n_items, device=generator.device)
         return g
 
-    def init_private(
-        self, data: CohortData, global_: GlobalState, generator: torch.Generator
-    ) -> PrivateState:
+    def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         nb = int(data.users.shape[0])
-        state: PrivateState = {"p": randn((nb, self.k), self.init_std, generator)}
+        state: PrivateState = {"p": user_normal(check_seed(seed), 1, data.users, (self.k,), self.init_std)}
         if self.user_bias:
-            state["bu"] = torch.zeros(nb, device=generator.device)
+            state["bu"] = torch.zeros(nb, device=data.users.device)
         return state
 
     # hook for FedMMF: private additive term of the prediction, (B, m) for the cohort rows
@@ -172,7 +171,7 @@ class ExplicitMF(FederatedRecommender):
         private: PrivateState,
         data: CohortData,
         round_idx: int,
-        generator: torch.Generator,
+        seed: int,
     ) -> tuple[PrivateState, torch.Tensor]:
         if data.ratings is None:
             raise ValueError(f"{self.name} is an explicit model: the cohort data needs ratings")

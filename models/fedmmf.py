@@ -32,8 +32,10 @@ import torch
 
 from models.base import CohortData, GlobalState, PrivateState
 from models.fedmf import ExplicitMF
+from models.keyed_random import user_normal
 
 ORDERS: tuple[str, ...] = ("one", "two", "high")
+_INIT_V, _INIT_W1, _INIT_W2 = 11, 12, 13  # tags of the keyed initialisation (p uses 1)
 
 
 class FedMMF(ExplicitMF):
@@ -69,20 +71,16 @@ class FedMMF(ExplicitMF):
     )  # fmt: skip
 
     # ------------------------------------------------------------------ masks
-    def init_private(
-        self, data: CohortData, global_: GlobalState, generator: torch.Generator
-    ) -> PrivateState:
+    def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         if data.ratings is None:
             raise ValueError("FedMMF is an explicit model: the cohort data needs ratings")
-        state = super().init_private(data, global_, generator)
-        mask, J = self.train_masks(data, generator)
+        state = super().init_private(data, global_, seed)
+        mask, J = self.train_masks(data, seed)
         state["mask"] = mask
         state["J"] = J
         return state
 
-    def train_masks(
-        self, data: CohortData, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_masks(self, data: CohortData, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Train every device's f_u; returns (f_u(i) for all items (B, m), J (B,))."""
         assert data.ratings is not None
         dev_t = data.items.device
@@ -95,7 +93,7 @@ class FedMMF(ExplicitMF):
         if self.order == "one":
             params = self._fit_linear(xb, r, msk, n)
         else:
-            params = self._fit_adam(xb, r, msk, n, r_mean, generator)
+            params = self._fit_adam(xb, r, msk, n, r_mean, data.users, seed)
         fit = self._mask_forward(params, xb)  # (B, L)
         J = (((r - fit) * msk) ** 2).sum(1) / n
         full = self._mask_forward(params, X.unsqueeze(0).expand(msk.shape[0], -1, -1))
@@ -120,22 +118,24 @@ class FedMMF(ExplicitMF):
         msk: torch.Tensor,
         n: torch.Tensor,
         r_mean: torch.Tensor,
-        generator: torch.Generator,
+        users: torch.Tensor,
+        seed: int,
     ) -> dict[str, torch.Tensor]:
         nb, _, nf = xb.shape
         dev_t = xb.device
 
-        def rnd(*shape: int, std: float) -> torch.Tensor:
-            return (torch.randn(shape, generator=generator, device=generator.device) * std).to(dev_t)
+        def rnd(tag: int, *shape: int, std: float) -> torch.Tensor:
+            # keyed by (seed, user): a device's mask model starts the same in any batch
+            return user_normal(seed, tag, users, shape, std, device=dev_t)
 
         params: dict[str, torch.Tensor] = {"w0": r_mean.clone(), "w": torch.zeros(nb, nf, device=dev_t)}
         if self.order == "two":
-            params["V"] = rnd(nb, nf, self.fm_k, std=0.05)
+            params["V"] = rnd(_INIT_V, nf, self.fm_k, std=0.05)
         else:
             h = self.mlp_hidden
-            params["W1"] = rnd(nb, nf, h, std=(1.0 / max(nf, 1)) ** 0.5)
+            params["W1"] = rnd(_INIT_W1, nf, h, std=(1.0 / max(nf, 1)) ** 0.5)
             params["b1"] = torch.zeros(nb, h, device=dev_t)
-            params["w2"] = rnd(nb, h, std=(1.0 / h) ** 0.5 * 0.1)
+            params["w2"] = rnd(_INIT_W2, h, std=(1.0 / h) ** 0.5 * 0.1)
         for p in params.values():
             p.requires_grad_(True)
         penalised = [v for key, v in params.items() if key not in ("w0", "b1")]

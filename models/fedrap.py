@@ -51,6 +51,10 @@ The sent vector is (C_i - C) / `update_scale` and the server multiplies the
 mean back: the unit only matters where something acts on the vector itself,
 i.e. DP clipping (tau refers to this unit) and the SecAgg fixed-point range.
 
+Randomness: u_i (and D_i when init_std_d > 0) start from keyed normals and the
+negatives of epoch e of round a are keyed draws (models/keyed_random.py), so a
+device trains the same in any cohort.
+
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
@@ -65,11 +69,13 @@ import torch
 
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
 from models.batched import flatten, negative_counts, positive_table, randn, soft_threshold
+from models.keyed_random import check_seed, user_normal
 
 Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
 CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
 VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
 REGS: tuple[str, ...] = ("l1", "l2", "none")
+_INIT_U, _INIT_D = 1, 2  # tags of the keyed initialisation (models/keyed_random.py)
 
 
 def curriculum_weight(kind: str, a: int) -> float:
@@ -186,18 +192,17 @@ class FedRAP(FederatedRecommender):
             return {}
         return {"C": randn((self.n_items, self.k), self.init_std_c, generator)}
 
-    def init_private(
-        self, data: CohortData, global_: GlobalState, generator: torch.Generator
-    ) -> PrivateState:
+    def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         b = int(data.users.shape[0])
+        check_seed(seed)
         # D-only needs a random start (with D = 0 and no C every score is 0 and u gets no gradient).
         std_d = self.init_std_d if self.has_c or self.init_std_d > 0 else self.init_std_c
         state = {
-            "u": randn((b, self.k), self.init_std_u, generator),
-            "b": torch.zeros(b, device=generator.device),
+            "u": user_normal(seed, _INIT_U, data.users, (self.k,), self.init_std_u),
+            "b": torch.zeros(b, device=data.users.device),
         }
         if self.has_d:
-            state["D"] = randn((b, self.n_items, self.k), std_d, generator)
+            state["D"] = user_normal(seed, _INIT_D, data.users, (self.n_items, self.k), std_d)
         return state
 
     def local_update(
@@ -206,7 +211,7 @@ class FedRAP(FederatedRecommender):
         private: PrivateState,
         data: CohortData,
         round_idx: int,
-        generator: torch.Generator,
+        seed: int,
     ) -> tuple[PrivateState, torch.Tensor]:
         m, k, n_ep = self.n_items, self.k, self.local_epochs
         flat = flatten(data)
@@ -218,7 +223,7 @@ class FedRAP(FederatedRecommender):
         C = global_["C"] if self.has_c else None
 
         pos = positive_table(flat, m)  # (B, m)
-        negc = negative_counts(data, m, self.n_neg, n_ep, generator)  # (E, B, m)
+        negc = negative_counts(data, m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)  # (E, B, m)
         n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
 
         u_all = private["u"].clone()

@@ -37,7 +37,17 @@ from typing import ClassVar, Literal
 import torch
 
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
-from models.batched import flatten, negative_samples, randn
+from models.batched import (
+    flatten,
+    negative_sampler,
+    negative_samples,
+    negatives_stream,
+    randn,
+    shuffle_ranks,
+    shuffle_stream,
+    within_device_index,
+)
+from models.keyed_random import check_seed, user_normal
 
 
 class PFedRec(FederatedRecommender):
@@ -82,13 +92,11 @@ class PFedRec(FederatedRecommender):
     def init_global(self, generator: torch.Generator) -> GlobalState:
         return {"E": randn((self.n_items, self.k), self.init_std_e, generator)}
 
-    def init_private(
-        self, data: CohortData, global_: GlobalState, generator: torch.Generator
-    ) -> PrivateState:
+    def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         nb = int(data.users.shape[0])
         return {
-            "w": randn((nb, self.k), self.init_std_w, generator),
-            "b": torch.zeros(nb, device=generator.device),
+            "w": user_normal(check_seed(seed), 1, data.users, (self.k,), self.init_std_w),
+            "b": torch.zeros(nb, device=data.users.device),
             # before its first round a device scores with the global embedding it received
             "E": global_["E"].unsqueeze(0).expand(nb, -1, -1).clone(),
         }
@@ -99,9 +107,10 @@ class PFedRec(FederatedRecommender):
         private: PrivateState,
         data: CohortData,
         round_idx: int,
-        generator: torch.Generator,
+        seed: int,
     ) -> tuple[PrivateState, torch.Tensor]:
         m, k, bs = self.n_items, self.k, self.batch_size
+        check_seed(seed)
         Eg = global_["E"]
         flat = flatten(data)
         nb = flat.n_devices
@@ -118,17 +127,20 @@ class PFedRec(FederatedRecommender):
 
         # samples of every epoch: (epoch, device, item, label, mini-batch id)
         ep_dev, ep_item, ep_y, ep_bid = [], [], [], []
-        for _ in range(self.local_epochs):
-            ndev, nitem = negative_samples(data, m, self.n_neg, generator)
+        # a sample's identity inside its device: positive p -> p, its negative (p, j) -> L_d + p * n_neg + j
+        pos_idx = within_device_index(flat.dev, flat.counts)
+        neg_idx = (flat.counts[flat.dev] + pos_idx * self.n_neg).repeat_interleave(self.n_neg) + torch.arange(
+            self.n_neg, device=dev_t
+        ).repeat(pos_idx.numel())
+        sample_idx = torch.cat([pos_idx, neg_idx])
+        sampler = negative_sampler(data, m, self.n_neg)
+        for e in range(self.local_epochs):
+            ndev, nitem = negative_samples(data, m, self.n_neg, negatives_stream(seed, round_idx, e), sampler)
             dev = torch.cat([flat.dev, ndev])
             item = torch.cat([flat.item, nitem])
             y = torch.cat([torch.ones_like(flat.item), torch.zeros_like(nitem)]).to(torch.float32)
-            # random rank of each sample inside its device -> mini-batch id
-            key = torch.rand(dev.shape[0], generator=generator, device=generator.device).to(dev_t)
-            order = torch.argsort(dev.to(torch.float64) + key.to(torch.float64))
-            starts = torch.cumsum(n_samples, 0) - n_samples
-            rank = torch.empty_like(dev)
-            rank[order] = torch.arange(dev.shape[0], device=dev_t) - starts[dev[order]]
+            # keyed random rank of each sample inside its device -> mini-batch id
+            rank = shuffle_ranks(dev, sample_idx, n_samples, data.users, shuffle_stream(seed, round_idx, e))
             ep_dev.append(dev)
             ep_item.append(item)
             ep_y.append(y)

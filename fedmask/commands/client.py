@@ -49,8 +49,9 @@ def client(
     device: Annotated[str, typer.Option(help="Torch device for local training: cpu or cuda[:N].")] = "cpu",
     seed: Annotated[
         int,
-        typer.Option(help="Seed of the local train/validation split, of negative sampling, and of --drop-rate draws "
-                     "(never of DP noise or secagg secrets, which use os.urandom)."),
+        typer.Option(help="Seed of the dataset (synthetic) and local split, of the keyed training draws (private "
+                     "initialisation, negatives: the same as `fedmask simulate --seed`), and of --drop-rate draws "
+                     "(never of DP noise, encoding rounding or secagg secrets, which use os.urandom)."),
     ] = 0,
     name: Annotated[
         str | None, typer.Option(help="Client name shown to the coordinator (default: edge-HOSTNAME-PID).",

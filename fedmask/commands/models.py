@@ -190,6 +190,22 @@ def register_simulate(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        users: Annotated[
+            str | None,
+            typer.Option(
+                help="Simulate only these devices, as an edge client's --users (1-based user numbers, e.g. 1-30); "
+                "default: every user of the dataset. Metrics are over these devices.",
+                show_default=False,
+            ),
+        ] = None,
+        save_global: Annotated[
+            Path | None,
+            typer.Option(
+                help="Write the final global model (after the last round) to this .npz file, one float32 array "
+                "per parameter (e.g. FedRAP's C), to compare with a federation's committed version.",
+                show_default=False,
+            ),
+        ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     ) -> None:
         """Simulate a federation and write OUT/results.json and OUT/metrics.png.
@@ -204,6 +220,15 @@ def register_simulate(app: typer.Typer) -> None:
         from models.engine import ConfigError, SimulationConfig, simulate as run_simulation, write_results
 
         err = Console(stderr=True)
+        population = None
+        if users is not None:
+            from edge_client.users import UserRangeError, parse_user_ranges
+
+            try:
+                population = tuple(parse_user_ranges(users))
+            except UserRangeError as e:
+                err.print(f"[red]error:[/red] {e}")
+                raise typer.Exit(2) from e
         try:
             cfg = SimulationConfig(
                 model=model,
@@ -226,6 +251,8 @@ def register_simulate(app: typer.Typer) -> None:
                 threads=threads,
                 data_dir=None if data_dir is None else str(data_dir),
                 params=_parse_params(param or []),
+                users=population,
+                save_global=None if save_global is None else str(save_global),
             )
             if dp_accountant not in ("rdp", "pld"):
                 raise ConfigError(f"--dp-accountant must be rdp or pld, not {dp_accountant!r}")
@@ -248,4 +275,5 @@ def register_simulate(app: typer.Typer) -> None:
         Console().print(
             f"[green]done[/green] {results['model']} on {results['dataset']}: best round {results['best_round']}, "
             f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
+            + (f"\n  {results['saved_global']}" if "saved_global" in results else "")
         )

@@ -2,9 +2,14 @@
 
 Training negatives are drawn every round, uniformly from all items minus the
 device's *training* items (held-out items can be drawn: a real device does not
-know its future). Membership is tested on sorted int64 keys
-`row * n_items + item` with `torch.searchsorted`; rejected draws are redrawn
-(only those), so the result is exactly uniform over the allowed items.
+know its future). The draws are keyed (`models/keyed_random.py`): candidate
+number `attempt` of negative slot j of the device's p-th positive is a hash of
+(stream, user id, p * n_neg + j, attempt), so a device's negatives do not
+depend on which other devices share its batch or on its row in it. Membership
+is tested on sorted int64 keys `row * n_items + item` with `torch.searchsorted`
+(or a boolean table for small cohorts); rejected draws are redrawn with the
+next attempt number (only those), so the result is uniform over the allowed
+items (up to the 32-bit bias of `KeyedStream.to_integers`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,95 @@ import torch
 
 from models.base import CohortData
 from models.data.types import ExplicitSplit, ImplicitSplit
+from models.keyed_random import KeyedStream, mix32
 
 _MAX_REDRAW_PASSES = 10_000
 _BITMAP_MAX_CELLS = 1 << 26  # B * n_items up to this: boolean membership table
+
+
+class NegativeSampler:
+    """Keyed training negatives for one padded cohort, drawn any number of times
+    (e.g. once per epoch, each with its own stream).
+
+    Row b's negatives are uniform over the items not in items[b, :lengths[b]]
+    (drawn independently, with replacement), keyed by the stream and the row's
+    user id `users[b]` (see the module doc). The membership structure and the
+    hashes of the slot numbers are built once, in the constructor.
+    """
+
+    def __init__(self, items: torch.Tensor, lengths: torch.Tensor, n_items: int, n_neg: int, users: torch.Tensor) -> None:
+        if items.dim() != 2:
+            raise ValueError(f"items must be (B, Lmax), got shape {tuple(items.shape)}")
+        B, L = items.shape
+        device = items.device
+        if users.shape != (B,):
+            raise ValueError(f"users must be ({B},), got shape {tuple(users.shape)}")
+        self.shape = (B, L, n_neg)
+        self.n_items, self.n_neg = n_items, n_neg
+        self.device = device
+        self.users = users.to(device=device, dtype=torch.int64)
+        self.empty = B == 0 or L == 0 or n_neg == 0
+        if self.empty:
+            return
+        lengths = lengths.to(device=device, dtype=torch.int64)
+        self.valid = torch.arange(L, device=device)[None, :] < lengths[:, None]  # (B, L)
+        pos_rows, pos_cols = torch.nonzero(self.valid, as_tuple=True)  # (P,) row and position of each positive
+        pos_items = items[self.valid].to(torch.int64)
+        if pos_items.numel() and (int(pos_items.min()) < 0 or int(pos_items.max()) >= n_items):
+            raise ValueError(f"positive item ids must lie in [0, {n_items})")
+        if B * n_items <= _BITMAP_MAX_CELLS:
+            bitmap = torch.zeros((B, n_items), dtype=torch.bool, device=device)
+            bitmap[pos_rows, pos_items] = True
+            full = bitmap.all(dim=1) & (lengths > 0)
+            self._bitmap, self._keys = bitmap.view(-1), None
+        else:
+            keys = torch.unique(pos_rows * n_items + pos_items)  # sorted
+            distinct = torch.bincount(torch.div(keys, n_items, rounding_mode="floor"), minlength=B)
+            full = distinct >= n_items
+            self._bitmap, self._keys = None, keys
+        if bool(full.any()):
+            b = int(torch.nonzero(full)[0])
+            raise ValueError(f"cohort row {b} has all {n_items} items as positives: no negative exists")
+        self.rows = pos_rows.repeat_interleave(n_neg)  # (P * n_neg,)
+        slot = (pos_cols * n_neg).repeat_interleave(n_neg) + torch.arange(n_neg, device=device).repeat(pos_cols.numel())
+        self._slot_hash = mix32(slot)  # the per-element word of the keys, the same for every stream
+        self._row_base = self.rows * n_items
+
+    def _member(self, flat_rows: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+        k = flat_rows + cand
+        if self._bitmap is not None:
+            return self._bitmap[k]
+        keys = self._keys
+        assert keys is not None
+        idx = torch.searchsorted(keys, k).clamp_(max=keys.numel() - 1)
+        return keys[idx] == k
+
+    def draw_flat(self, stream: KeyedStream) -> torch.Tensor:
+        """(P * n_neg,) negatives, positive-major (row, position, slot), in the
+        order of `rows`."""
+        if self.empty:
+            return torch.zeros(0, dtype=torch.int64, device=self.device)
+        ekeys = stream.user_keys(self.users)[self.rows]
+        ekeys ^= self._slot_hash
+        ekeys = mix32(ekeys)  # = stream.element_keys(user keys, slot)
+        cand = KeyedStream.to_integers(KeyedStream.attempt(ekeys, 0), self.n_items)
+        bad = torch.nonzero(self._member(self._row_base, cand)).squeeze(1)
+        for attempt in range(1, _MAX_REDRAW_PASSES + 1):
+            if bad.numel() == 0:
+                break
+            fresh = KeyedStream.to_integers(KeyedStream.attempt(ekeys[bad], attempt), self.n_items)
+            cand[bad] = fresh
+            bad = bad[self._member(self._row_base[bad], fresh)]
+        else:  # pragma: no cover - needs an astronomically unlucky hash
+            raise RuntimeError("negative sampling did not converge")
+        return cand
+
+    def draw(self, stream: KeyedStream) -> torch.Tensor:
+        """(B, Lmax, n_neg) int64 negatives; padding positions get 0."""
+        out = torch.zeros(self.shape, dtype=torch.int64, device=self.device)
+        if not self.empty:
+            out[self.valid] = self.draw_flat(stream).view(-1, self.n_neg)
+        return out
 
 
 def sample_negatives_padded(
@@ -26,69 +117,20 @@ def sample_negatives_padded(
     lengths: torch.Tensor,
     n_items: int,
     n_neg: int,
-    generator: torch.Generator,
+    stream: KeyedStream,
+    users: torch.Tensor,
 ) -> torch.Tensor:
-    """(B, Lmax, n_neg) int64 negatives for the padded positives `items` (B, Lmax).
-
-    Row b's negatives are uniform over the items not in items[b, :lengths[b]]
-    (drawn independently, with replacement). Padding positions get 0.
-    """
-    if items.dim() != 2:
-        raise ValueError(f"items must be (B, Lmax), got shape {tuple(items.shape)}")
-    B, L = items.shape
-    device = items.device
-    out = torch.zeros((B, L, n_neg), dtype=torch.int64, device=device)
-    if B == 0 or L == 0 or n_neg == 0:
-        return out
-    lengths = lengths.to(device=device, dtype=torch.int64)
-    valid = torch.arange(L, device=device)[None, :] < lengths[:, None]  # (B, L)
-    pos_rows = torch.nonzero(valid)[:, 0]  # (P,) row of each real positive
-    pos_items = items[valid].to(torch.int64)
-    if pos_items.numel() and (int(pos_items.min()) < 0 or int(pos_items.max()) >= n_items):
-        raise ValueError(f"positive item ids must lie in [0, {n_items})")
-
-    if B * n_items <= _BITMAP_MAX_CELLS:
-        bitmap = torch.zeros((B, n_items), dtype=torch.bool, device=device)
-        bitmap[pos_rows, pos_items] = True
-        full = bitmap.all(dim=1) & (lengths > 0)
-
-        def member(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-            return bitmap[r, c]
-
-    else:
-        keys = torch.unique(pos_rows * n_items + pos_items)  # sorted
-
-        def member(r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-            k = r * n_items + c
-            idx = torch.searchsorted(keys, k).clamp_(max=keys.numel() - 1)
-            return keys[idx] == k
-
-        distinct = torch.bincount(torch.div(keys, n_items, rounding_mode="floor"), minlength=B)
-        full = distinct >= n_items
-    if bool(full.any()):
-        b = int(torch.nonzero(full)[0])
-        raise ValueError(f"cohort row {b} has all {n_items} items as positives: no negative exists")
-
-    rows = pos_rows.repeat_interleave(n_neg)
-    cand = torch.randint(0, n_items, (rows.numel(),), generator=generator, device=device)
-    bad = torch.nonzero(member(rows, cand)).squeeze(1)
-    for _ in range(_MAX_REDRAW_PASSES):
-        if bad.numel() == 0:
-            break
-        fresh = torch.randint(0, n_items, (bad.numel(),), generator=generator, device=device)
-        cand[bad] = fresh
-        bad = bad[member(rows[bad], fresh)]
-    else:  # pragma: no cover - needs an astronomically unlucky generator
-        raise RuntimeError("negative sampling did not converge")
-    out[valid] = cand.view(-1, n_neg)
-    return out
+    """(B, Lmax, n_neg) int64 negatives for the padded positives `items` (B, Lmax)
+    (`NegativeSampler` for one draw): row b's are uniform over the items not in
+    items[b, :lengths[b]], keyed by `stream` and the row's user id `users[b]`.
+    Padding positions get 0."""
+    return NegativeSampler(items, lengths, n_items, n_neg, users).draw(stream)
 
 
-def sample_negatives(
-    data: CohortData, n_items: int, n_neg: int, generator: torch.Generator
-) -> torch.Tensor:
-    """(B, Lmax, n_neg) negatives for a cohort whose `items` are its training items."""
-    return sample_negatives_padded(data.items, data.lengths, n_items, n_neg, generator)
+def sample_negatives(data: CohortData, n_items: int, n_neg: int, stream: KeyedStream) -> torch.Tensor:
+    """(B, Lmax, n_neg) negatives for a cohort whose `items` are its training
+    items, keyed by `stream` and each row's user id (`data.users`)."""
+    return sample_negatives_padded(data.items, data.lengths, n_items, n_neg, stream, data.users)
 
 
 # ------------------------------------------------------------------ cohorts

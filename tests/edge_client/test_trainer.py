@@ -52,8 +52,8 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     split = random_explicit_split(interactions, 0) if explicit else leave_one_out(interactions, 0)
     users = np.array(NUMBERS) - 1
     data = cohort_data(split, users, explicit_csr=explicit_train_csr(split) if explicit else None)
-    private = model.init_private(data, global_, trainer._generator(spec.round_number, 0x1717))
-    want_priv, want = model.local_update(global_, private, data, spec.round_idx, trainer._generator(spec.round_number, 0x7EA1))
+    private = model.init_private(data, global_, trainer.seed)
+    want_priv, want = model.local_update(global_, private, data, spec.round_idx, trainer.seed)
 
     out = trainer.train(spec, NUMBERS)
     np.testing.assert_array_equal(out.updates, want.numpy().astype(np.float64))
@@ -69,7 +69,7 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     rows = torch.tensor(sub)
     priv2 = {k: v.index_select(0, rows) for k, v in want_priv.items()}
     data2 = cohort_data(split, users[sub], explicit_csr=explicit_train_csr(split) if explicit else None)
-    _, want2 = model.local_update(global_, priv2, data2, 4, trainer._generator(5, 0x7EA1))
+    _, want2 = model.local_update(global_, priv2, data2, 4, trainer.seed)
     out2 = trainer.train(spec2, [NUMBERS[i] for i in sub])
     np.testing.assert_array_equal(out2.updates, want2.numpy().astype(np.float64))
 

@@ -18,6 +18,14 @@ from models.data.sampling import (
 from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
 from models.data.types import ImplicitSplit
+from models.keyed_random import KeyedStream, Purpose
+
+
+def stream(seed: int = 0, epoch: int = 0) -> KeyedStream:
+    return KeyedStream.of(seed, Purpose.NEGATIVES, 0, epoch)
+
+
+ONE = torch.tensor([0])  # the user id of a one-row cohort
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +71,7 @@ def test_never_a_training_item_and_padding_zero(split: ImplicitSplit, bitmap: bo
     if not bitmap:
         monkeypatch.setattr(sampling, "_BITMAP_MAX_CELLS", 0)  # the searchsorted path
     c = cohort_data(split, np.arange(split.n_users))
-    g = torch.Generator().manual_seed(0)
-    neg = sample_negatives(c, split.n_items, 4, g)
+    neg = sample_negatives(c, split.n_items, 4, stream())
     assert neg.shape == (*c.items.shape, 4) and neg.dtype == torch.int64
     for b in range(split.n_users):
         n = int(c.lengths[b])
@@ -75,18 +82,65 @@ def test_never_a_training_item_and_padding_zero(split: ImplicitSplit, bitmap: bo
         assert min(drawn) >= 0 and max(drawn) < split.n_items
 
 
-def test_deterministic_given_generator(split: ImplicitSplit) -> None:
+def test_deterministic_given_the_key(split: ImplicitSplit) -> None:
     c = cohort_data(split, np.arange(40))
-    a = sample_negatives(c, split.n_items, 3, torch.Generator().manual_seed(7))
-    b = sample_negatives(c, split.n_items, 3, torch.Generator().manual_seed(7))
-    d = sample_negatives(c, split.n_items, 3, torch.Generator().manual_seed(8))
-    assert torch.equal(a, b) and not torch.equal(a, d)
+    a = sample_negatives(c, split.n_items, 3, stream(7))
+    b = sample_negatives(c, split.n_items, 3, stream(7))
+    d = sample_negatives(c, split.n_items, 3, stream(8))
+    e = sample_negatives(c, split.n_items, 3, stream(7, epoch=1))
+    assert torch.equal(a, b) and not torch.equal(a, d) and not torch.equal(a, e)
+
+
+def _rows_equal(neg_a: torch.Tensor, la: torch.Tensor, ia: int, neg_b: torch.Tensor, lb: torch.Tensor, ib: int) -> bool:
+    n = int(la[ia])
+    assert n == int(lb[ib])
+    return torch.equal(neg_a[ia, :n], neg_b[ib, :n])
+
+
+@pytest.mark.parametrize("bitmap", [True, False])
+def test_a_users_negatives_do_not_depend_on_the_batch(split: ImplicitSplit, bitmap: bool, monkeypatch) -> None:
+    """Keyed draws: user u gets the same negatives alone, in a batch of 5 and in
+    a batch of 30 in another order (so in simulate and on any edge client)."""
+    if not bitmap:
+        monkeypatch.setattr(sampling, "_BITMAP_MAX_CELLS", 0)
+    st = stream(3, epoch=2)
+    rng = np.random.default_rng(0)
+    thirty = rng.permutation(split.n_users)[:30]
+    five = thirty[[4, 0, 17, 9, 23]]
+    c30 = cohort_data(split, thirty)
+    c5 = cohort_data(split, five)
+    n30 = sample_negatives(c30, split.n_items, 4, st)
+    n5 = sample_negatives(c5, split.n_items, 4, st)
+    for j, u in enumerate(five):
+        c1 = cohort_data(split, [u])
+        n1 = sample_negatives(c1, split.n_items, 4, st)
+        i30 = int(np.flatnonzero(thirty == u)[0])
+        assert _rows_equal(n1, c1.lengths, 0, n5, c5.lengths, j)
+        assert _rows_equal(n1, c1.lengths, 0, n30, c30.lengths, i30)
+    # the key is the user id, not the row: the same rows under other ids draw other negatives
+    other = sample_negatives_padded(c5.items, c5.lengths, split.n_items, 4, st, c5.users + 1)
+    assert not torch.equal(other, n5)
+
+
+def test_keyed_redraws_depend_on_the_attempt_only() -> None:
+    """A rejected candidate is redrawn with the next attempt number: rows with
+    different training sets still agree on the slots both accept at attempt 0."""
+    st = stream(5)
+    a = sample_negatives_padded(torch.tensor([[0, 1]]), torch.tensor([2]), 50, 40, st, ONE)
+    b = sample_negatives_padded(torch.tensor([[0, 2]]), torch.tensor([2]), 50, 40, st, ONE)
+    first = KeyedStream.to_integers(
+        KeyedStream.attempt(st.element_keys(st.user_keys(ONE)[[0] * 80], torch.arange(80)), 0), 50
+    ).view(2, 40)
+    for got, train in ((a, {0, 1}), (b, {0, 2})):
+        ok = torch.tensor([int(v) not in train for v in first.reshape(-1)]).view(2, 40)
+        assert torch.equal(got[0][ok], first[ok])  # accepted at attempt 0: the first candidate
+        assert not any(int(v) in train for v in got.reshape(-1))
 
 
 def test_held_out_items_can_be_drawn_and_uniform() -> None:
     # one device with training items {0..4} out of 20; held-out items are fair game
     items = torch.tensor([[0, 1, 2, 3, 4]])
-    neg = sample_negatives_padded(items, torch.tensor([5]), 20, 2000, torch.Generator().manual_seed(1))
+    neg = sample_negatives_padded(items, torch.tensor([5]), 20, 2000, stream(1), ONE)
     counts = torch.bincount(neg.reshape(-1), minlength=20).double()
     assert counts[:5].sum() == 0
     expected = 5 * 2000 / 15
@@ -97,20 +151,41 @@ def test_held_out_items_can_be_drawn_and_uniform() -> None:
 
 def test_held_out_items_are_not_excluded(split: ImplicitSplit) -> None:
     c = cohort_data(split, np.arange(split.n_users))
-    neg = sample_negatives(c, split.n_items, 50, torch.Generator().manual_seed(2))
+    neg = sample_negatives(c, split.n_items, 50, stream(2))
     hit_test = [(neg[b, : c.lengths[b]] == int(split.test_item[b])).any().item() for b in range(split.n_users)]
     assert any(hit_test)
 
 
+def test_uniform_over_many_users_chi_square(split: ImplicitSplit) -> None:
+    """Pooled over all users, each user's negatives are uniform over its allowed
+    items: the counts of every user's draws against their expectation."""
+    c = cohort_data(split, np.arange(split.n_users))
+    n_neg = 40
+    neg = sample_negatives(c, split.n_items, n_neg, stream(11))
+    chi2, dof = 0.0, 0
+    for b in range(split.n_users):
+        n = int(c.lengths[b])
+        allowed = np.setdiff1d(np.arange(split.n_items), c.items[b, :n].numpy())
+        counts = np.bincount(neg[b, :n].reshape(-1).numpy(), minlength=split.n_items)[allowed]
+        expected = n * n_neg / len(allowed)
+        chi2 += float(((counts - expected) ** 2 / expected).sum())
+        dof += len(allowed) - 1
+    # chi-square with ~36k dof: mean dof, sd sqrt(2 dof) ~ 270; allow 5 sd
+    assert abs(chi2 - dof) < 5 * np.sqrt(2 * dof), (chi2, dof)
+
+
 def test_edge_cases() -> None:
-    g = torch.Generator().manual_seed(0)
-    empty = sample_negatives_padded(torch.zeros((3, 0), dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 10, 4, g)
+    g = stream()
+    three = torch.arange(3)
+    empty = sample_negatives_padded(torch.zeros((3, 0), dtype=torch.int64), torch.zeros(3, dtype=torch.int64), 10, 4, g, three)
     assert empty.shape == (3, 0, 4)
     # a device that trained on every item has no negative
     with pytest.raises(ValueError, match="no negative"):
-        sample_negatives_padded(torch.arange(5)[None, :], torch.tensor([5]), 5, 1, g)
+        sample_negatives_padded(torch.arange(5)[None, :], torch.tensor([5]), 5, 1, g, ONE)
     # a device with all but one item always gets that item
-    neg = sample_negatives_padded(torch.tensor([[0, 1, 3, 4]]), torch.tensor([4]), 5, 3, g)
+    neg = sample_negatives_padded(torch.tensor([[0, 1, 3, 4]]), torch.tensor([4]), 5, 3, g, ONE)
     assert torch.all(neg == 2)
     with pytest.raises(ValueError, match="item ids"):
-        sample_negatives_padded(torch.tensor([[7]]), torch.tensor([1]), 5, 1, g)
+        sample_negatives_padded(torch.tensor([[7]]), torch.tensor([1]), 5, 1, g, ONE)
+    with pytest.raises(ValueError, match="users"):
+        sample_negatives_padded(torch.tensor([[1]]), torch.tensor([1]), 5, 1, g, three)

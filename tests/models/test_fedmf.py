@@ -22,7 +22,7 @@ def test_implicit_fedmf_is_fedrap_without_personal_table() -> None:
     assert m.update_dim == 30 * 4
     data = CohortData(users=torch.arange(2), items=torch.tensor([[1, 2], [3, 0]]),
                       mask=torch.tensor([[True, True], [True, False]]), lengths=torch.tensor([2, 1]))  # fmt: skip
-    p = m.init_private(data, m.init_global(gen()), gen(1))
+    p = m.init_private(data, m.init_global(gen()), 1)
     assert set(p) == {"u", "b"}
 
 
@@ -37,9 +37,9 @@ def test_explicit_contract_and_exact_step() -> None:
     assert m.kind == "explicit" and m.update_dim == 5 * 3 + 5
     g0 = m.init_global(gen())
     g0["bq"] = torch.randn(5, generator=gen(9)) * 0.1
-    p0 = m.init_private(data, g0, gen(1))
+    p0 = m.init_private(data, g0, 1)
     g_copy = {k: v.clone() for k, v in g0.items()}
-    new_p, upd = m.local_update(g0, p0, data, 0, gen(2))
+    new_p, upd = m.local_update(g0, p0, data, 0, 2)
     assert all(torch.equal(g0[k], g_copy[k]) for k in g0)
     for b in range(2):
         p = p0["p"][b].clone().requires_grad_()
@@ -89,8 +89,8 @@ def test_exact_user_solver_zeroes_the_user_gradient() -> None:
     m = FedMFExplicit(2, 5, k=2, user_solver="exact", user_bias=True, reg=0.1, lr_item=0.0)
     g0 = m.init_global(gen())
     g0["bq"] = torch.randn(5, generator=gen(3)) * 0.2
-    p0 = m.init_private(data, g0, gen(1))
-    new_p, upd = m.local_update(g0, p0, data, 0, gen(2))
+    p0 = m.init_private(data, g0, 1)
+    new_p, upd = m.local_update(g0, p0, data, 0, 2)
     assert torch.count_nonzero(upd) == 0  # lr_item = 0: only the users moved
     for b in range(2):
         p = new_p["p"][b].clone().requires_grad_()

@@ -32,7 +32,7 @@ def feats(split) -> torch.Tensor:
 
 def test_one_order_mask_is_the_ridge_solution(split, data) -> None:
     m = FedMMF(split.n_users, split.n_items, feats(split), order="one", mask_reg=0.1)
-    mask, J = m.train_masks(data, gen())
+    mask, J = m.train_masks(data, 0)
     X = feats(split)
     for b in (0, 7, 31):
         it = data.items[b][data.mask[b]]
@@ -50,7 +50,7 @@ def test_one_order_mask_is_the_ridge_solution(split, data) -> None:
 @pytest.mark.parametrize("order", ["one", "two", "high"])
 def test_masks_fit_better_than_the_user_mean(split, data, order: str) -> None:
     m = FedMMF(split.n_users, split.n_items, feats(split), order=order, mask_reg=1e-3, mask_steps=150)
-    mask, J = m.train_masks(data, gen(1))
+    mask, J = m.train_masks(data, 1)
     assert mask.shape == (split.n_users, split.n_items) and J.shape == (split.n_users,)
     r = data.ratings * data.mask
     n = data.mask.sum(1)
@@ -63,7 +63,7 @@ def test_masks_fit_better_than_the_user_mean(split, data, order: str) -> None:
 def test_private_state_prediction_and_summary(split, data) -> None:
     m = FedMMF(split.n_users, split.n_items, feats(split), order="two", mask_steps=30, k=4)
     g0 = m.init_global(gen())
-    p0 = m.init_private(data, g0, gen(1))
+    p0 = m.init_private(data, g0, 1)
     assert set(p0) == {"p", "mask", "J"}
     items = torch.arange(6).repeat(split.n_users, 1)
     got = m.score(g0, p0, data.users, items)
@@ -72,7 +72,7 @@ def test_private_state_prediction_and_summary(split, data) -> None:
     assert torch.allclose(got, want, atol=1e-5)
     rows = torch.tensor([2, 3])
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
-    new_p, upd = m.local_update(g0, part, cohort_data(split, rows), 0, gen(2))
+    new_p, upd = m.local_update(g0, part, cohort_data(split, rows), 0, 2)
     assert upd.shape == (2, m.update_dim)
     assert torch.equal(new_p["mask"], part["mask"]) and torch.equal(new_p["J"], part["J"])
     s = m.summary(g0, p0)
@@ -85,13 +85,13 @@ def test_masked_mf_trains_on_the_residual(split, data) -> None:
     m = FedMMF(split.n_users, split.n_items, feats(split), order="one", k=3, reg=0.0, item_bias=False)
     g0 = m.init_global(gen())
     g0["Q"].zero_()
-    p0 = m.init_private(data, g0, gen(1))
+    p0 = m.init_private(data, g0, 1)
     table = torch.zeros(split.n_users, split.n_items)
     table[torch.arange(split.n_users)[:, None].expand_as(data.items)[data.mask], data.items[data.mask]] = data.ratings[
         data.mask
     ]
     p0["mask"] = table
-    _, upd = m.local_update(g0, p0, data, 0, gen(2))
+    _, upd = m.local_update(g0, p0, data, 0, 2)
     assert torch.count_nonzero(upd) == 0
 
 

@@ -40,7 +40,7 @@ def test_contract_shapes_and_no_mutation(synth_split, variant: str) -> None:
     m = FedRAP(s.n_users, s.n_items, k=8, variant=variant, local_epochs=2, v1=1e-3, v2=1e-3)
     data = cohort_data(s, list(range(s.n_users)))
     g0 = m.init_global(gen())
-    p0 = m.init_private(data, g0, gen(1))
+    p0 = m.init_private(data, g0, 1)
     assert m.update_dim == (0 if variant == "d_only" else s.n_items * 8)
     if variant != "c_only":
         assert p0["D"].shape == (s.n_users, s.n_items, 8)
@@ -50,7 +50,7 @@ def test_contract_shapes_and_no_mutation(synth_split, variant: str) -> None:
     sub = cohort_data(s, rows)
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
     part_copy = {k: v.clone() for k, v in part.items()}
-    new_p, upd = m.local_update(g0, part, sub, round_idx=3, generator=gen(2))
+    new_p, upd = m.local_update(g0, part, sub, round_idx=3, seed=2)
     assert upd.shape == (4, m.update_dim) and upd.dtype == torch.float32
     assert set(new_p) == set(p0) and all(new_p[k].shape == part[k].shape for k in new_p)
     for k in g0:  # global state untouched
@@ -76,9 +76,9 @@ def test_update_is_only_the_change_of_c(synth_split) -> None:
         mask=torch.zeros(2, 1, dtype=torch.bool),
         lengths=torch.zeros(2, dtype=torch.long),
     )
-    priv = m.init_private(empty, g0, gen(1))
+    priv = m.init_private(empty, g0, 1)
     priv["D"].normal_(generator=gen(5))
-    _, upd = m.local_update(g0, priv, empty, 0, gen(2))
+    _, upd = m.local_update(g0, priv, empty, 0, 2)
     assert upd.shape == (2, g0["C"].numel())
     assert torch.count_nonzero(upd) == 0
 
@@ -101,9 +101,9 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
         v2=0.0, init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02, lr_decay=1.0,
     )  # fmt: skip
     G = model.init_global(gen(1))
-    P = model.init_private(data, G, gen(1))
+    P = model.init_private(data, G, 1)
     a = 5
-    new_p, upd = model.local_update(G, P, data, a, gen(2))
+    new_p, upd = model.local_update(G, P, data, a, 2)
     lam = model.lam(a)
     for b in range(B):
         u = P["u"][b].clone().requires_grad_()
@@ -145,8 +145,8 @@ def test_regulariser_pushes_d_and_c_apart() -> None:
     )
     m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, curriculum="fixed", init_std_d=0.5)
     G = m.init_global(gen())
-    P = m.init_private(data, G, gen(1))
-    new_p, upd = m.local_update(G, P, data, 0, gen(2))
+    P = m.init_private(data, G, 1)
+    new_p, upd = m.local_update(G, P, data, 0, 2)
     before = (P["D"][0] - G["C"]).norm()
     after = (new_p["D"][0] - (G["C"] + upd[0].view(5, 3))).norm()
     assert after > before
@@ -183,9 +183,9 @@ def test_curriculum_is_applied_in_training() -> None:
     )
     m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, init_std_d=0.5)
     G = m.init_global(gen())
-    P = m.init_private(data, G, gen(1))
-    _, upd0 = m.local_update(G, P, data, 0, gen(2))
-    _, upd20 = m.local_update(G, P, data, 20, gen(2))
+    P = m.init_private(data, G, 1)
+    _, upd0 = m.local_update(G, P, data, 0, 2)
+    _, upd20 = m.local_update(G, P, data, 20, 2)
     assert torch.count_nonzero(upd0) == 0 and torch.count_nonzero(upd20) > 0
 
 
@@ -233,8 +233,8 @@ def test_update_scale_only_changes_the_unit(synth_split) -> None:
     a = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1)
     b = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1, update_scale=7.0)
     g0 = a.init_global(gen())
-    p0 = a.init_private(data, g0, gen(1))
-    _, ua = a.local_update(g0, p0, data, 4, gen(2))
-    _, ub = b.local_update(g0, p0, data, 4, gen(2))
+    p0 = a.init_private(data, g0, 1)
+    _, ua = a.local_update(g0, p0, data, 4, 2)
+    _, ub = b.local_update(g0, p0, data, 4, 2)
     assert torch.allclose(ub * 7.0, ua, atol=1e-5)
     assert torch.allclose(a.apply_mean_update(g0, ua.mean(0), 4)["C"], b.apply_mean_update(g0, ub.mean(0), 4)["C"], atol=1e-5)

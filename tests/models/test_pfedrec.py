@@ -11,6 +11,7 @@ from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
 from models.engine import SimulationConfig, simulate
+from models.keyed_random import KeyedStream, Purpose
 from models.pfedrec import PFedRec
 
 
@@ -23,7 +24,7 @@ def test_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     m = PFedRec(s.n_users, s.n_items, k=8)
     g0 = m.init_global(gen())
     data = cohort_data(s, list(range(s.n_users)))
-    p0 = m.init_private(data, g0, gen(1))
+    p0 = m.init_private(data, g0, 1)
     assert m.update_dim == s.n_items * 8
     assert p0["E"].shape == (s.n_users, s.n_items, 8) and torch.equal(p0["E"][3], g0["E"])
     rows = torch.tensor([1, 4, 9])
@@ -31,7 +32,7 @@ def test_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
     g_copy = {k: v.clone() for k, v in g0.items()}
     part_copy = {k: v.clone() for k, v in part.items()}
-    new_p, upd = m.local_update(g0, part, sub, 0, gen(2))
+    new_p, upd = m.local_update(g0, part, sub, 0, 2)
     assert upd.shape == (3, m.update_dim)
     assert all(torch.equal(g0[k], g_copy[k]) for k in g0)
     assert all(torch.equal(part[k], part_copy[k]) for k in part)
@@ -54,14 +55,13 @@ def test_two_step_minibatch_update_equals_autograd(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(pf_mod, "negative_samples", lambda *a, **kw: negs)
     m = PFedRec(1, 6, k=3, batch_size=4, n_neg=1, lr=0.3, lr_item=0.7, weight_decay=0.0)
     g0 = m.init_global(gen(3))
-    p0 = m.init_private(data, g0, gen(4))
-    g = gen(5)
-    new_p, upd = m.local_update(g0, p0, data, 0, g)
-    # replay the shuffling the model did: same generator stream
-    g = gen(5)
+    p0 = m.init_private(data, g0, 4)
+    new_p, upd = m.local_update(g0, p0, data, 0, 5)
+    # replay the shuffling the model did: sample i of user 0 (positives 0..2, then the
+    # negatives of positions 0..2) has the keyed sort key of (seed 5, SHUFFLE, round 0, epoch 0, user 0, i)
     dev = torch.zeros(6, dtype=torch.long)
-    key = torch.rand(6, generator=g)
-    order = torch.argsort(key.double())
+    key = KeyedStream.of(5, Purpose.SHUFFLE, 0, 0).uniform(torch.tensor(0), torch.arange(6))
+    order = torch.argsort(key)
     rank = torch.empty(6, dtype=torch.long)
     rank[order] = torch.arange(6)
     bid = rank // 4
