@@ -118,7 +118,7 @@ class ExplicitMF(FederatedRecommender):
         lr_item: float = 0.2,
         lr_decay: float = 1.0,
         server_lr: float = 10.0,
-        reg: float = 0.1,
+        reg: float = 0.12,
         init_std: float = 0.1,
         chunk: int = 64,
     ) -> None:
