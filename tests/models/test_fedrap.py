@@ -190,7 +190,7 @@ def test_curriculum_is_applied_in_training() -> None:
 
 
 def test_l1_proximal_step_makes_c_sparse() -> None:
-    m = FedRAP(2, 50, k=8, v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
+    m = FedRAP(2, 50, k=8, reg="l1", v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
     G = {"C": torch.randn(50, 8, generator=gen()) * 0.1}
     thr = 1.0 * 2 * 0.1 * 0.5
     G1 = m.apply_mean_update(G, torch.zeros(50 * 8), 5)
@@ -224,7 +224,12 @@ def test_learns_on_synthetic_data() -> None:
     assert res["best_val"]["hr@10"] > 0.35  # random ranking gives 0.1
     assert res["test"]["hr@10"] > 0.3
     assert 0.03 < res["placebo"]["hr@10"] < 0.2
-    assert res["summary"]["c_zero_fraction"] > 0.0  # the L1 prox is at work
+    assert res["summary"]["c_zero_fraction"] == 0.0  # the default regulariser is L2 (docs/tuning.md)
+    l1 = simulate(
+        SimulationConfig(model="fedrap", dataset="synthetic", rounds=6, seed=0, params={"reg": "l1"}), interactions=x
+    )
+    assert l1["summary"]["c_zero_fraction"] > 0.0  # the paper's L1 prox is at work
+    assert l1["best_val"]["hr@10"] > 0.35
 
 
 def test_update_scale_only_changes_the_unit(synth_split) -> None:
