@@ -826,24 +826,30 @@ class Coordinator:
         return {k: v for k, v in out.items() if math.isfinite(v)}
 
     def _privacy_entry(self, r: RoundMachine) -> PrivacyEntry | None:
-        """Epsilon from models.privacy.epsilon (dp_accounting). The sampling
-        rate q = cohort / active enrolled devices; the cumulative epsilon
-        composes all DP rounds at the largest q seen so far (an upper bound
-        when q varies, since epsilon grows with q)."""
+        """Epsilon from models.privacy (dp_accounting). The sampling rate
+        q = cohort / active enrolled devices. With distributed noise the sum
+        holds the noise of the counted devices only, so the round is
+        accounted at z * sqrt(counted / cohort) (dropouts cost privacy); the
+        ledger stores that effective multiplier. The cumulative epsilon
+        composes every ledger round with this one exactly, each at its own
+        (z, q)."""
         dp = self.settings.dp
         if dp.mode == "none" or dp.noise_multiplier <= 0:
             return None
-        from models.privacy import epsilon
+        from models.privacy import composed_epsilon, distributed_noise_multiplier
 
         population = max(1, sum(1 for rec in self._devices.values() if rec.status is DeviceStatus.ACTIVE))
         q = min(1.0, len(r.cohort) / population)
-        ledger = self.store.privacy_ledger()
-        q_max = max([e.sampling_rate for e in ledger] + [q])
-        kw = {"noise_multiplier": dp.noise_multiplier, "delta": dp.delta, "accountant": dp.accountant}
-        eps = epsilon(sampling_rate=q, rounds=1, **kw)
-        cumulative = max(eps, epsilon(sampling_rate=q_max, rounds=len(ledger) + 1, **kw))
+        z = dp.noise_multiplier
+        if dp.mode == "distributed":
+            assert r.result is not None
+            z = distributed_noise_multiplier(z, planned=len(r.cohort), counted=len(r.result.counted))
+        kw = {"delta": dp.delta, "accountant": dp.accountant}
+        history = [(e.noise_multiplier, e.sampling_rate) for e in self.store.privacy_ledger()]
+        eps = composed_epsilon([(z, q)], **kw)
+        cumulative = composed_epsilon([*history, (z, q)], **kw)
         return PrivacyEntry(
-            round_number=r.number, epsilon=eps, delta=dp.delta, noise_multiplier=dp.noise_multiplier,
+            round_number=r.number, epsilon=eps, delta=dp.delta, noise_multiplier=z,
             sampling_rate=q, cumulative_epsilon=cumulative,
         )
 

@@ -34,7 +34,11 @@ What `epsilon` means (state this wherever it is reported):
     secure aggregation) every device adds N(0, (z tau)^2 / B): the sum the
     server unmasks carries exactly N(0, (z tau)^2), the same epsilon is then
     tight for the aggregate, assuming the devices add their share, and an
-    individual update on its own is not protected.
+    individual update on its own is not protected. Only the devices whose
+    inputs the secure sum counts contribute their share: with dropouts the
+    sum carries z * sqrt(counted / B) (`distributed_noise_multiplier`), and
+    the coordinator accounts each round at that multiplier, composing rounds
+    of different (z, q) exactly (`composed_epsilon`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 import dp_accounting
@@ -140,6 +145,47 @@ def epsilon(
     acc = _accountant(accountant)
     with _quiet_absl():
         acc.compose(dp_event(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, rounds=rounds))
+        eps = float(acc.get_epsilon(delta))
+    return eps if math.isfinite(eps) else math.inf
+
+
+def distributed_noise_multiplier(noise_multiplier: float, *, planned: int, counted: int) -> float:
+    """The noise multiplier the *sum* actually carries under distributed noise.
+
+    Each of the `planned` devices adds N(0, (z tau)^2 / planned); only the
+    `counted` devices whose inputs the secure sum contains contribute noise,
+    so the sum carries N(0, (z tau)^2 * counted / planned): multiplier
+    z * sqrt(counted / planned) <= z. Dropouts therefore weaken the round's
+    guarantee, and the accountant must be given this value, not z."""
+    if planned < 1 or not 0 <= counted <= planned:
+        raise ValueError(f"need 0 <= counted <= planned and planned >= 1, got counted={counted}, planned={planned}")
+    if noise_multiplier < 0:
+        raise ValueError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+    return noise_multiplier * math.sqrt(counted / planned)
+
+
+def composed_epsilon(
+    rounds: Sequence[tuple[float, float]],
+    *,
+    delta: float = DEFAULT_DELTA,
+    accountant: Accountant = "rdp",
+) -> float:
+    """Epsilon at `delta` of rounds that may differ, each given as
+    (noise_multiplier, sampling_rate) of a Poisson-subsampled Gaussian round,
+    composed by the accountant (no upper-bounding by the worst round).
+    Identical rounds are grouped, so the cost grows with the number of
+    distinct (z, q) pairs, not with the number of rounds."""
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if not rounds:
+        return 0.0
+    if any(z <= 0 for z, _ in rounds):
+        return math.inf
+    groups = Counter((float(z), float(q)) for z, q in rounds)
+    events = [dp_event(noise_multiplier=z, sampling_rate=q, rounds=n) for (z, q), n in sorted(groups.items())]
+    acc = _accountant(accountant)
+    with _quiet_absl():
+        acc.compose(dp_accounting.ComposedDpEvent(events))
         eps = float(acc.get_epsilon(delta))
     return eps if math.isfinite(eps) else math.inf
 

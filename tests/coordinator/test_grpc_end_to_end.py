@@ -428,3 +428,30 @@ def test_check_in_replaces_the_available_set():
             await c.close()
 
     asyncio.run(main())
+
+
+def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
+    """Distributed noise: each of the 5 selected devices adds N(0, (z tau)^2 / 5);
+    one drops before its masked input, so the sum carries 4/5 of the variance
+    and the round must be accounted at z * sqrt(4/5), not z."""
+    async def main():
+        from models.privacy import composed_epsilon, epsilon
+
+        settings = make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
+                                    "dp.clip": 0.1, **SHORT})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 5, groups=2, silent={1: "masked_input"})
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED and rec.dropouts == {"masked_input": [devices[1].device_id]}
+            t = next(t for c in clients for t in c.tasks)
+            assert t.dp.mode == session_pb2.DP_MODE_DISTRIBUTED and t.dp.noise_stddev == pytest.approx(0.1 / 5**0.5)
+            (entry,) = store.privacy_ledger()
+            assert entry.noise_multiplier == pytest.approx((4 / 5) ** 0.5)
+            assert entry.epsilon == pytest.approx(composed_epsilon([(entry.noise_multiplier, 1.0)]))
+            assert entry.epsilon > epsilon(noise_multiplier=1.0, sampling_rate=1.0, rounds=1) * 1.05
+            assert entry.cumulative_epsilon == pytest.approx(entry.epsilon)
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())

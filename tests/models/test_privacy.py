@@ -9,7 +9,16 @@ import pytest
 import torch
 from dp_accounting import pld, rdp
 
-from models.privacy import RoundAccountant, add_gaussian_noise, clip_rows, dp_event, epsilon, privatize
+from models.privacy import (
+    RoundAccountant,
+    add_gaussian_noise,
+    clip_rows,
+    composed_epsilon,
+    distributed_noise_multiplier,
+    dp_event,
+    epsilon,
+    privatize,
+)
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -104,3 +113,33 @@ def test_round_accountant_bookkeeping() -> None:
     assert acc.rounds == 7
     assert acc.epsilon() == pytest.approx(epsilon(noise_multiplier=1.0, sampling_rate=0.2, rounds=7))
     assert math.isfinite(acc.epsilon())
+
+
+def test_composed_epsilon_matches_epsilon_for_identical_rounds() -> None:
+    for acc in ("rdp", "pld"):
+        want = epsilon(noise_multiplier=1.0, sampling_rate=0.5, rounds=20, accountant=acc)  # type: ignore[arg-type]
+        got = composed_epsilon([(1.0, 0.5)] * 20, accountant=acc)  # type: ignore[arg-type]
+        assert got == pytest.approx(want, rel=1e-9)
+    assert composed_epsilon([]) == 0.0
+    assert composed_epsilon([(0.0, 1.0)]) == math.inf
+
+
+def test_composed_epsilon_of_mixed_rounds_lies_between_the_uniform_ones() -> None:
+    lo = epsilon(noise_multiplier=1.2, sampling_rate=1.0, rounds=10)
+    hi = epsilon(noise_multiplier=0.8, sampling_rate=1.0, rounds=10)
+    mixed = composed_epsilon([(1.2, 1.0)] * 5 + [(0.8, 1.0)] * 5)
+    assert lo < mixed < hi
+    # order does not matter, and adding a round never lowers epsilon
+    assert composed_epsilon([(0.8, 1.0)] * 5 + [(1.2, 1.0)] * 5) == pytest.approx(mixed)
+    assert composed_epsilon([(1.2, 1.0)] * 5 + [(0.8, 1.0)] * 6) > mixed
+
+
+def test_distributed_noise_multiplier_shrinks_with_the_dropouts() -> None:
+    assert distributed_noise_multiplier(1.0, planned=100, counted=100) == 1.0
+    assert distributed_noise_multiplier(2.0, planned=100, counted=25) == pytest.approx(1.0)
+    assert distributed_noise_multiplier(1.0, planned=10, counted=0) == 0.0
+    for bad in ({"planned": 0, "counted": 0}, {"planned": 5, "counted": 6}, {"planned": 5, "counted": -1}):
+        with pytest.raises(ValueError):
+            distributed_noise_multiplier(1.0, **bad)
+    with pytest.raises(ValueError):
+        distributed_noise_multiplier(-1.0, planned=5, counted=5)
