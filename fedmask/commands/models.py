@@ -157,7 +157,7 @@ def register_simulate(app: typer.Typer) -> None:
             typer.Option(help="DP noise multiplier z (noise std z * tau per coordinate). Needs --dp-clip.", show_default=False),
         ] = None,
         dp_clip: Annotated[
-            float | None, typer.Option(help="DP clipping norm tau of every device's update.", show_default=False)
+            float | None, typer.Option(help="DP clipping norm tau of every device's update. FedRAP sends (C_i - C) / update_scale, so tau is in that unit: -p update_scale=70 is the validation-tuned unit for tau 0.1, z 1 with --dp-mode distributed (docs/tuning.md).", show_default=False)
         ] = None,
         dp_delta: Annotated[float, typer.Option(help="delta of the reported (epsilon, delta).")] = 1e-5,
         dp_accountant: Annotated[str, typer.Option(help="Privacy accountant: rdp or pld (dp-accounting).")] = "rdp",
