@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -80,6 +80,9 @@ from secagg.errors import ConfigError
 from wire import WireError, build_round_task, params_to_proto
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import CLIENT_FIELDS, expand_abort
+
+if TYPE_CHECKING:
+    from models.privacy import Composition
 
 PROTOCOL_VERSION = "fedmask.v1"
 COORDINATOR_VERSION = "0.1.0"
@@ -235,6 +238,8 @@ class Coordinator:
         self._params_proto: common_pb2.ModelParameters | None = None
         self.model_version: int | None = None
         self._step = 0
+        # the committed privacy ledger, composed (built from the store at the first DP commit)
+        self._composition: Composition | None = None
         self._started = False
         self._stopping = False
         self.rounds_run = 0
@@ -793,6 +798,8 @@ class Coordinator:
             log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
             self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
             return
+        if privacy is not None and self._composition is not None:
+            self._composition.add(privacy.noise_multiplier, privacy.sampling_rate)
         self._params, self._params_proto = new_params, None
         self.model_version = summary.id
         self._step += 1
@@ -829,14 +836,15 @@ class Coordinator:
         """Epsilon from models.privacy (dp_accounting). The sampling rate
         q = cohort / active enrolled devices. With distributed noise the sum
         holds the noise of the counted devices only, so the round is
-        accounted at z * sqrt(counted / cohort) (dropouts cost privacy); the
-        ledger stores that effective multiplier. The cumulative epsilon
-        composes every ledger round with this one exactly, each at its own
-        (z, q)."""
+        accounted at z * sqrt(counted / cohort) (dropouts cost privacy, D19);
+        the ledger stores that effective multiplier. The cumulative epsilon
+        composes every committed round exactly, each at its own (z, q): the
+        running composition is built from the ledger once, and extended in
+        `_commit` only after the store has committed the round."""
         dp = self.settings.dp
         if dp.mode == "none" or dp.noise_multiplier <= 0:
             return None
-        from models.privacy import composed_epsilon, distributed_noise_multiplier
+        from models.privacy import Composition, composed_epsilon, distributed_noise_multiplier
 
         population = max(1, sum(1 for rec in self._devices.values() if rec.status is DeviceStatus.ACTIVE))
         q = min(1.0, len(r.cohort) / population)
@@ -844,13 +852,13 @@ class Coordinator:
         if dp.mode == "distributed":
             assert r.result is not None
             z = distributed_noise_multiplier(z, planned=len(r.cohort), counted=len(r.result.counted))
-        kw = {"delta": dp.delta, "accountant": dp.accountant}
-        history = [(e.noise_multiplier, e.sampling_rate) for e in self.store.privacy_ledger()]
-        eps = composed_epsilon([(z, q)], **kw)
-        cumulative = composed_epsilon([*history, (z, q)], **kw)
+        if self._composition is None:
+            history = [(e.noise_multiplier, e.sampling_rate) for e in self.store.privacy_ledger()]
+            self._composition = Composition(history, delta=dp.delta, accountant=dp.accountant)
         return PrivacyEntry(
-            round_number=r.number, epsilon=eps, delta=dp.delta, noise_multiplier=z,
-            sampling_rate=q, cumulative_epsilon=cumulative,
+            round_number=r.number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
+            delta=dp.delta, noise_multiplier=z, sampling_rate=q,
+            cumulative_epsilon=self._composition.epsilon_with(z, q),
         )
 
 

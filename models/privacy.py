@@ -44,6 +44,7 @@ What `epsilon` means (state this wherever it is reported):
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 from collections import Counter
@@ -172,22 +173,67 @@ def composed_epsilon(
 ) -> float:
     """Epsilon at `delta` of rounds that may differ, each given as
     (noise_multiplier, sampling_rate) of a Poisson-subsampled Gaussian round,
-    composed by the accountant (no upper-bounding by the worst round).
-    Identical rounds are grouped, so the cost grows with the number of
-    distinct (z, q) pairs, not with the number of rounds."""
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-    if not rounds:
-        return 0.0
-    if any(z <= 0 for z, _ in rounds):
-        return math.inf
-    groups = Counter((float(z), float(q)) for z, q in rounds)
-    events = [dp_event(noise_multiplier=z, sampling_rate=q, rounds=n) for (z, q), n in sorted(groups.items())]
-    acc = _accountant(accountant)
-    with _quiet_absl():
-        acc.compose(dp_accounting.ComposedDpEvent(events))
-        eps = float(acc.get_epsilon(delta))
-    return eps if math.isfinite(eps) else math.inf
+    composed by the accountant (no upper-bounding by the worst round)."""
+    return Composition(rounds, delta=delta, accountant=accountant).epsilon()
+
+
+class Composition:
+    """A running composition of rounds (z, q), for a ledger that grows by one
+    round at a time: `epsilon_with(z, q)` prices one more round without
+    recomposing the history, and `add` records it once it is committed.
+    Identical rounds are composed as one self-composed event, so building
+    from a history costs one accountant evaluation per distinct (z, q) (with
+    RDP ~0.1 s each when q < 1); each later round costs one."""
+
+    def __init__(
+        self,
+        rounds: Sequence[tuple[float, float]] = (),
+        *,
+        delta: float = DEFAULT_DELTA,
+        accountant: Accountant = "rdp",
+    ) -> None:
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.delta = delta
+        self._acc = _accountant(accountant)
+        self._infinite = False  # a round without noise: epsilon is infinite from then on
+        self.rounds = 0
+        for (z, q), n in sorted(Counter((float(z), float(q)) for z, q in rounds).items()):
+            self._infinite |= self._compose(self._acc, z, q, n)
+            self.rounds += n
+
+    @staticmethod
+    def _compose(acc: dp_accounting.PrivacyAccountant, z: float, q: float, n: int) -> bool:
+        """Compose n rounds (z, q) into acc; True when z = 0 (epsilon infinite)."""
+        if z <= 0:
+            dp_event(noise_multiplier=1.0, sampling_rate=q, rounds=n)  # validates q and n
+            return True
+        with _quiet_absl():
+            acc.compose(dp_event(noise_multiplier=z, sampling_rate=q, rounds=n))
+        return False
+
+    def _eps(self, acc: dp_accounting.PrivacyAccountant, infinite: bool, rounds: int) -> float:
+        if infinite:
+            return math.inf
+        if rounds == 0:
+            return 0.0
+        with _quiet_absl():
+            eps = float(acc.get_epsilon(self.delta))
+        return eps if math.isfinite(eps) else math.inf
+
+    def epsilon(self) -> float:
+        """Epsilon at `delta` of the rounds added so far."""
+        return self._eps(self._acc, self._infinite, self.rounds)
+
+    def epsilon_with(self, noise_multiplier: float, sampling_rate: float) -> float:
+        """Epsilon if one more round (z, q) were added; changes nothing."""
+        acc = copy.deepcopy(self._acc)
+        infinite = self._compose(acc, noise_multiplier, sampling_rate, 1) or self._infinite
+        return self._eps(acc, infinite, self.rounds + 1)
+
+    def add(self, noise_multiplier: float, sampling_rate: float) -> None:
+        self._infinite |= self._compose(self._acc, noise_multiplier, sampling_rate, 1)
+        self.rounds += 1
 
 
 class RoundAccountant:

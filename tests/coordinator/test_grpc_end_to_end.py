@@ -439,7 +439,8 @@ def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
 
         settings = make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
                                     "dp.clip": 0.1, **SHORT})
-        async with running(settings) as (coord, target, store, rounds):
+        store = InMemoryStore()
+        async with running(settings, store) as (coord, target, _, rounds):
             clients, devices = await _clients(target, 5, groups=2, silent={1: "masked_input"})
             await _wait_rounds(rounds)
             rec = store.get_round(1)
@@ -451,6 +452,18 @@ def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
             assert entry.epsilon == pytest.approx(composed_epsilon([(entry.noise_multiplier, 1.0)]))
             assert entry.epsilon > epsilon(noise_multiplier=1.0, sampling_rate=1.0, rounds=1) * 1.05
             assert entry.cumulative_epsilon == pytest.approx(entry.epsilon)
+            for c in clients:
+                await c.close()
+        # a restarted coordinator rebuilds the composition from the ledger and extends it
+        async with running(make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
+                                            "dp.clip": 0.1}), store) as (coord, target, _, rounds):
+            clients, _devices = await _clients(target, 5, groups=1, seed=1)
+            await _wait_rounds(rounds)
+            first, second = store.privacy_ledger()
+            assert second.round_number == 2 and second.noise_multiplier == pytest.approx(1.0)  # no dropout
+            want = composed_epsilon([(e.noise_multiplier, e.sampling_rate) for e in (first, second)])
+            assert second.cumulative_epsilon == pytest.approx(want)
+            assert first.epsilon < second.cumulative_epsilon < first.epsilon + second.epsilon
             for c in clients:
                 await c.close()
 

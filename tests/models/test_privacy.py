@@ -10,6 +10,7 @@ import torch
 from dp_accounting import pld, rdp
 
 from models.privacy import (
+    Composition,
     RoundAccountant,
     add_gaussian_noise,
     clip_rows,
@@ -143,3 +144,20 @@ def test_distributed_noise_multiplier_shrinks_with_the_dropouts() -> None:
             distributed_noise_multiplier(1.0, **bad)
     with pytest.raises(ValueError):
         distributed_noise_multiplier(-1.0, planned=5, counted=5)
+
+
+def test_composition_prices_one_more_round_without_recording_it() -> None:
+    comp = Composition([(1.0, 0.5)] * 3 + [(0.8, 0.5)])
+    assert comp.rounds == 4 and comp.epsilon() == pytest.approx(composed_epsilon([(1.0, 0.5)] * 3 + [(0.8, 0.5)]))
+    before = comp.epsilon()
+    priced = comp.epsilon_with(0.9, 0.5)
+    assert priced > before and comp.epsilon() == before and comp.rounds == 4  # nothing recorded
+    assert comp.epsilon_with(0.0, 0.5) == math.inf and comp.epsilon() == before
+    comp.add(0.9, 0.5)
+    assert comp.rounds == 5 and comp.epsilon() == pytest.approx(priced)
+    assert comp.epsilon() == pytest.approx(composed_epsilon([(1.0, 0.5)] * 3 + [(0.8, 0.5), (0.9, 0.5)]))
+    comp.add(0.0, 0.5)
+    assert comp.epsilon() == math.inf
+    assert Composition().epsilon() == 0.0
+    with pytest.raises(ValueError):
+        Composition([(1.0, 1.5)])
