@@ -1,4 +1,4 @@
-"""`fedmask data ...` and `fedmask simulate`: filled in by the models work (issue 3)."""
+"""`fedmask data ...`, `fedmask simulate` and `fedmask reference`: the models work (issue 3)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def register(app: typer.Typer) -> None:
     """Attach the model-side subcommands to the root app."""
     register_data(app)
     register_simulate(app)
+    register_reference(app)
 
 
 # ====================================================================== data
@@ -277,3 +278,76 @@ def register_simulate(app: typer.Typer) -> None:
             f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
             + (f"\n  {results['saved_global']}" if "saved_global" in results else "")
         )
+
+
+# ================================================================= reference
+
+
+def register_reference(app: typer.Typer) -> None:
+    """`fedmask reference`: centralised yardsticks on the same split (models/reference.py)."""
+
+    @app.command("reference")
+    def reference(
+        dataset: Annotated[
+            str, typer.Option(help="Dataset name under --data-dir (ml-100k), a folder or .csv, or 'synthetic'.")
+        ] = "ml-100k",
+        seed: Annotated[int, typer.Option(help="Seed of the split (the same split `simulate --seed` uses).")] = 0,
+        model: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--model",
+                "-m",
+                help="popularity | itemknn | ease | ease-recency (repeatable; default: all).",
+                show_default=False,
+            ),
+        ] = None,
+        out: Annotated[
+            Path | None,
+            typer.Option("--out", "-o", help="Also write OUT/reference.json.", show_default=False),
+        ] = None,
+        data_dir: DataDirOption = None,
+    ) -> None:
+        """What centralised models reach under the sound protocol, to judge federated figures by.
+
+        Each reference model sees all training data at once (nothing is federated or
+        private). Its hyperparameters are chosen on validation HR@10 from a fixed grid;
+        the test metrics and the placebo are computed once for that choice, on exactly
+        the split, negatives and ranking `fedmask simulate --seed` uses. ease-recency
+        also weighs each user's recent items more, the only one that uses the order of
+        interactions.
+        """
+        import json
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from models.engine import ConfigError, load_interactions, make_split
+        from models.reference import run_references
+
+        err = Console(stderr=True)
+        try:
+            split = make_split(load_interactions(dataset, None if data_dir is None else str(data_dir), seed), False, seed)
+            with err.status("fitting the reference models on the training split ..."):
+                results = run_references(split, model or None)
+        except (ConfigError, ValueError) as e:
+            err.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from e
+        table = Table(title=f"centralised references on {dataset}, seed {seed} (HR@10, 99 sampled negatives)")
+        for col in ("model", "chosen on validation", "val", "test", "test full-rank", "placebo"):
+            table.add_column(col)
+        for r in results:
+            params = ", ".join(f"{k}={v:g}" for k, v in r["params"].items()) or "-"
+            table.add_row(
+                r["name"],
+                params,
+                f"{r['val']['hr@10']:.3f}",
+                f"{r['test']['hr@10']:.3f}",
+                f"{r['test']['full_hr@10']:.3f}",
+                f"{r['placebo']['hr@10']:.3f}",
+            )
+        Console().print(table)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            path = out / "reference.json"
+            path.write_text(json.dumps({"dataset": dataset, "seed": seed, "models": results}, indent=2))
+            Console().print(f"  {path}")

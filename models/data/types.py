@@ -45,7 +45,8 @@ class ImplicitSplit:
 
     Contracts (tested in tests/models):
     - `train_*` is a CSR matrix over users: user u's training items are
-      train_items[train_indptr[u]:train_indptr[u+1]]; val/test items are not in it.
+      train_items[train_indptr[u]:train_indptr[u+1]], oldest first (the
+      leave-one-out order); val/test items are not in it.
     - `val_negatives[u]` and `test_negatives[u]` are 99 distinct items user u never
       interacted with at all (train, val or test), drawn independently per split.
     - `placebo_item[u]` is an item user u never interacted with and that is not in

@@ -58,7 +58,8 @@ def test_held_out_are_the_last_two_by_time(split: ImplicitSplit, data: Interacti
         order = rows[np.lexsort((rows, data.timestamp[rows]))]  # ties: array position
         assert split.test_item[u] == data.item[order[-1]]
         assert split.val_item[u] == data.item[order[-2]]
-        assert sorted(train_sets(split)[u]) == sorted(data.item[order[:-2]].tolist())
+        train = split.train_items[split.train_indptr[u] : split.train_indptr[u + 1]]
+        assert train.tolist() == data.item[order[:-2]].tolist()  # in time order, oldest first
 
 
 def test_held_out_not_in_train_and_negatives_never_touched(split: ImplicitSplit, data: Interactions) -> None:

@@ -1,0 +1,117 @@
+"""Centralised reference models (models/reference.py) and `fedmask reference`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from models import reference as R
+from models.data.splits import leave_one_out
+from models.data.synthetic import synthetic
+from models.data.types import ImplicitSplit
+
+
+@pytest.fixture(scope="module")
+def split() -> ImplicitSplit:
+    return leave_one_out(synthetic(400, 300, seed=5), seed=2)
+
+
+def test_training_matrix_is_the_csr(split: ImplicitSplit) -> None:
+    x = R.training_matrix(split)
+    assert x.shape == (split.n_users, split.n_items) and x.dtype == np.float32
+    for u in (0, 17, split.n_users - 1):
+        items = split.train_items[split.train_indptr[u] : split.train_indptr[u + 1]]
+        assert set(np.flatnonzero(x[u]).tolist()) == set(items.tolist())
+    assert x.sum() == len(split.train_items)
+
+
+def test_recency_weights_decay_from_the_newest_item(split: ImplicitSplit) -> None:
+    w = R.recency_weighted_history(split, half_life=5.0, boost=2.0)
+    for u in (0, 9):
+        items = split.train_items[split.train_indptr[u] : split.train_indptr[u + 1]]
+        weights = w[u, items]
+        assert weights[-1] == pytest.approx(3.0)  # newest: 1 + boost
+        assert weights[-2] == pytest.approx(1 + 2 * math.exp(-1 / 5))
+        assert np.all(np.diff(weights) > 0) and weights.min() > 1.0
+    assert set(np.unique(w[w > 0] > 0)) == {True}
+    with pytest.raises(ValueError, match="half_life"):
+        R.recency_weighted_history(split, half_life=0.0)
+
+
+def test_ease_is_the_zero_diagonal_ridge_regression() -> None:
+    # B's column j is the ridge regression of item j on the other items (diag(B) = 0).
+    rng = np.random.default_rng(0)
+    x = (rng.random((60, 12)) < 0.3).astype(np.float32)
+    lam = 3.0
+    b = R.ease_weights(x, lam)
+    assert np.all(np.diag(b) == 0)
+    for j in range(x.shape[1]):
+        others = np.delete(np.arange(x.shape[1]), j)
+        a = x[:, others].astype(np.float64)
+        ridge = np.linalg.solve(a.T @ a + lam * np.eye(len(others)), a.T @ x[:, j])
+        np.testing.assert_allclose(b[others, j], ridge, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="lam"):
+        R.ease_weights(x, 0.0)
+
+
+def test_itemknn_keeps_the_given_number_of_neighbours(split: ImplicitSplit) -> None:
+    s = R.itemknn_scores(split, neighbours=5)
+    assert s.shape == (split.n_users, split.n_items)
+    # brute force: score(u, j) = sum of cos(j, h) over the user's items h among j's 5 most similar
+    x = R.training_matrix(split).astype(np.float64)
+    norm = np.sqrt((x * x).sum(0)) + 1e-9
+    cos = (x.T @ x) / norm[:, None] / norm[None, :]
+    np.fill_diagonal(cos, 0.0)
+    for u, j in [(0, 3), (5, 100), (7, 250), (11, 0)]:
+        top = np.argsort(-cos[j], kind="stable")[:5]
+        expected = sum(cos[j, h] for h in top if x[u, h] > 0)
+        assert s[u, j] == pytest.approx(expected, abs=1e-5)
+    assert np.all(R.itemknn_scores(split, neighbours=split.n_items) + 1e-4 >= s)  # truncation only removes mass
+
+
+def test_selection_uses_validation_and_structure_beats_popularity(split: ImplicitSplit) -> None:
+    results = {r["name"]: r for r in R.run_references(split)}
+    assert list(results) == list(R.reference_names())
+    for r in results.values():
+        vals = [g["val_hr@10"] for g in r["grid"]]
+        assert r["val"]["hr@10"] == pytest.approx(max(vals))
+        assert r["params"] == r["grid"][int(np.argmax(vals))]["params"]
+        # the placebo is a never-touched item: near chance (10/100), 400 users -> sd 0.015
+        assert 0.04 <= r["placebo"]["hr@10"] <= 0.16, r
+    # the synthetic data has planted low-rank structure: EASE finds it, popularity cannot
+    assert results["ease"]["test"]["hr@10"] > results["popularity"]["test"]["hr@10"] + 0.05
+
+
+def test_unknown_reference_and_too_many_items(split: ImplicitSplit, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="unknown reference"):
+        R.run_references(split, ["ease", "svd"])
+    monkeypatch.setattr(R, "MAX_ITEMS_DENSE", 100)
+    with pytest.raises(ValueError, match="refused above 100 items"):
+        R.ease_scores(split, 10.0)
+
+
+def test_cli_reference(tmp_path: Path) -> None:
+    from fedmask.commands.models import register_reference
+
+    app = typer.Typer()
+    register_reference(app)
+
+    @app.command("noop")
+    def noop() -> None:  # a second command keeps `reference` a named subcommand
+        pass
+
+    r = CliRunner().invoke(
+        app, ["reference", "--dataset", "synthetic", "-m", "popularity", "-m", "ease", "--out", str(tmp_path)]
+    )
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "reference.json").read_text())
+    assert [m["name"] for m in res["models"]] == ["popularity", "ease"]
+    assert "ease" in r.output and "placebo" in r.output
+    bad = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "svd"])
+    assert bad.exit_code == 2 and "unknown reference" in bad.output
