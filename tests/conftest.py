@@ -25,3 +25,23 @@ def ml100k_data_dir() -> Path:
     data_dir = REPO / "data"
     fetch_dataset("ml-100k", data_dir)  # idempotent: verifies hashes, downloads only if needed
     return data_dir
+
+
+@pytest.fixture
+def command_app():
+    """`command_app(register)`: a Typer app holding the commands `register(app)`
+    attaches, plus a no-op one, so that a single command stays a named
+    subcommand (Typer runs a lone command as the app itself)."""
+    import typer
+
+    def build(register) -> typer.Typer:
+        app = typer.Typer()
+        register(app)
+
+        @app.command("noop")
+        def noop() -> None:
+            pass
+
+        return app
+
+    return build

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import typer
 from typer.testing import CliRunner
 
 import models.engine as engine
@@ -155,15 +154,10 @@ def test_unknown_dataset_is_a_config_error(tmp_path: Path) -> None:
         simulate(SimulationConfig(model="fedrap", dataset="no-such-set", data_dir=str(tmp_path), secagg=True))
 
 
-def test_cli_simulate_writes_results(tmp_path: Path) -> None:
+def test_cli_simulate_writes_results(tmp_path: Path, command_app) -> None:
     from fedmask.commands.models import register_simulate
 
-    app = typer.Typer()
-    register_simulate(app)
-
-    @app.command("noop")
-    def noop() -> None:  # a second command keeps `simulate` a named subcommand
-        pass
+    app = command_app(register_simulate)
 
     out = tmp_path / "run"
     r = CliRunner().invoke(

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from models import reference as R
@@ -96,15 +95,10 @@ def test_unknown_reference_and_too_many_items(split: ImplicitSplit, monkeypatch:
         R.ease_scores(split, 10.0)
 
 
-def test_cli_reference(tmp_path: Path) -> None:
+def test_cli_reference(tmp_path: Path, command_app) -> None:
     from fedmask.commands.models import register_reference
 
-    app = typer.Typer()
-    register_reference(app)
-
-    @app.command("noop")
-    def noop() -> None:  # a second command keeps `reference` a named subcommand
-        pass
+    app = command_app(register_reference)
 
     r = CliRunner().invoke(
         app, ["reference", "--dataset", "synthetic", "-m", "popularity", "-m", "ease", "--out", str(tmp_path)]
