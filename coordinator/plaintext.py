@@ -38,15 +38,13 @@ from coordinator.rounds import (
     PhaseChanged,
     RoundMachine,
     RoundPhase,
-    reason_name,
 )
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
+from wire.secagg_codec import reason_name
 
 P = common_pb2
-#: RoundTask hyper-parameter that tells the edge client the round is plaintext.
-PLAINTEXT_HYPERPARAMETER = "insecure_plaintext"
 
 
 @dataclass
@@ -100,6 +98,7 @@ class PlaintextRoundMachine(RoundMachine):
         self._sum += msg.vector
         self._pending.discard(device_id)
         self._counted.append(device_id)
+        self.completion[self.phase.value] = now - self._stage_started
         return []
 
     def device_lost(self, device_id: int, now: float, why: str = "disconnected") -> list[Action]:
@@ -163,4 +162,4 @@ class PlaintextRoundMachine(RoundMachine):
         ]
 
 
-__all__ = ["PLAINTEXT_HYPERPARAMETER", "PlaintextRoundMachine"]
+__all__ = ["PlaintextRoundMachine"]

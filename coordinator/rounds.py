@@ -44,18 +44,27 @@ from typing import Any
 
 import numpy as np
 
-from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
+from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason, DropReason
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
+from secagg.stages import Stage
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
+from wire.protocol import CLIENT_MESSAGE_STAGE
+from wire.secagg_codec import abort_reason_to_proto, drop_notice_reason, reason_name
 
 P = common_pb2
 
 
+_STAGE_BY_VALUE = {s.value: s for s in Stage}
+
+
 class RoundPhase(enum.StrEnum):
+    """The round's lifecycle: one phase per secagg `Stage` (same values),
+    then AGGREGATING and a terminal phase."""
+
     ADVERTISE_KEYS = "advertise_keys"
     SHARE_KEYS = "share_keys"
     MASKED_INPUT = "masked_input"
@@ -66,57 +75,21 @@ class RoundPhase(enum.StrEnum):
     ABORTED = "aborted"
 
     @property
+    def stage(self) -> Stage | None:
+        """The secagg stage this phase collects (None outside the stages)."""
+        return _STAGE_BY_VALUE.get(self.value)
+
+    @property
     def is_collecting(self) -> bool:
-        return self in _STAGE_INDEX
+        return self.value in _STAGE_BY_VALUE
 
     @property
     def is_terminal(self) -> bool:
         return self in (RoundPhase.COMMITTED, RoundPhase.ABORTED)
 
 
-# secagg server state name -> phase.
-_PHASE_OF_STAGE = {
-    "advertise_keys": RoundPhase.ADVERTISE_KEYS,
-    "share_keys": RoundPhase.SHARE_KEYS,
-    "masked_input_collection": RoundPhase.MASKED_INPUT,
-    "consistency_check": RoundPhase.CONSISTENCY_CHECK,
-    "unmasking": RoundPhase.UNMASKING,
-}
-_STAGE_INDEX = {
-    RoundPhase.ADVERTISE_KEYS: 0,
-    RoundPhase.SHARE_KEYS: 1,
-    RoundPhase.MASKED_INPUT: 2,
-    RoundPhase.CONSISTENCY_CHECK: 3,
-    RoundPhase.UNMASKING: 4,
-}
-# The stage each client message belongs to (AbortNotice: any stage).
-_MESSAGE_STAGE = {
-    secagg_pb2.AdvertiseKeys: 0,
-    secagg_pb2.ShareKeys: 1,
-    secagg_pb2.MaskedInput: 2,
-    secagg_pb2.ConsistencyCheck: 3,
-    secagg_pb2.UnmaskingResponse: 4,
-}
-# Why secagg aborted -> proto reason.
-_ROUND_ABORT_REASON = {
-    AbortReason.RECONSTRUCTION_FAILED: P.ABORT_REASON_UNMASKING_FAILED,
-    AbortReason.CANCELLED: P.ABORT_REASON_CANCELLED,
-}
-# Why secagg dropped a device -> the notice it gets (None: no notice).
-_DROP_NOTICE = {
-    DropReason.INVALID_SIGNATURE: P.ABORT_REASON_INVALID_SIGNATURE,
-    DropReason.CLIENT_ABORTED: None,
-    DropReason.NEIGHBOURHOOD_TOO_SMALL: P.ABORT_REASON_TOO_FEW_SURVIVORS,
-    DropReason.TOO_FEW_SIGNERS_NEARBY: P.ABORT_REASON_TOO_FEW_SURVIVORS,
-}
-
 MAX_METRIC_ENTRIES = 64
 MAX_METRIC_NAME = 64
-
-
-def reason_name(reason: int) -> str:
-    """The store's spelling of a proto AbortReason: the lower-case suffix."""
-    return P.AbortReason.Name(reason).removeprefix("ABORT_REASON_").lower()
 
 
 # --------------------------------------------------------------------------- actions
@@ -200,6 +173,9 @@ class RoundMachine:
     metric_sums: dict[str, float] = field(init=False, default_factory=dict)
     metric_counts: dict[str, int] = field(init=False, default_factory=dict)
     metric_reporters: set[int] = field(init=False, default_factory=set)
+    #: phase value -> seconds from the stage opening to the last answer it
+    #: accepted (the honest completion time the deadline policy learns from).
+    completion: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.cohort = tuple(self.cohort)
@@ -238,7 +214,7 @@ class RoundMachine:
         """phase value -> device ids that completed that stage."""
         out = {}
         for stage, sids in self._server.record.survivors.items():
-            out[_PHASE_OF_STAGE[stage].value] = sorted(self.ids.device(s) for s in sids)
+            out[Stage(stage).value] = sorted(self.ids.device(s) for s in sids)
         return out
 
     def dropout_ids(self) -> dict[str, list[int]]:
@@ -276,11 +252,11 @@ class RoundMachine:
         if screened is not None:
             return screened
         kind = type(message).__name__
-        stage = _MESSAGE_STAGE.get(type(message))
-        current = _STAGE_INDEX[self.phase]
-        if stage is not None and stage < current:
+        stage = CLIENT_MESSAGE_STAGE.get(type(message))
+        current = Stage(self.phase.value).index
+        if stage is not None and stage.index < current:
             return [self._log("message_discarded", device=device_id, kind=kind, why="replay of an earlier stage")]
-        if stage is not None and stage > current:
+        if stage is not None and stage.index > current:
             return self._drop(device_id, P.ABORT_REASON_PROTOCOL_VIOLATION, f"{kind} during {self.phase.value}", now)
         try:
             msg = codec.client_from_proto(message, self.ids, **self._wire_kwargs)
@@ -296,11 +272,13 @@ class RoundMachine:
                 self._mark_out(device_id, f"client_abort:{reason_name(message.reason)}" if isinstance(message, P.AbortNotice) else "client_abort")
                 return [self._log("device_withdrew", device=device_id, stage=self.phase.value)]
             detail = record.rejections[-1].detail if len(record.rejections) > before else why.value
-            notice = _DROP_NOTICE.get(why, P.ABORT_REASON_PROTOCOL_VIOLATION)
+            notice = drop_notice_reason(why)
+            assert notice is not None  # only CLIENT_ABORTED has none, handled above
             return self._notify_out(device_id, notice, f"{why.value}: {detail}")
         if len(record.rejections) > before:
             rej = record.rejections[-1]
             return [self._log("message_ignored", device=device_id, kind=kind, why=f"{rej.reason}: {rej.detail}")]
+        self.completion[self.phase.value] = now - self._stage_started
         return []
 
     def device_lost(self, device_id: int, now: float, why: str = "disconnected") -> list[Action]:
@@ -442,7 +420,7 @@ class RoundMachine:
             if isinstance(m, sm.ServerAbort):
                 if d in self._out:
                     continue
-                reason = _ROUND_ABORT_REASON.get(m.reason, P.ABORT_REASON_TOO_FEW_SURVIVORS)
+                reason = abort_reason_to_proto(m.reason)
                 if isinstance(self._server, ServerAborted):
                     self._out.add(d)  # the whole round ends: not a dropout
                 else:
@@ -454,7 +432,7 @@ class RoundMachine:
             p = codec.server_to_proto(m, self.ids, identity_keys=ident)
             actions.append(Send(d, _server_message(**{codec.SERVER_FIELDS[type(p)]: p})))
         if isinstance(self._server, ServerAborted):
-            reason = _ROUND_ABORT_REASON.get(self._server.reason, P.ABORT_REASON_TOO_FEW_SURVIVORS)
+            reason = abort_reason_to_proto(self._server.reason)
             detail = f"{self._server.reason.value} at {self._server.at_stage}: {self._server.detail}"
             return actions + self._end_aborted(reason, detail, notify=())
         if isinstance(self._server, ServerCompleted):
@@ -472,7 +450,7 @@ class RoundMachine:
                 AggregateReady(self.result),
                 self._log("aggregate_ready", counted=len(done.counted)),
             ]
-        self.phase = _PHASE_OF_STAGE[self._server.stage]
+        self.phase = RoundPhase(Stage(self._server.stage).value)
         self.deadline = now + self.deadlines[self.phase.value]
         return actions + [
             PhaseChanged(self.phase),

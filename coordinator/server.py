@@ -25,10 +25,16 @@ from coordinator.auth import TokenAuthInterceptor
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
 from coordinator.servicer import add_to_server
-from coordinator.service import Coordinator, max_receive_message_bytes
+from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, open_store
 from fedmask_proto.v1 import coordinator_service_pb2
+from wire.protocol import (
+    ENCRYPTED_SHARE_WIRE_BYTES,
+    MASKED_ELEMENT_BYTES,
+    MASKED_INPUT_OVERHEAD_BYTES,
+    UNMASKING_SHARE_WIRE_BYTES,
+)
 
 SERVICE_NAME = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
 
@@ -43,6 +49,21 @@ def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials 
         root_certificates=root,
         require_client_auth=tls.require_client_cert,
     )
+
+
+def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) -> int:
+    """The gRPC receive limit: enough for one MaskedInput of `update_dim`
+    elements, or a ShareKeys / UnmaskingResponse of the largest cohort, with
+    25% + 64 KiB headroom; at least 4 MiB (gRPC's default). Sizes come from
+    `wire.protocol`; `settings.max_receive_message_bytes` overrides."""
+    if settings.max_receive_message_bytes is not None:
+        return settings.max_receive_message_bytes
+    n = settings.cohort.selected
+    masked = MASKED_ELEMENT_BYTES * update_dim + MASKED_INPUT_OVERHEAD_BYTES
+    shares = n * ENCRYPTED_SHARE_WIRE_BYTES
+    unmask = 2 * n * UNMASKING_SHARE_WIRE_BYTES
+    need = max(masked, shares, unmask)
+    return max(4 << 20, int(need * 1.25) + (64 << 10))
 
 
 async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, object]:

@@ -21,7 +21,8 @@ from google.protobuf.message import DecodeError
 from coordinator.auth import peer_common_name
 from coordinator.errors import CoordinatorError, InvalidArgument, PermissionDenied, ProtocolViolation, Unavailable
 from coordinator.logs import log_event, logger
-from coordinator.service import ClientSession, Coordinator, StreamEnd
+from coordinator.registry import ClientSession, StreamEnd
+from coordinator.service import Coordinator
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
 
 _STATUS = {

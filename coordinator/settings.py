@@ -19,7 +19,6 @@ paths are resolved against the working directory.
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
 import tomllib
@@ -47,6 +46,8 @@ from pydantic_settings import (
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from wire.protocol import is_loopback
 
 ENV_PREFIX = "FEDMASK_"
 CONFIG_ENV = "FEDMASK_CONFIG"
@@ -93,7 +94,21 @@ class CohortSettings(_Group):
 
 
 class DeadlineSettings(_Group):
-    """Seconds each stage may take once the server opens it."""
+    """Seconds each stage may take once the server opens it. With the
+    adaptive policy (default) these are the ceilings and the starting
+    values; each stage's deadline is learnt from what honest devices took
+    in recent rounds (coordinator/round_policy.py, D21)."""
+
+    #: adaptive: margin * quantile(recent honest completion times) + slack,
+    #: within [floor, the stage's value]; fixed: the stage's value.
+    policy: Literal["adaptive", "fixed"] = "adaptive"
+    margin: Annotated[float, Field(ge=1.0, le=10.0)] = 1.5
+    slack: Annotated[float, Field(ge=0.0)] = 0.25
+    quantile: Annotated[float, Field(ge=0.5, le=1.0)] = 0.95
+    #: Rounds of history per stage.
+    window: Annotated[int, Field(ge=1, le=1000)] = 20
+    #: No learnt deadline goes below this many seconds.
+    floor: PositiveFloat = 1.0
 
     selection: PositiveFloat = 60.0
     #: Local training, before a device advertises its keys: the stage-0
@@ -420,12 +435,3 @@ def split_host_port(address: str) -> tuple[str, int]:
             raise ValueError(f"malformed IPv6 address in {address!r}")
         host = host[1:-1]
     return host, port
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

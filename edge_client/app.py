@@ -39,6 +39,7 @@ from edge_client.transport import (
 )
 from edge_client.users import UserRangeError, check_users_fit, format_user_ranges, parse_user_ranges
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, session_pb2
+from wire.protocol import is_loopback_target
 
 log = logging.getLogger("edge_client")
 
@@ -102,7 +103,7 @@ class EdgeClient:
             numbers = parse_user_ranges(cfg.users)
         except (TransportConfigError, UserRangeError) as e:
             raise ClientError(str(e)) from None
-        if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not _is_loopback(cfg.coordinator):
+        if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not is_loopback_target(cfg.coordinator):
             raise ClientError("--debug-record-inputs and --debug-allow-insecure-plaintext are for tests and "
                               "benchmarks against a loopback coordinator only")
         if cfg.threads:
@@ -283,18 +284,6 @@ class EdgeClient:
             asyncio.ensure_future(self._reenroll_unknown(stub))
 
         await run_session(stub, self.transport, driver, on_welcome=welcomed)
-
-
-def _is_loopback(target: str) -> bool:
-    import ipaddress
-
-    host = target.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def run_client(config: ClientConfig) -> int:

@@ -26,15 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# CLI names of the stages a device can drop at, in protocol order, and the
-# stage names of secagg.testing.DROPOUT_STAGES they correspond to.
-DROP_STAGES: dict[str, str] = {
-    "advertise-keys": "advertise_keys",
-    "share-keys": "share_keys",
-    "masked-input": "masked_input",
-    "consistency-check": "consistency_check",
-    "unmasking": "unmasking",
-}
+from secagg.stages import Stage
+
+# CLI names of the stages a device can drop at, in protocol order.
+DROP_STAGES: dict[str, Stage] = {s.cli_name: s for s in Stage}
 CRASH_EXIT_CODE = 75
 
 
@@ -59,8 +54,8 @@ class FaultPlan:
         if self.crash_after_round is not None and self.crash_after_round < 0:
             raise ValueError("--crash-after-round must be >= 0")
 
-    def drop_stage_of(self, device_id: int, round_number: int) -> str | None:
-        """The secagg stage name at which this device goes silent this round, or None."""
+    def drop_stage_of(self, device_id: int, round_number: int) -> Stage | None:
+        """The stage at which this device goes silent this round, or None."""
         if self.drop_rate <= 0 or self.drop_stage is None:
             return None
         u = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(round_number), int(device_id), 0xD20]).random()

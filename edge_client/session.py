@@ -50,23 +50,19 @@ from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted, C
 from secagg.errors import AbortReason
 from secagg.randomness import DeterministicRandom
 from wire import secagg_codec
+from wire.protocol import (
+    PLAINTEXT_HYPERPARAMETER,
+    PROTOCOL_VERSION,
+    ROUND_INDEX_HYPERPARAMETER,
+    SERVER_FIELD_STAGE,
+    coordinator_refusal,
+)
 
 log = logging.getLogger("edge_client.session")
 
-PROTOCOL_VERSION = "fedmask.v1"
 SUPPORTED_MODELS = ("fedrap", "fedmmf", "pfedrec", "fedmf", SYNTHETIC_MODEL)
 DEFAULT_HEARTBEAT_S = 10.0
 ROUND_SECRET_LABEL = b"fedmask/edge_client/round-secret/v1"
-# RoundTask hyper-parameter of the coordinator's INSECURE plaintext mode (benchmarks)
-PLAINTEXT_HYPERPARAMETER = "insecure_plaintext"
-
-# server stage message (ServerMessage oneof field) -> the secagg stage whose reply it asks for
-STAGE_OF_FIELD = {
-    "advertised_keys": "share_keys",
-    "forwarded_shares": "masked_input",
-    "consistency_check_request": "consistency_check",
-    "unmasking_request": "unmasking",
-}
 _DP_MODES = {
     session_pb2.DP_MODE_NONE: "none",
     session_pb2.DP_MODE_LOCAL: "local",
@@ -210,10 +206,9 @@ class SessionDriver:
 
     # ------------------------------------------------------------ welcome
     def on_welcome(self, w: session_pb2.Welcome) -> None:
-        if w.protocol_version and w.protocol_version != PROTOCOL_VERSION:
-            raise FatalSessionError(
-                f"the coordinator speaks {w.protocol_version!r}, this client {PROTOCOL_VERSION!r}; upgrade one of them"
-            )
+        refusal = coordinator_refusal(w.protocol_version)
+        if refusal is not None:
+            raise FatalSessionError(refusal)
         if w.HasField("heartbeat_interval"):
             sec = w.heartbeat_interval.seconds + w.heartbeat_interval.nanos / 1e9
             if sec > 0:
@@ -253,7 +248,7 @@ class SessionDriver:
             log.warning("coordinator shutting down (%s); reconnecting later", msg.shutdown.reason or "no reason given")
         elif kind == "round_task":
             self._spawn(self._on_round_task(msg.round_task))
-        elif kind in STAGE_OF_FIELD:
+        elif kind in SERVER_FIELD_STAGE:
             self._route_stage(kind, getattr(msg, kind))
         elif kind == "abort":
             self._on_abort(msg.abort)
@@ -348,7 +343,7 @@ class SessionDriver:
 
     def _task_spec(self, view: wire.RoundTaskView) -> TaskSpec:
         hyper = {k: v for k, v in view.hyperparameters.items() if k != PLAINTEXT_HYPERPARAMETER}
-        round_idx = hyper.get("round_idx", view.round_number)
+        round_idx = hyper.get(ROUND_INDEX_HYPERPARAMETER, view.round_number)
         return TaskSpec(
             model_name=view.model_name,
             model_version=view.model_version,
@@ -440,7 +435,7 @@ class SessionDriver:
         self._spawn(self._stage(run, dr, field_name, p))
 
     async def _stage(self, run: RoundRun, dr: DeviceRound, field_name: str, p: Any) -> None:
-        stage = STAGE_OF_FIELD[field_name]
+        stage = SERVER_FIELD_STAGE[field_name]
         async with dr.lock:
             if dr.done or run.over or dr.state is None:
                 return

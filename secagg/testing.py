@@ -50,20 +50,21 @@ from secagg.messages import (
 )
 from secagg.randomness import DeterministicRandom
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
+from secagg.stages import STAGES, Stage
 
 SERVER = -1
 FIXED_SESSION_ID = b"fedmask-test-session-0001"
 
 # The stages at which a device can go silent, in protocol order. A device
 # listed at stage S did everything before S and never sends its S message.
-DROPOUT_STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking")
+DROPOUT_STAGES: tuple[str, ...] = tuple(STAGES)
 
 # The server message that asks a device for its stage-S message.
 _TRIGGER = {
-    KeyList: "share_keys",
-    ShareRelay: "masked_input",
-    ConsistencyRequest: "consistency_check",
-    UnmaskingRequest: "unmasking",
+    KeyList: Stage.SHARE_KEYS,
+    ShareRelay: Stage.MASKED_INPUT,
+    ConsistencyRequest: Stage.CONSISTENCY_CHECK,
+    UnmaskingRequest: Stage.UNMASKING,
 }
 
 Intercept = Callable[[int, int, Message], Message | None]
@@ -91,10 +92,7 @@ class DropoutPlan:
     @classmethod
     def at(cls, stage: str, devices: Iterable[int]) -> DropoutPlan:
         """All `devices` go silent at `stage` (hyphens allowed: 'masked-input')."""
-        stage = stage.replace("-", "_")
-        if stage not in DROPOUT_STAGES:
-            raise ValueError(f"unknown stage {stage!r}; one of {DROPOUT_STAGES}")
-        return cls(**{stage: frozenset(devices)})
+        return cls(**{Stage.parse(stage).value: frozenset(devices)})
 
     @classmethod
     def random(cls, num_clients: int, fraction: float, stage: str, seed: int = 0) -> DropoutPlan:
@@ -339,7 +337,7 @@ class StepHarness:
 
     `advance_to(stage)` runs the honest flow (with `drop`: {stage: devices}
     going silent) until the server has produced the messages that open the
-    client stage `stage` ("share_keys", "masked_input_collection",
+    client stage `stage` (a Stage or its spelling: "share_keys", "masked_input",
     "consistency_check", "unmasking") and returns them.
     """
 
@@ -417,8 +415,7 @@ class StepHarness:
         return replies
 
     def advance_to(self, stage: str, drop: dict[str, Iterable[int]] | None = None) -> dict[int, Message]:
-        aliases = {"masked_input": "masked_input_collection"}
-        drop = {aliases.get(k, k): set(v) for k, v in (drop or {}).items()}
+        drop = {Stage.parse(k).value: set(v) for k, v in (drop or {}).items()}
         silent = set(drop.get("advertise_keys", ()))
         self.send(self.start(i for i in self.config_ids() if i not in silent))
         outbound = self.close()

@@ -38,7 +38,7 @@ from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm
 from secagg.aead import sealed_length
 from secagg.config import MAX_SESSION_ID_BYTES
-from secagg.errors import AbortReason
+from secagg.errors import AbortReason, DropReason
 from secagg.shamir import ELEMENT_BYTES, PRIME
 from wire.errors import WireError
 from wire.ids import RoundIds
@@ -104,6 +104,31 @@ def abort_reason_from_proto(reason: int, detail: str = "") -> AbortReason:
     if reason == common_pb2.ABORT_REASON_UNSPECIFIED or reason not in common_pb2.AbortReason.values():
         raise WireError(f"AbortNotice has an unknown or unspecified reason ({reason})")
     return _FROM_PROTO_REASON.get(reason, AbortReason.CANCELLED)
+
+
+# secagg DropReason -> the AbortNotice a dropped device gets (None: no
+# notice, it aborted itself); PROTOCOL_VIOLATION for every other reason.
+_DROP_NOTICE: dict[DropReason, int | None] = {
+    DropReason.INVALID_SIGNATURE: common_pb2.ABORT_REASON_INVALID_SIGNATURE,
+    DropReason.CLIENT_ABORTED: None,
+    DropReason.NEIGHBOURHOOD_TOO_SMALL: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
+    DropReason.TOO_FEW_SIGNERS_NEARBY: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
+}
+
+
+def drop_notice_reason(reason: DropReason) -> int | None:
+    """The proto AbortReason of the notice a device dropped for `reason`
+    gets, or None when it gets none (it aborted itself)."""
+    return _DROP_NOTICE.get(reason, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION)
+
+
+def reason_name(reason: int) -> str:
+    """The stored / logged spelling of a proto AbortReason: its lower-case
+    suffix ("too_few_survivors"); "unknown_<n>" for a value the proto lacks."""
+    try:
+        return common_pb2.AbortReason.Name(reason).removeprefix("ABORT_REASON_").lower()
+    except ValueError:
+        return f"unknown_{int(reason)}"
 
 
 # --------------------------------------------------------------------------- helpers

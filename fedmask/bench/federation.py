@@ -66,12 +66,16 @@ class RoundBenchConfig:
     rounds: int = 3
     seed: int = 0
     threshold: str = "two_thirds"
-    #: Stage deadlines (s): a silent (dropped) device costs its stage's deadline.
+    #: Stage deadlines (s): a silent (dropped) device costs its stage's
+    #: deadline. The coordinator's production policy (adaptive, D21) learns
+    #: each from the honest devices' completion times; these are its bounds
+    #: for loopback: the ceilings (and the first round's deadlines) and the floor.
     training_deadline: float = 1.0
     advertise_keys_deadline: float = 5.0
-    share_keys_deadline: float = 3.0
-    masked_input_deadline: float = 1.0
-    unmasking_deadline: float = 3.0
+    share_keys_deadline: float = 5.0
+    masked_input_deadline: float = 5.0
+    unmasking_deadline: float = 5.0
+    deadline_floor: float = 0.25
     plaintext: bool = True
     timeout: float = 600.0
     keep: Path | None = None
@@ -139,6 +143,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "share_keys_deadline": cfg.share_keys_deadline,
         "masked_input_deadline": cfg.masked_input_deadline,
         "unmasking_deadline": cfg.unmasking_deadline,
+        "deadline_floor": cfg.deadline_floor,
         "secagg_graph": _graph(cfg.neighbors),
         "secagg_threshold": cfg.threshold,
         "dp_mode": "none",
@@ -184,6 +189,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     if coord_rc != 0:
         raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
     records = [r for r in _read_rounds(db) if r.state.is_terminal]
+    applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
     round_s, stage_s, per_round = [], {}, []
     ok = len(records) == cfg.rounds
     as_injected = True
@@ -200,6 +206,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
             "counted": len(r.survivors.get("masked_input", [])), "dropouts": {k: len(v) for k, v in r.dropouts.items()},
             "exact": exact, "dropouts_as_injected": dropped == injected,
             "timings": {k: round(v, 3) for k, v in r.timings.items()},
+            "deadlines": applied.get(r.number, {}),
         })
         ok = ok and committed and exact
         if committed:
@@ -216,6 +223,18 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "dropouts_as_injected": as_injected,
         "rounds": per_round,
     }
+
+
+def _applied_deadlines(log_text: str) -> dict[int, dict[str, float]]:
+    """round number -> {phase: seconds} the coordinator gave each stage, from
+    its `round_started` log lines (deadlines=advertise_keys=1.20,...)."""
+    import re
+
+    out: dict[int, dict[str, float]] = {}
+    for m in re.finditer(r"event=round_started round=(\d+) .*?deadlines='?([a-z_=0-9.,]+)", log_text):
+        pairs = (kv.split("=") for kv in m.group(2).split(",") if "=" in kv)
+        out[int(m.group(1))] = {k: float(v) for k, v in pairs}
+    return out
 
 
 def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -> set[int]:
@@ -252,7 +271,9 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "dropout": cfg.dropout,
             "dropout_stage": cfg.dropout_stage,
             "rounds": cfg.rounds,
-            "deadlines_s": {
+            "deadline_policy": "adaptive",
+            "deadline_bounds_s": {
+                "floor": cfg.deadline_floor,
                 "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
                 "share_keys": cfg.share_keys_deadline, "masked_input": cfg.masked_input_deadline,
                 "unmasking": cfg.unmasking_deadline,

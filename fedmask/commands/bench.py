@@ -12,13 +12,16 @@ from typing import Annotated
 
 import typer
 
+from secagg.stages import Stage
+
 bench_app = typer.Typer(
     help="Federation benchmarks: a real coordinator and edge-client processes on 127.0.0.1. "
     "Each prints progress on stderr and, as its LAST stdout line, one JSON object.",
     no_args_is_help=True,
 )
 
-_STAGES = ("advertise-keys", "share-keys", "masked-input", "unmasking")
+# passive mode (no signatures): every stage but the consistency check
+_STAGES = tuple(s.cli_name for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 
 
 @bench_app.command("round")
@@ -33,10 +36,11 @@ def round_(
     seed: Annotated[int, typer.Option(help="Seed of the synthetic updates, of the dropout draws and of cohort selection.")] = 0,
     threshold: Annotated[str, typer.Option(help="Shamir threshold policy: majority, two_thirds or a fraction (sparse 'auto' graphs use secagg's t).")] = "two_thirds",
     training_deadline: Annotated[float, typer.Option(help="Seconds; stage 0 lasts at most training + advertise-keys.")] = 1.0,
-    advertise_keys_deadline: Annotated[float, typer.Option(help="Seconds for AdvertiseKeys.")] = 5.0,
-    share_keys_deadline: Annotated[float, typer.Option(help="Seconds for ShareKeys.")] = 3.0,
-    masked_input_deadline: Annotated[float, typer.Option(help="Seconds for MaskedInput. Devices dropped at masked-input are silent, so this stage lasts this long whenever one drops.")] = 1.0,
-    unmasking_deadline: Annotated[float, typer.Option(help="Seconds for Unmasking.")] = 3.0,
+    advertise_keys_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of AdvertiseKeys, seconds.")] = 5.0,
+    share_keys_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of ShareKeys, seconds.")] = 5.0,
+    masked_input_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of MaskedInput, seconds. Devices dropped at masked-input are silent, so this stage lasts its whole (learnt) deadline whenever one drops.")] = 5.0,
+    unmasking_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of Unmasking, seconds.")] = 5.0,
+    deadline_floor: Annotated[float, typer.Option(help="No learnt deadline goes below this many seconds (the coordinator's adaptive policy; its margin, quantile and slack are the production defaults).")] = 0.25,
     plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 600.0,
     keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors) here.", show_default=False)] = None,
@@ -70,7 +74,7 @@ def round_(
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
         share_keys_deadline=share_keys_deadline, masked_input_deadline=masked_input_deadline,
-        unmasking_deadline=unmasking_deadline, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
+        unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
     )
     _run_and_report(lambda log: run_round_bench(cfg, log=log))
 

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-_STAGES = "advertise-keys | share-keys | masked-input | consistency-check | unmasking"
+from secagg.stages import CLI_NAMES
+
+_STAGES = " | ".join(CLI_NAMES)
 
 
 def register(app: typer.Typer) -> None:

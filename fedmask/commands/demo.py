@@ -24,15 +24,19 @@ from typing import Annotated, Any
 
 import typer
 
+from secagg.stages import Stage
+
 _WHEN = {
-    "advertise_keys": "never advertised keys",
-    "share_keys": "advertised, never shared keys",
-    "masked_input": "shared keys, no masked input",
-    "consistency_check": "no consistency signature",
-    "unmasking": "masked input sent, no unmasking",
+    Stage.ADVERTISE_KEYS: "never advertised keys",
+    Stage.SHARE_KEYS: "advertised, never shared keys",
+    Stage.MASKED_INPUT: "shared keys, no masked input",
+    Stage.CONSISTENCY_CHECK: "no consistency signature",
+    Stage.UNMASKING: "masked input sent, no unmasking",
 }
-_STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
-_DROP_STAGES = ("masked-input", "unmasking", "share-keys", "advertise-keys")
+# passive mode (no signatures): every stage but the consistency check
+_STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
+# the stage client process i drops at, cycling
+_DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, Stage.SHARE_KEYS, Stage.ADVERTISE_KEYS))
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ from secagg.errors import ProtocolMisuse
 from secagg.keys import generate_key_pair
 from secagg.messages import AdvertiseKeys
 from secagg.randomness import RandomSource, system_random
+from secagg.stages import Stage
 
 
 class ClientAdvertiseKeys(ClientState):
@@ -31,7 +32,7 @@ class ClientAdvertiseKeys(ClientState):
     message is expected before that (any message is unexpected).
     """
 
-    stage = "advertise_keys"
+    stage = Stage.ADVERTISE_KEYS
     expects = None
     __slots__ = ()
 

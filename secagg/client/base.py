@@ -73,6 +73,7 @@ class ClientRound:
 class ClientState:
     """Base of the client states; see the module doc for the contract."""
 
+    #: The Stage this state collects (a plain str on the terminal states).
     stage: ClassVar[str] = ""
     expects: ClassVar[type[Message] | None] = None
 

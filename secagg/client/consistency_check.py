@@ -9,6 +9,7 @@ from secagg.client.base import ClientState, Reject, Transition, check_ids
 from secagg.client.unmasking import ClientUnmasking
 from secagg.errors import AbortReason
 from secagg.messages import ConsistencyRequest, ConsistencySignature
+from secagg.stages import Stage
 
 _BAD = AbortReason.INVALID_CONSISTENCY_REQUEST
 
@@ -23,7 +24,7 @@ class ClientConsistencyCheck(ClientState):
     this device's closure are listed.
     """
 
-    stage = "consistency_check"
+    stage = Stage.CONSISTENCY_CHECK
     expects = ConsistencyRequest
     __slots__ = ()
 

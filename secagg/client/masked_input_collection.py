@@ -21,6 +21,7 @@ from secagg.errors import AbortReason, DecryptionError, MalformedMessage
 from secagg.keys import agree, pairwise_mask_key, self_mask_key
 from secagg.messages import MaskedInput, ShareRelay
 from secagg.prg import MaskGenerator
+from secagg.stages import Stage
 
 _BAD = AbortReason.INVALID_SHARE_RELAY
 _PLAINTEXT_BYTES = 2 * shamir.ELEMENT_BYTES
@@ -34,7 +35,7 @@ class ClientMaskedInputCollection(ClientState):
     secrets could not be reconstructed, nor its masks removed).
     """
 
-    stage = "masked_input_collection"
+    stage = Stage.MASKED_INPUT
     expects = ShareRelay
     __slots__ = ()
 

@@ -11,6 +11,7 @@ from secagg.client.masked_input_collection import ClientMaskedInputCollection
 from secagg.errors import AbortReason, MalformedMessage
 from secagg.keys import PUBLIC_KEY_BYTES, SEED_BYTES, agree, share_key
 from secagg.messages import KeyEntry, KeyList, ShareKeys
+from secagg.stages import Stage
 
 _BAD = AbortReason.INVALID_KEY_LIST
 
@@ -25,7 +26,7 @@ class ClientShareKeys(ClientState):
     verifies under its identity key.
     """
 
-    stage = "share_keys"
+    stage = Stage.SHARE_KEYS
     expects = KeyList
     __slots__ = ()
 

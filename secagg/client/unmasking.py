@@ -8,6 +8,7 @@ from secagg import identity
 from secagg.client.base import ClientCompleted, ClientState, Reject, Transition, check_ids
 from secagg.errors import AbortReason
 from secagg.messages import UnmaskingRequest, UnmaskingResponse
+from secagg.stages import Stage
 
 _BAD = AbortReason.INVALID_UNMASKING_REQUEST
 
@@ -33,7 +34,7 @@ class ClientUnmasking(ClientState):
     decrypt are skipped.
     """
 
-    stage = "unmasking"
+    stage = Stage.UNMASKING
     expects = UnmaskingRequest
     __slots__ = ()
 

@@ -11,6 +11,7 @@ from secagg.keys import PUBLIC_KEY_BYTES, KeyPair, agree
 from secagg.messages import AdvertiseKeys, KeyEntry, KeyList
 from secagg.server.base import Drop, ServerRound, ServerState, Transition, prune
 from secagg.server.share_keys import ServerShareKeys
+from secagg.stages import Stage
 
 # A fixed key to test advertised keys with: agreement with a low-order point
 # gives all zeros, which `agree` refuses. Its secrecy does not matter.
@@ -30,7 +31,7 @@ class ServerAdvertiseKeys(ServerState):
     TOO_FEW_ADVERTISED. Each member of U1 gets the KeyList of its closure.
     """
 
-    stage = "advertise_keys"
+    stage = Stage.ADVERTISE_KEYS
     expects = AdvertiseKeys
     __slots__ = ()
 

@@ -93,6 +93,7 @@ class ServerRound:
 class ServerState:
     """Base of the server states; see the module doc for the contract."""
 
+    #: The Stage this state collects (a plain str on the terminal states).
     stage: ClassVar[str] = ""
     expects: ClassVar[type[Message] | None] = None
 

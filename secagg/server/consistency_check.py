@@ -8,6 +8,7 @@ from secagg.errors import AbortReason, DropReason
 from secagg.messages import ConsistencySignature
 from secagg.server.base import Drop, ServerState, Transition
 from secagg.server.unmasking import start_unmasking
+from secagg.stages import Stage
 
 
 class ServerConsistencyCheck(ServerState):
@@ -21,7 +22,7 @@ class ServerConsistencyCheck(ServerState):
     Each asked v receives the signatures of the signers in its closure.
     """
 
-    stage = "consistency_check"
+    stage = Stage.CONSISTENCY_CHECK
     expects = ConsistencySignature
     __slots__ = ()
 

@@ -9,6 +9,7 @@ from secagg.messages import ConsistencyRequest, MaskedInput
 from secagg.server.base import Drop, ServerRound, ServerState, Transition
 from secagg.server.consistency_check import ServerConsistencyCheck
 from secagg.server.unmasking import start_unmasking
+from secagg.stages import Stage
 
 
 class ServerMaskedInputCollection(ServerState):
@@ -30,7 +31,7 @@ class ServerMaskedInputCollection(ServerState):
     a ConsistencyRequest with U3 first.
     """
 
-    stage = "masked_input_collection"
+    stage = Stage.MASKED_INPUT
     expects = MaskedInput
     __slots__ = ()
 

@@ -8,6 +8,7 @@ from secagg.messages import ShareKeys, ShareRelay
 from secagg.server.base import Drop, ServerState, Transition, prune
 from secagg.server.masked_input_collection import ServerMaskedInputCollection
 from secagg.shamir import ELEMENT_BYTES
+from secagg.stages import Stage
 
 SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 
@@ -22,7 +23,7 @@ class ServerShareKeys(ServerState):
     neighbours in U2; these senders are R(v), the peers v masks with.
     """
 
-    stage = "share_keys"
+    stage = Stage.SHARE_KEYS
     expects = ShareKeys
     __slots__ = ()
 

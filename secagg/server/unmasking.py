@@ -17,6 +17,7 @@ from secagg.keys import KeyPair, agree, pairwise_mask_key, self_mask_key
 from secagg.messages import UnmaskingRequest, UnmaskingResponse
 from secagg.prg import MaskGenerator
 from secagg.server.base import Drop, ServerCompleted, ServerRound, ServerState, Transition
+from secagg.stages import Stage
 
 
 class ServerUnmasking(ServerState):
@@ -32,7 +33,7 @@ class ServerUnmasking(ServerState):
     same responders reuse one set of Lagrange coefficients.
     """
 
-    stage = "unmasking"
+    stage = Stage.UNMASKING
     expects = UnmaskingResponse
     __slots__ = ("_b", "_s")
 

@@ -9,7 +9,8 @@ import pytest
 from coordinator.debug import debug_metrics, encoded_checksum
 from coordinator.logs import format_event
 from coordinator.model_host import ModelConfigError, SyntheticModel, build_server_model
-from coordinator.service import max_receive_message_bytes, secagg_config_for
+from coordinator.round_policy import secagg_config_for
+from coordinator.server import max_receive_message_bytes
 from coordinator.settings import CoordinatorSettings, SettingsError
 
 

@@ -468,3 +468,44 @@ def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
                 await c.close()
 
     asyncio.run(main())
+
+
+def test_protocol_versions_served_and_refused_with_advice():
+    """The rule of wire/protocol.py over gRPC: the current version and an
+    empty one are served; an older or newer one is refused at Hello with
+    FAILED_PRECONDITION and a message that says which side to upgrade."""
+    from wire.protocol import PROTOCOL_VERSION
+
+    async def main():
+        settings = make_settings(rounds=None)
+        async with running(settings) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 1)
+            async with grpc.aio.insecure_channel(target) as ch:
+                stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch)
+
+                async def hello(version: str) -> session_pb2.ServerMessage | grpc.aio.AioRpcError:
+                    async def gen():
+                        yield session_pb2.ClientMessage(hello=session_pb2.Hello(
+                            client_name="v", protocol_version=version, available_device_ids=[enrolled[0][0]]))
+                        await asyncio.sleep(0.3)
+
+                    try:
+                        async for first in stub.Session(gen()):
+                            return first
+                    except grpc.aio.AioRpcError as err:
+                        return err
+                    raise AssertionError("stream ended without an answer")
+
+                for served in (PROTOCOL_VERSION, ""):
+                    got = await hello(served)
+                    assert isinstance(got, session_pb2.ServerMessage) and got.welcome.protocol_version == PROTOCOL_VERSION
+                old = await hello("fedmask.v0")
+                assert isinstance(old, grpc.aio.AioRpcError)
+                assert old.code() == grpc.StatusCode.FAILED_PRECONDITION and "upgrade the edge client" in old.details()
+                new = await hello("fedmask.v2.1")
+                assert isinstance(new, grpc.aio.AioRpcError) and "upgrade the coordinator" in new.details()
+                junk = await hello("x" * 10_000)
+                assert isinstance(junk, grpc.aio.AioRpcError) and len(junk.details()) < 300
+            assert not rounds.done()
+
+    asyncio.run(main())

@@ -101,9 +101,9 @@ def test_dropouts_at_each_stage_are_honoured(tmp_path: Path, stage: str) -> None
             res = await fake.run_round(s, vector_length=16, first_stage_timeout=2.0, stage_timeout=1.0)
             assert res.ok, res.server
             surv = {k: {res.ids.device(i) for i in v} for k, v in res.server.record.survivors.items()}
-            order = ["advertise_keys", "share_keys", "masked_input_collection", "unmasking"]
+            order = ["advertise_keys", "share_keys", "masked_input", "unmasking"]
             cut = order.index({"advertise-keys": "advertise_keys", "share-keys": "share_keys",
-                               "masked-input": "masked_input_collection", "unmasking": "unmasking"}[stage])
+                               "masked-input": "masked_input", "unmasking": "unmasking"}[stage])
             for i, k in enumerate(order):
                 if i < cut:
                     assert drops <= surv[k], (k, surv[k])

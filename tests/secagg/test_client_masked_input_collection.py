@@ -17,7 +17,7 @@ from secagg.testing import StepHarness
 
 def _setup(**kw):
     h = StepHarness(num_clients=kw.pop("n", 5), **kw)
-    relays = h.advance_to("masked_input_collection")
+    relays = h.advance_to("masked_input")
     return h, relays
 
 
@@ -59,7 +59,7 @@ def test_pair_masks_cancel_in_the_sum() -> None:
 def test_a_tampered_blob_is_reported_and_masks_are_unchanged() -> None:
     h, relays = _setup()
     honest = StepHarness(num_clients=5)
-    honest_relays = honest.advance_to("masked_input_collection")
+    honest_relays = honest.advance_to("masked_input")
     _, (good,) = honest.clients[0].handle(honest_relays[0])
     shares = list(relays[0].shares)
     sender, blob = shares[1]

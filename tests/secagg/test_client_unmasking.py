@@ -109,7 +109,7 @@ def test_request_from_another_round_or_session(change) -> None:
 
 def test_undecryptable_owners_are_skipped() -> None:
     h = StepHarness(num_clients=5)
-    relays = h.advance_to("masked_input_collection")
+    relays = h.advance_to("masked_input")
     shares = list(relays[0].shares)
     shares[0] = (shares[0][0], b"\x00" * 94)
     relays[0] = dataclasses.replace(relays[0], shares=tuple(shares))

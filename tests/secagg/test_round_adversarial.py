@@ -96,7 +96,7 @@ def test_a_masked_input_replayed_from_another_round_drops_the_device() -> None:
         return old if isinstance(msg, MaskedInput) and sender == 4 else msg
 
     out = run_round(_inputs(), config=_config(), round_idx=1, intercept=replay)
-    assert out.server_dropped[4] == ("masked_input_collection", DropReason.WRONG_SESSION_OR_ROUND)
+    assert out.server_dropped[4] == ("masked_input", DropReason.WRONG_SESSION_OR_ROUND)
     _assert_exact(out, [i for i in range(N) if i != 4])  # 4's masks removed through its s-key
 
 
@@ -126,8 +126,8 @@ def test_an_unmasking_request_replayed_to_a_device_from_another_round_is_refused
 @pytest.mark.parametrize(
     "kind,mutate,stage",
     [
-        (MaskedInput, lambda m: dataclasses.replace(m, vector=m.vector[:-1]), "masked_input_collection"),
-        (MaskedInput, lambda m: dataclasses.replace(m, undecryptable=(99,)), "masked_input_collection"),
+        (MaskedInput, lambda m: dataclasses.replace(m, vector=m.vector[:-1]), "masked_input"),
+        (MaskedInput, lambda m: dataclasses.replace(m, undecryptable=(99,)), "masked_input"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares + ((42, m.shares[0][1]),)), "share_keys"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares + m.shares[:1]), "share_keys"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares[1:]), "share_keys"),
@@ -158,7 +158,7 @@ def test_wrong_dtype_without_the_wire() -> None:
         return msg
 
     out = run_round(_inputs(), config=_config(), intercept=tamper, wire=False)
-    assert out.server_dropped[1] == ("masked_input_collection", DropReason.MALFORMED_MESSAGE)
+    assert out.server_dropped[1] == ("masked_input", DropReason.MALFORMED_MESSAGE)
     _assert_exact(out, [i for i in range(N) if i != 1])
 
 

@@ -65,10 +65,10 @@ def oracle(config: SecAggConfig, plan: DropoutPlan, round_idx: int) -> Expected:
     if len(u2) < t:
         return Expected(False, "share_keys", AbortReason.TOO_FEW_SHARED, surv)
     u3 = u2 - plan.masked_input
-    surv["masked_input_collection"] = tuple(sorted(u3))
+    surv["masked_input"] = tuple(sorted(u3))
     R = {v: g.neighbors(v) & u2 for v in u2}
     s_needed = {u for u in u2 - u3 if R[u] & u3}
-    mi = ("masked_input_collection", AbortReason.TOO_FEW_MASKED_INPUTS)
+    mi = ("masked_input", AbortReason.TOO_FEW_MASKED_INPUTS)
     if len(u3) < t or any(len((R[v] | {v}) & u3) < t for v in u3):
         return Expected(False, *mi, surv)
     if any(len(R[u] & u3) < t for u in s_needed):
@@ -169,7 +169,7 @@ def test_the_oracle_reaches_every_outcome() -> None:
         "ok": DropoutPlan(),
         "advertise_keys": DropoutPlan(advertise_keys=frozenset(range(7))),
         "share_keys": DropoutPlan(share_keys=frozenset(range(7))),
-        "masked_input_collection": DropoutPlan(masked_input=frozenset(range(0, 10, 2))),
+        "masked_input": DropoutPlan(masked_input=frozenset(range(0, 10, 2))),
         "unmasking": DropoutPlan(unmasking=frozenset(range(0, 10, 2))),
     }
     for name, plan in cases.items():

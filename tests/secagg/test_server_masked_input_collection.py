@@ -15,7 +15,7 @@ from secagg.testing import StepHarness
 
 def _setup(n: int = 6, drop=None, **kw):
     h = StepHarness(num_clients=n, **kw)
-    relays = h.advance_to("masked_input_collection", drop=drop)
+    relays = h.advance_to("masked_input", drop=drop)
     replies = {i: msgs[0] for i, msgs in h.deliver(relays).items()}
     return h, replies
 
@@ -36,7 +36,7 @@ def test_requests_list_alive_and_dropped_per_device() -> None:
     assert isinstance(h.server, ServerUnmasking)
     assert all(isinstance(m, UnmaskingRequest) for m in out.values())
     assert out[0].alive == (0, 1, 2, 3, 4) and out[0].dropped == (5,)
-    assert h.server.record.survivors["masked_input_collection"] == (0, 1, 2, 3, 4)
+    assert h.server.record.survivors["masked_input"] == (0, 1, 2, 3, 4)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_malformed_vectors_drop_the_device_and_the_round_goes_on(vector) -> None
     h, mi = _setup()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, dataclasses.replace(m, vector=vector) if i == 2 else m)
-    assert h.server.record.dropped[2] == ("masked_input_collection", DropReason.MALFORMED_MESSAGE)
+    assert h.server.record.dropped[2] == ("masked_input", DropReason.MALFORMED_MESSAGE)
     _finish(h)
     assert h.server.counted == (0, 1, 3, 4, 5)
     np.testing.assert_array_equal(h.server.encoded_sum, h.encoded[[0, 1, 3, 4, 5]].sum(0, dtype=np.uint32))
@@ -79,7 +79,7 @@ def test_replayed_or_spoofed_inputs_drop_the_device(change, reason) -> None:
     h, mi = _setup()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, dataclasses.replace(m, **change) if i == 1 else m)
-    assert h.server.record.dropped[1] == ("masked_input_collection", reason)
+    assert h.server.record.dropped[1] == ("masked_input", reason)
     _finish(h)
     np.testing.assert_array_equal(h.server.encoded_sum, h.encoded[[0, 2, 3, 4, 5]].sum(0, dtype=np.uint32))
 

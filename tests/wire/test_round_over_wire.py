@@ -78,11 +78,9 @@ def run_over_wire(config: SecAggConfig, *, drop: dict[str, set[int]] | None = No
         if d not in silent:
             clients[d], msgs = clients[d].start()
             up(d, msgs)
-    stage_of_reply = {"share_keys": "share_keys", "masked_input_collection": "masked_input",
-                      "consistency_check": "consistency_check", "unmasking": "unmasking"}
     while not server.is_terminal:
         server, out = server.close()
-        silent |= set(drop.get(stage_of_reply.get(server.stage, ""), ()))
+        silent |= set(drop.get(server.stage, ()))
         for m in out:
             d = server_ids.device(m.device_id)
             if d in silent:

@@ -1,0 +1,304 @@
+"""Enrolment, sessions and the device registry of the coordinator.
+
+`DeviceRegistry` owns who is enrolled (a cache of the store's device table)
+and which open Session stream hosts which device:
+
+    await registry.load()                          devices from the store
+    await registry.enroll(request, client_id)      -> EnrollResponse
+    session = await registry.open(hello, ...)      Hello -> admitted, Welcome queued
+    await registry.admit(session, announced)       CheckIn -> DeviceAdmission
+    registry.close(session, why)                   the stream ended
+    registry.owner(device_id) / available(model)   for the round loop and the relay
+
+A device is hosted by at most one stream: a newer stream that announces it
+displaces the older one (which is ended once it hosts nothing). Devices
+that leave (displaced, unannounced, stream closed) are reported through
+`on_device_left(device_id, why)` so the running round counts them as
+dropouts; any change of availability calls `on_changed()`.
+
+Runs on the coordinator's event loop; store calls go to worker threads.
+Raises `coordinator.errors` exceptions (InvalidArgument, PermissionDenied,
+ProtocolViolation) for the servicer to map to status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation
+from coordinator.logs import log_event
+from coordinator.store import DeviceRecord, DeviceStatus, Store
+from fedmask_proto.v1 import enrollment_pb2, session_pb2
+from wire.protocol import IDENTITY_KEY_BYTES, PROTOCOL_VERSION, version_refusal
+from wire.round_task import seconds_to_duration
+
+COORDINATOR_VERSION = "0.1.0"
+MAX_ENROLL_DEVICES = 10_000
+MAX_LOCAL_ID_CHARS = 256
+MAX_ANNOUNCED_DEVICES = 100_000
+MAX_CLIENT_NAME_CHARS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """Outbox sentinel: end the stream with `code` (OK = graceful)."""
+
+    code: grpc.StatusCode
+    detail: str = ""
+
+
+@dataclass(eq=False)
+class ClientSession:
+    """One edge-client process's Session stream."""
+
+    sid: int
+    client_name: str
+    client_id: str | None
+    peer: str
+    supported_models: frozenset[str]
+    last_seen: float
+    devices: set[int] = field(default_factory=set)  # accepted, owned by this stream
+    available: set[int] = field(default_factory=set)  # subset of devices, selectable now
+    outbox: asyncio.Queue[session_pb2.ServerMessage | StreamEnd] = field(default_factory=asyncio.Queue)
+    closed: bool = False
+
+    def send(self, message: session_pb2.ServerMessage) -> None:
+        if not self.closed:
+            self.outbox.put_nowait(message)
+
+    def end(self, code: grpc.StatusCode, detail: str = "") -> None:
+        if not self.closed:
+            self.closed = True
+            self.outbox.put_nowait(StreamEnd(code, detail))
+
+    def supports(self, model_name: str) -> bool:
+        return not self.supported_models or model_name in self.supported_models
+
+
+def now_timestamp(wall: Callable[[], datetime]) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(wall())
+    return ts
+
+
+def check_enroll_request(request: enrollment_pb2.EnrollRequest) -> None:
+    """Validate an EnrollRequest's meaning before anything is stored:
+    1..MAX_ENROLL_DEVICES devices, local ids non-empty, bounded and unique,
+    identity keys of the right length and unique. Raises InvalidArgument."""
+    devices = request.devices
+    if not devices:
+        raise InvalidArgument("EnrollRequest lists no device")
+    if len(devices) > MAX_ENROLL_DEVICES:
+        raise InvalidArgument(f"EnrollRequest lists {len(devices)} devices (at most {MAX_ENROLL_DEVICES})")
+    seen_ids: set[str] = set()
+    seen_keys: set[bytes] = set()
+    for i, d in enumerate(devices):
+        if not d.local_id or len(d.local_id) > MAX_LOCAL_ID_CHARS:
+            raise InvalidArgument(f"devices[{i}].local_id is empty or longer than {MAX_LOCAL_ID_CHARS}")
+        if d.local_id in seen_ids:
+            raise InvalidArgument(f"devices[{i}].local_id {d.local_id!r} appears twice")
+        if len(d.identity_public_key) != IDENTITY_KEY_BYTES:
+            raise InvalidArgument(f"devices[{i}].identity_public_key must be {IDENTITY_KEY_BYTES} bytes")
+        if d.identity_public_key in seen_keys:
+            raise InvalidArgument(f"devices[{i}].identity_public_key appears twice")
+        seen_ids.add(d.local_id)
+        seen_keys.add(bytes(d.identity_public_key))
+
+
+class DeviceRegistry:
+    """See the module doc."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        heartbeat_interval: float,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], datetime],
+        on_device_left: Callable[[int, str], None],
+        on_changed: Callable[[], None],
+    ) -> None:
+        self._store = store
+        self._heartbeat = heartbeat_interval
+        self._clock = clock
+        self._wall = wall_clock
+        self._on_device_left = on_device_left
+        self._on_changed = on_changed
+        self.devices: dict[int, DeviceRecord] = {}
+        self.sessions: dict[int, ClientSession] = {}
+        self._owner: dict[int, ClientSession] = {}
+        self._sid = itertools.count(1)
+
+    # ------------------------------------------------------------------ queries
+
+    def owner(self, device_id: int) -> ClientSession | None:
+        """The open stream hosting the device, if any."""
+        return self._owner.get(device_id)
+
+    def available(self, model_name: str) -> Iterator[int]:
+        """Devices selectable now for a round of `model_name`."""
+        for s in self.sessions.values():
+            if not s.closed and s.supports(model_name):
+                yield from s.available
+
+    def active_enrolled(self) -> int:
+        return sum(1 for rec in self.devices.values() if rec.status is DeviceStatus.ACTIVE)
+
+    # ------------------------------------------------------------------ enrolment
+
+    async def load(self) -> None:
+        for rec in await asyncio.to_thread(self._store.list_devices):
+            self.devices[rec.id] = rec
+
+    async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
+        check_enroll_request(request)
+        devices = request.devices
+
+        def work() -> list[tuple[DeviceRecord, bool]]:
+            return [
+                self._store.enroll_device(bytes(d.identity_public_key), local_id=d.local_id, client_id=client_id)
+                for d in devices
+            ]
+
+        results = await asyncio.to_thread(work)
+        out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version=COORDINATOR_VERSION)
+        for d, (rec, new) in zip(devices, results, strict=True):
+            self.devices[rec.id] = rec
+            if rec.status is not DeviceStatus.ACTIVE:
+                raise PermissionDenied(f"device {d.local_id!r} (id {rec.id}) is revoked")
+            if rec.client_id and client_id and rec.client_id != client_id:
+                raise PermissionDenied(f"device {d.local_id!r} (id {rec.id}) is enrolled by another client")
+            out.devices.add(local_id=d.local_id, device_id=rec.id, newly_enrolled=new)
+        log_event("enrolled", client=request.client_name[:64], devices=len(devices),
+                  new=sum(1 for _, n in results if n))
+        return out
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open(self, hello: session_pb2.Hello, *, client_id: str | None, peer: str = "") -> ClientSession:
+        """A new stream sent its Hello: check its protocol version, admit its
+        devices (displacing older streams that hosted them) and queue the
+        Welcome. ProtocolViolation (FAILED_PRECONDITION) for a version this
+        coordinator does not serve, with a message that says to upgrade."""
+        refusal = version_refusal(hello.protocol_version)
+        if refusal is not None:
+            raise ProtocolViolation(refusal)
+        session = ClientSession(
+            sid=next(self._sid),
+            client_name=hello.client_name[:MAX_CLIENT_NAME_CHARS],
+            client_id=client_id,
+            peer=peer,
+            supported_models=frozenset(hello.supported_models),
+            last_seen=self._clock(),
+        )
+        admission = await self.admit(session, hello.available_device_ids)
+        self.sessions[session.sid] = session
+        session.send(
+            session_pb2.ServerMessage(
+                welcome=session_pb2.Welcome(
+                    protocol_version=PROTOCOL_VERSION,
+                    coordinator_version=COORDINATOR_VERSION,
+                    heartbeat_interval=seconds_to_duration(self._heartbeat),
+                    admission=admission,
+                    server_time=now_timestamp(self._wall),
+                )
+            )
+        )
+        log_event("session_opened", session=session.sid, client=session.client_name, peer=peer,
+                  accepted=len(admission.accepted_device_ids), rejected=len(admission.rejected))
+        self._on_changed()
+        return session
+
+    async def admit(self, session: ClientSession, announced: Iterable[int]) -> session_pb2.DeviceAdmission:
+        """The stream announces the devices it hosts and that are available
+        now (Hello or CheckIn): the accepted list replaces its available set."""
+        ids = list(announced)
+        if len(ids) > MAX_ANNOUNCED_DEVICES:
+            raise ProtocolViolation(f"{len(ids)} devices announced (at most {MAX_ANNOUNCED_DEVICES})")
+        if len(set(ids)) != len(ids):
+            raise ProtocolViolation("a device is announced twice")
+        if any(d not in self.devices for d in ids):  # enrolled since start by another path, or never
+            await self.load()
+        admission = session_pb2.DeviceAdmission()
+        accepted: list[int] = []
+        R = session_pb2
+        for d in ids:
+            rec = self.devices.get(d)
+            if rec is None:
+                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
+            elif rec.status is not DeviceStatus.ACTIVE:
+                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_REVOKED)
+            elif rec.client_id and session.client_id and rec.client_id != session.client_id:
+                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_NOT_OWNED)
+            else:
+                accepted.append(d)
+        for d in accepted:
+            old = self._owner.get(d)
+            if old is not None and old is not session:
+                self._release(old, d, "displaced by a newer session")
+                if not old.devices:
+                    old.end(grpc.StatusCode.ABORTED, "displaced: every device reconnected on a newer session")
+                    self._forget(old)
+                    log_event("session_displaced", session=old.sid, by=session.sid)
+            self._owner[d] = session
+            session.devices.add(d)
+        newly_unavailable = session.available - set(accepted)
+        session.available = set(accepted)
+        for d in newly_unavailable:
+            self._on_device_left(d, "became unavailable")
+        admission.accepted_device_ids.extend(accepted)
+        if accepted:
+            await asyncio.to_thread(self._store.mark_devices_seen, accepted)
+        return admission
+
+    def close(self, session: ClientSession, why: str = "stream ended") -> bool:
+        """The stream ended (either side): its devices drop out of any round.
+        False when the session was already closed."""
+        if session.sid not in self.sessions:
+            return False
+        session.closed = True
+        self._forget(session)
+        return True
+
+    def silent_sessions(self, limit_s: float) -> list[ClientSession]:
+        """Open sessions with no message for more than `limit_s` seconds."""
+        now = self._clock()
+        return [s for s in self.sessions.values() if now - s.last_seen > limit_s]
+
+    def end_all(self, message: session_pb2.ServerMessage) -> None:
+        """Send `message` to every open stream, then end it gracefully."""
+        for s in list(self.sessions.values()):
+            s.send(message)
+            s.end(grpc.StatusCode.OK, "shutdown")
+
+    # ------------------------------------------------------------------ internals
+
+    def _release(self, session: ClientSession, device_id: int, why: str) -> None:
+        session.devices.discard(device_id)
+        session.available.discard(device_id)
+        if self._owner.get(device_id) is session:
+            del self._owner[device_id]
+        self._on_device_left(device_id, why)
+
+    def _forget(self, session: ClientSession) -> None:
+        self.sessions.pop(session.sid, None)
+        for d in list(session.devices):
+            self._release(session, d, "session closed")
+        self._on_changed()
+
+
+__all__ = [
+    "COORDINATOR_VERSION",
+    "ClientSession",
+    "DeviceRegistry",
+    "StreamEnd",
+    "check_enroll_request",
+    "now_timestamp",
+]

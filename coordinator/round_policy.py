@@ -1,0 +1,256 @@
+"""Round policy: what a round about to open is configured with. Pure: no
+I/O, no clock, no randomness (the session id is passed in).
+
+    secagg_config_for(settings, n, L, session_id)  the SecAggConfig of a cohort
+    dp_settings_for(dp, n)                         the RoundTask's DpSettings
+    round_windows(deadlines, ...)                  per-stage seconds for the
+                                                   round machine and the RoundTask
+    AdaptiveDeadlines                              each stage's deadline, learnt
+                                                   from what honest devices took
+
+Adaptive deadlines (D21, `deadlines.policy = "adaptive"`, the default)
+-----------------------------------------------------------------------
+A stage that waits for a silent (dropped) device lasts its whole deadline,
+so a deadline far above what honest devices need makes every round with a
+dropout slow, and one barely above it drops honest devices whenever the
+machine is busy. For every stage the policy keeps the *honest completion
+time* of recent rounds: the seconds from the stage opening to the last
+answer the round accepted in it (a device that answered is, for this
+purpose, honest; a silent one contributes nothing). The next round's
+deadline is
+
+    clamp(margin * q-quantile(last `window` completion times) + slack,
+          floor, ceiling)
+
+where the ceiling is the stage's configured deadline (also the deadline
+before the first observation: a safe start), and the floor keeps a stage
+from collapsing on an idle fleet. Consequences, stated as the contract:
+
+- A deadline only tightens below the configured one when honest devices
+  were seen to answer well within it; an honest device that needs more than
+  margin x the recent slowest plus slack is dropped, and the next deadline
+  grows from what was seen (a deadline that was hit raises its own
+  completion time towards the deadline, so the policy recovers upward).
+- A slow device (or a device that answers late on purpose) can push a
+  stage's deadline up, never beyond its ceiling: the cost of a malicious
+  device is bounded by the configured deadlines, as without the policy.
+- The learnt state is in memory: a restarted coordinator starts again from
+  the ceilings.
+
+`deadlines.policy = "fixed"` uses the configured deadlines as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from coordinator.settings import CoordinatorSettings, DeadlineSettings, DpSettings
+from fedmask_proto.v1 import session_pb2
+from secagg.config import SecAggConfig
+from secagg.errors import ConfigError
+from secagg.stages import Stage
+
+# --------------------------------------------------------------------------- secure aggregation
+
+
+def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int, session_id: bytes) -> SecAggConfig:
+    """Resolve the secagg policy of the settings for a cohort of n devices.
+    graph: "full" -> complete graph; "auto" -> SecAgg+ (secagg picks k and t),
+    or the complete graph when secagg finds no sparse (k, t) for so small a
+    cohort; K -> Harary graph of degree K (complete if K >= n - 1).
+    threshold: the policy applied to the group (k + 1 devices), raised to the
+    strict majority secagg requires (2n/3 + 1 on a complete graph in active
+    mode); with a sparse "auto" graph, secagg's own t is used.
+    Raises secagg's ConfigError when no configuration fits n."""
+    s = settings.secagg
+    active = s.signatures
+    neighbors: int | Literal["all", "auto"]
+    if s.graph == "full":
+        neighbors = "all"
+    elif s.graph == "auto":
+        try:
+            auto = SecAggConfig.create(
+                num_clients=n, vector_length=vector_length, session_id=session_id, clip=s.clip, neighbors="auto",
+                modulus_bits=s.modulus_bits, expected_dropout=s.expected_dropout, active_adversary=active,
+            )
+            if not auto.is_complete_graph:
+                return auto
+        except ConfigError:
+            pass
+        neighbors = "all"  # too small for a sparse graph: Bonawitz with the threshold policy
+    else:
+        neighbors = int(s.graph)
+    k = n - 1 if neighbors == "all" else min(int(neighbors), n - 1)  # K >= n - 1: complete graph
+    group = k + 1
+    threshold = max(s.threshold_for(group), group // 2 + 1)
+    if active and k == n - 1:
+        threshold = max(threshold, (2 * n) // 3 + 1)
+    return SecAggConfig.create(
+        num_clients=n,
+        vector_length=vector_length,
+        session_id=session_id,
+        clip=s.clip,
+        neighbors=neighbors,
+        threshold=threshold,
+        modulus_bits=s.modulus_bits,
+        expected_dropout=s.expected_dropout,
+        active_adversary=active,
+    )
+
+
+# --------------------------------------------------------------------------- differential privacy
+
+
+def dp_settings_for(dp: DpSettings, cohort_size: int) -> session_pb2.DpSettings:
+    """The DpSettings a RoundTask carries. Distributed noise: each of the n
+    devices adds N(0, (z * clip)^2 / n), so the sum carries z * clip."""
+    if dp.mode == "none":
+        return session_pb2.DpSettings(mode=session_pb2.DP_MODE_NONE)
+    std = dp.noise_multiplier * dp.clip
+    mode = session_pb2.DP_MODE_LOCAL
+    if dp.mode == "distributed":
+        mode = session_pb2.DP_MODE_DISTRIBUTED
+        std = std / math.sqrt(cohort_size)
+    return session_pb2.DpSettings(mode=mode, clip_norm=dp.clip, noise_multiplier=dp.noise_multiplier, noise_stddev=std)
+
+
+# --------------------------------------------------------------------------- deadlines
+
+
+@dataclass(frozen=True, slots=True)
+class RoundWindows:
+    """The seconds of one round's stages.
+
+    machine: collecting phase value -> seconds the round machine allows it
+             (stage 0's window includes local training);
+    task:    stage value -> seconds the RoundTask announces to the devices
+             (training apart; no consistency check unless active mode)."""
+
+    machine: dict[str, float]
+    task: dict[str, float]
+
+
+def round_windows(stage_seconds: Mapping[Stage, float], *, training: float, plaintext: bool,
+                  active: bool) -> RoundWindows:
+    """Per-stage deadlines -> the round's windows. A plaintext (INSECURE,
+    benchmark) round has one stage, MASKED_INPUT, lasting training plus the
+    masked-input deadline; its RoundTask announces training as the
+    advertise-keys window and the masked-input deadline."""
+    masked = stage_seconds[Stage.MASKED_INPUT]
+    if plaintext:
+        return RoundWindows(
+            machine={Stage.MASKED_INPUT.value: training + masked},
+            task={Stage.ADVERTISE_KEYS.value: training, Stage.MASKED_INPUT.value: masked},
+        )
+    machine = {s.value: stage_seconds[s] for s in Stage}
+    machine[Stage.ADVERTISE_KEYS.value] += training
+    task = {s.value: stage_seconds[s] for s in Stage if active or s is not Stage.CONSISTENCY_CHECK}
+    task[Stage.ADVERTISE_KEYS.value] += training
+    return RoundWindows(machine=machine, task=task)
+
+
+def configured_deadlines(d: DeadlineSettings) -> dict[Stage, float]:
+    """The configured per-stage deadlines (stage 0 without training)."""
+    return {
+        Stage.ADVERTISE_KEYS: d.advertise_keys,
+        Stage.SHARE_KEYS: d.share_keys,
+        Stage.MASKED_INPUT: d.masked_input,
+        Stage.CONSISTENCY_CHECK: d.consistency_check,
+        Stage.UNMASKING: d.unmasking,
+    }
+
+
+class AdaptiveDeadlines:
+    """Per-stage deadlines learnt from honest completion times (module doc).
+
+    `deadlines()` -> {Stage: seconds} for the next round, where stage 0's
+    value covers training *and* advertising (its completion time is
+    measured from the RoundTasks going out). `observe(completion)` takes a
+    finished round's {stage value: seconds to the last accepted answer}.
+    With `settings.policy == "fixed"` observations are kept but ignored.
+
+    A plaintext (INSECURE, benchmark) coordinator runs one stage,
+    MASKED_INPUT, whose window includes training: its ceiling is training +
+    masked-input, and it learns like any other stage."""
+
+    def __init__(self, settings: DeadlineSettings, *, plaintext: bool = False) -> None:
+        self._settings = settings
+        self._plaintext = plaintext
+        ceiling = configured_deadlines(settings)
+        if plaintext:
+            ceiling[Stage.MASKED_INPUT] += settings.training
+        else:
+            ceiling[Stage.ADVERTISE_KEYS] += settings.training
+        self._ceiling = ceiling
+        self._seen: dict[Stage, deque[float]] = {s: deque(maxlen=settings.window) for s in Stage}
+
+    @property
+    def adaptive(self) -> bool:
+        return self._settings.policy == "adaptive"
+
+    def observe(self, completion: Mapping[str, float]) -> None:
+        for name, seconds in completion.items():
+            stage = _stage_or_none(name)
+            if stage is not None and math.isfinite(seconds) and seconds >= 0:
+                self._seen[stage].append(float(seconds))
+
+    def deadline(self, stage: Stage) -> float:
+        ceiling = self._ceiling[stage]
+        seen = self._seen[stage]
+        if not self.adaptive or not seen:
+            return ceiling
+        s = self._settings
+        learnt = s.margin * quantile(seen, s.quantile) + s.slack
+        return min(ceiling, max(s.floor, learnt))
+
+    def deadlines(self) -> dict[Stage, float]:
+        """{Stage: seconds}; the stage that includes training (ADVERTISE_KEYS,
+        or MASKED_INPUT in a plaintext round) includes the training window."""
+        return {s: self.deadline(s) for s in Stage}
+
+    def windows(self, *, active: bool) -> RoundWindows:
+        """The next round's windows (see `round_windows`), with the learnt
+        window that includes training split back into training + the stage."""
+        learnt = self.deadlines()
+        training = self._settings.training
+        first = Stage.MASKED_INPUT if self._plaintext else Stage.ADVERTISE_KEYS
+        training = min(training, learnt[first])
+        per_stage = {**learnt, first: learnt[first] - training}
+        return round_windows(per_stage, training=training, plaintext=self._plaintext, active=active)
+
+    def snapshot(self) -> dict[str, float]:
+        """{stage value: seconds} of the next round (for logs and the admin)."""
+        return {s.value: round(v, 3) for s, v in self.deadlines().items()}
+
+
+def quantile(values: deque[float] | list[float], q: float) -> float:
+    """The q-quantile by linear interpolation (numpy's default); q in [0, 1]."""
+    xs = sorted(values)
+    if not xs:
+        raise ValueError("quantile of no values")
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _stage_or_none(name: str) -> Stage | None:
+    try:
+        return Stage(name)
+    except ValueError:
+        return None
+
+
+__all__ = [
+    "AdaptiveDeadlines",
+    "RoundWindows",
+    "configured_deadlines",
+    "dp_settings_for",
+    "quantile",
+    "round_windows",
+    "secagg_config_for",
+]

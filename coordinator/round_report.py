@@ -1,0 +1,137 @@
+"""What a round leaves behind: its record, its metrics and its privacy entry.
+
+    round_record(r, state, ...)      the RoundRecord of a RoundMachine
+    round_metrics(r, ...)            the metrics stored with a committed round
+    PrivacyLedger                    epsilon per round and composed (D12, D19)
+
+Pure apart from `PrivacyLedger`, which reads the store's ledger once (the
+first time it accounts a round after a start) and keeps a running
+composition that `committed` extends only after the store committed the
+round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from coordinator.debug import debug_metrics
+from coordinator.model_host import SYNTHETIC
+from coordinator.rounds import RoundMachine
+from coordinator.settings import DebugSettings, DpSettings
+from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
+from wire.secagg_codec import reason_name
+
+if TYPE_CHECKING:
+    from models.privacy import Composition
+
+
+def round_record(
+    r: RoundMachine,
+    state: RoundState,
+    *,
+    started_at: datetime,
+    ended_at: datetime | None,
+    base_model_version: int | None,
+    metrics: Mapping[str, float] | None = None,
+    timings: Mapping[str, float] | None = None,
+) -> RoundRecord:
+    """The store's record of round `r` in `state` (survivors per stage with
+    the selected cohort under "selected", dropouts, timings, metrics)."""
+    aborted = state is RoundState.ABORTED and r.abort_reason is not None
+    return RoundRecord(
+        number=r.number,
+        state=state,
+        started_at=started_at,
+        ended_at=ended_at,
+        cohort_size=len(r.cohort),
+        abort_reason=reason_name(r.abort_reason) if aborted and r.abort_reason is not None else None,
+        base_model_version=base_model_version,
+        survivors={"selected": list(r.cohort), **r.survivors()},
+        dropouts=r.dropout_ids(),
+        timings=dict(timings if timings is not None else r.timings),
+        metrics=dict(metrics or {}),
+    )
+
+
+def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> dict[str, float]:
+    """Contributors and cohort; the reported metric sums and counts with
+    their means; the models' own sum -> mean rules (validation metrics as
+    "val_<name>"); with debug.record_sums, the aggregate's checksum. Only
+    finite values are kept."""
+    result = r.result
+    assert result is not None
+    out: dict[str, float] = {"contributors": float(len(result.counted)), "cohort": float(len(r.cohort))}
+    for k, v in r.metric_sums.items():
+        out[f"sum.{k}"] = v
+    for k, n in r.metric_counts.items():
+        out[f"count.{k}"] = float(n)
+    for k, v in r.metric_sums.items():
+        if r.metric_counts.get(k):
+            out[k] = v / r.metric_counts[k]
+    if "loss" in r.metric_sums and r.metric_counts.get("examples"):
+        out["loss"] = r.metric_sums["loss"] / r.metric_counts["examples"]
+    if model_name != SYNTHETIC and r.metric_sums:
+        from models.evaluation import finalize  # the models' own sum -> mean rules
+
+        merged = {**r.metric_sums, **{k: float(n) for k, n in r.metric_counts.items()}}
+        out.update(finalize(merged))
+        # edge clients report validation sums as "val_<name>" (e.g. val_sampled_hits@10)
+        val = {k.removeprefix("val_"): v for k, v in merged.items() if k.startswith("val_")}
+        out.update({f"val_{k}": v for k, v in finalize(val).items()})
+    if debug.record_sums:
+        out.update(debug_metrics(result.encoded_sum, result.decoded_sum, len(result.counted), debug.sum_coordinates))
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+class PrivacyLedger:
+    """Epsilon from models.privacy (dp_accounting).
+
+    The sampling rate q = cohort / active enrolled devices. With distributed
+    noise the sum holds the noise of the counted devices only, so the round
+    is accounted at z * sqrt(counted / cohort) (dropouts cost privacy, D19);
+    the ledger stores that effective multiplier. The cumulative epsilon
+    composes every committed round exactly, each at its own (z, q): the
+    running composition is built from the store's ledger once, and extended
+    by `committed` only after the store has committed the round."""
+
+    def __init__(self, dp: DpSettings, store: Store) -> None:
+        self._dp = dp
+        self._store = store
+        self._composition: Composition | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._dp.mode != "none" and self._dp.noise_multiplier > 0
+
+    def entry_for(self, r: RoundMachine, *, population: int) -> PrivacyEntry | None:
+        """The ledger entry round `r` would add (None without DP). Blocking
+        (reads the store the first time): call it from a worker thread."""
+        if not self.enabled:
+            return None
+        from models.privacy import Composition, composed_epsilon, distributed_noise_multiplier
+
+        dp = self._dp
+        q = min(1.0, len(r.cohort) / max(1, population))
+        z = dp.noise_multiplier
+        if dp.mode == "distributed":
+            assert r.result is not None
+            z = distributed_noise_multiplier(z, planned=len(r.cohort), counted=len(r.result.counted))
+        if self._composition is None:
+            history = [(e.noise_multiplier, e.sampling_rate) for e in self._store.privacy_ledger()]
+            self._composition = Composition(history, delta=dp.delta, accountant=dp.accountant)
+        return PrivacyEntry(
+            round_number=r.number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
+            delta=dp.delta, noise_multiplier=z, sampling_rate=q,
+            cumulative_epsilon=self._composition.epsilon_with(z, q),
+        )
+
+    def committed(self, entry: PrivacyEntry | None) -> None:
+        """The store committed the round of `entry`: extend the composition."""
+        if entry is not None and self._composition is not None:
+            self._composition.add(entry.noise_multiplier, entry.sampling_rate)
+
+
+__all__ = ["PrivacyLedger", "round_metrics", "round_record"]

@@ -1,0 +1,52 @@
+"""The one vocabulary of protocol stages.
+
+Every package names a secure-aggregation stage with a `Stage`: the secagg
+client and server states (`state.stage`), the coordinator's round phases and
+stored round states, the wire's stage-message maps, fault injection and the
+command line. The value is the canonical spelling (`masked_input`: used in
+round records, logs and JSON); `cli_name` is the one command-line spelling
+(`masked-input`), and `Stage.parse` accepts either.
+
+Stage order is protocol order: ADVERTISE_KEYS -> SHARE_KEYS -> MASKED_INPUT
+-> CONSISTENCY_CHECK (active-adversary mode only) -> UNMASKING.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Stage(enum.StrEnum):
+    ADVERTISE_KEYS = "advertise_keys"
+    SHARE_KEYS = "share_keys"
+    MASKED_INPUT = "masked_input"
+    CONSISTENCY_CHECK = "consistency_check"
+    UNMASKING = "unmasking"
+
+    @property
+    def index(self) -> int:
+        """Position in protocol order (0 = ADVERTISE_KEYS)."""
+        return _ORDER[self]
+
+    @property
+    def cli_name(self) -> str:
+        """The command-line spelling: `masked-input`."""
+        return self.value.replace("_", "-")
+
+    @classmethod
+    def parse(cls, text: str) -> Stage:
+        """`masked-input` or `masked_input` -> Stage.MASKED_INPUT; ValueError
+        naming the accepted spellings otherwise."""
+        try:
+            return cls(text.strip().lower().replace("-", "_"))
+        except ValueError:
+            raise ValueError(f"unknown stage {text!r}; one of {', '.join(CLI_NAMES)}") from None
+
+
+_ORDER: dict[Stage, int] = {s: i for i, s in enumerate(Stage)}
+#: Every stage in protocol order.
+STAGES: tuple[Stage, ...] = tuple(Stage)
+#: Their command-line spellings, in protocol order.
+CLI_NAMES: tuple[str, ...] = tuple(s.cli_name for s in Stage)
+
+__all__ = ["CLI_NAMES", "STAGES", "Stage"]
