@@ -1,4 +1,4 @@
-"""Package boundaries of DESIGN.md, enforced two ways.
+"""Package boundaries of docs/design.md, enforced two ways.
 
 1. An allow-list walk of `secagg`'s source: every import resolves to the
    standard library, numpy, cryptography or secagg itself.

@@ -208,7 +208,7 @@ def _reachable_fields(desc: Descriptor, seen: set[str] | None = None) -> set[str
 
 
 def test_no_upstream_field_names_private_device_state() -> None:
-    """DESIGN.md: private device state (user vectors, personal item tables,
+    """docs/design.md: private device state (user vectors, personal item tables,
     mask models, secret keys, seeds, raw ratings) never goes to the
     coordinator. Shares of secrets (secagg) are the one allowed exception."""
     import re
