@@ -12,7 +12,7 @@ Objective (paper Eq. 3), per device i and round a:
 with lambda(a) = c(a) * v1 and mu(a) = c(a) * v2 for a curriculum c (tanh(a/10)
 by default; fixed / sin / square / frac for the ablations). The *minus* sign is
 the paper's: Eq. (2) *maximises* ||D_i - C||_F^2 so that the two views are
-complementary (the DESIGN note's "- lambda(a) * ||D_i - C||^2" is the same
+complementary (docs/design.md's "- lambda(a) * ||D_i - C||^2" is the same
 term). Maximising a squared distance is unbounded, so v1 must stay small; it
 is a tuned hyperparameter (docs/tuning.md). The curriculum weights are really
 applied here (the published code computes them and then uses the constants).

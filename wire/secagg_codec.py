@@ -36,17 +36,13 @@ import numpy as np
 
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm
-from secagg.aead import sealed_length
 from secagg.config import MAX_SESSION_ID_BYTES
 from secagg.errors import AbortReason, DropReason
 from secagg.shamir import ELEMENT_BYTES, PRIME
 from wire.errors import WireError
 from wire.ids import RoundIds
+from wire.protocol import IDENTITY_KEY_BYTES, PUBLIC_KEY_BYTES, SEALED_SHARES_BYTES, SIGNATURE_BYTES
 
-PUBLIC_KEY_BYTES = sm.PUBLIC_KEY_BYTES  # X25519 raw public key
-SIGNATURE_BYTES = sm.SIGNATURE_BYTES  # Ed25519 signature
-IDENTITY_KEY_BYTES = 32  # Ed25519 raw public key
-SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)  # one encrypted (b, s) share pair: 94 bytes
 SHARE_BYTES = ELEMENT_BYTES  # one Shamir share: 33-byte big-endian field element
 MAX_DETAIL_CHARS = 1024
 
