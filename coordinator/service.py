@@ -335,11 +335,18 @@ class Coordinator:
             seen_ids.add(d.local_id)
             seen_keys.add(bytes(d.identity_public_key))
 
+        from coordinator.store import EnrollmentConflictError
+
         def work() -> list[tuple[DeviceRecord, bool]]:
-            return [
-                self.store.enroll_device(bytes(d.identity_public_key), local_id=d.local_id, client_id=client_id)
-                for d in devices
-            ]
+            # One store transaction for the whole request: all devices or none.
+            try:
+                return self.store.enroll_devices(
+                    [(bytes(d.identity_public_key), d.local_id) for d in devices], client_id=client_id
+                )
+            except EnrollmentConflictError as exc:
+                d = devices[exc.index]
+                what = "is revoked" if exc.reason == exc.REVOKED else "is enrolled by another client"
+                raise PermissionDenied(f"device {d.local_id!r} (id {exc.device_id}) {what}") from None
 
         results = await asyncio.to_thread(work)
         out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version=COORDINATOR_VERSION)

@@ -17,7 +17,7 @@ from coordinator.store.engine import create_store_engine, normalize_url
 from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
-TABLES = {"devices", "rounds", "model_versions", "privacy_ledger", "alembic_version"}
+TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "alembic_version"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
