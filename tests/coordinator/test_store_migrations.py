@@ -57,6 +57,27 @@ def test_downgrade_to_base_and_back(sql_url: str) -> None:
         engine.dispose()
 
 
+def test_round_counter_migration_continues_after_the_stored_rounds(sql_url: str) -> None:
+    """A database created before migration 0002 keeps its round numbers:
+    the counter is seeded with the highest one."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0001_initial")
+            conn.execute(text(
+                "INSERT INTO rounds (number, state, started_at, cohort_size, survivors, dropouts, timings, metrics)"
+                " VALUES (7, 'committed', '2025-01-01 00:00:00', 3, '{}', '{}', '{}', '{}')"
+            ))
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    store = open_store(sql_url)
+    try:
+        assert store.next_round_number() == 8
+    finally:
+        store.close()
+
+
 def test_foreign_keys_are_enforced(sql_url: str) -> None:
     engine = create_store_engine(sql_url)
     try:
