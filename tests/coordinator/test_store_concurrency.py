@@ -54,10 +54,11 @@ def blob_of(number: int) -> bytes:
     return hashlib.sha256(b"aggregate-%d" % number).digest() * 4
 
 
-def round_record(number: int, state: RoundState, **kw: object) -> RoundRecord:
+def round_record(number: int, state: RoundState, *, abort_reason: str | None = None,
+                 survivors: dict[str, list[int]] | None = None, metrics: dict[str, float] | None = None) -> RoundRecord:
     ended = T0 + timedelta(minutes=number, seconds=30) if state.is_terminal else None
     return RoundRecord(number=number, state=state, started_at=T0 + timedelta(minutes=number), cohort_size=4,
-                       ended_at=ended, **kw)  # type: ignore[arg-type]
+                       ended_at=ended, abort_reason=abort_reason, survivors=survivors or {}, metrics=metrics or {})
 
 
 def run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:

@@ -212,7 +212,9 @@ def test_postgresql_retries_a_transaction_rolled_back_by_a_concurrent_one(pg_sto
 
 
 def test_postgresql_gives_up_after_the_policy_and_never_retries_other_errors(postgresql_url: str) -> None:
-    store = SqlStore(open_store(postgresql_url).engine, retry=RetryPolicy(attempts=3, base_delay=0.0))
+    opened = open_store(postgresql_url)
+    assert isinstance(opened, SqlStore)
+    store = SqlStore(opened.engine, retry=RetryPolicy(attempts=3, base_delay=0.0))
     try:
         injector = Injector(store, "INSERT INTO DEVICES", "40001", times=100)
         with pytest.raises(StoreError) as info:
