@@ -34,7 +34,7 @@ from google.protobuf import timestamp_pb2
 
 from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation
 from coordinator.logs import log_event
-from coordinator.store import DeviceRecord, DeviceStatus, Store
+from coordinator.store import DeviceRecord, DeviceStatus, EnrollmentConflictError, Store
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
 from wire.protocol import IDENTITY_KEY_BYTES, PROTOCOL_VERSION, version_refusal
 from wire.round_task import seconds_to_duration
@@ -162,19 +162,20 @@ class DeviceRegistry:
         devices = request.devices
 
         def work() -> list[tuple[DeviceRecord, bool]]:
-            return [
-                self._store.enroll_device(bytes(d.identity_public_key), local_id=d.local_id, client_id=client_id)
-                for d in devices
-            ]
+            # One store transaction for the whole request: all devices or none (D23).
+            try:
+                return self._store.enroll_devices(
+                    [(bytes(d.identity_public_key), d.local_id) for d in devices], client_id=client_id
+                )
+            except EnrollmentConflictError as exc:  # say no more than the caller already knows
+                shown = devices[exc.index].local_id[:64]
+                what = "is revoked" if exc.reason == exc.REVOKED else "cannot be enrolled by this client"
+                raise PermissionDenied(f"device {shown!r} {what}; nothing was enrolled") from None
 
         results = await asyncio.to_thread(work)
         out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version=COORDINATOR_VERSION)
         for d, (rec, new) in zip(devices, results, strict=True):
             self.devices[rec.id] = rec
-            if rec.status is not DeviceStatus.ACTIVE:
-                raise PermissionDenied(f"device {d.local_id!r} (id {rec.id}) is revoked")
-            if rec.client_id and client_id and rec.client_id != client_id:
-                raise PermissionDenied(f"device {d.local_id!r} (id {rec.id}) is enrolled by another client")
             out.devices.add(local_id=d.local_id, device_id=rec.id, newly_enrolled=new)
         log_event("enrolled", client=request.client_name[:64], devices=len(devices),
                   new=sum(1 for _, n in results if n))

@@ -15,6 +15,7 @@ from datetime import datetime
 from coordinator.store.errors import (
     ConflictError,
     CorruptBlobError,
+    EnrollmentConflictError,
     InvalidRecordError,
     NotFoundError,
     StoreError,
@@ -40,7 +41,7 @@ MEMORY_URL = "memory://"
 
 __all__ = [
     "COORDINATOR_RESTART", "MEMORY_URL", "ConflictError", "CorruptBlobError", "DeviceRecord",
-    "DeviceStatus", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
+    "DeviceStatus", "EnrollmentConflictError", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
     "NewModelVersion", "NotFoundError", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord",
     "RoundState", "Store", "StoreError", "open_store",
 ]

@@ -9,7 +9,13 @@ Supported URLs:
 SQLite transactions: the pysqlite driver's implicit transaction handling is
 switched off and every SQLAlchemy transaction emits its own BEGIN (the
 recipe of the SQLAlchemy docs), so reads and writes of one unit of work are
-really in one transaction and DDL in migrations is transactional.
+really in one transaction and DDL in migrations is transactional. The BEGIN
+is `BEGIN IMMEDIATE` (take the write lock now, waiting up to the busy
+timeout for another writer) unless the connection's execution options say
+`{SQLITE_BEGIN_OPTION: "DEFERRED"}` (read-only transactions; see
+coordinator.store.transactions): a transaction that may write must never
+begin deferred, or in WAL mode it fails at once with "database is locked"
+when another writer committed after its first read.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import StaticPool
 
 from coordinator.store.errors import StoreError
+from coordinator.store.transactions import SQLITE_BEGIN_MODES, SQLITE_BEGIN_OPTION
 
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 
@@ -78,6 +85,9 @@ def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN")
+        mode = connection.get_execution_options().get(SQLITE_BEGIN_OPTION, "IMMEDIATE")
+        if mode not in SQLITE_BEGIN_MODES:
+            raise StoreError(f"unknown SQLite begin mode {mode!r} (one of {SQLITE_BEGIN_MODES})")
+        connection.exec_driver_sql(f"BEGIN {mode}")
 
     return engine

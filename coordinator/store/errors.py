@@ -36,3 +36,21 @@ class CorruptBlobError(StoreError):
         self.version_id = version_id
         self.expected = expected
         self.actual = actual
+
+
+class EnrollmentConflictError(ConflictError):
+    """`Store.enroll_devices` refused the whole batch (nothing was written)
+    because one of its identity keys is already enrolled and may not be
+    enrolled by this caller: the device is revoked (`reason` REVOKED) or it
+    belongs to another client id (`reason` OTHER_CLIENT). `index` is the
+    position of that device in the batch, `device_id` its stored id."""
+
+    REVOKED = "revoked"
+    OTHER_CLIENT = "other_client"
+
+    def __init__(self, index: int, device_id: int, reason: str) -> None:
+        what = "is revoked" if reason == self.REVOKED else "is enrolled by another client"
+        super().__init__(f"device {index} of the batch (id {device_id}) {what}")
+        self.index = index
+        self.device_id = device_id
+        self.reason = reason

@@ -6,8 +6,16 @@ checked by the parametrized suite in tests/coordinator/.
 
 Contract (all implementations):
   * Every method is atomic: it fully happens or leaves the store unchanged.
-  * Methods are thread-safe; the coordinator calls them from worker threads
-    (never from the event loop directly, since the SQL backend blocks).
+  * Methods are thread-safe and safe under concurrency: any number of
+    threads (and, on SQL, processes) may call them at once on the same
+    database and every call either succeeds or raises for its own reason
+    (never "database is locked"). SQL stores begin read-only methods as
+    read transactions and every other method as a write transaction
+    (SQLite: BEGIN IMMEDIATE, waiting for the write lock; PostgreSQL: READ
+    COMMITTED with row locks, deadlocks and serialization failures retried
+    a bounded number of times); see coordinator.store.transactions and
+    decision D23. The coordinator calls them from worker threads (never
+    from the event loop directly, since the SQL backend blocks).
   * Errors are the types of coordinator.store.errors only.
   * Round numbers are the public identity of rounds (unique, >= 1); once a
     round is terminal (committed/aborted) it is never written again.
@@ -15,7 +23,7 @@ Contract (all implementations):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
@@ -35,11 +43,26 @@ from coordinator.store.records import (
 @runtime_checkable
 class Store(Protocol):
     # ------------------------------------------------------------ devices
+    def enroll_devices(
+        self, devices: Sequence[tuple[bytes, str]], *, client_id: str | None = None
+    ) -> list[tuple[DeviceRecord, bool]]:
+        """Enrol a batch of (identity public key, local_id) in ONE
+        transaction, all or nothing: either every device is enrolled (or
+        found enrolled) or the store is unchanged. Returns (record,
+        newly_enrolled) per device, in the order given. Idempotent per key:
+        an enrolled key returns its existing record (newly_enrolled False;
+        its local_id/client_id are not changed), also when a concurrent
+        call enrolled it first.
+        Raises InvalidRecordError (an empty key, a key listed twice) and
+        EnrollmentConflictError when an already-enrolled key is revoked or
+        belongs to another client id (both ids known and different): then
+        no device of the batch is written. An empty batch returns []."""
+        ...
+
     def enroll_device(
         self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
     ) -> tuple[DeviceRecord, bool]:
-        """Enrol a device by its identity key; idempotent: an enrolled key
-        returns its existing record. Returns (record, newly_enrolled)."""
+        """`enroll_devices` of one device: its (record, newly_enrolled)."""
         ...
 
     def get_device(self, device_id: int) -> DeviceRecord | None: ...
@@ -79,7 +102,16 @@ class Store(Protocol):
 
     # -------------------------------------------------------------- rounds
     def next_round_number(self) -> int:
-        """1 + the highest round number stored (1 when none)."""
+        """ALLOCATE a round number (a write): greater than every round
+        number stored and every number this method returned before, on
+        this database. Two calls never return the same number, also when
+        they run concurrently (in threads or processes); this is what makes
+        round numbers race-free: a round's writer allocates its number here
+        and then uses it in save_round_progress / commit_round /
+        abort_round, which insert the round or update it in place, so a
+        number must come from here (the unique key on the number turns an
+        accidental duplicate insert into ConflictError). A number whose
+        round is never written leaves a gap. 1 on an empty store."""
         ...
 
     def save_round_progress(self, record: RoundRecord) -> None:

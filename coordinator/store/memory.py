@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from coordinator.store.errors import ConflictError, CorruptBlobError, InvalidRecordError, NotFoundError
+from coordinator.store.errors import (
+    ConflictError,
+    CorruptBlobError,
+    EnrollmentConflictError,
+    InvalidRecordError,
+    NotFoundError,
+)
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     DeviceRecord,
@@ -29,7 +35,14 @@ from coordinator.store.records import (
     sha256_hex,
     utc_now,
 )
-from coordinator.store.summaries import check_commit_args, page_of, summarize_privacy, validate_limit
+from coordinator.store.summaries import (
+    check_commit_args,
+    check_enrollment_batch,
+    enrollment_refusal,
+    page_of,
+    summarize_privacy,
+    validate_limit,
+)
 
 
 @dataclass(slots=True)
@@ -38,9 +51,13 @@ class _State:
     models: dict[int, ModelVersion]
     rounds: dict[int, RoundRecord]
     ledger: dict[int, PrivacyEntry]
+    #: the last number next_round_number handed out
+    last_round_number: int = 0
 
     def copy(self) -> _State:
-        return _State(dict(self.devices), dict(self.models), dict(self.rounds), dict(self.ledger))
+        return _State(
+            dict(self.devices), dict(self.models), dict(self.rounds), dict(self.ledger), self.last_round_number
+        )
 
 
 class InMemoryStore:
@@ -52,26 +69,42 @@ class InMemoryStore:
         self._state = _State({}, {}, {}, {})
 
     # ------------------------------------------------------------ devices
+    def enroll_devices(
+        self, devices: Sequence[tuple[bytes, str]], *, client_id: str | None = None
+    ) -> list[tuple[DeviceRecord, bool]]:
+        keys = check_enrollment_batch(devices)
+        with self._lock:
+            by_key = {d.identity_public_key: d for d in self._state.devices.values()}
+            for i, key in enumerate(keys):
+                found = by_key.get(key)
+                if found is not None:
+                    reason = enrollment_refusal(found.status, found.client_id, client_id)
+                    if reason is not None:
+                        raise EnrollmentConflictError(i, found.id, reason)
+            staged = self._state.copy()
+            enrolled_at = self._clock()
+            out: list[tuple[DeviceRecord, bool]] = []
+            for key, (_, local_id) in zip(keys, devices, strict=True):
+                if key in by_key:
+                    out.append((by_key[key], False))
+                    continue
+                record = DeviceRecord(
+                    id=max(staged.devices, default=0) + 1,
+                    identity_public_key=key,
+                    enrolled_at=enrolled_at,
+                    status=DeviceStatus.ACTIVE,
+                    local_id=local_id,
+                    client_id=client_id,
+                )
+                staged.devices[record.id] = record
+                out.append((record, True))
+            self._state = staged  # publish: all devices or none
+            return out
+
     def enroll_device(
         self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
     ) -> tuple[DeviceRecord, bool]:
-        key = bytes(identity_public_key)
-        with self._lock:
-            for device in self._state.devices.values():
-                if device.identity_public_key == key:
-                    return device, False
-            record = DeviceRecord(
-                id=max(self._state.devices, default=0) + 1,
-                identity_public_key=key,
-                enrolled_at=self._clock(),
-                status=DeviceStatus.ACTIVE,
-                local_id=local_id,
-                client_id=client_id,
-            )
-            staged = self._state.copy()
-            staged.devices[record.id] = record
-            self._state = staged
-            return record, True
+        return self.enroll_devices([(identity_public_key, local_id)], client_id=client_id)[0]
 
     def get_device(self, device_id: int) -> DeviceRecord | None:
         with self._lock:
@@ -147,7 +180,11 @@ class InMemoryStore:
     # -------------------------------------------------------------- rounds
     def next_round_number(self) -> int:
         with self._lock:
-            return max(self._state.rounds, default=0) + 1
+            number = max(max(self._state.rounds, default=0), self._state.last_round_number) + 1
+            staged = self._state.copy()
+            staged.last_round_number = number
+            self._state = staged
+            return number
 
     def _check_writable(self, record: RoundRecord) -> None:
         stored = self._state.rounds.get(record.number)

@@ -105,6 +105,18 @@ class RoundRow(Base):
     metrics: Mapped[dict[str, Any]]
 
 
+class RoundCounterRow(Base):
+    """One row (id = COUNTER_ID): the last round number handed out by
+    next_round_number (migration 0002 seeds it)."""
+
+    __tablename__ = "round_counter"
+
+    COUNTER_ID = 1
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    last_number: Mapped[int] = mapped_column(BigInteger)
+
+
 class ModelVersionRow(Base):
     __tablename__ = "model_versions"
 

@@ -1,30 +1,55 @@
 """SQLAlchemy implementation of the Store (SQLite file or PostgreSQL).
 
-Every public method is one transaction (`with self._tx() as session`); any
-exception rolls it back, and SQLAlchemy/driver errors are re-raised as
-StoreError subclasses. Rows never leave this module: methods return the
-immutable records of coordinator.store.records.
+Every public method is one transaction: `self._read(body)` or
+`self._write(body)` runs `body(session)` in a transaction of that kind
+(coordinator.store.transactions: BEGIN DEFERRED / BEGIN IMMEDIATE on SQLite,
+READ COMMITTED on PostgreSQL). Any exception rolls it back; SQLAlchemy and
+driver errors are re-raised as StoreError subclasses. Rows never leave this
+module: bodies return the immutable records of coordinator.store.records.
+
+Concurrency:
+  * SQLite: write transactions of one SqlStore are serialised by a lock of
+    the store (threads queue on it instead of polling SQLite's busy
+    handler) and take SQLite's write lock up front (BEGIN IMMEDIATE), so
+    writers of other processes wait up to the busy timeout. An in-memory
+    SQLite database is one shared connection: every transaction, reads
+    included, holds the lock.
+  * PostgreSQL: a transaction the server rolled back because of a
+    concurrent one (deadlock, serialization failure) is run again from the
+    start, at most RETRY.attempts times with jittered backoff. That is safe
+    for every body here, idempotent or not: the failed attempt had no
+    effect (the server rolled it back before any COMMIT succeeded) and a
+    body's only effects are its database writes (it computes its values,
+    clock readings included, afresh on each attempt). An error whose
+    outcome is unknown (the connection dropped during COMMIT) is never
+    retried. Enrolment also retries a unique-key violation on the devices
+    key: the concurrent enrolment of the same key committed first, and the
+    next attempt returns that device as already enrolled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TypeVar
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from coordinator.store.engine import is_sqlite_memory
 from coordinator.store.errors import (
     ConflictError,
     CorruptBlobError,
+    EnrollmentConflictError,
     InvalidRecordError,
     NotFoundError,
     StoreError,
 )
-from coordinator.store.orm import DeviceRow, ModelVersionRow, PrivacyLedgerRow, RoundRow
+from coordinator.store.orm import DeviceRow, ModelVersionRow, PrivacyLedgerRow, RoundCounterRow, RoundRow
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     DeviceRecord,
@@ -40,9 +65,23 @@ from coordinator.store.records import (
     sha256_hex,
     utc_now,
 )
-from coordinator.store.summaries import check_commit_args, page_of, summarize_privacy, validate_limit
+from coordinator.store.retry import RetryPolicy, run_with_retries
+from coordinator.store.summaries import (
+    check_commit_args,
+    check_enrollment_batch,
+    enrollment_refusal,
+    page_of,
+    summarize_privacy,
+    validate_limit,
+)
+from coordinator.store.transactions import TxKind, execution_options, is_transient, is_unique_violation
 
 _TERMINAL = (RoundState.COMMITTED.value, RoundState.ABORTED.value)
+T = TypeVar("T")
+log = logging.getLogger("fedmask.coordinator.store")
+
+#: Retries of a PostgreSQL transaction rolled back by a concurrent one.
+RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
 
 
 class SqlStore:
@@ -52,20 +91,46 @@ class SqlStore:
     `coordinator.store.open_store` does both.
     """
 
-    def __init__(self, engine: Engine, *, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self, engine: Engine, *, clock: Callable[[], datetime] = utc_now, retry: RetryPolicy = RETRY
+    ) -> None:
+        backend = engine.dialect.name
         self._engine = engine
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._sessions = {
+            kind: sessionmaker(engine.execution_options(**execution_options(backend, kind)), expire_on_commit=False)
+            for kind in TxKind
+        }
         self._clock = clock
+        self._retry = retry
+        self._sqlite = backend == "sqlite"
+        self._lock_reads = self._sqlite and is_sqlite_memory(engine.url)
+        self._write_lock = threading.Lock()
 
     @property
     def engine(self) -> Engine:
         return self._engine
 
-    @contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def _locked(self, kind: TxKind) -> contextlib.AbstractContextManager[object]:
+        if self._sqlite and (kind is TxKind.WRITE or self._lock_reads):
+            return self._write_lock
+        return contextlib.nullcontext()
+
+    def _run(self, kind: TxKind, body: Callable[[Session], T], *, retry_unique: bool = False) -> T:
+        """`body(session)` in one transaction of `kind`; see the module docstring."""
+
+        def attempt() -> T:
+            with self._locked(kind), self._sessions[kind].begin() as session:
+                return body(session)
+
+        def retryable(exc: BaseException) -> bool:
+            return is_transient(exc) or (retry_unique and is_unique_violation(exc))
+
+        def on_retry(failures: int, exc: BaseException) -> None:
+            log.info("store transaction rolled back by a concurrent one (try %d): %s", failures,
+                     getattr(exc, "orig", exc))
+
         try:
-            with self._sessions.begin() as session:
-                yield session
+            return run_with_retries(attempt, retryable=retryable, policy=self._retry, on_retry=on_retry)
         except StoreError:
             raise
         except IntegrityError as exc:
@@ -73,52 +138,88 @@ class SqlStore:
         except SQLAlchemyError as exc:
             raise StoreError(f"database error: {exc}") from exc
 
+    def _read(self, body: Callable[[Session], T]) -> T:
+        return self._run(TxKind.READ, body)
+
+    def _write(self, body: Callable[[Session], T], *, retry_unique: bool = False) -> T:
+        return self._run(TxKind.WRITE, body, retry_unique=retry_unique)
+
     # ------------------------------------------------------------ devices
+    def enroll_devices(
+        self, devices: Sequence[tuple[bytes, str]], *, client_id: str | None = None
+    ) -> list[tuple[DeviceRecord, bool]]:
+        keys = check_enrollment_batch(devices)
+
+        def body(s: Session) -> list[tuple[DeviceRecord, bool]]:
+            found = {
+                bytes(r.identity_public_key): r
+                for r in s.scalars(select(DeviceRow).where(DeviceRow.identity_public_key.in_(keys)))
+            }
+            for i, key in enumerate(keys):
+                row = found.get(key)
+                if row is not None:
+                    reason = enrollment_refusal(DeviceStatus(row.status), row.client_id, client_id)
+                    if reason is not None:
+                        raise EnrollmentConflictError(i, row.id, reason)
+            enrolled_at = self._clock()
+            new: dict[bytes, DeviceRow] = {}
+            # Inserted in key order: concurrent batches lock the unique index in one order.
+            for i in sorted((i for i, k in enumerate(keys) if k not in found), key=lambda i: keys[i]):
+                row = DeviceRow(
+                    identity_public_key=keys[i],
+                    local_id=devices[i][1],
+                    client_id=client_id,
+                    enrolled_at=enrolled_at,
+                    status=DeviceStatus.ACTIVE.value,
+                )
+                s.add(row)
+                new[keys[i]] = row
+            s.flush()
+            return [(_device(new[k]), True) if k in new else (_device(found[k]), False) for k in keys]
+
+        if not keys:
+            return []
+        return self._write(body, retry_unique=True)
+
     def enroll_device(
         self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
     ) -> tuple[DeviceRecord, bool]:
-        key = bytes(identity_public_key)
-        with self._tx() as s:
-            row = s.scalars(select(DeviceRow).where(DeviceRow.identity_public_key == key)).first()
-            if row is not None:
-                return _device(row), False
-            row = DeviceRow(
-                identity_public_key=key,
-                local_id=local_id,
-                client_id=client_id,
-                enrolled_at=self._clock(),
-                status=DeviceStatus.ACTIVE.value,
-            )
-            s.add(row)
-            s.flush()
-            return _device(row), True
+        return self.enroll_devices([(identity_public_key, local_id)], client_id=client_id)[0]
 
     def get_device(self, device_id: int) -> DeviceRecord | None:
-        with self._tx() as s:
+        def body(s: Session) -> DeviceRecord | None:
             row = s.get(DeviceRow, device_id)
             return None if row is None else _device(row)
+
+        return self._read(body)
 
     def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
         query = select(DeviceRow).order_by(DeviceRow.id)
         if status is not None:
             query = query.where(DeviceRow.status == DeviceStatus(status).value)
-        with self._tx() as s:
-            return [_device(r) for r in s.scalars(query)]
+        return self._read(lambda s: [_device(r) for r in s.scalars(query)])
 
     def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
         ids = sorted(set(device_ids))
         if not ids:
             return
-        with self._tx() as s:
+
+        def body(s: Session) -> None:
             s.execute(update(DeviceRow).where(DeviceRow.id.in_(ids)).values(last_seen_at=at or self._clock()))
 
+        self._write(body)
+
     def set_device_status(self, device_id: int, status: DeviceStatus) -> DeviceRecord:
-        with self._tx() as s:
-            row = s.get(DeviceRow, device_id)
+        value = DeviceStatus(status).value
+
+        def body(s: Session) -> DeviceRecord:
+            row = s.get(DeviceRow, device_id, with_for_update=True)
             if row is None:
                 raise NotFoundError(f"device {device_id} is not enrolled")
-            row.status = DeviceStatus(status).value
+            row.status = value
             return _device(row)
+
+        return self._write(body)
 
     # ------------------------------------------------------ model versions
     def _insert_model(self, s: Session, version: NewModelVersion, round_number: int | None) -> ModelVersionRow:
@@ -135,23 +236,27 @@ class SqlStore:
         return row
 
     def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
-        with self._tx() as s:
-            return _model_summary(self._insert_model(s, version, None), len(version.parameters))
+        return self._write(lambda s: _model_summary(self._insert_model(s, version, None), len(version.parameters)))
 
     def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:
         query = select(ModelVersionRow).order_by(ModelVersionRow.id.desc()).limit(1)
         if model_name is not None:
             query = query.where(ModelVersionRow.model_name == model_name)
-        with self._tx() as s:
+
+        def body(s: Session) -> ModelVersion | None:
             row = s.scalars(query).first()
             return None if row is None else _verified_model(row)
 
+        return self._read(body)
+
     def get_model_version(self, version_id: int) -> ModelVersion:
-        with self._tx() as s:
+        def body(s: Session) -> ModelVersion:
             row = s.get(ModelVersionRow, version_id)
             if row is None:
                 raise NotFoundError(f"model version {version_id} does not exist")
             return _verified_model(row)
+
+        return self._read(body)
 
     def list_model_versions(self, *, limit: int = 50, before: int | None = None) -> Page[ModelVersionSummary]:
         validate_limit(limit)
@@ -164,20 +269,35 @@ class SqlStore:
         )
         if before is not None:
             query = query.where(m.id < before)
-        with self._tx() as s:
-            items = tuple(
+
+        def body(s: Session) -> tuple[ModelVersionSummary, ...]:
+            return tuple(
                 ModelVersionSummary(
                     id=r[0], round_number=r[1], created_at=r[2], model_name=r[3], sha256=r[4],
                     size_bytes=int(r[5]), hyperparameters=r[6],
                 )
                 for r in s.execute(query)
             )
-        return page_of(items, limit, lambda v: v.id)
+
+        return page_of(self._read(body), limit, lambda v: v.id)
 
     # -------------------------------------------------------------- rounds
     def next_round_number(self) -> int:
-        with self._tx() as s:
-            return int(s.scalar(select(func.coalesce(func.max(RoundRow.number), 0))) or 0) + 1
+        def body(s: Session) -> int:
+            # The counter row is locked first (FOR UPDATE on PostgreSQL; SQLite's
+            # write lock is already held): allocations are serialised, and the
+            # max over rounds below is read after every earlier allocation committed.
+            counter = s.get(RoundCounterRow, RoundCounterRow.COUNTER_ID, with_for_update=True)
+            highest = int(s.scalar(select(func.coalesce(func.max(RoundRow.number), 0))) or 0)
+            number = max(highest, counter.last_number if counter is not None else 0) + 1
+            if counter is None:  # (migration 0002 creates it; a concurrent creation is retried)
+                s.add(RoundCounterRow(id=RoundCounterRow.COUNTER_ID, last_number=number))
+            else:
+                counter.last_number = number
+            s.flush()
+            return number
+
+        return self._write(body, retry_unique=True)
 
     def _writable_round(self, s: Session, number: int) -> RoundRow | None:
         row = s.scalars(select(RoundRow).where(RoundRow.number == number).with_for_update()).first()
@@ -206,8 +326,7 @@ class SqlStore:
     def save_round_progress(self, record: RoundRecord) -> None:
         if record.state.is_terminal:
             raise InvalidRecordError(f"save_round_progress got terminal state {record.state}")
-        with self._tx() as s:
-            self._write_round(s, record)
+        self._write(lambda s: self._write_round(s, record).number)
 
     def commit_round(
         self,
@@ -216,7 +335,8 @@ class SqlStore:
         privacy_entry: PrivacyEntry | None,
     ) -> ModelVersionSummary:
         check_commit_args(round_record, privacy_entry)
-        with self._tx() as s:  # one transaction: all three writes or none
+
+        def body(s: Session) -> ModelVersionSummary:  # one transaction: all three writes or none
             self._write_round(s, round_record)
             model = self._insert_model(s, new_model_version, round_record.number)
             if privacy_entry is not None:
@@ -224,15 +344,16 @@ class SqlStore:
                 s.flush()
             return _model_summary(model, len(new_model_version.parameters))
 
+        return self._write(body)
+
     def abort_round(self, round_record: RoundRecord) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
-        with self._tx() as s:
-            self._write_round(s, round_record)
+        self._write(lambda s: self._write_round(s, round_record).number)
 
     def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
-        when = at or self._clock()
-        with self._tx() as s:
+        def body(s: Session) -> list[int]:
+            when = at or self._clock()
             rows = s.scalars(
                 select(RoundRow).where(RoundRow.state.not_in(_TERMINAL)).order_by(RoundRow.number).with_for_update()
             ).all()
@@ -242,23 +363,26 @@ class SqlStore:
                 row.ended_at = when
             return [row.number for row in rows]
 
+        return self._write(body)
+
     def get_round(self, number: int) -> RoundRecord | None:
-        with self._tx() as s:
+        def body(s: Session) -> RoundRecord | None:
             row = s.scalars(select(RoundRow).where(RoundRow.number == number)).first()
             return None if row is None else _round(row)
+
+        return self._read(body)
 
     def list_rounds(self, *, limit: int = 50, before: int | None = None) -> Page[RoundRecord]:
         validate_limit(limit)
         query = select(RoundRow).order_by(RoundRow.number.desc()).limit(limit + 1)
         if before is not None:
             query = query.where(RoundRow.number < before)
-        with self._tx() as s:
-            items = tuple(_round(r) for r in s.scalars(query))
+        items = self._read(lambda s: tuple(_round(r) for r in s.scalars(query)))
         return page_of(items, limit, lambda r: r.number)
 
     # ------------------------------------------------------------- privacy
     def privacy_ledger(self) -> list[PrivacyEntry]:
-        with self._tx() as s:
+        def body(s: Session) -> list[PrivacyEntry]:
             rows = s.scalars(select(PrivacyLedgerRow).order_by(PrivacyLedgerRow.round_number))
             return [
                 PrivacyEntry(
@@ -268,6 +392,8 @@ class SqlStore:
                 )
                 for r in rows
             ]
+
+        return self._read(body)
 
     def privacy_summary(self) -> PrivacySummary:
         return summarize_privacy(self.privacy_ledger())

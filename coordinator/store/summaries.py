@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from coordinator.store.errors import InvalidRecordError
-from coordinator.store.records import Page, PrivacyEntry, PrivacySummary, RoundRecord, RoundState
+from coordinator.store.errors import EnrollmentConflictError, InvalidRecordError
+from coordinator.store.records import DeviceStatus, Page, PrivacyEntry, PrivacySummary, RoundRecord, RoundState
 
 T = TypeVar("T")
 
@@ -19,6 +19,31 @@ def check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
         raise InvalidRecordError(f"commit_round got state {record.state}")
     if entry is not None and entry.round_number != record.number:
         raise InvalidRecordError(f"privacy entry is for round {entry.round_number}, not round {record.number}")
+
+
+def check_enrollment_batch(devices: Sequence[tuple[bytes, str]]) -> list[bytes]:
+    """The identity keys of an `enroll_devices` batch, in order; raises
+    InvalidRecordError for an empty key or a key listed twice."""
+    keys = [bytes(key) for key, _local_id in devices]
+    seen: set[bytes] = set()
+    for i, key in enumerate(keys):
+        if not key:
+            raise InvalidRecordError(f"device {i} of the batch has an empty identity key")
+        if key in seen:
+            raise InvalidRecordError(f"device {i} of the batch repeats an identity key")
+        seen.add(key)
+    return keys
+
+
+def enrollment_refusal(status: DeviceStatus, stored_client: str | None, client_id: str | None) -> str | None:
+    """Why an already-enrolled device may not be enrolled again by
+    `client_id` (an EnrollmentConflictError reason), or None when it may:
+    it is revoked, or both client ids are known and differ."""
+    if DeviceStatus(status) is not DeviceStatus.ACTIVE:
+        return EnrollmentConflictError.REVOKED
+    if stored_client and client_id and stored_client != client_id:
+        return EnrollmentConflictError.OTHER_CLIENT
+    return None
 
 
 def validate_limit(limit: int) -> None:

@@ -17,6 +17,7 @@ from coordinator.store import (
     ConflictError,
     CorruptBlobError,
     DeviceStatus,
+    EnrollmentConflictError,
     InMemoryStore,
     InvalidRecordError,
     NewModelVersion,
@@ -81,6 +82,80 @@ def test_enrolment_is_idempotent_per_identity_key(backend: Backend) -> None:
     assert a.status is DeviceStatus.ACTIVE and a.enrolled_at.tzinfo is not None
     assert (a.local_id, a.client_id, a.identity_public_key) == ("user-1", "edge-1", b"A" * 32)
     assert [d.id for d in s.list_devices()] == sorted([a.id, b.id])
+
+
+def test_enroll_devices_is_one_batch_in_order(backend: Backend) -> None:
+    s = backend.store
+    old, _ = s.enroll_device(b"B" * 32, local_id="user-b", client_id="edge-1")
+    got = s.enroll_devices([(b"A" * 32, "user-a"), (b"B" * 32, "renamed"), (b"C" * 32, "user-c")], client_id="edge-1")
+    assert [(r.identity_public_key, new) for r, new in got] == [(b"A" * 32, True), (b"B" * 32, False), (b"C" * 32, True)]
+    assert got[1][0] == old and got[1][0].local_id == "user-b"  # an enrolled key is returned unchanged
+    assert [r.local_id for r, _ in got] == ["user-a", "user-b", "user-c"]
+    assert all(r.client_id == "edge-1" for r, _ in got)
+    again = s.enroll_devices([(b"C" * 32, "user-c"), (b"A" * 32, "user-a")], client_id="edge-1")
+    assert [(r, new) for r, new in again] == [(got[2][0], False), (got[0][0], False)]
+    assert len(s.list_devices()) == 3 and len({r.id for r, _ in got}) == 3
+    assert s.enroll_devices([]) == []
+
+
+def test_enroll_devices_refuses_the_whole_batch(backend: Backend) -> None:
+    s = backend.store
+    revoked, _ = s.enroll_device(b"R" * 32, local_id="r")
+    s.set_device_status(revoked.id, DeviceStatus.REVOKED)
+    theirs, _ = s.enroll_device(b"T" * 32, local_id="t", client_id="edge-2")
+    before = s.list_devices()
+    with pytest.raises(EnrollmentConflictError) as info:
+        s.enroll_devices([(b"N" * 32, "n1"), (b"R" * 32, "r"), (b"M" * 32, "n2")], client_id="edge-1")
+    assert (info.value.index, info.value.device_id, info.value.reason) == (1, revoked.id, EnrollmentConflictError.REVOKED)
+    with pytest.raises(EnrollmentConflictError) as info:
+        s.enroll_devices([(b"N" * 32, "n1"), (b"M" * 32, "n2"), (b"T" * 32, "t")], client_id="edge-1")
+    assert (info.value.index, info.value.reason) == (2, EnrollmentConflictError.OTHER_CLIENT)
+    with pytest.raises(InvalidRecordError):
+        s.enroll_devices([(b"N" * 32, "n1"), (b"N" * 32, "n1-again")])
+    with pytest.raises(InvalidRecordError):
+        s.enroll_devices([(b"N" * 32, "n1"), (b"", "empty")])
+    assert s.list_devices() == before  # nothing of any refused batch was written
+    # Without a client id on either side there is no ownership check.
+    assert s.enroll_devices([(b"T" * 32, "t")])[0] == (theirs, False)
+
+
+def test_enroll_devices_is_all_or_nothing_on_a_failure(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure after the new devices were written (but before the end of
+    the transaction) leaves none of them."""
+    s = backend.store
+    s.enroll_device(b"E" * 32, local_id="existing")
+    before = s.list_devices()
+
+    class Injected(RuntimeError):
+        pass
+
+    if backend.name == "memory":
+        import coordinator.store.memory as memory_module
+
+        made: list[int] = []
+        real = memory_module.DeviceRecord
+
+        def second_fails(**kw: Any) -> Any:
+            made.append(1)
+            if len(made) == 2:
+                raise Injected("injected failure at the second new device")
+            return real(**kw)
+
+        monkeypatch.setattr(memory_module, "DeviceRecord", second_fails)
+    else:
+        def after_execute(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            if statement.lstrip().upper().startswith("INSERT INTO DEVICES"):
+                raise Injected("injected failure after the INSERT into devices ran")
+
+        event.listen(backend.engine, "after_cursor_execute", after_execute)
+
+    with pytest.raises((Injected, StoreError)):
+        s.enroll_devices([(b"E" * 32, "existing"), (b"N" * 32, "n1"), (b"M" * 32, "n2")])
+    if backend.name != "memory":
+        event.remove(backend.engine, "after_cursor_execute", after_execute)
+    monkeypatch.undo()
+    assert s.list_devices() == before
+    assert [new for _, new in s.enroll_devices([(b"N" * 32, "n1"), (b"M" * 32, "n2")])] == [True, True]
 
 
 def test_device_status_and_last_seen(backend: Backend) -> None:
@@ -169,6 +244,19 @@ def test_round_progress_commit_and_reads(backend: Backend) -> None:
     latest = s.latest_model_version()
     assert latest is not None and latest.id == version.id and latest.round_number == 1
     assert s.privacy_ledger() == [entry(1)]
+
+
+def test_next_round_number_never_hands_out_a_number_twice(backend: Backend) -> None:
+    s = backend.store
+    assert [s.next_round_number() for _ in range(3)] == [1, 2, 3]  # allocated, even if never written
+    s.save_round_progress(progress(3))
+    assert s.next_round_number() == 4
+    s.save_round_progress(progress(9))  # a number written without allocation moves the counter on
+    assert s.next_round_number() == 10
+    if backend.url is not None:  # the counter is in the database: a restart continues it
+        s.close()
+        s = backend.store = open_store(backend.url)
+        assert s.next_round_number() == 11
 
 
 def test_terminal_rounds_are_never_rewritten(backend: Backend) -> None:

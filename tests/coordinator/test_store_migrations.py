@@ -17,7 +17,7 @@ from coordinator.store.engine import create_store_engine, normalize_url
 from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
-TABLES = {"devices", "rounds", "model_versions", "privacy_ledger", "alembic_version"}
+TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "alembic_version"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
@@ -55,6 +55,27 @@ def test_downgrade_to_base_and_back(sql_url: str) -> None:
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
+
+
+def test_round_counter_migration_continues_after_the_stored_rounds(sql_url: str) -> None:
+    """A database created before migration 0002 keeps its round numbers:
+    the counter is seeded with the highest one."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0001_initial")
+            conn.execute(text(
+                "INSERT INTO rounds (number, state, started_at, cohort_size, survivors, dropouts, timings, metrics)"
+                " VALUES (7, 'committed', '2025-01-01 00:00:00', 3, '{}', '{}', '{}', '{}')"
+            ))
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    store = open_store(sql_url)
+    try:
+        assert store.next_round_number() == 8
+    finally:
+        store.close()
 
 
 def test_foreign_keys_are_enforced(sql_url: str) -> None:
