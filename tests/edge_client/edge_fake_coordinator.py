@@ -121,6 +121,14 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         if self.server is not None:
             await self.server.stop(grace=None)
 
+    async def __aenter__(self) -> FakeCoordinator:
+        """Listening (plain TCP) for the block; stopped after it, whatever happens."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"

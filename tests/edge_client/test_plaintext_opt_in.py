@@ -18,9 +18,7 @@ PLAINTEXT = {"insecure_plaintext": True, "seed": 5}
 
 def test_a_client_refuses_plaintext_rounds_without_the_opt_in(tmp_path: Path) -> None:
     async def go() -> None:
-        fake = FakeCoordinator()
-        await fake.start()
-        async with RunningClient(fake, tmp_path, users="1-3"):
+        async with FakeCoordinator() as fake, RunningClient(fake, tmp_path, users="1-3"):
             s = await fake.wait_stream()
             res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
                                        commit=False)
@@ -29,17 +27,14 @@ def test_a_client_refuses_plaintext_rounds_without_the_opt_in(tmp_path: Path) ->
             assert "plaintext" in res.aborts[0].detail
             kinds = {m.WhichOneof("message") for m in fake.received}
             assert not kinds & {"advertise_keys", "masked_input"}
-        await fake.stop()
 
     run_async(go())
 
 
 def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> None:
     async def go() -> None:
-        fake = FakeCoordinator()
-        await fake.start()
-        async with RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True,
-                                 debug_record_inputs=True):
+        async with FakeCoordinator() as fake, RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True,
+                                                            debug_record_inputs=True):
             s = await fake.wait_stream()
             # the coordinator's plaintext round machine sums what arrives
             res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
@@ -55,6 +50,5 @@ def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> 
             want = np.sum(recorded, axis=0, dtype=np.uint64).astype(np.uint32)
             assert np.array_equal(res.machine.result.encoded_sum, want)
             assert not [m for m in fake.received if m.WhichOneof("message") == "advertise_keys"]
-        await fake.stop()
 
     run_async(go())
