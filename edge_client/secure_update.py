@@ -36,6 +36,7 @@ from secagg import messages as sm
 from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted
 from secagg.errors import AbortReason
 from secagg.randomness import DeterministicRandom
+from secagg.stages import Stage
 from wire import secagg_codec
 from wire.protocol import SERVER_FIELD_STAGE
 
@@ -87,7 +88,7 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
         view = run.view
         msg: sm.Message
         try:
-            if field_name == "advertised_keys":
+            if stage is Stage.SHARE_KEYS:  # AdvertisedKeys: the key list to share with
                 assert dr.own is not None
                 msg, ident = secagg_codec.key_list_from_proto(
                     p, view.ids, dr.own,

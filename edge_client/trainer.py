@@ -41,12 +41,13 @@ from edge_client.local_data import DatasetError, LocalData
 from edge_client.task import SYNTHETIC_MODEL, TaskSpec
 from fedmask_proto.v1 import common_pb2
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from wire.protocol import ROUND_INDEX_HYPERPARAMETER
 
 log = logging.getLogger("edge_client.trainer")
 
 # hyperparameters_json keys that are not model constructor arguments
 _NON_MODEL_KEYS = frozenset(
-    {"round_idx", "local_round", "curriculum_round", "explicit", "seed", "scale", "vector_length", "dataset", "n_users", "n_items"}
+    {ROUND_INDEX_HYPERPARAMETER, "local_round", "curriculum_round", "explicit", "seed", "scale", "vector_length", "dataset", "n_users", "n_items"}
 )
 
 
