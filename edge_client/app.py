@@ -25,9 +25,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_client.backoff import Backoff
 from edge_client.faults import FaultPlan
-from edge_client.session import Device, FatalSessionError, RoundEvent, SessionDriver, decline_unfinished_rounds
+from edge_client.devices import Device, local_id_of
+from edge_client.local_data import DatasetError, LocalData, load_interactions
+from edge_client.round_run import RoundEvent
+from edge_client.secure_update import decline_unfinished_rounds
+from edge_client.session import FatalSessionError, SessionDriver
 from edge_client.state import ClientStore, StateError
-from edge_client.trainer import DatasetError, HostedDevice, Trainer, load_interactions, local_id_of
+from edge_client.trainer import Trainer
 from edge_client.transport import (
     FATAL_CODES,
     TransportConfig,
@@ -84,8 +88,7 @@ class EdgeClient:
         self.backoff = backoff or Backoff(base=config.backoff_base, cap=config.backoff_cap)
         self.store: ClientStore | None = None
         self.trainer: Trainer | None = None
-        self.hosted: list[HostedDevice] = []
-        self.identities: dict[str, Ed25519PrivateKey] = {}
+        self.hosted: list[Device] = []
         self.driver: SessionDriver | None = None
         self.rounds_done = 0
         self.events: list[RoundEvent] = []
@@ -115,15 +118,14 @@ class EdgeClient:
             check_users_fit(numbers, x.n_users, x.name)
             self.store = ClientStore(cfg.state_dir).open()
             self.store.check_client({"dataset": x.name, "split_seed": cfg.seed, "client_name": self.name})
-            self.hosted = [HostedDevice(n, self.store.device(local_id_of(n))) for n in numbers]
+            self.hosted = [Device(n, self.store.device(local_id_of(n))) for n in numbers]
+            data = LocalData(x, self.hosted, split_seed=cfg.seed)
             self.trainer = Trainer(
-                x, self.hosted, split_seed=cfg.seed, seed=cfg.seed, torch_device=cfg.device,
-                global_path=self.store.root / "global.fms",
+                data, seed=cfg.seed, torch_device=cfg.device, global_path=self.store.root / "global.fms",
             )
-            created = self.trainer.prepare_local_data()
+            created = data.prepare()
             for h in self.hosted:
-                raw = h.store.load_or_create_identity()
-                self.identities[h.local_id] = Ed25519PrivateKey.from_private_bytes(raw)
+                h.identity_key = Ed25519PrivateKey.from_private_bytes(h.store.load_or_create_identity())
         except (DatasetError, UserRangeError, StateError) as e:
             self.close()
             raise ClientError(str(e)) from None
@@ -137,41 +139,35 @@ class EdgeClient:
         if self.store is not None:
             self.store.close()
 
-    def _identity_public(self, local_id: str) -> bytes:
-        return self.identities[local_id].public_key().public_bytes_raw()
-
     # ------------------------------------------------------------ enrolment
     async def enroll_devices(self, stub, *, only: list[str] | None = None) -> dict[str, int]:
         """local_id -> device_id for every hosted device; enrols (and persists)
         those not yet enrolled with this coordinator."""
         assert self.store is not None
         known = self.store.enrolled(self.config.coordinator)
-        wanted = [h.local_id for h in self.hosted]
-        todo = only if only is not None else [lid for lid in wanted if lid not in known]
+        by_local = {h.local_id: h for h in self.hosted}
+        todo = only if only is not None else [lid for lid in by_local if lid not in known]
         if todo:
             got = await enroll(
                 stub, self.transport, client_name=self.name,
-                devices=[(lid, self._identity_public(lid)) for lid in todo],
+                devices=[(lid, by_local[lid].identity_public) for lid in todo],
             )
             self.store.save_enrolled(self.config.coordinator, got)
             known.update(got)
             log.info("enrolled %d device(s) with %s", len(got), self.config.coordinator)
-        return {lid: known[lid] for lid in wanted}
+        return {lid: known[lid] for lid in by_local}
 
     def _make_driver(self, ids: dict[str, int]) -> SessionDriver:
         assert self.trainer is not None
-        by_local = {h.local_id: h for h in self.hosted}
-        devices = [
-            Device(device_id=ids[lid], number=h.number, local_id=lid, identity_key=self.identities[lid], store=h.store)
-            for lid, h in by_local.items()
-        ]
-        declined = decline_unfinished_rounds({d.device_id: d for d in devices})
+        for h in self.hosted:
+            h.device_id = ids[h.local_id]
+        declined = decline_unfinished_rounds(self.hosted)
         if declined:
             log.warning("%d device(s) had an unfinished round from before the restart: declined", declined)
         return SessionDriver(
             client_name=self.name,
             client_version=CLIENT_VERSION,
-            devices=devices,
+            devices=self.hosted,
             trainer=self.trainer,
             faults=self.config.faults,
             on_round_end=self._on_round_end,

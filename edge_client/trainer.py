@@ -1,20 +1,17 @@
-"""The trainer adapter: local data, private state and local training of the
-hosted devices, with exactly the functions the simulation engine uses.
+"""The trainer: local training of a batch of hosted devices, with exactly
+the functions the simulation engine uses.
 
 All devices selected in a round train together, as one cohort, like the
-engine does (`models/engine.py`): their private rows are loaded from the
-state store and stacked (`stack_rows`, the on-disk counterpart of
-`take_rows`), their local data padded into one `CohortData`,
-`model.local_update` runs once for the batch, updates are clipped and noised
-per row (`models.privacy.clip_rows` / `add_gaussian_noise`), and the new
-private rows are written back per device (atomically, before the device
-advertises keys). There is no per-device Python loop around training.
+engine does (`models/engine.py`): their local data is stacked
+(`edge_client.local_data`) and padded into one `CohortData`, their private
+rows are loaded from the state store and stacked, `model.local_update` runs
+once for the batch, updates are clipped and noised per row
+(`models.privacy.clip_rows` / `add_gaussian_noise`), and the new private
+rows are written back per device (atomically, before the device advertises
+keys). There is no per-device Python loop around training.
 
-Local data: on the first start each hosted device's part of the dataset is
-cut out (the same seeded `leave_one_out` and `random_explicit_split` the
-simulation uses, so numbers are comparable) and persisted in its state dir;
-later starts read it from there. Each device keeps both forms (implicit and
-explicit); the round's model decides which one trains.
+A round that cannot be trained raises `TrainingError` whose `reason` is a
+`TrainingFailure` (the AbortReason the client withdraws its devices with).
 
 Randomness: private-state initialisation, training negatives and mini-batch
 orders are keyed draws (`models/keyed_random.py`): pure functions of
@@ -27,176 +24,47 @@ who knows the seed subtract it).
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
-import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from edge_client.state import DeviceStore, read_arrays, write_arrays
+from edge_client.global_model import LatestGlobal
+from edge_client.local_data import DatasetError, LocalData
+from edge_client.task import SYNTHETIC_MODEL, TaskSpec
+from fedmask_proto.v1 import common_pb2
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from wire.protocol import ROUND_INDEX_HYPERPARAMETER
 
 log = logging.getLogger("edge_client.trainer")
 
-SYNTHETIC_MODEL = "synthetic"
 # hyperparameters_json keys that are not model constructor arguments
 _NON_MODEL_KEYS = frozenset(
-    {"round_idx", "local_round", "curriculum_round", "explicit", "seed", "scale", "vector_length", "dataset", "n_users", "n_items"}
+    {ROUND_INDEX_HYPERPARAMETER, "local_round", "curriculum_round", "explicit", "seed", "scale", "vector_length", "dataset", "n_users", "n_items"}
 )
-_DATA_VERSION = 1
+
+
+class TrainingFailure(enum.Enum):
+    """Why a round cannot be trained here; the value is the proto AbortReason
+    the client withdraws its devices with."""
+
+    CLIENT_ERROR = common_pb2.ABORT_REASON_CLIENT_ERROR
+    MODEL_MISMATCH = common_pb2.ABORT_REASON_MODEL_MISMATCH
 
 
 class TrainingError(Exception):
-    """The round cannot be trained on this client; `reason` is a proto AbortReason name suffix."""
+    """The round cannot be trained on this client (user-facing message)."""
 
-    def __init__(self, message: str, reason: str = "client_error") -> None:
+    def __init__(self, message: str, reason: TrainingFailure = TrainingFailure.CLIENT_ERROR) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-class DatasetError(ValueError):
-    """Unknown or unreadable dataset (user-facing message)."""
-
-
-# ============================================================ hosted devices
-
-
-@dataclass(frozen=True)
-class HostedDevice:
-    """One device of this process: user `number` (1-based) of the dataset."""
-
-    number: int
-    store: DeviceStore
-
-    @property
-    def user(self) -> int:
-        """Dense user id (0-based) in the dataset."""
-        return self.number - 1
-
-    @property
-    def local_id(self) -> str:
-        return self.store.local_id
-
-
-def local_id_of(number: int) -> str:
-    return f"user-{number}"
-
-
-# ============================================================ data
-
-
-def load_interactions(dataset: str, data_dir: str | None, seed: int):
-    """The dataset as `models.data.types.Interactions` (same loader as `fedmask simulate`)."""
-    from models.engine import ConfigError, load_interactions as _load
-
-    try:
-        return _load(dataset, data_dir, seed)
-    except ConfigError as e:
-        raise DatasetError(f"unknown or missing dataset {dataset!r}: {e}") from None
-    except (ValueError, OSError) as e:
-        raise DatasetError(f"cannot load dataset {dataset!r}: {e}") from None
-
-
-@dataclass
-class LocalSplits:
-    """The stacked local data of some devices, as mini splits whose row b is device b."""
-
-    implicit: Any  # ImplicitSplit with n_users = B
-    explicit: Any  # ExplicitSplit with n_users = B
-    users: np.ndarray  # dense user ids (B,)
-
-
-def _device_arrays(imp, exp, user: int) -> dict[str, np.ndarray]:
-    """Device `user`'s rows of the two full-dataset splits."""
-    a, b = imp.train_indptr[user], imp.train_indptr[user + 1]
-    e_tr = exp.train_user == user
-    e_va = exp.val_user == user
-    e_te = exp.test_user == user
-    return {
-        "imp_train": imp.train_items[a:b].astype(np.int64),
-        "imp_heldout": np.array([imp.val_item[user], imp.test_item[user], imp.placebo_item[user]], dtype=np.int64),
-        "imp_val_neg": imp.val_negatives[user].astype(np.int64),
-        "imp_test_neg": imp.test_negatives[user].astype(np.int64),
-        "exp_train_items": exp.train_item[e_tr].astype(np.int64),
-        "exp_train_ratings": exp.train_rating[e_tr].astype(np.float32),
-        "exp_val_items": exp.val_item[e_va].astype(np.int64),
-        "exp_val_ratings": exp.val_rating[e_va].astype(np.float32),
-        "exp_test_items": exp.test_item[e_te].astype(np.int64),
-        "exp_test_ratings": exp.test_rating[e_te].astype(np.float32),
-    }
-
-
-def _stack_splits(parts: Sequence[Mapping[str, np.ndarray]], n_items: int, rating_range, item_features) -> tuple:
-    from models.data.types import ExplicitSplit, ImplicitSplit
-
-    B = len(parts)
-    lens = np.array([len(p["imp_train"]) for p in parts], dtype=np.int64)
-    indptr = np.zeros(B + 1, dtype=np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    held = np.stack([p["imp_heldout"] for p in parts]) if B else np.zeros((0, 3), np.int64)
-    imp = ImplicitSplit(
-        n_users=B,
-        n_items=n_items,
-        train_indptr=indptr,
-        train_items=np.concatenate([p["imp_train"] for p in parts]) if B else np.zeros(0, np.int64),
-        val_item=held[:, 0].copy(),
-        test_item=held[:, 1].copy(),
-        val_negatives=np.stack([p["imp_val_neg"] for p in parts]) if B else np.zeros((0, 99), np.int64),
-        test_negatives=np.stack([p["imp_test_neg"] for p in parts]) if B else np.zeros((0, 99), np.int64),
-        placebo_item=held[:, 2].copy(),
-        seed=0,
-        item_features=item_features,
-    )
-
-    def cat(key: str, dtype) -> np.ndarray:
-        return np.concatenate([p[key] for p in parts]).astype(dtype) if B else np.zeros(0, dtype)
-
-    def rows(key: str) -> np.ndarray:
-        return np.concatenate([np.full(len(p[key]), b, dtype=np.int64) for b, p in enumerate(parts)]) if B else np.zeros(0, np.int64)
-
-    exp = ExplicitSplit(
-        n_users=B,
-        n_items=n_items,
-        train_user=rows("exp_train_items"),
-        train_item=cat("exp_train_items", np.int64),
-        train_rating=cat("exp_train_ratings", np.float32),
-        val_user=rows("exp_val_items"),
-        val_item=cat("exp_val_items", np.int64),
-        val_rating=cat("exp_val_ratings", np.float32),
-        test_user=rows("exp_test_items"),
-        test_item=cat("exp_test_items", np.int64),
-        test_rating=cat("exp_test_ratings", np.float32),
-        seed=0,
-        item_features=item_features,
-        rating_range=tuple(rating_range),
-    )
-    return imp, exp
-
-
-# ============================================================ the trainer
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """What training needs from a RoundTask (decoded by the session driver)."""
-
-    model_name: str
-    model_version: int
-    round_number: int
-    round_idx: int  # the model's round counter (curriculum)
-    hyperparameters: Mapping[str, Any]
-    global_params: Mapping[str, np.ndarray]
-    vector_length: int
-    dp_mode: str = "none"  # none | local | distributed
-    dp_clip_norm: float = 0.0
-    dp_noise_stddev: float = 0.0
 
 
 @dataclass
@@ -243,89 +111,34 @@ class _ModelEntry:
 
 
 class Trainer:
-    """Local training and queries for the hosted devices of one process."""
+    """Local training of the hosted devices of one process (keyed by user number)."""
 
     def __init__(
         self,
-        interactions: Any,
-        devices: Sequence[HostedDevice],
+        data: LocalData,
         *,
-        split_seed: int = 0,
         seed: int = 0,
         torch_device: str = "cpu",
         global_path: os.PathLike[str] | str | None = None,
-        secure_random=os.urandom,
+        secure_random: Callable[[int], bytes] = os.urandom,
     ) -> None:
-        self.x = interactions
-        self.n_users, self.n_items = int(interactions.n_users), int(interactions.n_items)
-        self.devices = {d.number: d for d in devices}
-        self.split_seed = split_seed
+        self.data = data
+        self.x = data.x
+        self.n_users, self.n_items = data.n_users, data.n_items
+        self.devices = data.devices
         self.seed = seed
         self.device = _resolve_device(torch_device)
-        self.global_path = None if global_path is None else os.fspath(global_path)
+        #: the global model of the latest task trained (public; for queries)
+        self.latest = LatestGlobal(global_path)
         self.secure_random = secure_random
         self._models: dict[str, _ModelEntry] = {}
-        self._local: dict[int, dict[str, np.ndarray]] = {}
-        self._seen: dict[int, np.ndarray] = {}
 
-    # ------------------------------------------------------------ local data
-    def prepare_local_data(self) -> int:
-        """Load every hosted device's local split, creating and persisting the
-        missing ones; returns how many were created."""
-        missing = []
-        for number, d in self.devices.items():
-            got = d.store.load_data()
-            if got is None:
-                missing.append(number)
-                continue
-            arrays, meta = got
-            if meta.get("version") != _DATA_VERSION or meta.get("n_items") != self.n_items or meta.get("user") != d.user:
-                raise DatasetError(
-                    f"state of {d.local_id} was made for another dataset or layout "
-                    f"(n_items {meta.get('n_items')}, user {meta.get('user')}); use another --state-dir"
-                )
-            self._local[number] = arrays
-        if missing:
-            from models.data.splits import leave_one_out, random_explicit_split
-
-            imp = leave_one_out(self.x, self.split_seed)
-            exp = random_explicit_split(self.x, self.split_seed)
-            for number in missing:
-                d = self.devices[number]
-                arrays = _device_arrays(imp, exp, d.user)
-                d.store.save_data(
-                    arrays,
-                    {
-                        "version": _DATA_VERSION,
-                        "dataset": self.x.name,
-                        "n_items": self.n_items,
-                        "user": d.user,
-                        "split_seed": self.split_seed,
-                        "rating_range": list(exp.rating_range),
-                    },
-                )
-                self._local[number] = arrays
-        for number, arrays in self._local.items():
-            self._seen[number] = np.unique(
-                np.concatenate([arrays["imp_train"], arrays["imp_heldout"][:2][arrays["imp_heldout"][:2] >= 0],
-                                arrays["exp_train_items"], arrays["exp_val_items"], arrays["exp_test_items"]])
-            )
-        return len(missing)
-
-    def _rating_range(self) -> tuple[float, float]:
-        r = self.x.rating
-        return (float(r.min()), float(r.max())) if len(r) else (1.0, 5.0)
-
-    def splits(self, numbers: Sequence[int]) -> LocalSplits:
-        parts = [self._local[n] for n in numbers]
-        imp, exp = _stack_splits(parts, self.n_items, self._rating_range(), self.x.item_features)
-        return LocalSplits(imp, exp, np.array([self.devices[n].user for n in numbers], dtype=np.int64))
-
+    # ------------------------------------------------------------ batch data
     def cohort(self, numbers: Sequence[int], explicit: bool) -> tuple[CohortData, Any]:
         """The padded training data of `numbers` (row b = device b) and its mini split."""
         from models.data.sampling import cohort_data
 
-        s = self.splits(numbers)
+        s = self.data.splits(numbers)
         split = s.explicit if explicit else s.implicit
         data = cohort_data(split, np.arange(len(numbers)), device=self.device)
         return replace(data, users=torch.from_numpy(s.users.copy()).to(self.device)), split
@@ -338,7 +151,7 @@ class Trainer:
             raise TrainingError(
                 f"the federation's model has n_items={hyper['n_items']}, this client's dataset "
                 f"{self.x.name} has {self.n_items}",
-                "model_mismatch",
+                TrainingFailure.MODEL_MISMATCH,
             )
         params = {k: v for k, v in hyper.items() if k not in _NON_MODEL_KEYS}
         explicit = name == "fedmmf" or bool(hyper.get("explicit", False))
@@ -355,7 +168,7 @@ class Trainer:
                     overrides=params,
                 )
             except (ConfigError, ValueError) as e:
-                raise TrainingError(f"cannot build model {name!r}: {e}", "model_mismatch") from None
+                raise TrainingError(f"cannot build model {name!r}: {e}", TrainingFailure.MODEL_MISMATCH) from None
             g = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad():
                 shapes = {k: tuple(v.shape) for k, v in model.init_global(g).items()}
@@ -363,13 +176,15 @@ class Trainer:
             self._models[key] = entry
         return entry
 
-    def _globals(self, entry: _ModelEntry, params: Mapping[str, np.ndarray], name: str) -> GlobalState:
+    def globals_for(self, entry: _ModelEntry, params: Mapping[str, np.ndarray], name: str) -> GlobalState:
+        """The task's global parameters as tensors; TrainingError (model mismatch)
+        if their shapes do not fit this client's dataset."""
         got = {k: tuple(np.shape(v)) for k, v in params.items()}
         if got != entry.global_shapes:
             raise TrainingError(
                 f"global parameters of {name} do not fit this client's dataset "
                 f"({self.x.name}: {self.n_items} items): got {got}, expected {entry.global_shapes}",
-                "model_mismatch",
+                TrainingFailure.MODEL_MISMATCH,
             )
         return {k: torch.from_numpy(np.array(v, dtype=np.float32)).to(self.device) for k, v in params.items()}
 
@@ -443,17 +258,17 @@ class Trainer:
         state; return their privatised updates and metric sums."""
         t0 = time.perf_counter()
         if task.model_name == SYNTHETIC_MODEL:
-            raise TrainingError("synthetic rounds do not train; use synthetic_updates", "client_error")
+            raise TrainingError("synthetic rounds do not train; use synthetic_updates")
         entry = self.model_for(task.model_name, task.hyperparameters)
         model = entry.model
         if model.update_dim != task.vector_length:
             raise TrainingError(
                 f"{task.model_name} on {self.x.name} has update_dim {model.update_dim}, the round expects "
                 f"vector_length {task.vector_length}",
-                "model_mismatch",
+                TrainingFailure.MODEL_MISMATCH,
             )
-        global_ = self._globals(entry, task.global_params, task.model_name)
-        self.remember_global(task)
+        global_ = self.globals_for(entry, task.global_params, task.model_name)
+        self.latest.remember(task)
         data, split = self.cohort(numbers, entry.explicit)
         private = self._load_private(entry, task.model_name, numbers, data, global_)
         with torch.no_grad():
@@ -518,80 +333,6 @@ class Trainer:
             ),
         )
 
-    # ------------------------------------------------------------ global state and top-k
-    def remember_global(self, task: TaskSpec) -> None:
-        """Keep the latest global parameters (public) for top-k queries after training."""
-        self._latest = task
-        if self.global_path is None:
-            return
-        write_arrays(
-            _path(self.global_path),
-            {f"g_{k}": np.asarray(v, dtype=np.float32) for k, v in task.global_params.items()},
-            {
-                "kind": "global",
-                "model": task.model_name,
-                "model_version": int(task.model_version),
-                "round_number": int(task.round_number),
-                "hyperparameters": dict(task.hyperparameters),
-            },
-        )
-
-    def latest_global(self) -> TaskSpec | None:
-        latest = getattr(self, "_latest", None)
-        if latest is not None or self.global_path is None:
-            return latest
-        got = read_arrays(_path(self.global_path))
-        if got is None:
-            return None
-        arrays, meta = got
-        self._latest = TaskSpec(
-            model_name=str(meta["model"]),
-            model_version=int(meta["model_version"]),
-            round_number=int(meta["round_number"]),
-            round_idx=0,
-            hyperparameters=dict(meta.get("hyperparameters", {})),
-            global_params={k[2:]: v for k, v in arrays.items() if k.startswith("g_")},
-            vector_length=0,
-        )
-        return self._latest
-
-    def top_k(self, number: int, k: int, *, exclude_seen: bool) -> tuple[list[int], list[float], int]:
-        """(item ids, scores descending, global model version) for device `number`,
-        scored on the device over all items with model.score."""
-        if number not in self.devices:
-            raise KeyError(number)
-        if k < 1:
-            raise ValueError("k must be >= 1")
-        latest = self.latest_global()
-        if latest is None or latest.model_name == SYNTHETIC_MODEL:
-            raise LookupError("no trained model on this device yet")
-        entry = self.model_for(latest.model_name, latest.hyperparameters)
-        global_ = self._globals(entry, latest.global_params, latest.model_name)
-        got = self.devices[number].store.load_model(latest.model_name)
-        if got is None:
-            raise LookupError(f"device has not trained {latest.model_name} yet")
-        arrays, _meta = got
-        private = {key: torch.as_tensor(v).unsqueeze(0).to(self.device) for key, v in arrays.items()}
-        items = torch.arange(self.n_items, device=self.device).unsqueeze(0)
-        users = torch.tensor([self.devices[number].user], device=self.device)
-        with torch.no_grad():
-            scores = entry.model.score(global_, private, users, items)[0].to(torch.float32)
-        scores = torch.nan_to_num(scores, nan=-math.inf)
-        if exclude_seen:
-            seen = self._seen.get(number)
-            if seen is not None and len(seen):
-                scores[torch.as_tensor(seen, device=scores.device)] = -math.inf
-        avail = int(torch.isfinite(scores).sum())
-        kk = min(k, avail)
-        if kk == 0:
-            return [], [], int(latest.model_version)
-        top = torch.topk(scores, kk)
-        return (
-            [int(i) for i in top.indices.cpu()],
-            [float(s) for s in top.values.cpu()],
-            int(latest.model_version),
-        )
-
 
 def synthetic_updates(
     device_ids: Sequence[int], *, round_number: int, vector_length: int, seed: int, scale: float
@@ -617,10 +358,6 @@ def _take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
         lengths=lengths,
         ratings=None if data.ratings is None else data.ratings.index_select(0, rows)[:, :lmax],
     )
-
-
-def _path(p: str) -> Path:
-    return Path(p)
 
 
 def _resolve_device(name: str) -> torch.device:

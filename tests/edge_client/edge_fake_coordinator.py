@@ -1,9 +1,16 @@
 """An in-process fake coordinator for the edge-client tests.
 
 A real grpc.aio server on 127.0.0.1 (generated stubs, `wire` codecs) whose
-Session handler drives the real `secagg` server states, one stage at a time,
-closing a stage when every expected device answered or its timeout passed.
-It records every ClientMessage it receives (for the privacy test).
+rounds run the coordinator's own round machine (`coordinator.rounds.RoundMachine`,
+or `coordinator.plaintext.PlaintextRoundMachine` for a task marked
+insecure-plaintext): the fake only carries messages between the machine and
+the one client stream, and lets the clock run (the event loop's) so that a
+stage closes when every device answered or at its deadline. What the fake
+adds of its own: enrolment, the Session handshake, and knobs for tests
+(tamper with server messages or the RoundTask, do not commit). It records
+every ClientMessage it receives (for the privacy test).
+
+The package `edge_client` never imports `coordinator`; its tests may.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +27,13 @@ import numpy as np
 from google.protobuf import duration_pb2
 
 import wire
+from coordinator.plaintext import PlaintextRoundMachine
+from coordinator.rounds import Action, Broadcast, RoundMachine, RoundPhase, Send
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
 from secagg.config import SecAggConfig
-from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted
+from secagg.stages import Stage
 from wire import secagg_codec
+from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE
 
 log = logging.getLogger("fake_coordinator")
 
@@ -48,19 +59,32 @@ class Stream:
 
 @dataclass
 class RoundResult:
-    server: Any
-    config: SecAggConfig
-    ids: wire.RoundIds
+    machine: RoundMachine  # the round's machine, after the round
     counted_devices: list[int]
     aborts: list  # client AbortNotices received
     task: session_pb2.RoundTask
 
     @property
+    def config(self) -> SecAggConfig:
+        return self.machine.config
+
+    @property
+    def ids(self) -> wire.RoundIds:
+        return self.machine.ids
+
+    @property
     def ok(self) -> bool:
-        return isinstance(self.server, ServerCompleted)
+        """The aggregate was computed (committed, or left uncommitted on request)."""
+        return self.machine.result is not None
+
+    @property
+    def survivors(self) -> dict[str, list[int]]:
+        """Stage value -> device ids that completed that stage."""
+        return self.machine.survivors()
 
     def decoded_sum(self) -> np.ndarray:
-        return self.server.decoded_sum()
+        assert self.machine.result is not None, f"round ended {self.machine.phase.value}"
+        return self.machine.result.decoded_sum
 
 
 class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
@@ -97,6 +121,14 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         if self.server is not None:
             await self.server.stop(grace=None)
 
+    async def __aenter__(self) -> FakeCoordinator:
+        """Listening (plain TCP) for the block; stopped after it, whatever happens."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
@@ -112,7 +144,7 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
     async def Enroll(self, request, context):
         await self._check_auth(context)
         self.enroll_calls += 1
-        out = enrollment_pb2.EnrollResponse(protocol_version="fedmask.v1", coordinator_version="fake")
+        out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version="fake")
         for d in request.devices:
             key = bytes(d.identity_public_key)
             if len(key) != 32:
@@ -138,7 +170,7 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             else:
                 admission.rejected.add(device_id=d, reason=session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
         await context.write(session_pb2.ServerMessage(welcome=session_pb2.Welcome(
-            protocol_version="fedmask.v1", coordinator_version="fake",
+            protocol_version=PROTOCOL_VERSION, coordinator_version="fake",
             heartbeat_interval=duration_pb2.Duration(seconds=int(self.heartbeat_s),
                                                      nanos=int((self.heartbeat_s % 1) * 1e9)),
             admission=admission,
@@ -224,70 +256,66 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             num_clients=len(devices), vector_length=vector_length, session_id=os.urandom(16), clip=clip,
             neighbors=neighbors, threshold=threshold, active_adversary=active,
         )
-        ids = wire.RoundIds.from_cohort(devices)
-        id_keys = {ids.secagg(d): self.identity[d] for d in devices} if active else None
         params = global_parameters if global_parameters is not None else {"mean": np.zeros(vector_length, np.float32)}
         hyper = dict(hyperparameters or {})
         if model_name == "synthetic":
             hyper.setdefault("vector_length", vector_length)
+        deadlines = {stage.value: stage_timeout for stage in Stage}
+        deadlines[Stage.ADVERTISE_KEYS.value] = first_stage_timeout
+        plaintext = bool(hyper.get(PLAINTEXT_HYPERPARAMETER, False))
+        if plaintext:  # one stage, whose window includes training
+            deadlines[Stage.MASKED_INPUT.value] = first_stage_timeout
+        machine_type = PlaintextRoundMachine if plaintext else RoundMachine
+        m = machine_type(number=r, config=config, cohort=devices, deadlines=deadlines,
+                         identity_keys={d: self.identity[d] for d in devices} if active else None)
         task = wire.build_round_task(
-            config=config, round_number=r, ids=ids, devices=devices, model_name=model_name, model_version=r,
+            config=config, round_number=r, ids=m.ids, devices=devices, model_name=model_name, model_version=r,
             global_parameters=params, hyperparameters=hyper, dp=dp,
             deadlines={"advertise_keys": first_stage_timeout, "share_keys": stage_timeout},
         )
         if task_tamper is not None:
             task_tamper(task)
         s.send(round_task=task)
-        server = ServerAdvertiseKeys(config, r, identity_keys=id_keys)
         aborts: list = []
         loop = asyncio.get_running_loop()
-        timeout = first_stage_timeout
-        while not server.is_terminal:
-            deadline = loop.time() + timeout
-            while server.pending:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
-                try:
-                    p = await asyncio.wait_for(s.inbox.get(), left)
-                except asyncio.TimeoutError:
-                    break
-                if (bytes(p.session_id), p.round_number) != (config.session_id, r):
+        self._apply(s, m.start(loop.time()), tamper)
+        while m.phase.is_collecting:
+            now = loop.time()
+            if m.wants_close or now >= m.deadline:
+                self._apply(s, m.tick(now), tamper)
+                continue
+            try:
+                p = await asyncio.wait_for(s.inbox.get(), m.deadline - now)
+            except asyncio.TimeoutError:
+                continue
+            if isinstance(p, common_pb2.AbortNotice):
+                aborts.append(p)
+                # as the coordinator does: a client's round abort withdraws each of its devices in the round
+                notices: Iterable[Any] = (secagg_codec.expand_abort(p, [d for d in s.device_ids if m.ids.has_device(d)])
+                                          if p.device_id == 0 else [p])
+            else:
+                notices = [p]
+            for q in notices:
+                self._apply(s, m.handle(int(q.device_id), q, loop.time()), tamper)
+        if m.phase is RoundPhase.AGGREGATING and commit:
+            self._apply(s, m.committed(r + 1, loop.time()), tamper)
+        counted = list(m.result.counted) if m.result is not None else []
+        return RoundResult(m, counted, aborts, task)
+
+    @staticmethod
+    def _apply(s: Stream, actions: list[Action], tamper: Any) -> None:
+        """The machine's messages onto the one stream (every device is on it);
+        `tamper(proto) -> proto | None` sees each server stage message first."""
+        for a in actions:
+            if not isinstance(a, Send | Broadcast):
+                continue
+            kind = a.message.WhichOneof("message")
+            inner = getattr(a.message, kind)
+            if tamper is not None and kind in SERVER_FIELD_STAGE:
+                inner = tamper(inner)
+                if inner is None:
                     continue
-                if isinstance(p, common_pb2.AbortNotice):
-                    aborts.append(p)
-                    for q in secagg_codec.expand_abort(p, [d for d in devices]):
-                        try:
-                            server.handle(ids.secagg(q.device_id), wire.client_from_proto(
-                                q, ids, vector_length=vector_length, modulus_bits=config.encoding.modulus_bits))
-                        except wire.WireError:
-                            pass
-                    continue
-                try:
-                    msg = wire.client_from_proto(p, ids, vector_length=vector_length,
-                                                 modulus_bits=config.encoding.modulus_bits)
-                except wire.WireError:
-                    continue
-                server.handle(ids.secagg(p.device_id), msg)
-            timeout = stage_timeout
-            if server.pending:
-                log.debug("fake: closing %s at its timeout; still pending %s", server.stage, sorted(server.pending))
-            server, outbound = server.close()
-            for m in outbound:
-                p = wire.server_to_proto(m, ids, identity_keys=id_keys)
-                if tamper is not None:
-                    p = tamper(p)
-                    if p is None:
-                        continue
-                s.send(**{wire.SERVER_FIELDS[type(p)]: p})
-        counted = [ids.device(i) for i in server.counted] if isinstance(server, ServerCompleted) else []
-        if isinstance(server, ServerCompleted) and commit:
-            s.send(round_committed=session_pb2.RoundCommitted(
-                session_id=config.session_id, round_number=r, new_model_version=r + 1, contributors=len(counted)))
-        elif isinstance(server, ServerAborted):
-            s.send(abort=secagg_codec.round_abort_notice(
-                config.session_id, r, common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS, server.reason.value))
-        return RoundResult(server, config, ids, counted, aborts, task)
+            s.send(**{kind: inner})
 
     async def top_k(self, s: Stream, device_id: int, k: int, exclude_seen: bool = True,
                     timeout: float = 20.0) -> session_pb2.DeviceResponse:

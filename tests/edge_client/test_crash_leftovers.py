@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge_client.session import Device, decline_unfinished_rounds
+from edge_client.devices import Device
+from edge_client.secure_update import decline_unfinished_rounds
 from edge_client.state import ClientStore, RoundSecret
 
 
@@ -17,8 +18,7 @@ def test_a_zeroed_round_secret_is_declined_and_wiped(tmp_path: Path) -> None:
         for ds in (ok, zeroed):
             ds.save_round_secret(RoundSecret(b"s" * 16, 3, b"k" * 32))
         zeroed.round_path.write_bytes(b"\0" * zeroed.round_path.stat().st_size)
-        devices = {i: Device(device_id=i, number=i, local_id=ds.local_id, identity_key=None, store=ds)
-                   for i, ds in enumerate((ok, zeroed), start=1)}
+        devices = [Device(i, ds, device_id=i) for i, ds in enumerate((ok, zeroed), start=1)]
         assert decline_unfinished_rounds(devices) == 2
         assert not ok.round_path.exists() and not zeroed.round_path.exists()
         assert decline_unfinished_rounds(devices) == 0

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import edge_client.session as session_mod
+import edge_client.secure_update as secure_update_mod
 from edge_client.state import ClientStore
 from edge_client.transport import session_message_kinds
 from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
@@ -58,13 +58,13 @@ def test_no_private_state_in_any_client_message(tmp_path: Path, monkeypatch: pyt
     seeds: list[bytes] = []
     snapshots: list[dict[str, np.ndarray]] = []
 
-    real_ctor = session_mod.ClientAdvertiseKeys
+    real_ctor = secure_update_mod.ClientAdvertiseKeys
 
     def recording_ctor(config, device_id, round_idx, encoded_input, **kw):
         encoded_inputs.append(np.array(encoded_input))
         return real_ctor(config, device_id, round_idx, encoded_input, **kw)
 
-    monkeypatch.setattr(session_mod, "ClientAdvertiseKeys", recording_ctor)
+    monkeypatch.setattr(secure_update_mod, "ClientAdvertiseKeys", recording_ctor)
 
     def snapshot() -> None:
         for f in sorted(tmp_path.glob("devices/*/model-*.fms")):

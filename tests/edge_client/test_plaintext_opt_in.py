@@ -6,7 +6,6 @@ encoded update, unmasked, and records it with --debug-record-inputs."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,7 @@ PLAINTEXT = {"insecure_plaintext": True, "seed": 5}
 
 def test_a_client_refuses_plaintext_rounds_without_the_opt_in(tmp_path: Path) -> None:
     async def go() -> None:
-        fake = FakeCoordinator()
-        await fake.start()
-        async with RunningClient(fake, tmp_path, users="1-3"):
+        async with FakeCoordinator() as fake, RunningClient(fake, tmp_path, users="1-3"):
             s = await fake.wait_stream()
             res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
                                        commit=False)
@@ -30,30 +27,28 @@ def test_a_client_refuses_plaintext_rounds_without_the_opt_in(tmp_path: Path) ->
             assert "plaintext" in res.aborts[0].detail
             kinds = {m.WhichOneof("message") for m in fake.received}
             assert not kinds & {"advertise_keys", "masked_input"}
-        await fake.stop()
 
     run_async(go())
 
 
 def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> None:
     async def go() -> None:
-        fake = FakeCoordinator()
-        await fake.start()
-        async with RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True,
-                                 debug_record_inputs=True):
+        async with FakeCoordinator() as fake, RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True,
+                                                            debug_record_inputs=True):
             s = await fake.wait_stream()
-            # the fake drives secagg stages: it sees MaskedInputs where it expects AdvertiseKeys
-            await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3, commit=False)
-            for _ in range(50):
-                got = [m.masked_input for m in fake.received if m.WhichOneof("message") == "masked_input"]
-                if len(got) == 3:
-                    break
-                await asyncio.sleep(0.05)
+            # the coordinator's plaintext round machine sums what arrives
+            res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
+                                       commit=False)
+            assert res.ok and res.counted_devices == [1, 2, 3]
+            got = [m.masked_input for m in fake.received if m.WhichOneof("message") == "masked_input"]
             assert sorted(m.device_id for m in got) == [1, 2, 3]
+            recorded = []
             for m in got:
                 rec = np.load(tmp_path / "debug" / "inputs" / f"round-{m.round_number:06d}" / f"device-{m.device_id}.npy")
                 assert np.frombuffer(m.masked_vector, dtype="<u4").tolist() == rec.tolist()
+                recorded.append(rec)
+            want = np.sum(recorded, axis=0, dtype=np.uint64).astype(np.uint32)
+            assert np.array_equal(res.machine.result.encoded_sum, want)
             assert not [m for m in fake.received if m.WhichOneof("message") == "advertise_keys"]
-        await fake.stop()
 
     run_async(go())

@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from edge_client.state import ClientStore
-from edge_client.trainer import HostedDevice, TaskSpec, Trainer, TrainingError, local_id_of, synthetic_updates
+from edge_client.devices import Device, local_id_of
+from edge_client.local_data import LocalData
+from edge_client.queries import top_k
+from edge_client.task import TaskSpec
+from edge_client.trainer import Trainer, TrainingError, TrainingFailure, synthetic_updates
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
@@ -26,9 +30,9 @@ def interactions():
 @pytest.fixture
 def trainer(tmp_path: Path, interactions):
     store = ClientStore(tmp_path).open()
-    hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in range(1, 21)]
-    t = Trainer(interactions, hosted, split_seed=0, seed=0, global_path=tmp_path / "global.fms")
-    assert t.prepare_local_data() == 20
+    data = LocalData(interactions, [Device(n, store.device(local_id_of(n))) for n in range(1, 21)], split_seed=0)
+    t = Trainer(data, seed=0, global_path=tmp_path / "global.fms")
+    assert data.prepare() == 20
     yield t
     store.close()
 
@@ -103,7 +107,7 @@ def test_model_mismatch_is_reported(trainer: Trainer) -> None:
     bad = TaskSpec(**{**spec.__dict__, "global_params": {"C": np.zeros((5, 8), np.float32)}})
     with pytest.raises(TrainingError, match="do not fit") as e:
         trainer.train(bad, NUMBERS)
-    assert e.value.reason == "model_mismatch"
+    assert e.value.reason is TrainingFailure.MODEL_MISMATCH
     with pytest.raises(TrainingError, match="vector_length"):
         trainer.train(TaskSpec(**{**spec.__dict__, "vector_length": 7}), NUMBERS)
     with pytest.raises(TrainingError, match="cannot build"):
@@ -112,14 +116,14 @@ def test_model_mismatch_is_reported(trainer: Trainer) -> None:
 
 def test_top_k_on_the_device(trainer: Trainer) -> None:
     with pytest.raises(LookupError):
-        trainer.top_k(3, 5, exclude_seen=True)
+        top_k(trainer, 3, 5, exclude_seen=True)
     spec, global_ = _task(trainer, "fedrap", HYPER, version=7)
     trainer.train(spec, NUMBERS)
     with pytest.raises(LookupError, match="not trained"):
-        trainer.top_k(4, 5, exclude_seen=True)  # hosted, never selected
-    items, scores, version = trainer.top_k(5, 10, exclude_seen=True)
+        top_k(trainer, 4, 5, exclude_seen=True)  # hosted, never selected
+    items, scores, version = top_k(trainer, 5, 10, exclude_seen=True)
     assert version == 7 and len(items) == 10 and scores == sorted(scores, reverse=True)
-    seen = set(trainer._seen[5].tolist())
+    seen = set(trainer.data.seen(5).tolist())
     assert seen and not seen & set(items)
     # the same numbers as model.score over all items with the stored private state
     model = trainer.model_for("fedrap", HYPER).model
@@ -128,23 +132,23 @@ def test_top_k_on_the_device(trainer: Trainer) -> None:
     s = model.score(global_, priv, torch.tensor([4]), torch.arange(trainer.n_items).unsqueeze(0))[0]
     s[list(seen)] = -float("inf")
     assert items == torch.topk(s, 10).indices.tolist()
-    all_items, _, _ = trainer.top_k(5, trainer.n_items, exclude_seen=False)
+    all_items, _, _ = top_k(trainer, 5, trainer.n_items, exclude_seen=False)
     assert len(all_items) == trainer.n_items
 
 
 def test_restart_reads_the_persisted_split_and_state(tmp_path: Path, interactions) -> None:
     with ClientStore(tmp_path) as store:
-        hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in (1, 2)]
-        t1 = Trainer(interactions, hosted, global_path=tmp_path / "global.fms")
-        assert t1.prepare_local_data() == 2
+        d1 = LocalData(interactions, [Device(n, store.device(local_id_of(n))) for n in (1, 2)])
+        t1 = Trainer(d1, global_path=tmp_path / "global.fms")
+        assert d1.prepare() == 2
         spec, _ = _task(t1, "fedrap", HYPER, version=3)
         t1.train(spec, [1, 2])
-        before = t1.top_k(1, 5, exclude_seen=True)
+        before = top_k(t1, 1, 5, exclude_seen=True)
     with ClientStore(tmp_path) as store:
-        hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in (1, 2)]
-        t2 = Trainer(interactions, hosted, global_path=tmp_path / "global.fms")
-        assert t2.prepare_local_data() == 0
-        assert t2.top_k(1, 5, exclude_seen=True) == before  # global params and private state from disk
+        d2 = LocalData(interactions, [Device(n, store.device(local_id_of(n))) for n in (1, 2)])
+        t2 = Trainer(d2, global_path=tmp_path / "global.fms")
+        assert d2.prepare() == 0
+        assert top_k(t2, 1, 5, exclude_seen=True) == before  # global params and private state from disk
 
 
 def test_synthetic_updates_are_a_function_of_seed_round_and_device() -> None:

@@ -22,6 +22,7 @@ import pytest
 from coordinator.errors import DeviceNotConnected, InvalidArgument, UnknownDevice
 from coordinator.settings import CoordinatorSettings
 from edge_client.app import ClientConfig, EdgeClient
+from edge_client.queries import top_k
 from integration_harness import (
     InProcessCoordinator,
     Processes,
@@ -121,7 +122,8 @@ def test_top_k_is_computed_on_the_device_and_relayed(procs: Processes, tmp_path:
             for (aname, number, exclude_seen), answer in answers.items():
                 if aname != name:
                     continue
-                items, scores, version = client.trainer.top_k(number, K, exclude_seen=exclude_seen)
+                assert client.trainer is not None
+                items, scores, version = top_k(client.trainer, number, K, exclude_seen=exclude_seen)
                 assert list(answer.item_ids) == items, (name, number, exclude_seen)
                 np.testing.assert_allclose(answer.scores, scores, rtol=1e-6, atol=1e-7)
                 assert answer.model_version == version

@@ -201,7 +201,10 @@ def test_three_trainers_reach_the_simulated_model_in_process(tmp_path: Path) -> 
     over users 1-30, up to float32 reduction order (no quantisation here)."""
     from coordinator.model_host import build_server_model
     from edge_client.state import ClientStore
-    from edge_client.trainer import HostedDevice, TaskSpec, Trainer, local_id_of
+    from edge_client.devices import Device, local_id_of
+    from edge_client.local_data import LocalData
+    from edge_client.task import TaskSpec
+    from edge_client.trainer import Trainer
     from edge_client.users import parse_user_ranges
     from models.data.synthetic import synthetic
 
@@ -213,9 +216,9 @@ def test_three_trainers_reach_the_simulated_model_in_process(tmp_path: Path) -> 
         store = ClientStore(tmp_path / f"client-{i}").open()
         stores.append(store)
         numbers = parse_user_ranges(spec)
-        hosted = [HostedDevice(n, store.device(local_id_of(n))) for n in numbers]
-        t = Trainer(x, hosted, split_seed=SEED, seed=SEED)
-        t.prepare_local_data()
+        data = LocalData(x, [Device(n, store.device(local_id_of(n))) for n in numbers], split_seed=SEED)
+        data.prepare()
+        t = Trainer(data, seed=SEED)
         groups.append((t, numbers))
     try:
         for step in range(ROUNDS):

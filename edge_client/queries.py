@@ -1,0 +1,95 @@
+"""Queries the coordinator relays to a device: answered on the device.
+
+`answer(request, devices, trainer)` turns one `DeviceRequest` into its
+`DeviceResponse` (same correlation id and device id). The only request kind
+is top-k: the device scores every item with `model.score` from the latest
+global model it trained from (`Trainer.latest`) and its own private state,
+and returns the k best item ids with their scores, descending (its seen
+items left out on request). Nothing private leaves the device but those ids
+and scores. Errors are answered, never raised: UNKNOWN_DEVICE (not hosted
+here), UNSUPPORTED (another request kind), INVALID_ARGUMENT (k outside
+1..n_items), NOT_READY (no model yet, or the device never trained it),
+INTERNAL (anything else; logged). Blocking (torch): run it in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+import torch
+
+from edge_client.devices import Device
+from edge_client.task import SYNTHETIC_MODEL
+from edge_client.trainer import Trainer
+from fedmask_proto.v1 import session_pb2
+
+log = logging.getLogger("edge_client.queries")
+
+
+def top_k(trainer: Trainer, number: int, k: int, *, exclude_seen: bool) -> tuple[list[int], list[float], int]:
+    """(item ids, scores descending, global model version) for device `number`,
+    scored on the device over all items with model.score. KeyError for a
+    device not hosted, ValueError for k < 1, LookupError when not ready."""
+    if number not in trainer.devices:
+        raise KeyError(number)
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    latest = trainer.latest.latest()
+    if latest is None or latest.model_name == SYNTHETIC_MODEL:
+        raise LookupError("no trained model on this device yet")
+    entry = trainer.model_for(latest.model_name, latest.hyperparameters)
+    global_ = trainer.globals_for(entry, latest.global_params, latest.model_name)
+    got = trainer.devices[number].store.load_model(latest.model_name)
+    if got is None:
+        raise LookupError(f"device has not trained {latest.model_name} yet")
+    arrays, _meta = got
+    dev = trainer.device
+    private = {key: torch.as_tensor(v).unsqueeze(0).to(dev) for key, v in arrays.items()}
+    items = torch.arange(trainer.n_items, device=dev).unsqueeze(0)
+    users = torch.tensor([trainer.devices[number].user], device=dev)
+    with torch.no_grad():
+        scores = entry.model.score(global_, private, users, items)[0].to(torch.float32)
+    scores = torch.nan_to_num(scores, nan=-math.inf)
+    if exclude_seen:
+        seen = trainer.data.seen(number)
+        if seen is not None and len(seen):
+            scores[torch.as_tensor(seen, device=scores.device)] = -math.inf
+    avail = int(torch.isfinite(scores).sum())
+    kk = min(k, avail)
+    if kk == 0:
+        return [], [], int(latest.model_version)
+    top = torch.topk(scores, kk)
+    return (
+        [int(i) for i in top.indices.cpu()],
+        [float(s) for s in top.values.cpu()],
+        int(latest.model_version),
+    )
+
+
+def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], trainer: Trainer) -> session_pb2.DeviceResponse:
+    """The response to `req`; `devices` maps device id -> hosted device."""
+    resp = session_pb2.DeviceResponse(correlation_id=req.correlation_id, device_id=req.device_id)
+    dev = devices.get(req.device_id)
+    kind = req.WhichOneof("request")
+
+    def error(code: session_pb2.DeviceErrorCode.ValueType, text: str) -> session_pb2.DeviceResponse:
+        resp.error.CopyFrom(session_pb2.DeviceError(code=code, message=text))
+        return resp
+
+    if dev is None:
+        return error(session_pb2.DEVICE_ERROR_CODE_UNKNOWN_DEVICE, "device not hosted by this client")
+    if kind != "top_k":
+        return error(session_pb2.DEVICE_ERROR_CODE_UNSUPPORTED, f"request {kind or 'empty'} not supported")
+    if req.top_k.k < 1 or req.top_k.k > trainer.n_items:
+        return error(session_pb2.DEVICE_ERROR_CODE_INVALID_ARGUMENT, f"k must be in 1..{trainer.n_items}")
+    try:
+        items, scores, version = top_k(trainer, dev.number, int(req.top_k.k), exclude_seen=bool(req.top_k.exclude_seen))
+    except LookupError as e:
+        return error(session_pb2.DEVICE_ERROR_CODE_NOT_READY, str(e))
+    except Exception as e:  # noqa: BLE001 - answered, logged; the process stays up
+        log.exception("top-k for %s failed", dev.local_id)
+        return error(session_pb2.DEVICE_ERROR_CODE_INTERNAL, type(e).__name__)
+    resp.top_k.CopyFrom(session_pb2.TopKResult(item_ids=items, scores=scores, model_version=version))
+    return resp

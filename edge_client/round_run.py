@@ -1,0 +1,194 @@
+"""One round on this client: its state and the steps every update path shares.
+
+`RoundRun` is the round as this client sees it (the checked RoundTask, one
+`DeviceRound` per selected device, the trained batch); the secure path
+(`edge_client.secure_update`) and the INSECURE plaintext path
+(`edge_client.plaintext`) both go through its steps:
+
+- `encode(dr, update)`: the round's fixed-point encoding of a device's
+  update (stochastic rounding from os.urandom), recorded for debugging when
+  the driver was given a debug-inputs folder;
+- `reply(dr, messages)`: secagg messages to proto, onto the outbox (after the
+  fault plan's delay); nothing is sent once the round is over;
+- `finish_device(dr)`: the device's part is over (answered, aborted,
+  dropped): its secagg state is forgotten and its round secret wiped;
+- after the last MaskedInput of the client (every device sent one or is
+  out): one RoundMetrics with the sums over the devices that sent one;
+- `end(outcome)`: the round is over for every device here.
+
+A run never outlives its round: the driver ends it before the next one
+starts, so `over` is the one test of "is this still the current round".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import wire
+from edge_client.devices import Device
+from edge_client.faults import FaultPlan
+from edge_client.trainer import TrainOutput
+from fedmask_proto.v1 import session_pb2
+from secagg import messages as sm
+from secagg.client import ClientAborted, ClientState
+from secagg.stages import Stage
+
+log = logging.getLogger("edge_client.session")
+
+
+@dataclass(frozen=True)
+class RoundIO:
+    """What a round needs from the session driver (the same for every round)."""
+
+    send: Callable[..., None]  # send(**oneof): one ClientMessage onto the current outbox
+    spawn: Callable[[Coroutine[Any, Any, Any]], object]  # run a coroutine in the background
+    faults: FaultPlan
+    secure_random: Callable[[int], bytes]  # round secrets
+    secure_numpy_rng: Callable[[], np.random.Generator]  # stochastic rounding of the encoding
+    debug_inputs_dir: Path | None = None  # DEBUG ONLY: record every encoded input here
+
+
+@dataclass(eq=False)
+class DeviceRound:
+    device: Device
+    secagg_id: int
+    state: ClientState | None = None
+    own: sm.AdvertiseKeys | None = None
+    identity: dict[int, bytes] = field(default_factory=dict)
+    drop_at: Stage | None = None
+    done: bool = False
+    sent_masked: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    row: int | None = None  # row in the trained batch
+
+
+@dataclass
+class RoundEvent:
+    """What the application learns about finished rounds (logs, --crash-after-round, tests)."""
+
+    round_number: int
+    outcome: str  # committed | aborted | superseded | disconnected | failed
+    devices: int
+    detail: str = ""
+
+
+@dataclass(eq=False)
+class RoundRun:
+    view: wire.RoundTaskView
+    io: RoundIO
+    devices: dict[int, DeviceRound] = field(default_factory=dict)  # device id -> its part
+    over: bool = False
+    metrics_sent: bool = False
+    train: TrainOutput | None = None
+
+    @property
+    def key(self) -> tuple[bytes, int]:
+        return self.view.session_id, self.view.round_number
+
+    def is_for(self, session_id: bytes, round_number: int) -> bool:
+        """A server message for this round, and the round still running here."""
+        return not self.over and (bytes(session_id), round_number) == self.key
+
+    # ------------------------------------------------------------ encoding
+    async def encode(self, dr: DeviceRound, update: np.ndarray) -> np.ndarray:
+        encoded = self.view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.io.secure_numpy_rng())
+        if self.io.debug_inputs_dir is not None:
+            await asyncio.to_thread(
+                record_input, self.io.debug_inputs_dir, self.view.round_number, dr.device.device_id, encoded
+            )
+        return encoded
+
+    # ------------------------------------------------------------ replies
+    async def reply(self, dr: DeviceRound, out: list[sm.Message], *, delay: bool = True) -> None:
+        if not out:
+            return
+        if delay and self.io.faults.delay_s > 0:
+            await asyncio.sleep(self.io.faults.delay_s)
+        if self.over:
+            return
+        view = self.view
+        for m in out:
+            detail = ""
+            if isinstance(m, sm.ClientAbort) and isinstance(dr.state, ClientAborted):
+                detail = dr.state.detail
+            p = wire.client_to_proto(m, view.ids, modulus_bits=view.config.encoding.modulus_bits, detail=detail)
+            self.io.send(**{wire.CLIENT_FIELDS[type(p)]: p})
+            if isinstance(m, sm.MaskedInput):
+                dr.sent_masked = True
+        if any(isinstance(m, sm.MaskedInput) for m in out):
+            self._maybe_send_metrics()
+
+    # ------------------------------------------------------------ a device's end
+    def go_silent(self, dr: DeviceRound, stage: Stage) -> None:
+        log.info("round %d, %s: drops at %s (fault injection)", self.view.round_number, dr.device.local_id, stage)
+        self.finish_device(dr)
+
+    def finish_device(self, dr: DeviceRound) -> None:
+        """The device's part in the round is over: forget its secagg state, wipe its secret."""
+        if dr.done:
+            return
+        dr.done = True
+        dr.state = None
+        dr.own = None
+        self.io.spawn(asyncio.to_thread(
+            dr.device.store.clear_round_secret, session_id=self.view.session_id, round_number=self.view.round_number
+        ))
+        self._maybe_send_metrics()
+
+    def _maybe_send_metrics(self) -> None:
+        """Once every device has sent its masked input or is out: one RoundMetrics
+        (sums precomputed at training, so it leaves right after the last MaskedInput)."""
+        if self.metrics_sent or self.over or self.train is None:
+            return
+        if not all(dr.sent_masked or dr.done for dr in self.devices.values()):
+            return
+        self.metrics_sent = True
+        senders = sorted((dr for dr in self.devices.values() if dr.sent_masked), key=lambda d: d.device.device_id)
+        rows = [dr.row for dr in senders if dr.row is not None]
+        if not rows:
+            return
+        try:
+            sums, counts = self.train.metrics(rows)
+        except Exception:
+            log.exception("round %d: metrics failed", self.view.round_number)
+            return
+        self.io.send(round_metrics=session_pb2.RoundMetrics(
+            session_id=self.view.session_id,
+            round_number=self.view.round_number,
+            device_ids=[dr.device.device_id for dr in senders],
+            sums=sums,
+            counts=counts,
+        ))
+
+    # ------------------------------------------------------------ the round's end
+    def end(self, outcome: str, detail: str = "") -> RoundEvent | None:
+        """Over for every device here; the event to report (None if it already ended)."""
+        if self.over:
+            return None
+        self.over = True
+        for dr in self.devices.values():
+            self.finish_device(dr)
+        self.train = None
+        return RoundEvent(self.view.round_number, outcome, len(self.devices), detail)
+
+
+def record_input(folder: Path, round_number: int, device_id: int, encoded: np.ndarray) -> None:
+    """DEBUG ONLY: FOLDER/round-NNNNNN/device-ID.npy (uint32, what secagg masks);
+    a failure is logged, never raised (a debug aid never stops a round)."""
+    sub = folder / f"round-{round_number:06d}"
+    try:
+        sub.mkdir(parents=True, exist_ok=True)
+        tmp = sub / f".device-{device_id}.npy.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, encoded, allow_pickle=False)
+        os.replace(tmp, sub / f"device-{device_id}.npy")
+    except OSError as e:
+        log.warning("cannot record the debug input of device %d: %s", device_id, e)

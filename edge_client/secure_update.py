@@ -1,0 +1,138 @@
+"""The secure update path: a device's trained update goes out masked, through
+its secagg client states.
+
+- `advertise(run, dr, row, update)`: the device's update (row `row` of the
+  trained batch) is encoded with the round's fixed-point encoding; a fresh
+  32-byte round secret is written to the device's state dir *before* its
+  `ClientAdvertiseKeys.start()` (the secret seeds the DRBG from which secagg
+  draws every per-round secret of the device), and its AdvertiseKeys is sent.
+- `answer_stage(run, dr, field, message)`: one server stage message for the
+  device (ServerMessage oneof `field`, a key of `wire.protocol.SERVER_FIELD_STAGE`)
+  is converted by `wire`, handed to the device's secagg state, and the reply
+  sent. A device set to drop at that stage goes silent instead. A malformed
+  message (WireError) makes the device leave the round with a ClientAbort
+  (AbortNotice PROTOCOL_VIOLATION); so does any failed secagg check.
+  Once the device has answered unmasking, aborted or dropped, its part is
+  over and its round secret is wiped (`RoundRun.finish_device`).
+- `decline_unfinished_rounds(devices)`: at start-up, a round secret left on
+  disk (the process stopped mid-round) is wiped: the device declines that
+  round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+import wire
+from edge_client.devices import Device
+from edge_client.round_run import DeviceRound, RoundRun
+from edge_client.state import RoundSecret, StateCorruptError
+from secagg import messages as sm
+from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted
+from secagg.errors import AbortReason
+from secagg.randomness import DeterministicRandom
+from secagg.stages import Stage
+from wire import secagg_codec
+from wire.protocol import SERVER_FIELD_STAGE
+
+log = logging.getLogger("edge_client.session")
+
+ROUND_SECRET_LABEL = b"fedmask/edge_client/round-secret/v1"
+ROUND_SECRET_BYTES = 32
+
+
+async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray) -> None:
+    view = run.view
+    dev = dr.device
+    async with dr.lock:
+        if dr.done or run.over:
+            return
+        dr.row = row
+        encoded = await run.encode(dr, update)
+        seed = run.io.secure_random(ROUND_SECRET_BYTES)
+        # durable BEFORE the keys exist anywhere else
+        await asyncio.to_thread(dev.store.save_round_secret, RoundSecret(view.session_id, view.round_number, seed))
+        active = view.config.active_adversary
+        if active:
+            dr.identity[dr.secagg_id] = dev.identity_public
+        state = ClientAdvertiseKeys(
+            view.config,
+            dr.secagg_id,
+            view.round_number,
+            encoded,
+            rand=DeterministicRandom(seed, ROUND_SECRET_LABEL),
+            identity_key=dev.identity_key if active else None,
+            peer_identity_keys=dr.identity if active else None,
+        )
+        del encoded
+        dr.state, out = state.start()
+        own = out[0]
+        assert isinstance(own, sm.AdvertiseKeys)
+        dr.own = own
+        await run.reply(dr, out)
+
+
+async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) -> None:
+    stage = SERVER_FIELD_STAGE[field_name]
+    async with dr.lock:
+        if dr.done or run.over or dr.state is None:
+            return
+        if dr.drop_at == stage:
+            run.go_silent(dr, stage)
+            return
+        view = run.view
+        msg: sm.Message
+        try:
+            if stage is Stage.SHARE_KEYS:  # AdvertisedKeys: the key list to share with
+                assert dr.own is not None
+                msg, ident = secagg_codec.key_list_from_proto(
+                    p, view.ids, dr.own,
+                    own_identity_public_key=dr.device.identity_public if view.config.active_adversary else None,
+                )
+                dr.identity.update(ident)
+            else:
+                msg = wire.server_from_proto(p, view.ids)
+        except wire.WireError as e:
+            log.warning("round %d, %s: malformed %s: %s; the device leaves the round",
+                        view.round_number, dr.device.local_id, field_name, e)
+            state, out = dr.state.abort(AbortReason.MALFORMED_MESSAGE, f"malformed {field_name}: {e}")
+            dr.state = state
+            await run.reply(dr, out, delay=False)
+            run.finish_device(dr)
+            return
+        state, out = await asyncio.to_thread(dr.state.handle, msg)
+        dr.state = state
+        await run.reply(dr, out)
+        if isinstance(state, ClientAborted):
+            log.warning("round %d, %s: left the round: %s (%s)", view.round_number, dr.device.local_id,
+                        state.reason.value, state.detail)
+            run.finish_device(dr)
+        elif isinstance(state, ClientCompleted):
+            run.finish_device(dr)
+
+
+def decline_unfinished_rounds(devices: Iterable[Device]) -> int:
+    """At start-up: a round secret left on disk means the process stopped
+    mid-round. The device declines that round (its secret is wiped; the
+    coordinator already counts it as dropped). Returns how many were found."""
+    n = 0
+    for dev in devices:
+        try:
+            secret = dev.store.load_round_secret()
+        except StateCorruptError:
+            # what a crash in the middle of the wipe (secure_delete: zeroes, then
+            # unlink) leaves behind; the secret is of no use after a restart anyway
+            log.warning("%s: unreadable round secret left by a crash; wiping it", dev.local_id)
+            dev.store.clear_round_secret()
+            n += 1
+            continue
+        if secret is not None:
+            log.warning("%s: declining unfinished round %d after a restart", dev.local_id, secret.round_number)
+            dev.store.clear_round_secret()
+            n += 1
+    return n
