@@ -52,8 +52,17 @@ MODEL_NAMES: tuple[str, ...] = ("fedrap", "fedmmf", "pfedrec", "fedmf")
 IMPLICIT_ONLY = ("fedrap", "pfedrec")
 
 
-class ConfigError(ValueError):
-    """A simulation was asked for something that cannot run (message is user-facing)."""
+class SimulationConfigError(ValueError):
+    """A simulation was asked for something that cannot run (message is user-facing).
+
+    Not to be confused with `secagg.errors.SecAggConfigError` (a secure-aggregation
+    configuration that cannot run safely)."""
+
+
+# Transitional alias, to be deleted once coordinator/model_host.py,
+# edge_client/trainer.py and fedmask/commands/demo.py import
+# SimulationConfigError (their owner is renaming them).
+ConfigError = SimulationConfigError
 
 
 # ============================================================ models
@@ -91,17 +100,17 @@ def build_model(
                 feats = torch.as_tensor(np.asarray(item_features), dtype=torch.float32)
             return FedMMF(n_users, n_items, feats, **kw)
     except TypeError as e:  # an unknown hyperparameter name
-        raise ConfigError(f"bad parameter for model {name!r}: {e}") from e
-    raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise SimulationConfigError(f"bad parameter for model {name!r}: {e}") from e
+    raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
 
 
 def model_is_explicit(name: str, explicit_flag: bool) -> bool:
     if name not in MODEL_NAMES:
-        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     if name == "fedmmf":
         return True
     if explicit_flag and name in IMPLICIT_ONLY:
-        raise ConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
+        raise SimulationConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
     return explicit_flag
 
 
@@ -168,7 +177,7 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
     try:
         return load_dataset(dataset, data_dir)
     except FileNotFoundError as e:
-        raise ConfigError(str(e)) from e
+        raise SimulationConfigError(str(e)) from e
 
 
 def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit:
@@ -222,7 +231,7 @@ class SecureAggregator:
     def config(self, n: int, length: int, clip: float) -> Any:
         from secagg import SecAggConfig
 
-        from secagg import ConfigError as SecAggConfigError
+        from secagg import SecAggConfigError
 
         key = (n, length, clip)
         if key not in self._configs:
@@ -231,7 +240,7 @@ class SecureAggregator:
                 cfg = SecAggConfig.create(**kw, neighbors=self.neighbors)
             except SecAggConfigError as e:
                 if self.neighbors != "auto":
-                    raise ConfigError(f"--secagg: {e}") from e
+                    raise SimulationConfigError(f"--secagg: {e}") from e
                 # too few devices for SecAgg+'s failure targets: the complete graph (Bonawitz)
                 cfg = SecAggConfig.create(**kw, neighbors="all")
             self._configs[key] = cfg
@@ -242,7 +251,7 @@ class SecureAggregator:
 
         n, length = updates.shape
         if n < 2:
-            raise ConfigError("--secagg needs at least 2 devices per round")
+            raise SimulationConfigError("--secagg needs at least 2 devices per round")
         cfg = self.config(n, length, clip)
         x = updates.detach().to("cpu", torch.float32).numpy()
         # wire=False: in one process the messages are handed over as objects instead of
@@ -327,23 +336,23 @@ def simulate(
     if config.threads:
         torch.set_num_threads(config.threads)
     if (config.dp_noise is None) != (config.dp_clip is None):
-        raise ConfigError("differential privacy needs both --dp-noise Z and --dp-clip TAU")
+        raise SimulationConfigError("differential privacy needs both --dp-noise Z and --dp-clip TAU")
     dp_on = config.dp_noise is not None
     if dp_on and (config.dp_clip is None or config.dp_clip <= 0 or config.dp_noise is None or config.dp_noise < 0):
-        raise ConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
+        raise SimulationConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
     rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
     if rounds < 1:
-        raise ConfigError("--rounds must be >= 1")
+        raise SimulationConfigError("--rounds must be >= 1")
     if config.dp_mode not in ("local", "distributed"):
-        raise ConfigError(f"--dp-mode must be local or distributed, not {config.dp_mode!r}")
+        raise SimulationConfigError(f"--dp-mode must be local or distributed, not {config.dp_mode!r}")
     if config.dp_mode == "distributed" and dp_on and not config.secagg:
-        raise ConfigError(
+        raise SimulationConfigError(
             "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
         )
     if config.secagg_clip is not None and not config.secagg_clip > 0:
-        raise ConfigError("--secagg-clip must be > 0")
+        raise SimulationConfigError("--secagg-clip must be > 0")
     if config.eval_every < 1:
-        raise ConfigError("--eval-every must be >= 1")
+        raise SimulationConfigError("--eval-every must be >= 1")
 
     x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
     split = make_split(x, explicit, config.seed)
@@ -353,7 +362,7 @@ def simulate(
     pop_arg = None if config.users is None else population  # evaluation over the population only
     cpr = config.clients_per_round
     if cpr is not None and not 1 <= cpr <= n_pop:
-        raise ConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
+        raise SimulationConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
     full_cohort = cpr is None or cpr == n_pop
     cohort_size = n_pop if full_cohort else int(cpr)  # type: ignore[arg-type]
 
@@ -539,11 +548,11 @@ def _population(users: tuple[int, ...] | None, n_users: int, name: str) -> np.nd
         return np.arange(n_users, dtype=np.int64)
     pop = np.array(sorted(int(u) - 1 for u in users), dtype=np.int64)
     if len(pop) == 0:
-        raise ConfigError("--users selects no device")
+        raise SimulationConfigError("--users selects no device")
     if len(np.unique(pop)) != len(pop):
-        raise ConfigError("--users lists a user twice")
+        raise SimulationConfigError("--users lists a user twice")
     if pop[0] < 0 or pop[-1] >= n_users:
-        raise ConfigError(f"--users must lie in 1..{n_users} for {name}")
+        raise SimulationConfigError(f"--users must lie in 1..{n_users} for {name}")
     return pop
 
 
@@ -601,9 +610,9 @@ def _resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name} requested but CUDA is not available on this machine")
+            raise SimulationConfigError(f"--device {name} requested but CUDA is not available on this machine")
         return torch.device(name)
-    raise ConfigError(f"unknown device {name!r}; use cpu or cuda")
+    raise SimulationConfigError(f"unknown device {name!r}; use cpu or cuda")
 
 
 class _Progress:
