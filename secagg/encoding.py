@@ -131,7 +131,8 @@ class FixedPointEncoding:
             v += rng.random(v.shape[0])
         np.floor(v, out=v)
         np.minimum(v, self.max_level, out=v)  # guards float rounding at the top end
-        return v.astype(np.uint32)
+        out: np.ndarray = v.astype(np.uint32)
+        return out
 
     def decode_sum(self, encoded_sum: np.ndarray, count: int) -> np.ndarray:
         """Float sum of `count` clipped inputs from the exact encoded sum."""

@@ -44,7 +44,7 @@ class CommunicationGraph:
             return hit
         if not 0 <= v < self.num_nodes:
             raise ValueError(f"device id {v} outside 0..{self.num_nodes - 1}")
-        if self._order is None:
+        if self._order is None or self._position is None:  # both None together: complete graph
             out = frozenset(range(v)) | frozenset(range(v + 1, self.num_nodes))
         else:
             n = self.num_nodes
