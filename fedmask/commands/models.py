@@ -255,8 +255,6 @@ def register_simulate(app: typer.Typer) -> None:
                 users=population,
                 save_global=None if save_global is None else str(save_global),
             )
-            if dp_accountant not in ("rdp", "pld"):
-                raise SimulationConfigError(f"--dp-accountant must be rdp or pld, not {dp_accountant!r}")
             results = run_simulation(cfg, progress=not quiet)
         except SimulationConfigError as e:
             err.print(f"[red]error:[/red] {e}")
