@@ -139,7 +139,7 @@ def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = No
             )
         return SyntheticModel(hp["vector_length"])
     try:
-        from models.engine import ConfigError as EngineConfigError
+        from models.engine import SimulationConfigError as EngineConfigError
         from models.engine import build_model
     except ImportError as exc:  # pragma: no cover - models is part of the distribution
         raise ModelConfigError(f"cannot import the models package: {exc}") from exc

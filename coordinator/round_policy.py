@@ -51,7 +51,7 @@ from typing import Literal
 from coordinator.settings import CoordinatorSettings, DeadlineSettings, DpSettings
 from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
 
 # --------------------------------------------------------------------------- secure aggregation
@@ -65,7 +65,7 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
     threshold: the policy applied to the group (k + 1 devices), raised to the
     strict majority secagg requires (2n/3 + 1 on a complete graph in active
     mode); with a sparse "auto" graph, secagg's own t is used.
-    Raises secagg's ConfigError when no configuration fits n."""
+    Raises secagg's SecAggConfigError when no configuration fits n."""
     s = settings.secagg
     active = s.signatures
     neighbors: int | Literal["all", "auto"]
@@ -79,7 +79,7 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
             )
             if not auto.is_complete_graph:
                 return auto
-        except ConfigError:
+        except SecAggConfigError:
             pass
         neighbors = "all"  # too small for a sparse graph: Bonawitz with the threshold policy
     else:

@@ -63,7 +63,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import NewModelVersion, RoundRecord, RoundState, Store, utc_now
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from fedmask_proto.v1 import common_pb2, enrollment_pb2, session_pb2
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from wire import WireError, build_round_task, params_to_proto
 from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_task import seconds_to_duration
@@ -417,7 +417,7 @@ class Coordinator:
         session_id = self._token(16)
         try:
             config = secagg_config_for(self.settings, len(cohort), self.model.update_dim, session_id)
-        except ConfigError as exc:
+        except SecAggConfigError as exc:
             await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))
             return
         identity = None

@@ -32,11 +32,11 @@ class DatasetError(ValueError):
 
 def load_interactions(dataset: str, data_dir: str | None, seed: int):
     """The dataset as `models.data.types.Interactions` (same loader as `fedmask simulate`)."""
-    from models.engine import ConfigError, load_interactions as _load
+    from models.engine import SimulationConfigError, load_interactions as _load
 
     try:
         return _load(dataset, data_dir, seed)
-    except ConfigError as e:
+    except SimulationConfigError as e:
         raise DatasetError(f"unknown or missing dataset {dataset!r}: {e}") from None
     except (ValueError, OSError) as e:
         raise DatasetError(f"cannot load dataset {dataset!r}: {e}") from None

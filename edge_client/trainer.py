@@ -145,7 +145,7 @@ class Trainer:
 
     # ------------------------------------------------------------ models
     def model_for(self, name: str, hyper: Mapping[str, Any]) -> _ModelEntry:
-        from models.engine import ConfigError, build_model
+        from models.engine import SimulationConfigError, build_model
 
         if "n_items" in hyper and hyper["n_items"] != self.n_items:
             raise TrainingError(
@@ -167,7 +167,7 @@ class Trainer:
                     item_features=self.x.item_features,
                     overrides=params,
                 )
-            except (ConfigError, ValueError) as e:
+            except (SimulationConfigError, ValueError) as e:
                 raise TrainingError(f"cannot build model {name!r}: {e}", TrainingFailure.MODEL_MISMATCH) from None
             g = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad():

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -48,12 +48,20 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, put_rows, take_rows
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 
+if TYPE_CHECKING:
+    from models.evaluation import Stage
+    from models.privacy import Accountant
+    from secagg.config import Neighbors, SecAggConfig
+
 MODEL_NAMES: tuple[str, ...] = ("fedrap", "fedmmf", "pfedrec", "fedmf")
 IMPLICIT_ONLY = ("fedrap", "pfedrec")
 
 
-class ConfigError(ValueError):
-    """A simulation was asked for something that cannot run (message is user-facing)."""
+class SimulationConfigError(ValueError):
+    """A simulation was asked for something that cannot run (message is user-facing).
+
+    Not to be confused with `secagg.errors.SecAggConfigError` (a secure-aggregation
+    configuration that cannot run safely)."""
 
 
 # ============================================================ models
@@ -91,17 +99,17 @@ def build_model(
                 feats = torch.as_tensor(np.asarray(item_features), dtype=torch.float32)
             return FedMMF(n_users, n_items, feats, **kw)
     except TypeError as e:  # an unknown hyperparameter name
-        raise ConfigError(f"bad parameter for model {name!r}: {e}") from e
-    raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise SimulationConfigError(f"bad parameter for model {name!r}: {e}") from e
+    raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
 
 
 def model_is_explicit(name: str, explicit_flag: bool) -> bool:
     if name not in MODEL_NAMES:
-        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
     if name == "fedmmf":
         return True
     if explicit_flag and name in IMPLICIT_ONLY:
-        raise ConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
+        raise SimulationConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
     return explicit_flag
 
 
@@ -138,6 +146,72 @@ class SimulationConfig:
     users: tuple[int, ...] | None = None  # the population: 1-based user numbers (None: every user)
     save_global: str | None = None  # write the final global state here (.npz, one array per parameter)
 
+    def __post_init__(self) -> None:
+        """Refuse settings that cannot run (SimulationConfigError, user-facing
+        message); what needs the data (the population, --clients-per-round)
+        or the machine (--device) is checked by `simulate`."""
+        if (self.dp_noise is None) != (self.dp_clip is None):
+            raise SimulationConfigError("differential privacy needs both --dp-noise Z and --dp-clip TAU")
+        if self.dp_noise is not None and self.dp_clip is not None and (self.dp_clip <= 0 or self.dp_noise < 0):
+            raise SimulationConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
+        if self.rounds is not None and self.rounds < 1:
+            raise SimulationConfigError("--rounds must be >= 1")
+        if self.dp_mode not in _DP_MODES:
+            raise SimulationConfigError(f"--dp-mode must be local or distributed, not {self.dp_mode!r}")
+        if self.dp_accountant not in _ACCOUNTANTS:
+            raise SimulationConfigError(f"--dp-accountant must be rdp or pld, not {self.dp_accountant!r}")
+        if self.dp_mode == "distributed" and self.dp_noise is not None and not self.secagg:
+            raise SimulationConfigError(
+                "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
+            )
+        if self.secagg_clip is not None and not self.secagg_clip > 0:
+            raise SimulationConfigError("--secagg-clip must be > 0")
+        if self.eval_every < 1:
+            raise SimulationConfigError("--eval-every must be >= 1")
+
+    @property
+    def dp(self) -> DPSettings | None:
+        """The differential-privacy settings, or None when DP is off."""
+        if self.dp_noise is None or self.dp_clip is None:
+            return None
+        return DPSettings(
+            noise=float(self.dp_noise),
+            clip=float(self.dp_clip),
+            delta=self.dp_delta,
+            accountant=_ACCOUNTANTS[self.dp_accountant],
+            mode=_DP_MODES[self.dp_mode],
+        )
+
+    @property
+    def neighbors(self) -> Neighbors:
+        """The SecAgg graph: an int degree, 'all' or 'auto' (the default)."""
+        n = self.secagg_neighbors
+        if n is None:
+            return "auto"
+        if isinstance(n, int):
+            return n
+        if n in _GRAPHS:
+            return _GRAPHS[n]
+        raise SimulationConfigError(f"--secagg: neighbors must be 'all', 'auto' or an int, got {n!r}")
+
+
+DPMode = Literal["local", "distributed"]
+_DP_MODES: dict[str, DPMode] = {"local": "local", "distributed": "distributed"}
+_ACCOUNTANTS: dict[str, Accountant] = {"rdp": "rdp", "pld": "pld"}
+_GRAPHS: dict[str, Literal["all", "auto"]] = {"all": "all", "auto": "auto"}
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """Differential privacy of a simulation, as checked by SimulationConfig:
+    noise multiplier z >= 0, clip norm tau > 0."""
+
+    noise: float
+    clip: float
+    delta: float
+    accountant: Accountant
+    mode: DPMode  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / B)
+
 
 # rounds of the tuned defaults (docs/tuning.md)
 DEFAULT_ROUNDS: dict[str, int] = {"fedrap": 100, "pfedrec": 100, "fedmf": 100, "fedmmf": 150}
@@ -168,9 +242,13 @@ def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interact
     try:
         return load_dataset(dataset, data_dir)
     except FileNotFoundError as e:
-        raise ConfigError(str(e)) from e
+        raise SimulationConfigError(str(e)) from e
 
 
+@overload
+def make_split(interactions: Interactions, explicit: Literal[False], seed: int) -> ImplicitSplit: ...
+@overload
+def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit: ...
 def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit:
     from models.data.splits import leave_one_out, random_explicit_split
 
@@ -212,28 +290,31 @@ class SecureAggregator:
     and the server states unmask only the sum. One `SecAggConfig` per cohort
     size, reused across rounds (the round index is bound into every key)."""
 
-    def __init__(self, *, seed: int, neighbors: int | str | None) -> None:
+    def __init__(self, *, seed: int, neighbors: Neighbors) -> None:
         self.seed = seed
-        self.neighbors: int | str = "auto" if neighbors is None else neighbors
+        self.neighbors = neighbors
         self.session_id = f"fedmask-sim-seed-{seed}".encode()
-        self._configs: dict[tuple[int, int, float], Any] = {}
+        self._configs: dict[tuple[int, int, float], SecAggConfig] = {}
         self.last: dict[str, Any] = {}
 
-    def config(self, n: int, length: int, clip: float) -> Any:
-        from secagg import SecAggConfig
-
-        from secagg import ConfigError as SecAggConfigError
+    def config(self, n: int, length: int, clip: float) -> SecAggConfig:
+        from secagg import SecAggConfig, SecAggConfigError
 
         key = (n, length, clip)
         if key not in self._configs:
-            kw = {"num_clients": n, "vector_length": length, "session_id": self.session_id, "clip": clip}
+
+            def create(neighbors: Neighbors) -> SecAggConfig:
+                return SecAggConfig.create(
+                    num_clients=n, vector_length=length, session_id=self.session_id, clip=clip, neighbors=neighbors
+                )
+
             try:
-                cfg = SecAggConfig.create(**kw, neighbors=self.neighbors)
+                cfg = create(self.neighbors)
             except SecAggConfigError as e:
                 if self.neighbors != "auto":
-                    raise ConfigError(f"--secagg: {e}") from e
+                    raise SimulationConfigError(f"--secagg: {e}") from e
                 # too few devices for SecAgg+'s failure targets: the complete graph (Bonawitz)
-                cfg = SecAggConfig.create(**kw, neighbors="all")
+                cfg = create("all")
             self._configs[key] = cfg
         return self._configs[key]
 
@@ -242,7 +323,7 @@ class SecureAggregator:
 
         n, length = updates.shape
         if n < 2:
-            raise ConfigError("--secagg needs at least 2 devices per round")
+            raise SimulationConfigError("--secagg needs at least 2 devices per round")
         cfg = self.config(n, length, clip)
         x = updates.detach().to("cpu", torch.float32).numpy()
         # wire=False: in one process the messages are handed over as objects instead of
@@ -284,7 +365,7 @@ def evaluate_state(
     global_: GlobalState,
     private: PrivateState,
     split: ImplicitSplit | ExplicitSplit,
-    stage: str,
+    stage: Stage,
     *,
     full: bool,
     placebo: bool,
@@ -293,7 +374,7 @@ def evaluate_state(
 ) -> dict[str, float]:
     """Metrics of the devices of `population` (dense user ids; row i of
     `private` is user population[i]; None: every user, row = user id)."""
-    from models.evaluation import evaluate, finalize
+    from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
 
     row_of: torch.Tensor | None = None
     if population is not None:
@@ -304,12 +385,13 @@ def evaluate_state(
         rows = users if row_of is None else row_of[users]
         return model.score(global_, take_rows(private, rows), users, items)
 
-    kw: dict[str, Any] = {} if population is None else {"users": population}
     with torch.no_grad():
         if isinstance(split, ImplicitSplit):
-            sums = evaluate(score_fn, split, stage, full=full, placebo=placebo, device=device, **kw)  # type: ignore[arg-type]
+            sums = evaluate_implicit(
+                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population
+            )
         else:
-            sums = evaluate(score_fn, split, stage, device=device, **kw)  # type: ignore[arg-type]
+            sums = evaluate_explicit(score_fn, split, stage, device=device, users=population)
     return finalize(sums)
 
 
@@ -326,24 +408,8 @@ def simulate(
     device = _resolve_device(config.device)
     if config.threads:
         torch.set_num_threads(config.threads)
-    if (config.dp_noise is None) != (config.dp_clip is None):
-        raise ConfigError("differential privacy needs both --dp-noise Z and --dp-clip TAU")
-    dp_on = config.dp_noise is not None
-    if dp_on and (config.dp_clip is None or config.dp_clip <= 0 or config.dp_noise is None or config.dp_noise < 0):
-        raise ConfigError("--dp-clip must be > 0 and --dp-noise >= 0")
+    dp = config.dp  # the config checked its own settings when it was made
     rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
-    if rounds < 1:
-        raise ConfigError("--rounds must be >= 1")
-    if config.dp_mode not in ("local", "distributed"):
-        raise ConfigError(f"--dp-mode must be local or distributed, not {config.dp_mode!r}")
-    if config.dp_mode == "distributed" and dp_on and not config.secagg:
-        raise ConfigError(
-            "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
-        )
-    if config.secagg_clip is not None and not config.secagg_clip > 0:
-        raise ConfigError("--secagg-clip must be > 0")
-    if config.eval_every < 1:
-        raise ConfigError("--eval-every must be >= 1")
 
     x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
     split = make_split(x, explicit, config.seed)
@@ -353,9 +419,9 @@ def simulate(
     pop_arg = None if config.users is None else population  # evaluation over the population only
     cpr = config.clients_per_round
     if cpr is not None and not 1 <= cpr <= n_pop:
-        raise ConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
-    full_cohort = cpr is None or cpr == n_pop
-    cohort_size = n_pop if full_cohort else int(cpr)  # type: ignore[arg-type]
+        raise SimulationConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
+    cohort_size = n_pop if cpr is None else cpr
+    full_cohort = cohort_size == n_pop
 
     model = build_model(
         config.model,
@@ -374,17 +440,17 @@ def simulate(
         private = model.init_private(cohorts.all, global_, config.seed)
 
     accountant = None
-    if dp_on:
+    if dp is not None and dp.noise > 0:
         from models.privacy import RoundAccountant
 
         accountant = RoundAccountant(
-            noise_multiplier=float(config.dp_noise),  # type: ignore[arg-type]
+            noise_multiplier=dp.noise,
             sampling_rate=cohort_size / n_pop,
-            delta=config.dp_delta,
-            accountant=config.dp_accountant,  # type: ignore[arg-type]
-        ) if config.dp_noise and config.dp_noise > 0 else None
+            delta=dp.delta,
+            accountant=dp.accountant,
+        )
 
-    secure = SecureAggregator(seed=config.seed, neighbors=config.secagg_neighbors) if config.secagg else None
+    secure = SecureAggregator(seed=config.seed, neighbors=config.neighbors) if config.secagg else None
     sel_key, sel_sign = _select_key(explicit)
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "private": None, "shared": False}
     records: list[dict[str, Any]] = []
@@ -405,15 +471,15 @@ def simulate(
             rec: dict[str, Any] = {"round": r}
             if upd.shape != (data.users.shape[0], model.update_dim):
                 raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
-            if dp_on and upd.shape[1] > 0:
+            if dp is not None and upd.shape[1] > 0:
                 from models.privacy import privatize
 
-                z = float(config.dp_noise)  # type: ignore[arg-type]
-                if config.dp_mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
+                z = dp.noise
+                if dp.mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
                     z = z / math.sqrt(upd.shape[0])
-                upd, norms = privatize(upd, clip=float(config.dp_clip), noise_multiplier=z, generator=gens["dp"])  # type: ignore[arg-type]
+                upd, norms = privatize(upd, clip=dp.clip, noise_multiplier=z, generator=gens["dp"])
                 rec["update_norm_mean"] = float(norms.mean())
-                rec["clipped_fraction"] = float((norms > float(config.dp_clip)).float().mean())  # type: ignore[arg-type]
+                rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
             if accountant is not None:
                 accountant.step()
             if upd.shape[1] == 0:
@@ -507,7 +573,7 @@ def simulate(
         out["saved_global"] = saved_global
     if not explicit:
         out["placebo"] = {"hr@10": test.get("placebo_hr@10", math.nan), "ndcg@10": test.get("placebo_ndcg@10", math.nan)}
-    if dp_on:
+    if dp is not None:
         out["dp"] = {
             "noise_multiplier": config.dp_noise,
             "clip": config.dp_clip,
@@ -539,11 +605,11 @@ def _population(users: tuple[int, ...] | None, n_users: int, name: str) -> np.nd
         return np.arange(n_users, dtype=np.int64)
     pop = np.array(sorted(int(u) - 1 for u in users), dtype=np.int64)
     if len(pop) == 0:
-        raise ConfigError("--users selects no device")
+        raise SimulationConfigError("--users selects no device")
     if len(np.unique(pop)) != len(pop):
-        raise ConfigError("--users lists a user twice")
+        raise SimulationConfigError("--users lists a user twice")
     if pop[0] < 0 or pop[-1] >= n_users:
-        raise ConfigError(f"--users must lie in 1..{n_users} for {name}")
+        raise SimulationConfigError(f"--users must lie in 1..{n_users} for {name}")
     return pop
 
 
@@ -556,7 +622,8 @@ def save_global_state(global_: GlobalState, path: str | Path, **meta: Any) -> Pa
     p.parent.mkdir(parents=True, exist_ok=True)
     arrays = {k: v.detach().to("cpu", torch.float32).numpy() for k, v in global_.items()}
     with open(p, "wb") as f:  # np.savez would append .npz to a name without it
-        np.savez(f, **arrays, __meta__=np.array(json.dumps(meta)))
+        # allow_pickle named (its default) so that no array can be taken for it
+        np.savez(f, allow_pickle=True, **arrays, __meta__=np.array(json.dumps(meta)))
     return p
 
 
@@ -601,9 +668,9 @@ def _resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"--device {name} requested but CUDA is not available on this machine")
+            raise SimulationConfigError(f"--device {name} requested but CUDA is not available on this machine")
         return torch.device(name)
-    raise ConfigError(f"unknown device {name!r}; use cpu or cuda")
+    raise SimulationConfigError(f"unknown device {name!r}; use cpu or cuda")
 
 
 class _Progress:

@@ -29,7 +29,7 @@ additive mask to the prediction and trains Q on the masked ratings).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, TypedDict
 
 import torch
 
@@ -93,6 +93,24 @@ class FedMF(FedRAP):
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
         return {}
+
+
+class ExplicitMFParams(TypedDict, total=False):
+    """The keyword hyperparameters of ExplicitMF (for subclasses passing them on)."""
+
+    k: int
+    item_bias: bool
+    user_bias: bool
+    user_solver: str
+    center: float
+    local_epochs: int
+    lr_user: float
+    lr_item: float
+    lr_decay: float
+    server_lr: float
+    reg: float
+    init_std: float
+    chunk: int
 
 
 class ExplicitMF(FederatedRecommender):

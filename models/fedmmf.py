@@ -26,12 +26,12 @@ Recommendation with Personalized Masks").
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Unpack
 
 import torch
 
 from models.base import CohortData, GlobalState, PrivateState
-from models.fedmf import ExplicitMF
+from models.fedmf import ExplicitMF, ExplicitMFParams
 from models.keyed_random import user_normal
 
 ORDERS: tuple[str, ...] = ("one", "two", "high")
@@ -53,11 +53,11 @@ class FedMMF(ExplicitMF):
         mask_lr: float = 0.05,
         fm_k: int = 4,
         mlp_hidden: int = 16,
-        **mf_kwargs: object,
+        **mf_kwargs: Unpack[ExplicitMFParams],
     ) -> None:
         if order not in ORDERS:
             raise ValueError(f"unknown mask order {order!r}; expected one of {ORDERS}")
-        super().__init__(n_users, n_items, **mf_kwargs)  # type: ignore[arg-type]
+        super().__init__(n_users, n_items, **mf_kwargs)
         if item_features is None:
             item_features = torch.zeros(n_items, 0)
         if item_features.shape[0] != n_items:

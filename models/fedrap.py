@@ -228,7 +228,7 @@ class FedRAP(FederatedRecommender):
 
         u_all = private["u"].clone()
         b_all = private["b"].clone()
-        d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else None
+        d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else torch.empty(0)  # (0,): no D
         upd = torch.empty(nb, m * k, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
         # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
         lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
@@ -261,7 +261,7 @@ class FedRAP(FederatedRecommender):
                     grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
                 u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
                 bias.sub_(g.sum(1) * inv_n, alpha=lr_u)
-            if self.has_c:
+            if C is not None:  # has_c
                 # C_i - C = -lr_i * sum_e g_e (x) u_e, formed once from the factors
                 dc = torch.bmm(g_hist.transpose(1, 2), u_hist).mul_(-lr_i)
                 if self.has_d:
@@ -281,7 +281,7 @@ class FedRAP(FederatedRecommender):
                 d_out[sl] = W
 
         new_private: PrivateState = {"u": u_all, "b": b_all}
-        if d_out is not None:
+        if self.has_d:
             new_private["D"] = d_out
         return new_private, upd
 

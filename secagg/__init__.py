@@ -17,7 +17,7 @@ from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
 from secagg.errors import (
     AbortReason,
-    ConfigError,
+    SecAggConfigError,
     DecryptionError,
     DropReason,
     EncodingRangeError,
@@ -33,7 +33,7 @@ __all__ = [
     "ClientAborted",
     "ClientAdvertiseKeys",
     "ClientCompleted",
-    "ConfigError",
+    "SecAggConfigError",
     "DecryptionError",
     "DropReason",
     "EncodingRangeError",

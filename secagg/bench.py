@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from secagg.config import SecAggConfig
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from secagg.testing import DropoutPlan, run_round
 
 STAGE_CHOICES = ("none", "advertise-keys", "share-keys", "masked-input", "consistency-check", "unmasking")
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             corrupt_fraction=args.corrupt_fraction,
             active_adversary=args.active,
         )
-    except ConfigError as exc:
+    except SecAggConfigError as exc:
         parser.error(str(exc))
     rng = np.random.default_rng(args.seed)
     inputs = (rng.standard_normal((args.clients, args.dim), dtype=np.float32) * np.float32(0.1 * args.clip))

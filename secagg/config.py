@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from secagg.encoding import FixedPointEncoding
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from secagg.graph import CommunicationGraph, build_graph, choose_parameters, majority_threshold
 from secagg.keys import graph_seed
 
@@ -40,24 +40,24 @@ class SecAggConfig:
     def __post_init__(self) -> None:
         n = self.num_clients
         if not (isinstance(n, int) and n >= 2):
-            raise ConfigError(f"num_clients must be an int >= 2, got {n!r}")
+            raise SecAggConfigError(f"num_clients must be an int >= 2, got {n!r}")
         if not (isinstance(self.vector_length, int) and 1 <= self.vector_length <= MAX_VECTOR_LENGTH):
-            raise ConfigError(f"vector_length must be in 1..{MAX_VECTOR_LENGTH}, got {self.vector_length!r}")
+            raise SecAggConfigError(f"vector_length must be in 1..{MAX_VECTOR_LENGTH}, got {self.vector_length!r}")
         if not (isinstance(self.session_id, bytes) and 1 <= len(self.session_id) <= MAX_SESSION_ID_BYTES):
-            raise ConfigError("session_id must be 1..255 bytes")
+            raise SecAggConfigError("session_id must be 1..255 bytes")
         k = self.degree
         if not isinstance(k, int) or not (k == n - 1 or (k % 2 == 0 and 2 <= k <= n - 2)):
-            raise ConfigError(f"degree must be n-1 (complete) or even in 2..n-2, got {k!r} for n={n}")
+            raise SecAggConfigError(f"degree must be n-1 (complete) or even in 2..n-2, got {k!r} for n={n}")
         t = self.threshold
         if not (isinstance(t, int) and majority_threshold(k) <= t <= k + 1):
-            raise ConfigError(
+            raise SecAggConfigError(
                 f"threshold must be in {majority_threshold(k)}..{k + 1} (a strict majority of each "
                 f"closure of {k + 1} devices), got {t!r}"
             )
         if not isinstance(self.encoding, FixedPointEncoding) or self.encoding.num_clients != n:
-            raise ConfigError("encoding must be a FixedPointEncoding for this cohort size")
+            raise SecAggConfigError("encoding must be a FixedPointEncoding for this cohort size")
         if not isinstance(self.active_adversary, bool):
-            raise ConfigError("active_adversary must be a bool")
+            raise SecAggConfigError("active_adversary must be a bool")
 
     @classmethod
     def create(
@@ -93,7 +93,7 @@ class SecAggConfig:
         """
         n = num_clients
         if not (isinstance(n, int) and n >= 2):
-            raise ConfigError(f"num_clients must be an int >= 2, got {n!r}")
+            raise SecAggConfigError(f"num_clients must be an int >= 2, got {n!r}")
         auto_t: int | None = None
         if neighbors == "all":
             k = n - 1
@@ -108,7 +108,7 @@ class SecAggConfig:
         elif isinstance(neighbors, int) and not isinstance(neighbors, bool):
             k = min(neighbors, n - 1)
         else:
-            raise ConfigError(f"neighbors must be 'all', 'auto' or an int, got {neighbors!r}")
+            raise SecAggConfigError(f"neighbors must be 'all', 'auto' or an int, got {neighbors!r}")
         if threshold is None:
             if auto_t is not None:
                 threshold = auto_t

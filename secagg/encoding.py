@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from secagg.errors import ConfigError, EncodingRangeError
+from secagg.errors import SecAggConfigError, EncodingRangeError
 
 MAX_MODULUS_BITS = 32
 
@@ -44,11 +44,11 @@ class FixedPointEncoding:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.clip, float | int) and math.isfinite(self.clip) and self.clip > 0):
-            raise ConfigError(f"clip must be a positive finite number, got {self.clip!r}")
+            raise SecAggConfigError(f"clip must be a positive finite number, got {self.clip!r}")
         if not (isinstance(self.num_clients, int) and self.num_clients >= 1):
-            raise ConfigError(f"num_clients must be a positive int, got {self.num_clients!r}")
+            raise SecAggConfigError(f"num_clients must be a positive int, got {self.num_clients!r}")
         if not (isinstance(self.modulus_bits, int) and 1 <= self.modulus_bits):
-            raise ConfigError(f"modulus_bits must be a positive int, got {self.modulus_bits!r}")
+            raise SecAggConfigError(f"modulus_bits must be a positive int, got {self.modulus_bits!r}")
         if self.modulus_bits > MAX_MODULUS_BITS:
             raise EncodingRangeError(
                 f"modulus_bits={self.modulus_bits} > {MAX_MODULUS_BITS}: vectors are uint32"
@@ -83,12 +83,12 @@ class FixedPointEncoding:
         - neither: w = 32.
         """
         if not (isinstance(num_clients, int) and num_clients >= 1):
-            raise ConfigError(f"num_clients must be a positive int, got {num_clients!r}")
+            raise SecAggConfigError(f"num_clients must be a positive int, got {num_clients!r}")
         if not (math.isfinite(clip) and clip > 0):
-            raise ConfigError(f"clip must be a positive finite number, got {clip!r}")
+            raise SecAggConfigError(f"clip must be a positive finite number, got {clip!r}")
         if precision is not None:
             if not (math.isfinite(precision) and precision > 0):
-                raise ConfigError(f"precision must be a positive number, got {precision!r}")
+                raise SecAggConfigError(f"precision must be a positive number, got {precision!r}")
             level = math.ceil(2 * clip / precision)
             bits = (num_clients * level).bit_length()  # n * level < 2^bits
             limit = MAX_MODULUS_BITS if modulus_bits is None else modulus_bits
@@ -131,7 +131,8 @@ class FixedPointEncoding:
             v += rng.random(v.shape[0])
         np.floor(v, out=v)
         np.minimum(v, self.max_level, out=v)  # guards float rounding at the top end
-        return v.astype(np.uint32)
+        out: np.ndarray = v.astype(np.uint32)
+        return out
 
     def decode_sum(self, encoded_sum: np.ndarray, count: int) -> np.ndarray:
         """Float sum of `count` clipped inputs from the exact encoded sum."""

@@ -25,11 +25,14 @@ class SecAggError(Exception):
     """Base class of every exception this package raises."""
 
 
-class ConfigError(SecAggError, ValueError):
-    """A configuration that cannot run safely or correctly."""
+class SecAggConfigError(SecAggError, ValueError):
+    """A secure-aggregation configuration that cannot run safely or correctly.
+
+    Not to be confused with `models.engine.SimulationConfigError` (a
+    simulation's settings)."""
 
 
-class EncodingRangeError(ConfigError):
+class EncodingRangeError(SecAggConfigError):
     """The fixed-point encoding would need more than the allowed bits: the sum
     of the cohort's inputs could wrap around the modulus."""
 

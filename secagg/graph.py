@@ -18,7 +18,7 @@ from fractions import Fraction
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 
 
 class CommunicationGraph:
@@ -44,7 +44,7 @@ class CommunicationGraph:
             return hit
         if not 0 <= v < self.num_nodes:
             raise ValueError(f"device id {v} outside 0..{self.num_nodes - 1}")
-        if self._order is None:
+        if self._order is None or self._position is None:  # both None together: complete graph
             out = frozenset(range(v)) | frozenset(range(v + 1, self.num_nodes))
         else:
             n = self.num_nodes
@@ -80,7 +80,7 @@ def harary_graph(num_nodes: int, degree: int, seed: bytes) -> CommunicationGraph
     on each side; ring positions are a random relabeling drawn from `seed`
     (keys.graph_seed: derived from session and round, known to everyone)."""
     if degree % 2 or not 2 <= degree <= num_nodes - 2:
-        raise ConfigError(f"a Harary graph needs an even degree in 2..n-2, got k={degree}, n={num_nodes}")
+        raise SecAggConfigError(f"a Harary graph needs an even degree in 2..n-2, got k={degree}, n={num_nodes}")
     return CommunicationGraph(num_nodes, degree, random_permutation(num_nodes, seed))
 
 
@@ -103,7 +103,7 @@ def majority_threshold(degree: int) -> int:
 
 def _probability(value: float, name: str) -> Fraction:
     if not 0 <= value < 1:
-        raise ConfigError(f"{name} must be in [0, 1), got {value!r}")
+        raise SecAggConfigError(f"{name} must be in [0, 1), got {value!r}")
     return Fraction(repr(float(value)))  # the decimal the user wrote, exactly
 
 
@@ -180,13 +180,13 @@ def choose_parameters(
     devices); the neighbourhood counts are hypergeometric and bounded here by
     binomial tails (Hoeffding), computed exactly with math.comb and rationals.
     If no k < n - 1 works, the complete graph (k = n - 1, no condition (4)) is
-    tried; if that fails too, ConfigError.
+    tried; if that fails too, SecAggConfigError.
 
     Examples: n=1000, delta=gamma=0.05 -> (30, 18); n=1000, delta=0.1,
     gamma=0.05 -> (38, 20); n=100, delta=0.1, gamma=0.05 -> (34, 18).
     """
     if num_nodes < 2:
-        raise ConfigError("a cohort needs at least 2 devices")
+        raise SecAggConfigError("a cohort needs at least 2 devices")
     delta = _probability(dropout_rate, "dropout_rate")
     gamma = _probability(corrupt_fraction, "corrupt_fraction")
     eta, sigma = correctness_bits, security_bits
@@ -201,7 +201,7 @@ def choose_parameters(
             if num_nodes * (1 - binomial_tail_at_least(k, 1 - delta, t)) <= Fraction(1, 2**eta):
                 return k, t
             break
-    raise ConfigError(
+    raise SecAggConfigError(
         f"no (degree, threshold) meets the failure targets for n={num_nodes}, "
         f"dropout_rate={dropout_rate}, corrupt_fraction={corrupt_fraction}; pass them explicitly"
     )

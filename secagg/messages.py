@@ -35,7 +35,7 @@ from __future__ import annotations
 import enum
 import struct
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -134,10 +134,10 @@ class _Reader:
         return self.take(1)[0]
 
     def u32(self) -> int:
-        return struct.unpack(">I", self.take(4))[0]
+        return int.from_bytes(self.take(4), "big")
 
     def u64(self) -> int:
-        return struct.unpack(">Q", self.take(8))[0]
+        return int.from_bytes(self.take(8), "big")
 
     def blob(self) -> bytes:
         return self.take(struct.unpack(">H", self.take(2))[0])
@@ -185,7 +185,7 @@ class Message:
         raise NotImplementedError
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> Message:  # pragma: no cover - abstract
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> Message:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
@@ -208,7 +208,7 @@ class AdvertiseKeys(Message):
         w.blob(self.signature)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> AdvertiseKeys:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> AdvertiseKeys:
         return cls(**header, c_public=r.take(32), s_public=r.take(32), signature=r.blob())
 
 
@@ -223,7 +223,7 @@ class ShareKeys(Message):
         _write_id_blobs(w, self.shares)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ShareKeys:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ShareKeys:
         return cls(**header, shares=_read_id_blobs(r))
 
 
@@ -245,7 +245,7 @@ class MaskedInput(Message):
         w.ids(self.undecryptable)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> MaskedInput:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> MaskedInput:
         length = r.count(4)
         start = r.pos
         r.take(4 * length)
@@ -264,7 +264,7 @@ class ConsistencySignature(Message):
         w.raw(self.signature, SIGNATURE_BYTES)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ConsistencySignature:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ConsistencySignature:
         return cls(**header, signature=r.take(SIGNATURE_BYTES))
 
 
@@ -285,7 +285,7 @@ class UnmaskingResponse(Message):
                 w.parts.append(value.to_bytes(ELEMENT_BYTES, "big"))
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> UnmaskingResponse:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> UnmaskingResponse:
         lists = []
         for _ in range(2):
             n = r.count(4 + ELEMENT_BYTES)
@@ -304,7 +304,7 @@ class ClientAbort(Message):
         w.u8(ABORT_REASON_CODES[self.reason])
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ClientAbort:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ClientAbort:
         return cls(**header, reason=_reason(r.u8()))
 
 
@@ -337,7 +337,7 @@ class KeyList(Message):
             w.blob(e.signature)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> KeyList:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> KeyList:
         n = r.count(70)
         return cls(
             **header,
@@ -356,7 +356,7 @@ class ShareRelay(Message):
         _write_id_blobs(w, self.shares)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ShareRelay:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ShareRelay:
         return cls(**header, shares=_read_id_blobs(r))
 
 
@@ -371,7 +371,7 @@ class ConsistencyRequest(Message):
         w.ids(self.alive)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ConsistencyRequest:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ConsistencyRequest:
         return cls(**header, alive=r.ids())
 
 
@@ -395,7 +395,7 @@ class UnmaskingRequest(Message):
             w.raw(sig, SIGNATURE_BYTES)
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> UnmaskingRequest:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> UnmaskingRequest:
         alive = r.ids()
         dropped = r.ids()
         n = r.count(4 + SIGNATURE_BYTES)
@@ -414,7 +414,7 @@ class ServerAbort(Message):
         w.u8(ABORT_REASON_CODES[self.reason])
 
     @classmethod
-    def _read_body(cls, r: _Reader, header: dict) -> ServerAbort:
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ServerAbort:
         return cls(**header, reason=_reason(r.u8()))
 
 

@@ -31,13 +31,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from secagg import identity
 from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientState
-from secagg.config import SecAggConfig
-from secagg.errors import AbortReason, DropReason
+from secagg.config import Neighbors, SecAggConfig
+from secagg.errors import AbortReason, DropReason, ProtocolMisuse
 from secagg.messages import (
     ConsistencyRequest,
     KeyList,
@@ -134,13 +136,13 @@ class RoundOutcome:
     server_dropped: dict[int, tuple[str, DropReason]] = field(default_factory=dict)
     client_aborts: dict[int, ClientAborted] = field(default_factory=dict)
     client_states: dict[int, str] = field(default_factory=dict)  # final state class per device
-    client_cpu_ms: np.ndarray | None = None  # (n,), all of a device's stages
+    client_cpu_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (n,), all of a device's stages
     server_cpu_ms: dict[str, float] = field(default_factory=dict)  # per server stage
     message_bytes: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> up/down totals
     masked_input_bytes: int | None = None  # one device's MaskedInput on the wire
     share_ciphertext_bytes: int | None = None  # one sealed share pair (nonce + ciphertext + tag)
     wall_s: float = 0.0
-    server_state: ServerState | None = None
+    server_state: ServerState[Any] | None = None
 
 
 def encode_inputs(
@@ -156,10 +158,20 @@ def encode_inputs(
     return out
 
 
-def identity_keys(num_clients: int, seed: int = 0) -> tuple[list, dict[int, bytes]]:
+def identity_keys(num_clients: int, seed: int = 0) -> tuple[list[Ed25519PrivateKey], dict[int, bytes]]:
     """Fixed Ed25519 identity keys for devices 0..n-1: (private keys, id -> public)."""
     privs = [identity.generate_identity(DeterministicRandom(seed, f"identity-{i}")) for i in range(num_clients)]
     return privs, {i: identity.public_bytes(k) for i, k in enumerate(privs)}
+
+
+def _identities(
+    num_clients: int, seed: int, active: bool
+) -> tuple[list[Ed25519PrivateKey | None], dict[int, bytes] | None]:
+    """identity_keys() in active mode, else no keys: ([None] * n, None)."""
+    if not active:
+        return [None] * num_clients, None
+    privs, pubs = identity_keys(num_clients, seed)
+    return list(privs), pubs
 
 
 def _check_inputs(inputs: np.ndarray, config: SecAggConfig) -> np.ndarray:
@@ -207,11 +219,11 @@ def run_round(
         encoded[i] = config.encoding.encode(inputs[i], rng)
         cpu[i] += clock() - t0
 
-    id_priv, id_pub = identity_keys(n, seed) if config.active_adversary else ([None] * n, None)
-    clients: dict[int, ClientState] = {}
+    id_priv, id_pub = _identities(n, seed, config.active_adversary)
+    starting: dict[int, ClientAdvertiseKeys] = {}
     for i in range(n):
         t0 = clock()
-        clients[i] = ClientAdvertiseKeys(
+        starting[i] = ClientAdvertiseKeys(
             config,
             i,
             round_idx,
@@ -222,16 +234,22 @@ def run_round(
         )
         cpu[i] += clock() - t0
     t0 = clock()
-    server: ServerState = ServerAdvertiseKeys(config, round_idx, identity_keys=id_pub)
+    server: ServerState[Any] = ServerAdvertiseKeys(config, round_idx, identity_keys=id_pub)
     server_cpu[server.stage] = clock() - t0
     silent: set[int] = set()
+    clients: dict[int, ClientState[Any]] = dict(starting)
 
-    def transmit(sender: int, receiver: int, msg: Message, stage: str, direction: str) -> tuple[Message | None, float]:
-        """Hook, then wire round trip; returns (delivered message, encode seconds)."""
+    def transmit(
+        sender: int, receiver: int, sent: Message, stage: str, direction: str
+    ) -> tuple[Message | bytes | None, float]:
+        """Hook, then wire round trip; returns (the message or, over the wire,
+        its bytes; None if the hook withheld it, encode seconds)."""
+        msg = sent
         if intercept is not None:
-            msg = intercept(sender, receiver, msg)
-            if msg is None:
+            hooked = intercept(sender, receiver, sent)
+            if hooked is None:
                 return None, 0.0
+            msg = hooked
         if not wire:
             return msg, 0.0
         t0 = clock()
@@ -254,7 +272,7 @@ def run_round(
             if payload is None:
                 continue
             t0 = clock()
-            delivered = decode_message(payload) if wire else payload
+            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
             server, _ = server.handle(i, delivered)
             server_cpu[stage] = server_cpu.get(stage, 0.0) + clock() - t0
 
@@ -264,7 +282,7 @@ def run_round(
             silent.add(i)
             continue
         t0 = clock()
-        clients[i], msgs = clients[i].start()
+        clients[i], msgs = starting[i].start()
         cpu[i] += clock() - t0
         to_server(i, msgs)
 
@@ -287,7 +305,7 @@ def run_round(
             if payload is None:
                 continue
             t0 = clock()
-            delivered = decode_message(payload) if wire else payload
+            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
             clients[v], replies = clients[v].handle(delivered)
             cpu[v] += clock() - t0
             to_server(v, replies)
@@ -346,7 +364,7 @@ class StepHarness:
         num_clients: int = 4,
         vector_length: int = 8,
         *,
-        neighbors: int | str = "all",
+        neighbors: Neighbors = "all",
         threshold: int | None = None,
         active_adversary: bool = False,
         session_id: bytes = FIXED_SESSION_ID,
@@ -367,10 +385,8 @@ class StepHarness:
         rng = np.random.default_rng(seed)
         self.inputs = rng.uniform(-1, 1, size=(n, self.config.vector_length))
         self.encoded = encode_inputs(self.inputs, config=self.config, seed=seed)
-        self.identity_private, self.identity_public = (
-            identity_keys(n, seed) if self.config.active_adversary else ([None] * n, None)
-        )
-        self.clients: dict[int, ClientState] = {
+        self.identity_private, self.identity_public = _identities(n, seed, self.config.active_adversary)
+        self.clients: dict[int, ClientState[Any]] = {
             i: ClientAdvertiseKeys(
                 self.config,
                 i,
@@ -382,13 +398,16 @@ class StepHarness:
             )
             for i in range(n)
         }
-        self.server: ServerState = ServerAdvertiseKeys(self.config, round_idx, identity_keys=self.identity_public)
+        self.server: ServerState[Any] = ServerAdvertiseKeys(self.config, round_idx, identity_keys=self.identity_public)
 
     def start(self, devices: Iterable[int] | None = None) -> dict[int, list[Message]]:
         """Clients `devices` (default all) start: {device: [AdvertiseKeys]}."""
-        out = {}
+        out: dict[int, list[Message]] = {}
         for i in self.config_ids() if devices is None else devices:
-            self.clients[i], out[i] = self.clients[i].start()
+            client = self.clients[i]
+            if not isinstance(client, ClientAdvertiseKeys):
+                raise ProtocolMisuse(f"device {i} has already started")
+            self.clients[i], out[i] = client.start()
         return out
 
     def config_ids(self) -> range:
@@ -407,7 +426,7 @@ class StepHarness:
 
     def deliver(self, outbound: dict[int, Message], devices: Iterable[int] | None = None) -> dict[int, list[Message]]:
         """Hand server messages to clients (all addressees, or `devices`)."""
-        replies = {}
+        replies: dict[int, list[Message]] = {}
         for i, m in outbound.items():
             if devices is not None and i not in devices:
                 continue
@@ -415,14 +434,14 @@ class StepHarness:
         return replies
 
     def advance_to(self, stage: str, drop: dict[str, Iterable[int]] | None = None) -> dict[int, Message]:
-        drop = {Stage.parse(k).value: set(v) for k, v in (drop or {}).items()}
-        silent = set(drop.get("advertise_keys", ()))
+        dropping = {Stage.parse(k).value: set(v) for k, v in (drop or {}).items()}
+        silent = set(dropping.get("advertise_keys", ()))
         self.send(self.start(i for i in self.config_ids() if i not in silent))
         outbound = self.close()
         while self.server.stage != stage:
             if self.server.is_terminal:
                 raise RuntimeError(f"the round ended ({self.server!r}) before {stage}")
-            silent |= drop.get(self.server.stage, set())
+            silent |= dropping.get(self.server.stage, set())
             self.send(self.deliver(outbound, [i for i in outbound if i not in silent]))
             outbound = self.close()
         return outbound

@@ -18,8 +18,12 @@ mask sign (+ if u < v) and the SecAgg+ graph both use the 0-based order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from wire.errors import WireError
+
+if TYPE_CHECKING:
+    from fedmask_proto.v1.session_pb2 import Participant
 
 MAX_DEVICE_ID = (1 << 64) - 1
 
@@ -61,7 +65,7 @@ class RoundIds:
         return cls({d: i for i, d in enumerate(ids)}, num_clients=len(ids))
 
     @classmethod
-    def from_participants(cls, participants: Iterable, *, num_clients: int) -> RoundIds:
+    def from_participants(cls, participants: Iterable[Participant], *, num_clients: int) -> RoundIds:
         """From proto Participants (1-based secagg_id); a device listed twice
         must carry the same secagg_id both times."""
         pairs: dict[int, int] = {}

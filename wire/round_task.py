@@ -36,7 +36,7 @@ from google.protobuf import duration_pb2
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.tensors import params_from_proto, params_to_proto
@@ -78,7 +78,7 @@ def secagg_config_from_proto(s: session_pb2.SecaggSettings, session_id: bytes) -
     try:
         encoding = FixedPointEncoding.for_cohort(n, clip=s.clip, modulus_bits=s.modulus_bits)
         return SecAggConfig(n, s.vector_length, bytes(session_id), degree, s.threshold, encoding, bool(s.signatures))
-    except (ConfigError, ValueError, TypeError) as exc:
+    except (SecAggConfigError, ValueError, TypeError) as exc:
         raise WireError(f"SecaggSettings: {exc}") from None
 
 

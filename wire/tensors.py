@@ -23,7 +23,7 @@ MAX_DIMS = 8
 MAX_NAME_CHARS = 256
 DEFAULT_MAX_ELEMENTS = 1 << 28  # 1 GiB of float32
 
-_DTYPES: dict[int, np.dtype] = {
+_DTYPES: dict[common_pb2.DType.ValueType, np.dtype] = {
     common_pb2.DTYPE_FLOAT32: np.dtype("<f4"),
     common_pb2.DTYPE_FLOAT64: np.dtype("<f8"),
     common_pb2.DTYPE_FLOAT16: np.dtype("<f2"),
@@ -45,7 +45,7 @@ def tensor_to_proto(array: np.ndarray) -> common_pb2.Tensor:
 
 
 def tensor_from_proto(
-    t: common_pb2.Tensor, *, what: str = "Tensor", dtype: int | None = None, max_elements: int = DEFAULT_MAX_ELEMENTS,
+    t: common_pb2.Tensor, *, what: str = "Tensor", dtype: common_pb2.DType.ValueType | None = None, max_elements: int = DEFAULT_MAX_ELEMENTS,
     writable: bool = False,
 ) -> np.ndarray:
     """The array (native byte order). `dtype` (a proto DType) restricts the

@@ -91,11 +91,11 @@ def demo(
         raise typer.BadParameter("local, distributed or none", param_hint="--dp-mode")
     data_root = Path(data_dir) if data_dir is not None else Path("data")
     _ensure_dataset(console, dataset, data_root)
-    from models.engine import ConfigError, load_interactions
+    from models.engine import SimulationConfigError, load_interactions
 
     try:
         x = load_interactions(dataset, str(data_root), seed)
-    except ConfigError as exc:
+    except SimulationConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--dataset") from None
     if devices > x.n_users:
         raise typer.BadParameter(f"{dataset} has {x.n_users} users", param_hint="--devices")

@@ -218,7 +218,7 @@ def register_simulate(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from models.engine import ConfigError, SimulationConfig, simulate as run_simulation, write_results
+        from models.engine import SimulationConfigError, SimulationConfig, simulate as run_simulation, write_results
 
         err = Console(stderr=True)
         population = None
@@ -255,10 +255,8 @@ def register_simulate(app: typer.Typer) -> None:
                 users=population,
                 save_global=None if save_global is None else str(save_global),
             )
-            if dp_accountant not in ("rdp", "pld"):
-                raise ConfigError(f"--dp-accountant must be rdp or pld, not {dp_accountant!r}")
             results = run_simulation(cfg, progress=not quiet)
-        except ConfigError as e:
+        except SimulationConfigError as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         j, p = write_results(results, out)
@@ -321,7 +319,7 @@ def register_reference(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from models.engine import ConfigError, load_interactions, make_split
+        from models.engine import SimulationConfigError, load_interactions, make_split
         from models.reference import run_references
 
         err = Console(stderr=True)
@@ -329,7 +327,7 @@ def register_reference(app: typer.Typer) -> None:
             split = make_split(load_interactions(dataset, None if data_dir is None else str(data_dir), seed), False, seed)
             with err.status("fitting the reference models on the training split ..."):
                 results = run_references(split, model or None)
-        except (ConfigError, ValueError) as e:
+        except (SimulationConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         table = Table(title=f"centralised references on {dataset}, seed {seed} (HR@10, 99 sampled negatives)")

@@ -440,7 +440,7 @@ def load_movielens_100k(folder: str | os.PathLike[str], name: str = "ml-100k") -
             if bad.size:
                 raise DataFormatError(it.path, int(it.lines[bad[0]]), f"genre flag {col[bad[0]]!r} is not 0 or 1")
             flags[:, g] = v
-        present = flags.any(axis=0)
+        present = np.asarray(flags.any(axis=0), dtype=bool)
         genre_part = (flags[:, present], tuple(f"genre:{g}" for g, p in zip(F.GROUPLENS_GENRES, present) if p))
         parts = [genre_part, F.zscore_with_missing(_year_of(it.col(2)), "release_year")]
         feats, fnames = F.concat(parts, len(it))

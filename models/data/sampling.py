@@ -61,7 +61,8 @@ class NegativeSampler:
             bitmap = torch.zeros((B, n_items), dtype=torch.bool, device=device)
             bitmap[pos_rows, pos_items] = True
             full = bitmap.all(dim=1) & (lengths > 0)
-            self._bitmap, self._keys = bitmap.view(-1), None
+            self._bitmap: torch.Tensor | None = bitmap.view(-1)
+            self._keys: torch.Tensor | None = None
         else:
             keys = torch.unique(pos_rows * n_items + pos_items)  # sorted
             distinct = torch.bincount(torch.div(keys, n_items, rounding_mode="floor"), minlength=B)

@@ -4,6 +4,7 @@ send their public halves (signed with the identity key in active mode)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Never
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -19,7 +20,7 @@ from secagg.randomness import RandomSource, system_random
 from secagg.stages import Stage
 
 
-class ClientAdvertiseKeys(ClientState):
+class ClientAdvertiseKeys(ClientState[Never]):
     """The initial state of a device for one round.
 
     `encoded_input` is the device's update already encoded
@@ -81,7 +82,7 @@ class ClientAdvertiseKeys(ClientState):
         signature = b""
         if r.config.active_adversary:
             signature = identity.sign(
-                r.identity_key,
+                r.signing_key(),
                 identity.advertise_payload(r.config.session_id, r.round_idx, r.device_id, r.c_pair.public, r.s_pair.public),
             )
         msg = AdvertiseKeys(**self._header(), c_public=r.c_pair.public, s_public=r.s_pair.public, signature=signature)

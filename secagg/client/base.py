@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, Never, TypeVar
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -29,7 +29,10 @@ from secagg.keys import KeyPair
 from secagg.messages import ClientAbort, KeyEntry, Message, ServerAbort
 from secagg.randomness import RandomSource
 
-Transition = tuple["ClientState", list[Message]]
+Transition = tuple["ClientState[Any]", list[Message]]
+
+# The message type a state accepts (Never for the initial and terminal states).
+M = TypeVar("M", bound=Message)
 
 
 class Reject(Exception):
@@ -69,13 +72,45 @@ class ClientRound:
     undecryptable: frozenset[int] = frozenset()
     signed_alive: frozenset[int] | None = None  # active mode: the U3 we signed
 
+    # Typed reads of the fields set along the way; each raises ProtocolMisuse
+    # if read before the stage that sets it.
 
-class ClientState:
+    def input(self) -> np.ndarray:
+        return _known(self.encoded_input, "the encoded input (dropped once masked)")
+
+    def c_keys(self) -> KeyPair:
+        return _known(self.c_pair, "the c key pair (made at AdvertiseKeys)")
+
+    def s_keys(self) -> KeyPair:
+        return _known(self.s_pair, "the s key pair (made at AdvertiseKeys)")
+
+    def signing_key(self) -> Ed25519PrivateKey:
+        return _known(self.identity_key, "the identity key (active-adversary mode)")
+
+    def peer_identity_key(self, device: int) -> bytes | None:
+        """`device`'s identity public key (None if unknown); active mode only."""
+        return _known(self.peer_identity_keys, "the peers' identity keys (active-adversary mode)").get(device)
+
+    def signed(self) -> frozenset[int]:
+        return _known(self.signed_alive, "the signed survivor set (active-adversary mode)")
+
+
+_T = TypeVar("_T")
+
+
+def _known(value: _T | None, what: str) -> _T:
+    if value is None:
+        raise ProtocolMisuse(f"{what} is not available at this stage")
+    return value
+
+
+class ClientState(Generic[M]):
     """Base of the client states; see the module doc for the contract."""
 
     #: The Stage this state collects (a plain str on the terminal states).
     stage: ClassVar[str] = ""
-    expects: ClassVar[type[Message] | None] = None
+    # The message class of the state (== M); None where no message is expected.
+    expects: type[M] | None = None
 
     __slots__ = ("_round", "_spent")
 
@@ -125,7 +160,7 @@ class ClientState:
         except MalformedMessage as exc:
             return self._abort(AbortReason.MALFORMED_MESSAGE, str(exc))
 
-    def _on_message(self, message: Message) -> Transition:  # pragma: no cover - abstract
+    def _on_message(self, message: M) -> Transition:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def abort(self, reason: AbortReason = AbortReason.CANCELLED, detail: str = "cancelled by the device") -> Transition:
@@ -138,12 +173,12 @@ class ClientState:
         msg = ClientAbort(session_id=r.config.session_id, round_idx=r.round_idx, device_id=r.device_id, reason=reason)
         return ClientAborted(r, reason, detail, self.stage), [msg]
 
-    def _header(self) -> dict:
+    def _header(self) -> dict[str, Any]:
         r = self._round
         return {"session_id": r.config.session_id, "round_idx": r.round_idx, "device_id": r.device_id}
 
 
-class _Terminal(ClientState):
+class _Terminal(ClientState[Never]):
     __slots__ = ()
 
     @property

@@ -14,7 +14,7 @@ from secagg.stages import Stage
 _BAD = AbortReason.INVALID_CONSISTENCY_REQUEST
 
 
-class ClientConsistencyCheck(ClientState):
+class ClientConsistencyCheck(ClientState[ConsistencyRequest]):
     """Waits for the ConsistencyRequest (U3, the devices whose masked input
     the server counted).
 
@@ -42,5 +42,5 @@ class ClientConsistencyCheck(ClientState):
         if len(alive & r.graph.closure(v)) < cfg.threshold:
             raise Reject(_BAD, f"fewer than t={cfg.threshold} survivors in this device's neighbourhood")
         r.signed_alive = alive
-        sig = identity.sign(r.identity_key, identity.consistency_payload(cfg.session_id, r.round_idx, alive))
+        sig = identity.sign(r.signing_key(), identity.consistency_payload(cfg.session_id, r.round_idx, alive))
         return ClientUnmasking(r), [ConsistencySignature(**self._header(), signature=sig)]

@@ -27,7 +27,7 @@ _BAD = AbortReason.INVALID_SHARE_RELAY
 _PLAINTEXT_BYTES = 2 * shamir.ELEMENT_BYTES
 
 
-class ClientMaskedInputCollection(ClientState):
+class ClientMaskedInputCollection(ClientState[ShareRelay]):
     """Waits for the ShareRelay (sealed shares addressed to this device).
 
     Checks (else ClientAborted(INVALID_SHARE_RELAY)): senders are distinct
@@ -76,10 +76,10 @@ class ClientMaskedInputCollection(ClientState):
         r.relayed = frozenset(seen)
         r.undecryptable = frozenset(undecryptable)
 
-        y = r.encoded_input.copy()
+        y = r.input().copy()
         gen = MaskGenerator(cfg.vector_length)
         gen.add(y, self_mask_key(r.b_seed, session_id=sid, round_idx=rnd, owner=v))
-        s_private = r.s_pair.private
+        s_private = r.s_keys().private
         for u in sorted(seen):
             try:
                 shared = agree(s_private, r.peers[u].s_public)

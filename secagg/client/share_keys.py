@@ -16,7 +16,7 @@ from secagg.stages import Stage
 _BAD = AbortReason.INVALID_KEY_LIST
 
 
-class ClientShareKeys(ClientState):
+class ClientShareKeys(ClientState[KeyList]):
     """Waits for the KeyList (advertised keys of this device's closure).
 
     Checks (else ClientAborted(INVALID_KEY_LIST / INVALID_SIGNATURE)): every
@@ -50,7 +50,7 @@ class ClientShareKeys(ClientState):
                 raise Reject(_BAD, f"malformed keys for device {e.device_id}")
             entries[e.device_id] = e
         own = entries.get(v)
-        if own is None or own.c_public != r.c_pair.public or own.s_public != r.s_pair.public:
+        if own is None or own.c_public != r.c_keys().public or own.s_public != r.s_keys().public:
             raise Reject(_BAD, "this device's own keys are missing or altered")
         if len(entries) < cfg.threshold:
             raise Reject(_BAD, f"{len(entries)} advertised devices in the neighbourhood, fewer than t={cfg.threshold}")
@@ -62,20 +62,20 @@ class ClientShareKeys(ClientState):
                 if u == v:
                     continue
                 payload = identity.advertise_payload(cfg.session_id, r.round_idx, u, e.c_public, e.s_public)
-                if not identity.verify(r.peer_identity_keys.get(u), e.signature, payload):
+                if not identity.verify(r.peer_identity_key(u), e.signature, payload):
                     raise Reject(AbortReason.INVALID_SIGNATURE, f"bad key signature of device {u}")
 
         # Secrets: b_u (self-mask seed) and s_u^SK, shared among the closure.
         holders = sorted(entries)
         r.b_seed = r.rand(SEED_BYTES)
         b_shares, s_shares = shamir.split(
-            [shamir.secret_to_int(r.b_seed), shamir.secret_to_int(r.s_pair.private_bytes())],
+            [shamir.secret_to_int(r.b_seed), shamir.secret_to_int(r.s_keys().private_bytes())],
             [shamir.x_of(u) for u in holders],
             cfg.threshold,
             r.rand,
         )
         sid, rnd = cfg.session_id, r.round_idx
-        c_private = r.c_pair.private
+        c_private = r.c_keys().private
         out: list[tuple[int, bytes]] = []
         for i, u in enumerate(holders):
             if u == v:

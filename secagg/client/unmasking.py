@@ -13,7 +13,7 @@ from secagg.stages import Stage
 _BAD = AbortReason.INVALID_UNMASKING_REQUEST
 
 
-class ClientUnmasking(ClientState):
+class ClientUnmasking(ClientState[UnmaskingRequest]):
     """Waits for the UnmaskingRequest. The malicious-server checks (else
     ClientAborted(INVALID_UNMASKING_REQUEST), nothing revealed):
 
@@ -72,7 +72,7 @@ class ClientUnmasking(ClientState):
     def _check_consistency(self, message: UnmaskingRequest, alive: frozenset[int], dropped: frozenset[int]) -> None:
         r = self._round
         cfg = r.config
-        signed = r.signed_alive
+        signed = r.signed()
         if not alive <= signed or dropped & signed:
             raise Reject(_BAD, "the alive/dropped lists contradict the signed survivor set")
         if not isinstance(message.signatures, tuple | list):
@@ -86,7 +86,7 @@ class ClientUnmasking(ClientState):
             signer, sig = item
             if not isinstance(signer, int) or signer not in signed or signer not in closure or signer in signers:
                 raise Reject(AbortReason.INVALID_SIGNATURE, f"unexpected or repeated signer {signer!r}")
-            if not identity.verify(r.peer_identity_keys.get(signer), sig, payload):
+            if not identity.verify(r.peer_identity_key(signer), sig, payload):
                 raise Reject(AbortReason.INVALID_SIGNATURE, f"bad consistency signature of device {signer}")
             signers.add(signer)
         if len(signers) < cfg.threshold:

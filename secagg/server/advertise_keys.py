@@ -18,7 +18,7 @@ from secagg.stages import Stage
 _PROBE = KeyPair.from_private_bytes(bytes(range(1, 33))).private
 
 
-class ServerAdvertiseKeys(ServerState):
+class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
     """The initial server state of a round; expects every cohort device.
 
     A device is dropped when its keys are malformed, equal, or not usable
@@ -59,7 +59,7 @@ class ServerAdvertiseKeys(ServerState):
             raise Drop(DropReason.MALFORMED_MESSAGE, "unusable X25519 public key") from None
         if r.config.active_adversary:
             payload = identity.advertise_payload(r.config.session_id, r.round_idx, sender, c_pk, s_pk)
-            if not identity.verify(r.identity_keys.get(sender), message.signature, payload):
+            if not identity.verify(r.identity_key(sender), message.signature, payload):
                 raise Drop(DropReason.INVALID_SIGNATURE, "advertised keys not signed by the device's identity key")
         elif message.signature:
             raise Drop(DropReason.MALFORMED_MESSAGE, "unexpected signature")

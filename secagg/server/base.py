@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Generic, Never, TypeVar
 
 import numpy as np
 
@@ -34,7 +34,10 @@ from secagg.errors import AbortReason, DropReason, MalformedMessage, ProtocolMis
 from secagg.graph import CommunicationGraph
 from secagg.messages import AdvertiseKeys, ClientAbort, Message, ServerAbort
 
-Transition = tuple["ServerState", list[Message]]
+Transition = tuple["ServerState[Any]", list[Message]]
+
+# The message type a stage accepts (Never for the terminal states).
+M = TypeVar("M", bound=Message)
 
 
 class Drop(Exception):
@@ -80,6 +83,18 @@ class ServerRound:
     rejections: list[Rejection] = field(default_factory=list)
     survivors: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
+    def identity_key(self, device: int) -> bytes | None:
+        """`device`'s identity public key (None if unknown); active mode only."""
+        if self.identity_keys is None:
+            raise ProtocolMisuse("identity keys are needed in active-adversary mode")
+        return self.identity_keys.get(device)
+
+    def sum_so_far(self) -> np.ndarray:
+        """The accumulator, set from MaskedInputCollection until the end."""
+        if self.accumulator is None:
+            raise ProtocolMisuse("no masked input has been collected in this round")
+        return self.accumulator
+
     def holders(self, owner: int, among: Iterable[int]) -> list[int]:
         """Devices in `among` that hold a usable share of `owner`'s secrets:
         the owner itself and the peers its sealed shares reached and opened."""
@@ -90,12 +105,13 @@ class ServerRound:
         return out
 
 
-class ServerState:
+class ServerState(Generic[M]):
     """Base of the server states; see the module doc for the contract."""
 
     #: The Stage this state collects (a plain str on the terminal states).
     stage: ClassVar[str] = ""
-    expects: ClassVar[type[Message] | None] = None
+    # The message class of the stage (== M); None for the terminal states.
+    expects: type[M] | None = None
 
     __slots__ = ("_round", "_spent", "_expected", "_answered")
 
@@ -164,7 +180,7 @@ class ServerState:
             self._answered.add(sender)
         return self, []
 
-    def _accept(self, sender: int, message: Message) -> None:  # pragma: no cover - abstract
+    def _accept(self, sender: int, message: M) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def close(self) -> Transition:
@@ -211,7 +227,7 @@ class ServerState:
             for v in devices
         ]
 
-    def _header(self, device_id: int) -> dict:
+    def _header(self, device_id: int) -> dict[str, Any]:
         r = self._round
         return {"session_id": r.config.session_id, "round_idx": r.round_idx, "device_id": device_id}
 
@@ -220,7 +236,7 @@ class ServerState:
 _FOR_CAUSE = frozenset(DropReason) - {DropReason.NEIGHBOURHOOD_TOO_SMALL, DropReason.TOO_FEW_SIGNERS_NEARBY}
 
 
-class _Terminal(ServerState):
+class _Terminal(ServerState[Never]):
     __slots__ = ()
 
     def __init__(self, rnd: ServerRound) -> None:

@@ -11,7 +11,7 @@ from secagg.server.unmasking import start_unmasking
 from secagg.stages import Stage
 
 
-class ServerConsistencyCheck(ServerState):
+class ServerConsistencyCheck(ServerState[ConsistencySignature]):
     """Expects the live members of U3. A device whose signature of
     (session, round, U3) does not verify under its identity key is dropped.
 
@@ -29,7 +29,7 @@ class ServerConsistencyCheck(ServerState):
     def _accept(self, sender: int, message: ConsistencySignature) -> None:
         r = self._round
         payload = identity.consistency_payload(r.config.session_id, r.round_idx, r.u3)
-        if not identity.verify(r.identity_keys.get(sender), message.signature, payload):
+        if not identity.verify(r.identity_key(sender), message.signature, payload):
             raise Drop(DropReason.INVALID_SIGNATURE, "consistency signature does not verify")
         r.signatures[sender] = message.signature
 

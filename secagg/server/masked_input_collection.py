@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from secagg.errors import AbortReason, DropReason
-from secagg.messages import ConsistencyRequest, MaskedInput
+from secagg.messages import ConsistencyRequest, MaskedInput, Message
 from secagg.server.base import Drop, ServerRound, ServerState, Transition
 from secagg.server.consistency_check import ServerConsistencyCheck
 from secagg.server.unmasking import start_unmasking
 from secagg.stages import Stage
 
 
-class ServerMaskedInputCollection(ServerState):
+class ServerMaskedInputCollection(ServerState[MaskedInput]):
     """Expects U2. A device is dropped if its vector is not a 1-D np.uint32
     of length L, or its `undecryptable` list has duplicates or ids whose
     shares were not relayed to it. An accepted vector is added to the running
@@ -35,7 +37,7 @@ class ServerMaskedInputCollection(ServerState):
     expects = MaskedInput
     __slots__ = ()
 
-    def __init__(self, rnd: ServerRound, expected) -> None:
+    def __init__(self, rnd: ServerRound, expected: Iterable[int]) -> None:
         super().__init__(rnd, expected)
         rnd.accumulator = np.zeros(rnd.config.vector_length, dtype=np.uint32)
 
@@ -57,7 +59,8 @@ class ServerMaskedInputCollection(ServerState):
             or not set(bad) <= r.relayed[sender]
         ):
             raise Drop(DropReason.MALFORMED_MESSAGE, "undecryptable lists unknown or repeated ids")
-        np.add(r.accumulator, vec, out=r.accumulator)
+        acc = r.sum_so_far()
+        np.add(acc, vec, out=acc)
         if bad:
             r.undecryptable[sender] = frozenset(bad)
 
@@ -86,6 +89,6 @@ class ServerMaskedInputCollection(ServerState):
                 )
         if cfg.active_adversary:
             alive = tuple(sorted(u3))
-            out = [ConsistencyRequest(**self._header(v), alive=alive) for v in sorted(asked)]
+            out: list[Message] = [ConsistencyRequest(**self._header(v), alive=alive) for v in sorted(asked)]
             return ServerConsistencyCheck(r, asked), out
         return start_unmasking(self, r, asked)

@@ -13,7 +13,7 @@ from secagg.stages import Stage
 SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 
 
-class ServerShareKeys(ServerState):
+class ServerShareKeys(ServerState[ShareKeys]):
     """Expects U1. A device is dropped unless its ShareKeys has exactly one
     sealed blob of the right size for each of its neighbours in U1 (no
     duplicate, no unknown or missing receiver).

@@ -11,16 +11,19 @@ would have added, recomputed from its rebuilt s_u^SK and v's advertised key.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 from secagg import shamir
 from secagg.errors import AbortReason, DropReason
 from secagg.keys import KeyPair, agree, pairwise_mask_key, self_mask_key
-from secagg.messages import UnmaskingRequest, UnmaskingResponse
+from secagg.messages import Message, UnmaskingRequest, UnmaskingResponse
 from secagg.prg import MaskGenerator
 from secagg.server.base import Drop, ServerCompleted, ServerRound, ServerState, Transition
 from secagg.stages import Stage
 
 
-class ServerUnmasking(ServerState):
+class ServerUnmasking(ServerState[UnmaskingResponse]):
     """Expects the devices sent an UnmaskingRequest. A response is dropped
     (whole) if it has an owner it was not asked about, in the wrong list, or
     twice, or a share outside the field. Missing owners are allowed (the
@@ -37,7 +40,7 @@ class ServerUnmasking(ServerState):
     expects = UnmaskingResponse
     __slots__ = ("_b", "_s")
 
-    def __init__(self, rnd: ServerRound, expected) -> None:
+    def __init__(self, rnd: ServerRound, expected: Iterable[int]) -> None:
         super().__init__(rnd, expected)
         self._b: dict[int, dict[int, int]] = {}  # owner -> x -> share of b_owner
         self._s: dict[int, dict[int, int]] = {}  # owner -> x -> share of s_owner
@@ -77,7 +80,7 @@ class ServerUnmasking(ServerState):
         sid, rnd = cfg.session_id, r.round_idx
         r.u5 = frozenset(self._answered)
         r.survivors[self.stage] = tuple(sorted(r.u5))
-        total = r.accumulator
+        total = r.sum_so_far()
         gen = MaskGenerator(cfg.vector_length)
         self_keys = []
         for u in sorted(r.u3):
@@ -119,10 +122,15 @@ class ServerUnmasking(ServerState):
         return ServerCompleted(r, total, tuple(sorted(r.u3))), []
 
 
-def start_unmasking(state: ServerState, r: ServerRound, asked, signatures=None) -> Transition:
+def start_unmasking(
+    state: ServerState[Any],
+    r: ServerRound,
+    asked: Iterable[int],
+    signatures: Mapping[int, tuple[tuple[int, bytes], ...]] | None = None,
+) -> Transition:
     """Send each asked device its UnmaskingRequest; the next state collects.
     `signatures` (active mode): v -> tuple of (signer, signature) to forward."""
-    out = []
+    out: list[Message] = []
     dropped_after_sharing = r.u2 - r.u3
     for v in sorted(asked):
         alive = (r.relayed[v] | {v}) & r.u3

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import models.engine as engine
 from models.data.synthetic import synthetic
-from models.engine import ConfigError, SimulationConfig, simulate, write_results
+from models.engine import SimulationConfigError, SimulationConfig, simulate, write_results
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +145,12 @@ def test_dp_run_reports_epsilon(x) -> None:
     ],
 )
 def test_bad_config_raises_clear_errors(x, kw, msg) -> None:
-    with pytest.raises(ConfigError, match=msg):
+    with pytest.raises(SimulationConfigError, match=msg):
         simulate(SimulationConfig(**kw), interactions=x)
 
 
 def test_unknown_dataset_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(SimulationConfigError, match="not found"):
         simulate(SimulationConfig(model="fedrap", dataset="no-such-set", data_dir=str(tmp_path), secagg=True))
 
 
@@ -207,9 +207,9 @@ def test_secagg_gives_the_plain_mean_up_to_fixed_point(x, monkeypatch: pytest.Mo
 
 
 def test_distributed_dp_needs_secagg_and_splits_the_noise(x, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="needs --secagg"):
+    with pytest.raises(SimulationConfigError, match="needs --secagg"):
         run(x, dp_noise=1.0, dp_clip=0.1, dp_mode="distributed")
-    with pytest.raises(ConfigError, match="dp-mode"):
+    with pytest.raises(SimulationConfigError, match="dp-mode"):
         run(x, dp_noise=1.0, dp_clip=0.1, dp_mode="central")
     seen: list[float] = []
     real = engine.SecureAggregator.mean if hasattr(engine, "SecureAggregator") else None

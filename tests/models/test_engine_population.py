@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.data.synthetic import synthetic
-from models.engine import ConfigError, SimulationConfig, load_global_state, simulate
+from models.engine import SimulationConfigError, SimulationConfig, load_global_state, simulate
 from models.keyed_random import global_init_generator
 
 
@@ -51,9 +51,9 @@ def test_initial_global_comes_from_the_seeded_global_generator(x, tmp_path: Path
 
 
 def test_bad_population(x) -> None:
-    with pytest.raises(ConfigError, match="must lie in"):
+    with pytest.raises(SimulationConfigError, match="must lie in"):
         simulate(SimulationConfig(model="fedrap", rounds=1, users=(0, 1)), interactions=x)
-    with pytest.raises(ConfigError, match="twice"):
+    with pytest.raises(SimulationConfigError, match="twice"):
         simulate(SimulationConfig(model="fedrap", rounds=1, users=(3, 3)), interactions=x)
-    with pytest.raises(ConfigError, match="clients-per-round"):
+    with pytest.raises(SimulationConfigError, match="clients-per-round"):
         simulate(SimulationConfig(model="fedrap", rounds=1, users=(1, 2, 3), clients_per_round=4), interactions=x)

@@ -6,7 +6,7 @@ import pytest
 
 from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
-from secagg.errors import ConfigError, EncodingRangeError
+from secagg.errors import SecAggConfigError, EncodingRangeError
 
 
 def make(**kw) -> SecAggConfig:
@@ -48,14 +48,14 @@ def test_auto_uses_the_formula() -> None:
     ],
 )
 def test_invalid_settings(kw) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         make(**kw)
 
 
 def test_encoding_is_checked() -> None:
     with pytest.raises(EncodingRangeError):
         make(precision=1e-9, clip=100.0)
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         SecAggConfig(20, 8, b"s", 19, 11, FixedPointEncoding.for_cohort(21, clip=1.0))
 
 

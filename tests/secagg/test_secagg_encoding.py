@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from secagg.encoding import FixedPointEncoding
-from secagg.errors import ConfigError, EncodingRangeError
+from secagg.errors import SecAggConfigError, EncodingRangeError
 
 
 def test_known_answer_deterministic_rounding() -> None:
@@ -60,7 +60,7 @@ def test_refuses_a_configuration_that_could_wrap() -> None:
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan")])
 def test_bad_clip(bad: float) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         FixedPointEncoding.for_cohort(5, clip=bad)
 
 

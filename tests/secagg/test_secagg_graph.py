@@ -8,7 +8,7 @@ from fractions import Fraction
 
 import pytest
 
-from secagg.errors import ConfigError
+from secagg.errors import SecAggConfigError
 from secagg.graph import (
     binomial_tail_at_least,
     build_graph,
@@ -55,7 +55,7 @@ def test_complete_graph() -> None:
 
 @pytest.mark.parametrize("n,k", [(10, 3), (10, 9), (10, 0), (4, 4)])
 def test_bad_harary_degrees(n: int, k: int) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         harary_graph(n, k, b"\x00" * 32)
 
 
@@ -93,9 +93,9 @@ def test_choose_parameters_known_values_are_minimal(n, delta, gamma, expected) -
 def test_small_cohorts_fall_back_to_the_complete_graph_or_refuse() -> None:
     k, t = choose_parameters(40, dropout_rate=0.01, corrupt_fraction=0.01)
     assert k <= 39
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         choose_parameters(5, dropout_rate=0.3, corrupt_fraction=0.3)
-    with pytest.raises(ConfigError):
+    with pytest.raises(SecAggConfigError):
         choose_parameters(100, dropout_rate=1.5, corrupt_fraction=0.1)
 
 
