@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Callable
 
@@ -79,6 +80,8 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
         ("grpc.keepalive_permit_without_calls", 1),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
+    limits = settings.limits
+    coordinator.registry.set_lookup_limits(limits.device_lookup_interval_s, limits.max_device_lookups)
     add_to_server(coordinator, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -118,6 +121,9 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         await set_serving(health_servicer, True)
         log_event("listening", address=settings.listen_address, port=port, model=model.name,
                   update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
+        if settings.token_in_clear:
+            log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
+                      why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
