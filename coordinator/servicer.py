@@ -146,6 +146,9 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
             hint, trailer = retry_hint(self.limits.hello_timeout_s)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal + hint, trailer)
         try:
+            # The stream holds a slot: say so at once (a client can await the
+            # initial metadata to know it was admitted past the limits).
+            await context.send_initial_metadata(())
             await self._session(context, peer)
         finally:
             self.slots.release(key)
