@@ -324,3 +324,20 @@ def test_a_4_mib_protocol_version_grows_the_log_by_a_bounded_amount():
         assert "\r" not in text and "client='n\\rn\\r" in text  # the name's carriage returns escaped
 
     asyncio.run(main())
+
+
+def test_an_allowed_token_in_clear_is_a_warning_at_start(caplog: pytest.LogCaptureFixture):
+    from coordinator.server import serve
+
+    s = e2e.make_settings(**{"listen_address": "0.0.0.0:0", "debug.record_sums": False, "auth.mode": "token",
+                             "auth.token": "t" * 20, "auth.allow_insecure_token": True})
+
+    async def main():
+        stop = asyncio.Event()
+        return await serve(s, store=InMemoryStore(), stop=stop, on_ready=lambda c, port: stop.set(), grace=0.1)
+
+    with caplog.at_level(logging.WARNING, logger="fedmask.coordinator"):
+        assert asyncio.run(main()) == 0
+    warnings = [r for r in caplog.records if "event=insecure_token_transport" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING and "in clear" in warnings[0].getMessage()
+    assert "t" * 20 not in caplog.text
