@@ -1,7 +1,12 @@
 """Structured logging: one line per event, `event=NAME key=value ...`.
 
-Values with spaces or quotes are written with repr(); nothing secret is ever
-passed here (tokens, keys and vectors stay out of logs by construction).
+Every value is cut to MAX_LOG_VALUE_CHARS characters (the cut says how many
+were left out) and written with repr() when it has spaces, quotes, "=" or
+any non-printable character (newlines, carriage returns, escape sequences,
+Unicode line separators): a value a client chose cannot grow the log
+without bound nor forge a line. `sanitize` does the same for status details
+sent back to clients. Nothing secret is ever passed here (tokens, keys and
+vectors stay out of logs by construction).
 """
 
 from __future__ import annotations
@@ -14,9 +19,30 @@ LOGGER_NAME = "fedmask.coordinator"
 logger = logging.getLogger(LOGGER_NAME)
 
 
+MAX_LOG_VALUE_CHARS = 256
+MAX_DETAIL_CHARS = 512
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters plus a note of how many were cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more chars]"
+
+
+def sanitize(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """`text` clipped, each non-printable character written as its escape
+    (\\n, \\x1b, \\u2028): one safe line, e.g. for a gRPC status detail."""
+    text = clip(text, limit)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _fmt(value: Any) -> str:
-    text = str(value)
-    if not text or any(c in text for c in ' ="\'\n'):
+    text = value if isinstance(value, str) else str(value)
+    text = clip(text, MAX_LOG_VALUE_CHARS)
+    if not text or any(c in text for c in ' ="\'') or not text.isprintable():
         return repr(text)
     return text
 

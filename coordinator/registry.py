@@ -9,6 +9,7 @@ and which open Session stream hosts which device:
     await registry.admit(session, announced)       CheckIn -> DeviceAdmission
     registry.close(session, why)                   the stream ended
     registry.owner(device_id) / available(model)   for the round loop and the relay
+    registry.set_lookup_limits(interval_s, max_ids) how often unknown ids are looked up
 
 A device is hosted by at most one stream: a newer stream that announces it
 displaces the older one (which is ended once it hosts nothing). Devices
@@ -33,6 +34,7 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation
+from coordinator.limits import Throttle
 from coordinator.logs import log_event
 from coordinator.store import DeviceRecord, DeviceStatus, EnrollmentConflictError, Store
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
@@ -44,6 +46,8 @@ MAX_ENROLL_DEVICES = 10_000
 MAX_LOCAL_ID_CHARS = 256
 MAX_ANNOUNCED_DEVICES = 100_000
 MAX_CLIENT_NAME_CHARS = 128
+DEFAULT_LOOKUP_INTERVAL_S = 1.0
+DEFAULT_MAX_LOOKUPS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,10 @@ class DeviceRegistry:
         self.sessions: dict[int, ClientSession] = {}
         self._owner: dict[int, ClientSession] = {}
         self._sid = itertools.count(1)
+        #: store look-ups of unknown announced ids so far (tests, metrics)
+        self.lookups = 0
+        self._lookups = Throttle(DEFAULT_LOOKUP_INTERVAL_S, clock)
+        self._max_lookups = DEFAULT_MAX_LOOKUPS
 
     # ------------------------------------------------------------------ queries
 
@@ -169,8 +177,8 @@ class DeviceRegistry:
                 )
             except EnrollmentConflictError as exc:  # say no more than the caller already knows
                 shown = devices[exc.index].local_id[:64]
-                what = "is revoked" if exc.reason == exc.REVOKED else "cannot be enrolled by this client"
-                raise PermissionDenied(f"device {shown!r} {what}; nothing was enrolled") from None
+                what = "is revoked" if exc.reason == exc.REVOKED else "is not yours to enrol"
+                raise PermissionDenied(f"device {shown!r} {what}") from None
 
         results = await asyncio.to_thread(work)
         out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version=COORDINATOR_VERSION)
@@ -225,8 +233,9 @@ class DeviceRegistry:
             raise ProtocolViolation(f"{len(ids)} devices announced (at most {MAX_ANNOUNCED_DEVICES})")
         if len(set(ids)) != len(ids):
             raise ProtocolViolation("a device is announced twice")
-        if any(d not in self.devices for d in ids):  # enrolled since start by another path, or never
-            await self.load()
+        unknown = [d for d in ids if d not in self.devices]  # enrolled since start by another path, or never
+        if unknown:
+            await self._look_up(unknown)
         admission = session_pb2.DeviceAdmission()
         accepted: list[int] = []
         R = session_pb2
@@ -234,10 +243,11 @@ class DeviceRegistry:
             rec = self.devices.get(d)
             if rec is None:
                 admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
+            elif rec.client_id and session.client_id and rec.client_id != session.client_id:
+                # before REVOKED: another client's device's status is not this client's business
+                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_NOT_OWNED)
             elif rec.status is not DeviceStatus.ACTIVE:
                 admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_REVOKED)
-            elif rec.client_id and session.client_id and rec.client_id != session.client_id:
-                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_NOT_OWNED)
             else:
                 accepted.append(d)
         for d in accepted:
@@ -280,6 +290,29 @@ class DeviceRegistry:
             s.end(grpc.StatusCode.OK, "shutdown")
 
     # ------------------------------------------------------------------ internals
+
+    def set_lookup_limits(self, interval_s: float, max_ids: int) -> None:
+        """Announced ids missing from the cache are looked up in the store
+        (`get_device`, one by one in a worker thread, at most `max_ids` of
+        them) at most once per `interval_s` seconds over all streams; ids not
+        looked up are rejected as unknown (an honest client's next CheckIn
+        asks again). Defaults: DEFAULT_LOOKUP_INTERVAL_S, DEFAULT_MAX_LOOKUPS."""
+        if max_ids < 1:
+            raise ValueError("max_ids must be >= 1")
+        self._lookups = Throttle(interval_s, self._clock)
+        self._max_lookups = max_ids
+
+    async def _look_up(self, unknown: list[int]) -> None:
+        if not self._lookups.allow():
+            return
+        wanted = unknown[: self._max_lookups]
+
+        def work() -> list[DeviceRecord]:
+            return [rec for d in wanted if (rec := self._store.get_device(d)) is not None]
+
+        for rec in await asyncio.to_thread(work):
+            self.devices[rec.id] = rec
+        self.lookups += 1
 
     def _release(self, session: ClientSession, device_id: int, why: str) -> None:
         session.devices.discard(device_id)

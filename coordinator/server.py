@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 from collections.abc import Callable
 
@@ -118,6 +119,9 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         await set_serving(health_servicer, True)
         log_event("listening", address=settings.listen_address, port=port, model=model.name,
                   update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
+        if settings.token_in_clear:
+            log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
+                      why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

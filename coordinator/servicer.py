@@ -8,19 +8,38 @@ encode, map exceptions to status codes:
 Bytes that do not parse as a ClientMessage end the stream with
 INVALID_ARGUMENT (and a log line); over-long messages are refused by the
 transport with RESOURCE_EXHAUSTED before they reach the coordinator.
+
+Limits (`settings.limits`, coordinator/limits.py, D24), checked before the
+Coordinator is called:
+    Enroll      per-peer rate                        RESOURCE_EXHAUSTED + retry hint
+    Session     per-peer rate of new streams         RESOURCE_EXHAUSTED + retry hint
+                open streams (all / per peer)        RESOURCE_EXHAUSTED + retry hint
+                no Hello within hello_timeout_s      DEADLINE_EXCEEDED
+                Hello / CheckIn announcing more than
+                max_announced_devices                RESOURCE_EXHAUSTED
+                Heartbeat / CheckIn / RoundMetrics
+                over the per-stream rate             RESOURCE_EXHAUSTED + retry hint
+A retry hint is " retry in X s" in the detail and gRPC's
+`grpc-retry-pushback-ms` trailer. Every detail sent back is clipped and
+made one printable line (`coordinator.logs.sanitize`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from coordinator.auth import peer_common_name
 from coordinator.errors import CoordinatorError, InvalidArgument, PermissionDenied, ProtocolViolation, Unavailable
-from coordinator.logs import log_event, logger
+from coordinator.limits import LogBudget, RateLimiter, StreamSlots, TokenBucket, announced_refusal, peer_key
+from coordinator.logs import log_event, logger, sanitize
 from coordinator.registry import ClientSession, StreamEnd
 from coordinator.service import Coordinator
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
@@ -40,44 +59,130 @@ def status_of(exc: CoordinatorError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+#: gRPC's retry-pushback trailer: milliseconds the client should wait
+#: before it tries again (set with every rate-limit refusal).
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+#: Messages a stream may send at most `limits.message_rate` per second of.
+CONTROL_MESSAGES = frozenset({"heartbeat", "check_in", "round_metrics"})
+#: Refusals a peer can repeat at will are logged at most once per this many
+#: seconds per kind (with the count of those not logged).
+REFUSAL_LOG_INTERVAL_S = 1.0
+
+
+def retry_hint(wait_s: float) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """(" retry in X s" for the detail, the trailing metadata) of a refusal
+    that a wait of `wait_s` seconds would have avoided."""
+    ms = max(1, math.ceil(wait_s * 1000))
+    return f"; retry in {ms / 1000:.3g} s", ((RETRY_PUSHBACK_KEY, str(ms)),)
+
+
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail: str,
+                trailing_metadata: tuple[tuple[str, str], ...] = ()) -> NoReturn:
+    """End the RPC with `code`; the detail is clipped and made one safe
+    line (it may quote what the client sent)."""
+    if trailing_metadata:
+        await context.abort(code, sanitize(detail), trailing_metadata)
+    else:
+        await context.abort(code, sanitize(detail))
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
 class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
+    """Applies `settings.limits` (coordinator/limits.py) around the
+    Coordinator's calls: per-peer Enroll and new-stream rates, the stream
+    caps, the Hello deadline, the per-message cap on announced devices and
+    the per-stream rate of control messages."""
+
+    def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.coordinator = coordinator
+        limits = coordinator.settings.limits
+        self.limits = limits
+        self._clock = clock
+        self.slots = StreamSlots(limits.max_streams, limits.max_streams_per_peer)
+        self._enroll_rate = RateLimiter(limits.enroll_rate, limits.enroll_burst, clock)
+        self._session_rate = RateLimiter(limits.session_rate, limits.session_burst, clock)
+        self._refusal_logs: dict[str, LogBudget] = {}
+
+    def _log_refusal(self, event: str, why: str, **fields: Any) -> None:
+        """A refusal any peer can repeat: logged at most once per second per kind."""
+        budget = self._refusal_logs.setdefault(f"{event}:{why}", LogBudget(REFUSAL_LOG_INTERVAL_S, self._clock))
+        suppressed = budget.take()
+        if suppressed is None:
+            return
+        extra = {"suppressed": suppressed} if suppressed else {}
+        log_event(event, logging.WARNING, why=why, **fields, **extra)
 
     async def Enroll(
         self, request: enrollment_pb2.EnrollRequest, context: grpc.aio.ServicerContext
     ) -> enrollment_pb2.EnrollResponse:
+        client_id = peer_common_name(context)
+        wait = self._enroll_rate.take(peer_key(context.peer(), client_id))
+        if wait > 0:
+            self._log_refusal("enroll_refused", "enroll rate limit", peer=context.peer())
+            hint, trailer = retry_hint(wait)
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many Enroll calls from this peer (limits.enroll_rate){hint}", trailer)
         try:
-            return await self.coordinator.enroll(request, client_id=peer_common_name(context))
+            return await self.coordinator.enroll(request, client_id=client_id)
         except CoordinatorError as exc:
             log_event("enroll_refused", logging.WARNING, peer=context.peer(), why=str(exc))
-            await context.abort(status_of(exc), str(exc))
+            await abort(context, status_of(exc), str(exc))
         except Exception:
             logger.exception("event=enroll_failed peer=%s", context.peer())
-            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
-        raise AssertionError("unreachable")  # pragma: no cover
+            await abort(context, grpc.StatusCode.INTERNAL, "internal error")
 
-    async def Session(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
-        coord = self.coordinator
+    async def Session(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         peer = context.peer()
+        key = peer_key(peer, peer_common_name(context))
+        wait = self._session_rate.take(key)
+        if wait > 0:
+            self._log_refusal("session_refused", "session rate limit", peer=peer)
+            hint, trailer = retry_hint(wait)
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"too many new Session streams from this peer (limits.session_rate){hint}", trailer)
+        refusal = self.slots.acquire(key)
+        if refusal is not None:
+            self._log_refusal("session_refused", "stream cap", peer=peer, open=self.slots.open)
+            hint, trailer = retry_hint(self.limits.hello_timeout_s)
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, refusal + hint, trailer)
         try:
-            first = await context.read()
+            # The stream holds a slot: say so at once (a client can await the
+            # initial metadata to know it was admitted past the limits).
+            await context.send_initial_metadata(())
+            await self._session(context, peer)
+        finally:
+            self.slots.release(key)
+
+    async def _session(self, context: grpc.aio.ServicerContext, peer: str) -> None:
+        coord = self.coordinator
+        try:
+            first = await asyncio.wait_for(context.read(), self.limits.hello_timeout_s)
+        except TimeoutError:
+            self._log_refusal("session_refused", "no hello in time", peer=peer)
+            await abort(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"no Hello within {self.limits.hello_timeout_s:g} s (limits.hello_timeout_s)")
         except DecodeError:
             log_event("session_refused", logging.WARNING, peer=peer, why="malformed ClientMessage")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
         except Exception:  # the client went away before saying anything
             return
         if first is grpc.aio.EOF:
             return
         if first.WhichOneof("message") != "hello":
             log_event("session_refused", logging.WARNING, peer=peer, why="first message is not hello")
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the first ClientMessage must be hello")
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION, "the first ClientMessage must be hello")
+        too_many = announced_refusal(len(first.hello.available_device_ids), self.limits.max_announced_devices)
+        if too_many is not None:
+            log_event("session_refused", logging.WARNING, peer=peer, why=too_many)
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
         try:
             session = await coord.open_session(first.hello, client_id=peer_common_name(context), peer=peer)
         except CoordinatorError as exc:
             log_event("session_refused", logging.WARNING, peer=peer, why=str(exc))
-            await context.abort(status_of(exc), str(exc))
-        reader = asyncio.create_task(self._read(session, context), name=f"fedmask-session-{session.sid}-reader")
+            await abort(context, status_of(exc), str(exc))
+        trailer: list[tuple[str, str]] = []
+        reader = asyncio.create_task(self._read(session, context, trailer),
+                                     name=f"fedmask-session-{session.sid}-reader")
         end = StreamEnd(grpc.StatusCode.OK)
         try:
             while True:
@@ -95,10 +200,15 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
             reader.cancel()
             coord.close_session(session, end.detail or end.code.name.lower())
         if end.code is not grpc.StatusCode.OK:
-            await context.abort(end.code, end.detail)
+            await abort(context, end.code, end.detail, tuple(trailer))
 
-    async def _read(self, session: ClientSession, context: grpc.aio.ServicerContext) -> None:
+    async def _read(self, session: ClientSession, context: grpc.aio.ServicerContext,
+                    trailer: list[tuple[str, str]]) -> None:
+        """The stream's receive loop; a refusal that has a retry hint puts
+        its trailing metadata into `trailer` before ending the session."""
         coord = self.coordinator
+        limits = self.limits
+        bucket = TokenBucket.full(limits.message_rate, limits.message_burst, self._clock())
         try:
             while True:
                 try:
@@ -112,6 +222,23 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
                     # limit (RESOURCE_EXHAUSTED to the client) looks the same from here
                     session.end(grpc.StatusCode.OK, "client closed the stream (or sent a message over the receive limit)")
                     return
+                kind = msg.WhichOneof("message")
+                if kind in CONTROL_MESSAGES:
+                    wait = bucket.take(self._clock())
+                    if wait > 0:
+                        log_event("session_violation", logging.WARNING, session=session.sid,
+                                  why="message rate limit", kind=kind)
+                        hint, pushback = retry_hint(wait)
+                        trailer.extend(pushback)
+                        session.end(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"too many {kind} messages on this stream (limits.message_rate){hint}")
+                        return
+                if kind == "check_in":
+                    too_many = announced_refusal(len(msg.check_in.available_device_ids), limits.max_announced_devices)
+                    if too_many is not None:
+                        log_event("session_violation", logging.WARNING, session=session.sid, why=too_many)
+                        session.end(grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
+                        return
                 try:
                     await coord.handle(session, msg)
                 except CoordinatorError as exc:

@@ -8,7 +8,7 @@ Sources, highest precedence first (nested groups are merged key by key):
                 (FEDMASK_MODEL__HYPERPARAMETERS='{"lr": 0.05}')
   3. file       a TOML file: `config_file`, else $FEDMASK_CONFIG; top-level
                 keys and [cohort], [deadlines], [secagg], [dp], [tls], [auth],
-                [debug], [model] / [model.hyperparameters] tables
+                [limits], [debug], [model] / [model.hyperparameters] tables
   4. defaults   below
 
 Every problem is reported at once as a `SettingsError` naming the dotted
@@ -212,6 +212,11 @@ class AuthSettings(_Group):
     #: none: no authentication, allowed on a loopback address only.
     mode: Literal["mtls", "token", "none"] = "none"
     token: SecretStr | None = None
+    #: INSECURE. Token mode without TLS on a non-loopback listen_address
+    #: sends the bearer token over the network in clear; it is refused
+    #: unless this is true (flag --insecure-token-without-tls), and then
+    #: logged as a WARNING at start.
+    allow_insecure_token: bool = False
 
     @model_validator(mode="after")
     def _token_matches_mode(self) -> AuthSettings:
@@ -220,7 +225,43 @@ class AuthSettings(_Group):
                 raise ValueError(f"auth.mode 'token' needs auth.token of at least {MIN_TOKEN_LENGTH} characters")
         elif self.token is not None:
             raise ValueError(f"auth.token is set but auth.mode is {self.mode!r} (set auth.mode = 'token')")
+        elif self.allow_insecure_token:
+            raise ValueError(f"auth.allow_insecure_token only applies to auth.mode 'token', not {self.mode!r}")
         return self
+
+
+class LimitsSettings(_Group):
+    """What one peer can make the coordinator do (coordinator/limits.py,
+    docs/decisions.md D24). A peer is the client's certificate CN in mTLS
+    mode, else its host (an IPv6 /64): with token auth, clients behind one
+    NAT share the per-peer limits; raise them for such deployments."""
+
+    #: A Session stream that sent no Hello within this many seconds is
+    #: ended with DEADLINE_EXCEEDED.
+    hello_timeout_s: PositiveFloat = 10.0
+    #: Concurrent Session streams, with or without Hello; the next one is
+    #: refused with RESOURCE_EXHAUSTED before anything else runs.
+    max_streams: PositiveInt = 1024
+    #: Concurrent Session streams of one peer (max_streams bounds it too).
+    max_streams_per_peer: PositiveInt = 256
+    #: New Session streams per second per peer (token bucket of `session_burst`).
+    session_rate: PositiveFloat = 5.0
+    session_burst: PositiveInt = 50
+    #: Enroll calls per second per peer (token bucket of `enroll_burst`).
+    enroll_rate: PositiveFloat = 2.0
+    enroll_burst: PositiveInt = 20
+    #: Control messages (Heartbeat, CheckIn, RoundMetrics) per second per
+    #: stream (token bucket of `message_burst`); stage messages are bounded
+    #: by the round machine (one per device and stage).
+    message_rate: PositiveFloat = 5.0
+    message_burst: PositiveInt = 50
+    #: Devices one Hello or CheckIn may announce.
+    max_announced_devices: Annotated[int, Field(ge=1, le=100_000)] = 10_000
+    #: Announced ids the registry does not know are looked up in the store
+    #: (one by one, at most `max_device_lookups` per look-up) at most once
+    #: per this many seconds; the others are rejected as unknown.
+    device_lookup_interval_s: Annotated[float, Field(ge=0.0)] = 1.0
+    max_device_lookups: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
 class DebugSettings(_Group):
@@ -264,6 +305,7 @@ class CoordinatorSettings(BaseSettings):
     dp: DpSettings = Field(default_factory=DpSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    limits: LimitsSettings = Field(default_factory=LimitsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     #: Stop after this many rounds (committed or aborted); None: run until stopped.
     rounds: PositiveInt | None = None
@@ -310,7 +352,19 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError(
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"
             )
+        if self.token_in_clear and not self.auth.allow_insecure_token:
+            raise ValueError(
+                f"auth.mode 'token' without TLS on the non-loopback listen_address {self.listen_address!r} would "
+                "send the bearer token over the network in clear: set tls.cert and tls.key, or accept that "
+                "with auth.allow_insecure_token = true (flag --insecure-token-without-tls)"
+            )
         return self
+
+    @property
+    def token_in_clear(self) -> bool:
+        """Token mode without TLS on a non-loopback listen address."""
+        return (self.auth.mode == "token" and not self.tls.enabled
+                and not is_loopback(split_host_port(self.listen_address)[0]))
 
     @classmethod
     def settings_customise_sources(

@@ -38,11 +38,12 @@ def check_enrollment_batch(devices: Sequence[tuple[bytes, str]]) -> list[bytes]:
 def enrollment_refusal(status: DeviceStatus, stored_client: str | None, client_id: str | None) -> str | None:
     """Why an already-enrolled device may not be enrolled again by
     `client_id` (an EnrollmentConflictError reason), or None when it may:
-    it is revoked, or both client ids are known and differ."""
-    if DeviceStatus(status) is not DeviceStatus.ACTIVE:
-        return EnrollmentConflictError.REVOKED
+    both client ids are known and differ, or it is revoked. Ownership is
+    checked first, so another client never learns that a device is revoked."""
     if stored_client and client_id and stored_client != client_id:
         return EnrollmentConflictError.OTHER_CLIENT
+    if DeviceStatus(status) is not DeviceStatus.ACTIVE:
+        return EnrollmentConflictError.REVOKED
     return None
 
 

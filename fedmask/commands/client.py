@@ -80,6 +80,11 @@ def client(
                      "'authorization: Bearer ...'. Prefer the env var FEDMASK_TOKEN (not visible in ps).",
                      show_default=False),
     ] = None,
+    insecure_token_without_tls: Annotated[
+        bool, typer.Option("--insecure-token-without-tls", help="INSECURE: allow --token without --tls-ca to a "
+                           "coordinator that is not on a loopback address; the bearer token then crosses the "
+                           "network in clear. Refused without this flag.")
+    ] = False,
     drop_rate: Annotated[
         float, typer.Option(min=0.0, max=1.0, help="Fault injection: each selected device drops (stops answering "
                             "for the rest of the round) with this probability at --drop-stage.")
@@ -129,6 +134,12 @@ def client(
 
     from edge_client.app import ClientConfig, run_client
     from edge_client.faults import DROP_STAGES, FaultPlan
+    from edge_client.transport_policy import token_in_clear, token_transport_refusal
+
+    refusal = token_transport_refusal(coordinator, has_token=token is not None, has_tls_ca=tls_ca is not None,
+                                      allow_insecure=insecure_token_without_tls)
+    if refusal is not None:
+        raise typer.BadParameter(refusal, param_hint="--token")
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -138,6 +149,9 @@ def client(
         handlers=[RichHandler(show_path=False, rich_tracebacks=False, markup=False)], force=True,
     )
     logging.getLogger("grpc").setLevel(max(level, logging.WARNING))
+    if token_in_clear(coordinator, has_token=token is not None, has_tls_ca=tls_ca is not None):
+        logging.getLogger("edge_client").warning(
+            "--insecure-token-without-tls: the bearer token goes to %s over the network in clear", coordinator)
     if drop_stage is not None and drop_stage not in DROP_STAGES:
         raise typer.BadParameter(f"unknown stage {drop_stage!r}; one of {_STAGES}", param_hint="--drop-stage")
     if drop_rate > 0 and drop_stage is None:

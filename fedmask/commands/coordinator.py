@@ -86,6 +86,14 @@ def coordinator(
     tls_client_ca: Annotated[Path | None, typer.Option(help="CA bundle client certificates must chain to.", rich_help_panel="Security")] = None,
     require_client_cert: Annotated[bool | None, typer.Option("--require-client-cert/--no-require-client-cert", help="Require client certificates (mTLS).", rich_help_panel="Security")] = None,
     auth: Annotated[str | None, typer.Option(help="Authentication: mtls, token (FEDMASK_AUTH__TOKEN), or none (loopback only; default).", rich_help_panel="Security")] = None,
+    insecure_token_without_tls: Annotated[bool | None, typer.Option("--insecure-token-without-tls", help="INSECURE: allow --auth token without TLS on a non-loopback --listen address; the bearer token then crosses the network in clear (logged as a WARNING at start). Refused without this flag.", rich_help_panel="Security")] = None,
+    hello_timeout: Annotated[float | None, typer.Option(min=0.001, help="Seconds a new Session stream has to send its Hello before it is ended with DEADLINE_EXCEEDED (default 10).", rich_help_panel="Limits")] = None,
+    max_streams: Annotated[int | None, typer.Option(min=1, help="Concurrent Session streams, with or without Hello; more are refused with RESOURCE_EXHAUSTED (default 1024).", rich_help_panel="Limits")] = None,
+    max_streams_per_peer: Annotated[int | None, typer.Option(min=1, help="Concurrent Session streams of one peer: its certificate name in mTLS mode, else its host (default 256; raise it when many clients share a NAT).", rich_help_panel="Limits")] = None,
+    session_rate: Annotated[float | None, typer.Option(min=0.001, help="New Session streams per second per peer, after a burst of limits.session_burst (default 5/s, burst 50).", rich_help_panel="Limits")] = None,
+    enroll_rate: Annotated[float | None, typer.Option(min=0.001, help="Enroll calls per second per peer, after a burst of limits.enroll_burst (default 2/s, burst 20).", rich_help_panel="Limits")] = None,
+    message_rate: Annotated[float | None, typer.Option(min=0.001, help="Heartbeat / CheckIn / RoundMetrics messages per second per stream, after a burst of limits.message_burst (default 5/s, burst 50).", rich_help_panel="Limits")] = None,
+    max_announced_devices: Annotated[int | None, typer.Option(min=1, max=100_000, help="Devices one Hello or CheckIn may announce (default 10000).", rich_help_panel="Limits")] = None,
     debug_record_sums: Annotated[bool | None, typer.Option("--debug-record-sums/--no-debug-record-sums", help="DEBUG ONLY (loopback only): store each round's decoded sum digest in its metrics.", rich_help_panel="Debug")] = None,
     debug_insecure_plaintext: Annotated[bool | None, typer.Option("--debug-insecure-plaintext/--no-debug-insecure-plaintext", help="INSECURE, benchmarks only (loopback only): rounds WITHOUT secure aggregation; devices send unmasked updates (clients must opt in with --debug-allow-insecure-plaintext).", rich_help_panel="Debug")] = None,
 ) -> None:
@@ -93,7 +101,10 @@ def coordinator(
     secure-aggregation rounds. Ctrl-C / SIGTERM stops it gracefully (running
     round aborted with COORDINATOR_SHUTDOWN, clients told, store closed).
     The bearer token is read from FEDMASK_AUTH__TOKEN or the TOML file only,
-    never from a flag (flags show up in process listings)."""
+    never from a flag (flags show up in process listings). Limits on what a
+    peer can make the coordinator do are under "Limits" (all of them, bursts
+    and store look-ups included, in the [limits] table of the TOML file or
+    FEDMASK_LIMITS__*)."""
     import asyncio
 
     from coordinator.logs import configure_logging
@@ -142,6 +153,14 @@ def coordinator(
         "tls.client_ca": tls_client_ca,
         "tls.require_client_cert": require_client_cert,
         "auth.mode": auth,
+        "auth.allow_insecure_token": insecure_token_without_tls,
+        "limits.hello_timeout_s": hello_timeout,
+        "limits.max_streams": max_streams,
+        "limits.max_streams_per_peer": max_streams_per_peer,
+        "limits.session_rate": session_rate,
+        "limits.enroll_rate": enroll_rate,
+        "limits.message_rate": message_rate,
+        "limits.max_announced_devices": max_announced_devices,
         "debug.record_sums": debug_record_sums,
         "debug.insecure_plaintext": debug_insecure_plaintext,
     }

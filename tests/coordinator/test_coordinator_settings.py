@@ -146,9 +146,43 @@ def test_mtls_and_token_modes_validate(tmp_path: Path) -> None:
     assert s.tls.enabled and s.tls.cert == tmp_path / "cert.pem"
     with pytest.raises(SettingsError, match="tls.cert and tls.key must be given together"):
         CoordinatorSettings.load(overrides={"tls.cert": tmp_path / "cert.pem"})
-    t = CoordinatorSettings.load(overrides={"listen_address": "[::]:1", "auth.mode": "token", "auth.token": "t" * 16})
+    t = CoordinatorSettings.load(overrides={"listen_address": "[::1]:1", "auth.mode": "token", "auth.token": "t" * 16})
     assert t.auth.token is not None and t.auth.token.get_secret_value() == "t" * 16
-    assert "t" * 16 not in repr(t)
+    assert "t" * 16 not in repr(t) and not t.token_in_clear
+
+
+def test_token_without_tls_off_loopback_needs_the_insecure_flag(tmp_path: Path) -> None:
+    """E1: the bearer token would cross the network in clear."""
+    token = {"auth.mode": "token", "auth.token": "t" * 16}
+    for address in ("[::]:1", "0.0.0.0:50051", "10.1.2.3:50051"):
+        with pytest.raises(SettingsError, match="in clear") as info:
+            CoordinatorSettings.load(overrides={"listen_address": address, **token})
+        assert "--insecure-token-without-tls" in str(info.value) and "t" * 16 not in str(info.value)
+    loud = CoordinatorSettings.load(overrides={"listen_address": "[::]:1", **token, "auth.allow_insecure_token": True})
+    assert loud.token_in_clear
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("x")
+    tls = CoordinatorSettings.load(overrides={"listen_address": "[::]:1", **token,
+                                              "tls.cert": tmp_path / "cert.pem", "tls.key": tmp_path / "key.pem"})
+    assert not tls.token_in_clear
+    with pytest.raises(SettingsError, match="only applies to auth.mode 'token'"):
+        CoordinatorSettings.load(overrides={"auth.allow_insecure_token": True})
+
+
+def test_limits_group_from_flags_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = CoordinatorSettings.load().limits
+    assert (d.hello_timeout_s, d.max_streams, d.max_announced_devices, d.device_lookup_interval_s) == (10.0, 1024, 10_000, 1.0)
+    cfg = write(tmp_path, "[limits]\nmax_streams = 7\nenroll_rate = 0.5\n")
+    monkeypatch.setenv("FEDMASK_LIMITS__HELLO_TIMEOUT_S", "2.5")
+    s = CoordinatorSettings.load(config_file=cfg, overrides={"limits.max_announced_devices": 100})
+    assert (s.limits.max_streams, s.limits.enroll_rate, s.limits.hello_timeout_s) == (7, 0.5, 2.5)
+    assert s.limits.max_announced_devices == 100 and s.limits.session_burst == 50
+    with pytest.raises(SettingsError) as info:
+        CoordinatorSettings.load(overrides={"limits.max_streams": 0, "limits.max_announced_devices": 200_000,
+                                            "limits.hello_timeout": 3})
+    text = str(info.value)
+    assert "limits.max_streams (env FEDMASK_LIMITS__MAX_STREAMS)" in text and "limits.max_announced_devices" in text
+    assert "limits.hello_timeout: unknown setting" in text
 
 
 @pytest.mark.parametrize(

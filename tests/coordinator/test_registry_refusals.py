@@ -1,0 +1,70 @@
+"""In mTLS mode (a client identity per caller) the registry's refusals
+name nothing of another client: no device id, no revocation status of a
+device that is not the caller's (issue 15, E3)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from coordinator.errors import PermissionDenied
+from coordinator.registry import ClientSession, DeviceRegistry
+from coordinator.store import DeviceStatus, InMemoryStore, utc_now
+from fedmask_proto.v1 import enrollment_pb2, session_pb2
+
+
+def request(local_id: str, key: bytes) -> enrollment_pb2.EnrollRequest:
+    return enrollment_pb2.EnrollRequest(client_name="c", devices=[
+        enrollment_pb2.DeviceEnrollment(local_id=local_id, identity_public_key=key)])
+
+
+def registry(store: InMemoryStore) -> DeviceRegistry:
+    return DeviceRegistry(store, heartbeat_interval=10.0, clock=time.monotonic, wall_clock=utc_now,
+                          on_device_left=lambda d, why: None, on_changed=lambda: None)
+
+
+def session(reg: DeviceRegistry, client_id: str) -> ClientSession:
+    return ClientSession(sid=1, client_name="x", client_id=client_id, peer="", supported_models=frozenset(),
+                         last_seen=0.0)
+
+
+def test_enrolment_refusals_name_only_the_callers_local_id() -> None:
+    async def main():
+        store = InMemoryStore()
+        reg = registry(store)
+        key = b"\x01" * 32
+        mine = await reg.enroll(request("alice-phone", key), client_id="alice")
+        device_id = mine.devices[0].device_id
+        with pytest.raises(PermissionDenied) as info:
+            await reg.enroll(request("mallory-guess", key), client_id="mallory")
+        text = str(info.value)
+        assert text == "device 'mallory-guess' is not yours to enrol"
+        assert str(device_id) not in text and "alice" not in text
+        # revoked: the owner is told; another client still only hears "not yours"
+        store.set_device_status(device_id, DeviceStatus.REVOKED)
+        with pytest.raises(PermissionDenied, match="^device 'mallory-guess' is not yours to enrol$"):
+            await reg.enroll(request("mallory-guess", key), client_id="mallory")
+        with pytest.raises(PermissionDenied) as info:
+            await reg.enroll(request("alice-phone", key), client_id="alice")
+        assert str(info.value) == "device 'alice-phone' is revoked"
+
+    asyncio.run(main())
+
+
+def test_admission_does_not_tell_another_client_that_a_device_is_revoked() -> None:
+    async def main():
+        store = InMemoryStore()
+        reg = registry(store)
+        mine = await reg.enroll(request("alice-phone", b"\x02" * 32), client_id="alice")
+        device_id = mine.devices[0].device_id
+        store.set_device_status(device_id, DeviceStatus.REVOKED)
+        await reg.load()
+        R = session_pb2
+        theirs = await reg.admit(session(reg, "mallory"), [device_id])
+        assert [r.reason for r in theirs.rejected] == [R.DEVICE_REJECTION_REASON_NOT_OWNED]
+        own = await reg.admit(session(reg, "alice"), [device_id])
+        assert [r.reason for r in own.rejected] == [R.DEVICE_REJECTION_REASON_REVOKED]
+
+    asyncio.run(main())
