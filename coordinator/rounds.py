@@ -253,10 +253,10 @@ class RoundMachine:
             return screened
         kind = type(message).__name__
         stage = CLIENT_MESSAGE_STAGE.get(type(message))
-        current = Stage(self.phase.value).index
-        if stage is not None and stage.index < current:
+        current = Stage(self.phase.value).order
+        if stage is not None and stage.order < current:
             return [self._log("message_discarded", device=device_id, kind=kind, why="replay of an earlier stage")]
-        if stage is not None and stage.index > current:
+        if stage is not None and stage.order > current:
             return self._drop(device_id, P.ABORT_REASON_PROTOCOL_VIOLATION, f"{kind} during {self.phase.value}", now)
         try:
             msg = codec.client_from_proto(message, self.ids, **self._wire_kwargs)

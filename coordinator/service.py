@@ -242,9 +242,10 @@ class Coordinator:
 
     def _on_stage_message(self, session: ClientSession, inner: object) -> None:
         r = self.round
-        if isinstance(inner, common_pb2.AbortNotice):
+        notices: list[object]
+        if isinstance(inner, common_pb2.AbortNotice) and inner.device_id == 0:
             hosted_in_round = [d for d in session.devices if r is not None and r.ids.has_device(d)]
-            notices = expand_abort(inner, sorted(hosted_in_round)) if inner.device_id == 0 else [inner]
+            notices = list(expand_abort(inner, sorted(hosted_in_round)))
         else:
             notices = [inner]
         for m in notices:

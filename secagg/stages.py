@@ -24,7 +24,7 @@ class Stage(enum.StrEnum):
     UNMASKING = "unmasking"
 
     @property
-    def index(self) -> int:
+    def order(self) -> int:
         """Position in protocol order (0 = ADVERTISE_KEYS)."""
         return _ORDER[self]
 

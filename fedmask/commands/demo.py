@@ -405,7 +405,7 @@ def secagg_demo(
     for stage in DROPOUT_STAGES:
         ids = sorted(getattr(plan, stage))
         if ids:
-            head.add_row(f"dropped: {_WHEN[stage]}", ", ".join(map(str, ids)))
+            head.add_row(f"dropped: {_WHEN[Stage(stage)]}", ", ".join(map(str, ids)))
     console.print(head)
 
     surv = Table(title="survivors per stage (server view)")

@@ -270,7 +270,8 @@ async def _coordinator(model=None) -> tuple[Coordinator, list[int]]:
 async def _session(coord: Coordinator, devices: list[int]):
     s = await coord.open_session(S.Hello(client_name="c", protocol_version="fedmask.v1",
                                          available_device_ids=devices), client_id=None)
-    assert s.outbox.get_nowait().WhichOneof("message") == "welcome"
+    first = s.outbox.get_nowait()
+    assert isinstance(first, S.ServerMessage) and first.WhichOneof("message") == "welcome"
     return s
 
 

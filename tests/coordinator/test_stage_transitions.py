@@ -67,7 +67,7 @@ def test_transition_matrix(phase: RoundPhase, kind: type) -> None:
     elif stage is phase.stage:
         assert dev not in left and d.notices[dev] == notices_before
         assert d.m.completion.get(phase.value) is not None
-    elif stage.index < phase.stage.index:
+    elif stage.order < phase.stage.order:
         assert dev not in left and d.notices[dev] == notices_before
         assert any(isinstance(a, LogEvent) and a.event == "message_discarded" for a in actions)
     else:
@@ -76,6 +76,6 @@ def test_transition_matrix(phase: RoundPhase, kind: type) -> None:
 
 
 def test_every_stage_has_one_message_and_a_phase() -> None:
-    assert sorted(CLIENT_MESSAGE_STAGE.values(), key=lambda s: s.index) == list(Stage)
+    assert sorted(CLIENT_MESSAGE_STAGE.values(), key=lambda s: s.order) == list(Stage)
     for s in Stage:
         assert RoundPhase(s.value).stage is s

@@ -19,7 +19,7 @@ import hashlib
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 
@@ -34,8 +34,6 @@ from coordinator.store import (
     open_store,
 )
 
-if TYPE_CHECKING:
-    from conftest import Backend
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 ENROLLERS = 4
@@ -85,7 +83,7 @@ def run_threads(targets: list[Callable[[], None]]) -> list[BaseException]:
 
 
 @pytest.mark.timeout(60)
-def test_parallel_enrolment_with_live_rounds(backend: Backend) -> None:
+def test_parallel_enrolment_with_live_rounds(backend: Any) -> None:
     main = backend.store
     revoked, _ = main.enroll_device(b"R" * 32, local_id="revoked")
     main.set_device_status(revoked.id, DeviceStatus.REVOKED)

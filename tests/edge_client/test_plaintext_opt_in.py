@@ -48,6 +48,7 @@ def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> 
                 assert np.frombuffer(m.masked_vector, dtype="<u4").tolist() == rec.tolist()
                 recorded.append(rec)
             want = np.sum(recorded, axis=0, dtype=np.uint64).astype(np.uint32)
+            assert res.machine.result is not None
             assert np.array_equal(res.machine.result.encoded_sum, want)
             assert not [m for m in fake.received if m.WhichOneof("message") == "advertise_keys"]
 

@@ -123,7 +123,9 @@ def test_top_k_on_the_device(trainer: Trainer) -> None:
         top_k(trainer, 4, 5, exclude_seen=True)  # hosted, never selected
     items, scores, version = top_k(trainer, 5, 10, exclude_seen=True)
     assert version == 7 and len(items) == 10 and scores == sorted(scores, reverse=True)
-    seen = set(trainer.data.seen(5).tolist())
+    seen_items = trainer.data.seen(5)
+    assert seen_items is not None
+    seen = set(seen_items.tolist())
     assert seen and not seen & set(items)
     # the same numbers as model.score over all items with the stored private state
     model = trainer.model_for("fedrap", HYPER).model

@@ -79,7 +79,7 @@ class Caller(threading.Thread):
                 try:
                     response = stub.Enroll(request, timeout=30)
                 except grpc.RpcError as exc:
-                    self.failures.append(f"{exc.code()}: {exc.details()}")  # type: ignore[attr-defined]
+                    self.failures.append(f"{exc.code()}: {exc.details()}")
                     continue
                 if [d.local_id for d in response.devices] != [lid for lid, _ in batch]:
                     self.failures.append("the answer does not list the batch in order")

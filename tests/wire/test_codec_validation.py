@@ -12,12 +12,13 @@ from secagg.config import SecAggConfig
 from secagg.messages import MaskedInput
 from wire import RoundIds, WireError, params_from_proto, params_to_proto, secagg_config_from_proto
 from wire import secagg_codec as codec
+from wire.protocol import SEALED_SHARES_BYTES
 from wire.round_task import secagg_settings_to_proto
 from wire.tensors import tensor_from_proto, tensor_to_proto
 
 IDS = RoundIds.from_cohort([10, 20, 30, 40])
 HDR = dict(session_id=b"sess", round_number=1, device_id=20)
-SEALED = b"\x00" * codec.SEALED_SHARES_BYTES
+SEALED = b"\x00" * SEALED_SHARES_BYTES
 
 
 def test_id_mapping_is_one_based_in_proto():

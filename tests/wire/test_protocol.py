@@ -31,7 +31,7 @@ def test_one_set_of_stage_names_everywhere() -> None:
     for module, base in ((secagg_client, secagg_client.ClientState), (secagg_server, secagg_server.ServerState)):
         states = [getattr(module, n) for n in module.__all__]
         stages = [c.stage for c in states if isinstance(c, type) and issubclass(c, base) and c.stage in set(Stage)]
-        assert sorted(stages, key=lambda s: Stage(s).index) == list(Stage)
+        assert sorted(stages, key=lambda s: Stage(s).order) == list(Stage)
     with pytest.raises(ValueError, match="masked-input"):
         Stage.parse("masked")
 
