@@ -306,6 +306,14 @@ def register_reference(app: typer.Typer) -> None:
             typer.Option("--out", "-o", help="Also write OUT/reference.json.", show_default=False),
         ] = None,
         data_dir: DataDirOption = None,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+        progress_every: Annotated[
+            float,
+            typer.Option(
+                help="When stderr is not a terminal (a log file), print a plain progress line at most "
+                "every this many seconds (on a terminal a progress bar is shown instead)."
+            ),
+        ] = 30.0,
     ) -> None:
         """What centralised models reach under the sound protocol, to judge federated figures by.
 
@@ -322,13 +330,21 @@ def register_reference(app: typer.Typer) -> None:
         from rich.table import Table
 
         from models.engine import ConfigError, load_interactions, make_split
-        from models.reference import run_references
+        from models.progress import Progress
+        from models.reference import reference_names, run_references, run_steps
 
         err = Console(stderr=True)
         try:
             split = make_split(load_interactions(dataset, None if data_dir is None else str(data_dir), seed), False, seed)
-            with err.status("fitting the reference models on the training split ..."):
-                results = run_references(split, model or None)
+            names = model or None
+            unknown = set(names or ()) - set(reference_names())
+            if unknown:
+                raise ValueError(f"unknown reference model(s) {sorted(unknown)}; known: {', '.join(reference_names())}")
+            mode = "off" if quiet else "auto"
+            with Progress(
+                f"references on {dataset}", run_steps(names), unit="steps", mode=mode, interval=progress_every
+            ) as bar:
+                results = run_references(split, names, progress=bar)
         except (ConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
