@@ -328,7 +328,7 @@ class Reference:
 
 
 def _dense_val(fit: Callable[..., Scores]) -> Callable[..., ScoreFn]:
-    return lambda ctx, params, grid: score_fn(fit(ctx.split, **params))
+    return lambda ctx, params, grid: score_fn(fit(ctx.split, *(int(v) for v in params.values())))
 
 
 REFERENCES: tuple[Reference, ...] = (
@@ -336,7 +336,7 @@ REFERENCES: tuple[Reference, ...] = (
     Reference(
         "itemknn",
         _dense_val(itemknn_scores),
-        lambda ctx, p: itemknn_scores(ctx.split, **p),
+        lambda ctx, p: itemknn_scores(ctx.split, int(p["neighbours"])),
         tuple({"neighbours": k} for k in (20, 50, 100, 200)),
     ),
     Reference(
