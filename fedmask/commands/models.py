@@ -34,11 +34,25 @@ def register_data(app: typer.Typer) -> None:
 
     @data_app.command("fetch")
     def fetch(
-        name: Annotated[str, typer.Argument(help="Dataset to fetch (ml-100k).")],
+        name: Annotated[str, typer.Argument(help="Dataset to fetch: ml-100k, ml-latest-small, ml-1m or lastfm.")],
         data_dir: DataDirOption = None,
         force: Annotated[bool, typer.Option(help="Download again even if the files are valid.")] = False,
+        base_url: Annotated[
+            str | None,
+            typer.Option(
+                envvar="FEDMASK_DATA_BASE_URL",
+                help="Fetch the archive from BASE_URL/<archive file name> instead of its official address "
+                "(a mirror); its pinned sha256 still applies. Not for ml-100k (pip: use PIP_INDEX_URL).",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
-        """Download a public dataset (hash-pinned) into DATA_DIR/NAME."""
+        """Download a public dataset (hash-pinned) into DATA_DIR/NAME.
+
+        ml-100k: the recbole 1.2.1 wheel from PyPI (pip download, never installed).
+        ml-latest-small: the lenskit 2025.8.1 source distribution from PyPI.
+        ml-1m, lastfm: GroupLens' official archives (files.grouplens.org).
+        """
         from rich.console import Console
 
         from models.data.fetch import FetchError, fetch_dataset
@@ -50,7 +64,7 @@ def register_data(app: typer.Typer) -> None:
                 def progress(msg: str) -> None:
                     status.update(f"[bold]{name}[/bold]: {msg}")
 
-                result = fetch_dataset(name, data_dir, progress=progress, force=force)
+                result = fetch_dataset(name, data_dir, progress=progress, force=force, base_url=base_url)
         except FetchError as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(1) from e
@@ -304,6 +318,14 @@ def register_reference(app: typer.Typer) -> None:
             typer.Option("--out", "-o", help="Also write OUT/reference.json.", show_default=False),
         ] = None,
         data_dir: DataDirOption = None,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+        progress_every: Annotated[
+            float,
+            typer.Option(
+                help="When stderr is not a terminal (a log file), print a plain progress line at most "
+                "every this many seconds (on a terminal a progress bar is shown instead)."
+            ),
+        ] = 30.0,
     ) -> None:
         """What centralised models reach under the sound protocol, to judge federated figures by.
 
@@ -319,14 +341,24 @@ def register_reference(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from models.data.types import ImplicitSplit
         from models.engine import SimulationConfigError, load_interactions, make_split
-        from models.reference import run_references
+        from models.progress import Progress
+        from models.reference import reference_names, run_references, run_steps
 
         err = Console(stderr=True)
         try:
             split = make_split(load_interactions(dataset, None if data_dir is None else str(data_dir), seed), False, seed)
-            with err.status("fitting the reference models on the training split ..."):
-                results = run_references(split, model or None)
+            names = model or None
+            unknown = set(names or ()) - set(reference_names())
+            if unknown:
+                raise ValueError(f"unknown reference model(s) {sorted(unknown)}; known: {', '.join(reference_names())}")
+            if not isinstance(split, ImplicitSplit):  # make_split(..., explicit=False) is implicit
+                raise ValueError("reference models need an implicit (leave-one-out) split")
+            with Progress(
+                f"references on {dataset}", run_steps(names), unit="steps", mode="off" if quiet else "auto", interval=progress_every
+            ) as bar:
+                results = run_references(split, names, progress=bar)
         except (SimulationConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e

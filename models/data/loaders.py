@@ -5,6 +5,8 @@ Formats:
   tab-separated with a `field:type` header (what `fedmask data fetch ml-100k` writes).
 - GroupLens ml-100k folder: `u.data`, `u.user`, `u.item` (latin-1).
 - GroupLens ml-1m folder: `ratings.dat`, `users.dat`, `movies.dat` (`::`, latin-1).
+- GroupLens "latest" folder (ml-latest-small): `ratings.csv` (userId,movieId,rating,timestamp)
+  and optional `movies.csv` (movieId,title,genres; CSV quoting, UTF-8).
 - HetRec 2011 LastFM folder: `user_artists.dat` (+ optional `artists.dat` for names).
 - Generic CSV: `user,item,rating[,timestamp]`, header optional.
 
@@ -489,6 +491,57 @@ def load_movielens_1m(folder: str | os.PathLike[str], name: str = "ml-1m") -> In
     return _assemble(name, tab, users, items, rating, ts, user_side, item_side)
 
 
+def _read_csv_rows(path: Path, header: list[str]) -> _Table:
+    """A UTF-8 CSV file (RFC 4180 quoting) whose first line must be `header`."""
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f)
+            head = next(reader, None)
+            if head is None:
+                raise DataFormatError(path, None, "empty file (no header line)")
+            if [h.strip() for h in head] != header:
+                raise DataFormatError(path, 1, f"expected header {','.join(header)}, found {','.join(head)}")
+            for r in reader:
+                if not r or all(not c.strip() for c in r):
+                    continue
+                if len(r) != len(header):
+                    raise DataFormatError(path, reader.line_num, f"expected {len(header)} columns, found {len(r)}")
+                rows.append(r)
+                lines.append(reader.line_num)
+    except UnicodeDecodeError as e:
+        raise DataFormatError(path, None, f"not valid utf-8 text ({e.reason})") from None
+    return _Table(path, rows, np.asarray(lines, dtype=np.int64))
+
+
+def load_movielens_latest(folder: str | os.PathLike[str], name: str = "ml-latest-small") -> Interactions:
+    """GroupLens "latest" layout (ml-latest-small): ratings.csv + optional movies.csv.
+
+    Ratings are explicit (0.5..5 in half stars), timestamps in seconds. movies.csv
+    gives titles, a genre multi-hot ("(no genres listed)" is no genre) and the
+    release year from the title; it lists movies nobody rated, which are dropped.
+    """
+    d = Path(folder)
+    tab = _read_csv_rows(d / "ratings.csv", ["userId", "movieId", "rating", "timestamp"])
+    users = _check_ids(tab, tab.col(0), "user id")
+    items = _check_ids(tab, tab.col(1), "movie id")
+    rating = _parse_numbers(tab, tab.col(2), "rating", np.float32)
+    ts = _parse_numbers(tab, tab.col(3), "timestamp", np.int64)
+    item_side = None
+    if (d / "movies.csv").is_file():
+        mt = _read_csv_rows(d / "movies.csv", ["movieId", "title", "genres"])
+        titles = [t.strip() for t in mt.col(1)]
+        genres = [[g for g in c.split("|") if g and g != "(no genres listed)"] for c in mt.col(2)]
+        parts = [F.multihot(genres, "genre"), F.zscore_with_missing(_year_of(titles), "release_year")]
+        feats, fnames = F.concat(parts, len(mt))
+        item_side = _Side(
+            mt.path, _check_ids(mt, mt.col(0), "movie id"), mt.lines, feats, fnames,
+            titles=np.asarray(titles, dtype=object),
+        )  # fmt: skip
+    return _assemble(name, tab, users, items, rating, ts, None, item_side)
+
+
 # =========================================================== HetRec LastFM
 
 
@@ -576,7 +629,7 @@ def load_csv(path: str | os.PathLike[str], name: str | None = None) -> Interacti
 
 # =========================================================== dispatch
 
-Format = Literal["recbole", "ml-100k", "ml-1m", "lastfm", "csv"]
+Format = Literal["recbole", "ml-100k", "ml-1m", "ml-latest", "lastfm", "csv"]
 
 
 def detect_format(path: str | os.PathLike[str]) -> Format:
@@ -597,9 +650,11 @@ def detect_format(path: str | os.PathLike[str]) -> Format:
         return "ml-1m"
     if (p / "user_artists.dat").is_file():
         return "lastfm"
+    if (p / "ratings.csv").is_file():
+        return "ml-latest"
     raise DatasetNotFoundError(
         f"{p}: cannot tell the format; expected one NAME.inter (RecBole), u.data (ml-100k), "
-        "ratings.dat (ml-1m) or user_artists.dat (HetRec LastFM)"
+        "ratings.dat (ml-1m), user_artists.dat (HetRec LastFM) or ratings.csv (ml-latest-small)"
     )
 
 
@@ -607,6 +662,7 @@ _LOADERS = {
     "recbole": load_recbole,
     "ml-100k": load_movielens_100k,
     "ml-1m": load_movielens_1m,
+    "ml-latest": load_movielens_latest,
     "lastfm": load_lastfm,
     "csv": load_csv,
 }

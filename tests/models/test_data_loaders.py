@@ -338,3 +338,29 @@ def test_real_ml100k_loads(ml100k_data_dir: Path) -> None:
     assert x.user_features.shape == (943, 7 + 2 + 21)
     assert x.item_features.shape == (1682, 19 + 2)
     assert x.item_features[:, :19].sum(axis=1).min() >= 1  # every movie has a genre
+
+
+def test_movielens_latest_layout(tmp_path: Path) -> None:
+    from models.data.loaders import DataFormatError, detect_format, load_dataset
+
+    d = tmp_path / "ml-latest-small"
+    d.mkdir()
+    (d / "ratings.csv").write_text(
+        "userId,movieId,rating,timestamp\n1,31,2.5,1260759144\n1,1029,3.0,1260759179\n2,31,4.5,1260759100\n"
+    )
+    (d / "movies.csv").write_text(
+        'movieId,title,genres\n31,Dangerous Minds (1995),Drama\n'
+        '1029,"American President, The (1995)",Comedy|Drama|Romance\n99,Unrated (2000),(no genres listed)\n'
+    )
+    assert detect_format(d) == "ml-latest"
+    x = load_dataset("ml-latest-small", tmp_path)
+    assert (x.n_users, x.n_items, len(x.user)) == (2, 2, 3)  # the unrated movie is dropped
+    assert x.rating.tolist() == [2.5, 3.0, 4.5] and x.timestamp.tolist()[0] == 1260759144
+    assert x.item_titles is not None and list(x.item_titles) == ["Dangerous Minds (1995)", "American President, The (1995)"]
+    assert "genre:Romance" in x.item_feature_names and "genre:(no genres listed)" not in x.item_feature_names
+    (d / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,77,4,1\n")
+    with pytest.raises(DataFormatError, match="unknown item id '77'"):
+        load_dataset(d)
+    (d / "ratings.csv").write_text("user,movie,rating\n1,31,4\n")
+    with pytest.raises(DataFormatError, match="expected header userId,movieId,rating,timestamp"):
+        load_dataset(d)

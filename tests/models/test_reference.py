@@ -109,3 +109,52 @@ def test_cli_reference(tmp_path: Path, command_app) -> None:
     assert "ease" in r.output and "placebo" in r.output
     bad = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "svd"])
     assert bad.exit_code == 2 and "unknown reference" in bad.output
+
+
+@pytest.mark.parametrize("shape", [(400, 300), (150, 400)])  # item-space and user-space eigendecomposition
+def test_shared_factorisation_equals_direct_ease(shape: tuple[int, int]) -> None:
+    import scipy.sparse as sp
+
+    s = leave_one_out(synthetic(*shape, seed=3), seed=1)
+    x = R.training_matrix(s)
+    f = R.gram_factors(x, dtype=np.float64)
+    assert f.w.dtype == np.float64 and f.w.shape[1] <= min(shape)
+    users, items = R.validation_candidates(s)
+    lams = (50.0, 400.0, 1600.0)
+    for history in (x, R.recency_weighted_history(s, 5.0)):
+        cand = R.ease_candidate_scores(f, sp.csr_matrix(history), lams, users, items)
+        for j, lam in enumerate(lams):
+            b = R.ease_weights(x, lam).astype(np.float64)
+            direct = history.astype(np.float64) @ b
+            scale = np.abs(direct).max()
+            fast = R.ease_scores_from_factors(f, sp.csr_matrix(history), lam)
+            np.testing.assert_allclose(fast, direct, rtol=0, atol=1e-6 * scale * 10)
+            np.testing.assert_allclose(cand[j], direct[users[:, None], items], rtol=0, atol=1e-6 * scale * 10)
+            pdiag = np.diag(np.linalg.inv(x.T.astype(np.float64) @ x + lam * np.eye(x.shape[1])))
+            np.testing.assert_allclose(f.inverse_diag(lam), pdiag, rtol=1e-9)
+
+
+def test_candidate_scores_refuse_other_items(split: ImplicitSplit) -> None:
+    import torch
+
+    users, items = R.validation_candidates(split)
+    fn = R.candidate_score_fn(users, items, np.zeros(items.shape, np.float32))
+    u = torch.from_numpy(users[:3])
+    assert fn(u, torch.from_numpy(items[:3])).shape == (3, items.shape[1])
+    with pytest.raises(ValueError, match="not computed for"):
+        fn(u, torch.from_numpy(items[:3] + 1))
+
+
+def test_cli_reference_prints_progress_lines_when_not_a_terminal(tmp_path: Path, command_app) -> None:
+    from fedmask.commands.models import register_reference
+
+    app = command_app(register_reference)
+    r = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "ease", "--progress-every", "0"])
+    assert r.exit_code == 0, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("[progress]")]
+    # started, one per grid point (6) and the chosen point (interval 0), done
+    assert len(lines) >= 8, r.output
+    assert "0/7 steps" in lines[0] and "7/7 steps" in lines[-1] and "(done)" in lines[-1]
+    assert any("ease lam=400" in ln and "left" in ln for ln in lines)
+    quiet = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "popularity", "-q"])
+    assert quiet.exit_code == 0 and "[progress]" not in quiet.output
