@@ -188,3 +188,26 @@ def test_platform_data_groups_ratings_by_platform() -> None:
         assert np.all(s.user_platform[us] == m)
     mdl = build_platform_model("freib", s, {}, ("guidance",))
     assert not mdl.guidance and mdl.bias_encoder and mdl.center == pytest.approx(sum(s.rating_range) / 2)
+
+
+def test_cli_simulate_freib_with_ldp(tmp_path, command_app) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedmask.commands.models import register_simulate
+
+    app = command_app(register_simulate)
+    out = tmp_path / "run"
+    args = ["simulate", "--model", "freib", "--platforms", "5", "--dirichlet-beta", "0.5", "--dataset", "synthetic",
+            "--rounds", "2", "--out", str(out), "-q", "-p", "k=4", "-p", "local_epochs=1", "--ablate", "prototypes",
+            "--ldp-scale", "0.1", "--ldp-clip", "2"]  # fmt: skip
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "epsilon 40 per release" in r.output
+    res = json.loads((out / "results.json").read_text())
+    assert res["model"] == "freib" and res["dirichlet_beta"] == 0.5 and not res["model_config"]["prototypes"]
+    assert (out / "metrics.png").exists()
+    bad = CliRunner().invoke(app, ["simulate", "--model", "freib", "--dataset", "synthetic", "--out", str(out),
+                                   "--clients-per-round", "3"])  # fmt: skip
+    assert bad.exit_code == 2 and "device-level" in bad.output
