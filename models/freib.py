@@ -83,8 +83,10 @@ class PlatformModel:
     mlp: tuple[int, ...] = (32, 16)
     center: float = 3.0
     lr: float = 0.01
+    lr_decay: float = 1.0  # the learning rate of round r is lr * lr_decay^r
     momentum: float = 0.9
     weight_decay: float = 1e-5
+    l2: float = 0.0
     batch_size: int = 256
     local_epochs: int = 2
     init_std: float = 0.1
@@ -94,8 +96,10 @@ class PlatformModel:
             raise ValueError(f"unknown backbone {self.backbone!r}")
         if min(self.k, self.k_bias, self.batch_size, self.local_epochs, self.n_levels) < 1:
             raise ValueError("k, k_bias, batch_size, local_epochs and n_levels must be >= 1")
-        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0 or self.tau < 0:
-            raise ValueError("need lr > 0, 0 <= momentum < 1, weight_decay >= 0, tau >= 0")
+        if not 0 < self.lr_decay <= 1:
+            raise ValueError("lr_decay must be in (0, 1]")
+        if self.lr <= 0 or not 0 <= self.momentum < 1 or min(self.weight_decay, self.tau, self.l2) < 0:
+            raise ValueError("need lr > 0, 0 <= momentum < 1, weight_decay >= 0, l2 >= 0, tau >= 0")
 
     def config(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("n_users", "n_items")}
@@ -178,15 +182,18 @@ class PlatformModel:
 
 def forward(
     model: PlatformModel, params: Params, users: torch.Tensor, items: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(r_o, r_pred, e_bias) for (M, S) users/items; shared and platform
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(r_o, r_pred, e_bias, sq) for (M, S) users/items; shared and platform
     parameters are stacked (M, ...), user parameters are (n_users, ...).
-    r_pred = r_bias with the item-bias encoder, else r_o."""
+    r_pred = r_bias with the item-bias encoder, else r_o; sq (M, S) is the
+    summed square of the user and item embedding rows each rating used (the
+    per-rating L2 term of matrix factorisation)."""
     M = users.shape[0]
     mi = torch.arange(M, device=users.device).unsqueeze(1)
     if model.backbone == "ncf":
         pg, pm = params["Pg"][users], params["Pm"][users]
         qg, qm = params["Qg"][mi, items], params["Qm"][mi, items]
+        sq = (pg**2).sum(2) + (pm**2).sum(2) + (qg**2).sum(2) + (qm**2).sum(2)
         h = torch.cat([pm, qm], dim=2)
         for j in range(len(model.mlp)):
             h = torch.relu(torch.baddbmm(params[f"b{j}"].unsqueeze(1), h, params[f"W{j}"]))
@@ -194,6 +201,7 @@ def forward(
         r_o = (z * params["fw"].unsqueeze(1)).sum(2) + params["fb"].unsqueeze(1)
     else:
         p, q = params["P"][users], params["Q"][mi, items]
+        sq = (p**2).sum(2) + (q**2).sum(2)
         if model.backbone == "pfedrec":
             r_o = (p * q * params["sw"].unsqueeze(1)).sum(2) + params["sb"].unsqueeze(1)
         else:
@@ -202,10 +210,10 @@ def forward(
             r_o = r_o + params["bu"][users] + params["bi"][mi, items]
     r_o = r_o + model.center
     if not model.bias_encoder:
-        return r_o, r_o, None
+        return r_o, r_o, None, sq
     e = params["Eb"][mi, items]
     r_b = r_o + (e * params["Sw"].unsqueeze(1)).sum(2) + params["Sb"].unsqueeze(1)
-    return r_o, r_b, e
+    return r_o, r_b, e, sq + (e**2).sum(2)
 
 
 # ================================================================ data of M platforms
@@ -310,6 +318,7 @@ def local_train(
     n_steps = (data.lengths + model.batch_size - 1) // model.batch_size
     t_max = int(n_steps.max()) if M else 0
     bs = model.batch_size
+    lr = model.lr * model.lr_decay**round_idx
     sums = {"ce": 0.0, "bias": 0.0, "distill": 0.0, "proto": 0.0}
     count = 0
     for epoch in range(model.local_epochs):
@@ -321,8 +330,10 @@ def local_train(
             u = torch.gather(data.users, 1, idx)
             it = torch.gather(data.items, 1, idx)
             r = torch.gather(data.ratings, 1, idx)
-            r_o, r_p, e = forward(model, par, u, it)
+            r_o, r_p, e, sq = forward(model, par, u, it)
             loss_m = _masked_mean((r_o - r) ** 2, w)
+            if model.l2 > 0:
+                loss_m = loss_m + model.l2 * _masked_mean(sq, w)
             last = epoch == model.local_epochs - 1
             if last:
                 sums["ce"] += float(loss_m.detach().mean())
@@ -333,7 +344,7 @@ def local_train(
                     sums["bias"] += float(lb.detach().mean())
             if guide:
                 with torch.no_grad():
-                    _, r_fix, _ = forward(model, fixed, u, it)
+                    _, r_fix, _, _ = forward(model, fixed, u, it)
                 ld = _masked_mean((r_p - r_fix) ** 2, w)
                 loss_m = loss_m + ld
                 if last:
@@ -363,7 +374,7 @@ def local_train(
                         grad = grad + model.weight_decay * p
                     b = bufs[name]
                     b.mul_(1.0 - a * (1.0 - model.momentum)).add_(grad * a)
-                    p.sub_(model.lr * a * b)
+                    p.sub_(lr * a * b)
 
     with torch.no_grad():
         out_user = {k: par[k].detach() for k in user}
@@ -433,5 +444,5 @@ def predict(
         par[k] = v[m : m + 1]
     if "Q_local" in par:  # PFedRec scores with the platform's own item table
         par["Q"] = par.pop("Q_local")
-    _, r, _ = forward(model, par, users.unsqueeze(0), items.unsqueeze(0))
+    _, r, _, _ = forward(model, par, users.unsqueeze(0), items.unsqueeze(0))
     return r[0]

@@ -42,11 +42,14 @@ ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "pr
 
 # each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D21)
 _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "freib": {"backbone": "ncf"},
-    "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False},
-    "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False},
-    "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False},
-}
+    "freib": {"backbone": "ncf", "lr": 0.02, "lr_decay": 0.9, "weight_decay": 3e-3, "init_std": 0.01},
+    "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False,
+              "lr": 0.2, "lr_decay": 0.9, "l2": 0.02},
+    "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False,
+                "lr": 0.1, "lr_decay": 0.9, "l2": 0.05},
+    "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
+                   "lr": 0.05, "l2": 0.05},
+}  # fmt: skip
 DEFAULT_PLATFORM_ROUNDS = 30
 SECAGG_PLATFORM_CLIP = 32.0
 

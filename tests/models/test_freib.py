@@ -43,13 +43,13 @@ def test_forward_shapes_and_bias_encoder_adds_a_score() -> None:
     shared, user, _ = state(m)
     par = {k: v.unsqueeze(0).expand(2, *v.shape) for k, v in shared.items()} | user
     d = tiny_data()
-    r_o, r_b, e = forward(m, par, d.users, d.items)
+    r_o, r_b, e, _ = forward(m, par, d.users, d.items)
     assert r_o.shape == r_b.shape == (2, 6) and e is not None and e.shape == (2, 6, 3)
     assert not torch.allclose(r_o, r_b)
     m0 = tiny(bias_encoder=False)
     s0, u0, _ = state(m0)
     par0 = {k: v.unsqueeze(0).expand(2, *v.shape) for k, v in s0.items()} | u0
-    r_o0, r_p0, e0 = forward(m0, par0, d.users, d.items)
+    r_o0, r_p0, e0, _ = forward(m0, par0, d.users, d.items)
     assert e0 is None and torch.equal(r_o0, r_p0)
     assert "Eb" not in s0 and m0.update_dim == m0.shared_dim() < m.update_dim
 
@@ -60,7 +60,7 @@ def test_gradients_reach_every_part_of_the_loss() -> None:
     d = tiny_data()
     par = {k: v.unsqueeze(0).expand(2, *v.shape).clone().requires_grad_(True) for k, v in shared.items()}
     par |= {k: v.clone().requires_grad_(True) for k, v in user.items()}
-    r_o, r_b, e = forward(m, par, d.users, d.items)
+    r_o, r_b, e, _ = forward(m, par, d.users, d.items)
     assert e is not None
     G = torch.randn(3, 3)
     loss = ((r_o - d.ratings) ** 2).mean() + ((r_b - d.ratings) ** 2).mean() + ((e - G[d.level]) ** 2).mean()
