@@ -209,7 +209,7 @@ def run_platform_simulation(
     protos: torch.Tensor | None = None
     secure = SecureAggregator(seed=config.seed, neighbors="all") if config.secagg else None
     ldp_gen = torch.Generator().manual_seed(int(np.random.SeedSequence([config.seed, 5]).generate_state(1)[0]))
-    ldp = config.ldp_scale is not None
+    ldp_clip, ldp_scale = config.ldp_clip, config.ldp_scale  # both set or both None (_check)
     best: dict[str, Any] = {"round": None, "rmse": math.inf}
     records: list[dict[str, Any]] = []
     t_setup = time.perf_counter() - t_start
@@ -218,10 +218,10 @@ def run_platform_simulation(
         res = local_train(model, shared, user, platform, data, protos, r, config.seed)
         upd = res.update
         rec: dict[str, Any] = {"round": r, "loss": res.losses}
-        if ldp:
-            upd, norms = privatize_laplace(upd, clip=float(config.ldp_clip), scale=float(config.ldp_scale), generator=ldp_gen)  # type: ignore[arg-type]
+        if ldp_clip is not None and ldp_scale is not None:
+            upd, norms = privatize_laplace(upd, clip=ldp_clip, scale=ldp_scale, generator=ldp_gen)
             rec["upload_l1_mean"] = float(norms.mean())
-            rec["ldp_clipped_fraction"] = float((norms > float(config.ldp_clip)).float().mean())  # type: ignore[arg-type]
+            rec["ldp_clipped_fraction"] = float((norms > ldp_clip).float().mean())
         if secure is not None:
             c = config.secagg_clip if config.secagg_clip is not None else SECAGG_PLATFORM_CLIP
             mean = secure.mean(upd, round_idx=r, clip=c)
@@ -286,8 +286,8 @@ def run_platform_simulation(
             "test once at the end"
         ),
     }
-    if ldp:
-        C, lam = float(config.ldp_clip), float(config.ldp_scale)  # type: ignore[arg-type]
+    if ldp_clip is not None and ldp_scale is not None:
+        C, lam = float(ldp_clip), float(ldp_scale)
         out["ldp"] = {
             "mechanism": "Laplace(0, lambda) on every coordinate of an upload clipped to L1 norm C",
             "scale_lambda": lam,

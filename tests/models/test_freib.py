@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -10,15 +12,16 @@ import torch
 
 from models.data.platforms import make_platform_split
 from models.data.synthetic import synthetic
+from models.data.types import Interactions
 from models.freib import PlatformData, PlatformModel, forward, local_prototypes, local_train, server_step
 from models.laplace_ldp import clip_l1, epsilon_per_release, epsilon_total, laplace_noise, privatize_laplace
 from models.platform_sim import PlatformSimConfig, build_platform_model, platform_data, run_platform_simulation
 
 
-def tiny(**kw: object) -> PlatformModel:
-    base: dict[str, object] = dict(n_users=6, n_items=7, n_levels=3, k=4, k_bias=3, mlp=(4,), batch_size=3, local_epochs=2, lr=0.05)
+def tiny(**kw: Any) -> PlatformModel:
+    base: dict[str, Any] = dict(n_users=6, n_items=7, n_levels=3, k=4, k_bias=3, mlp=(4,), batch_size=3, local_epochs=2, lr=0.05)
     base.update(kw)
-    return PlatformModel(**base)  # type: ignore[arg-type]
+    return PlatformModel(**base)
 
 
 def tiny_data() -> PlatformData:
@@ -146,7 +149,7 @@ def test_laplace_mechanism_scale_and_epsilon() -> None:
         laplace_noise((3,), scale=0.0, generator=g)
 
 
-def _tiny_dataset():  # type: ignore[no-untyped-def]
+def _tiny_dataset() -> Interactions:
     return synthetic(n_users=60, n_items=40, seed=2, max_interactions=20, mean_interactions=12.0)
 
 
@@ -190,7 +193,7 @@ def test_platform_data_groups_ratings_by_platform() -> None:
     assert not mdl.guidance and mdl.bias_encoder and mdl.center == pytest.approx(sum(s.rating_range) / 2)
 
 
-def test_cli_simulate_freib_with_ldp(tmp_path, command_app) -> None:  # type: ignore[no-untyped-def]
+def test_cli_simulate_freib_with_ldp(tmp_path: Path, command_app: Any) -> None:
     import json
 
     from typer.testing import CliRunner
