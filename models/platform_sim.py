@@ -50,7 +50,7 @@ _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
                    "lr": 0.05, "l2": 0.05},
 }  # fmt: skip
-DEFAULT_PLATFORM_ROUNDS = 30
+DEFAULT_PLATFORM_ROUNDS = 50  # the paper's E
 SECAGG_PLATFORM_CLIP = 32.0
 
 
