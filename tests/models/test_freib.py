@@ -97,7 +97,7 @@ def test_ablation_flags_switch_each_part_off() -> None:
 
 
 def test_local_train_is_per_platform_and_does_not_touch_inputs() -> None:
-    m = tiny()
+    m = tiny(batch_size=2)  # platform 0: 2 steps per epoch, platform 1: 3 (platform 0 sits out the third)
     shared, user, plat = state(m)
     before = {k: v.clone() for k, v in shared.items()}
     d = tiny_data()
@@ -107,7 +107,6 @@ def test_local_train_is_per_platform_and_does_not_touch_inputs() -> None:
     for row in (0, 1):
         alone = local_train(m, shared, user, plat, d.row(row), G, 1, seed=5)
         assert torch.allclose(alone.update[0], both.update[row], atol=1e-5)
-    # the platform with 4 ratings took 2 steps per epoch, the other 2 as well but with 3 + 3 ratings
     assert both.update.shape == (2, m.update_dim)
 
 
