@@ -1,0 +1,301 @@
+"""`fedmask simulate --platforms M`: a platform-level federation in one process.
+
+The FREIB protocol (models/data/platforms.py for the split, models/freib.py
+for the models). Each round (the paper's communication epoch):
+
+1. every platform runs `local_train` from the global parameters and
+   prototypes (all M stacked in one set of tensor ops);
+2. optionally, the paper's Laplace local DP: every upload is clipped to L1
+   norm C and gets Laplace(0, lambda) noise on the platform, before anything
+   leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
+3. aggregation: the plain mean of the M uploads, or with `secagg` the real
+   Bonawitz protocol in process (`models.engine.SecureAggregator`, i.e.
+   `secagg.testing.run_round`) on the complete graph of the M platforms with
+   the majority threshold floor(M/2) + 1; the library checks that the
+   unmasked sum equals the sum of the encoded inputs;
+4. `server_step`: FedAvg of the shared parameters and the global prototypes;
+5. validation RMSE/MAE (each user scored by its own platform's model).
+
+The round with the best validation RMSE is kept and scored on the test part
+once. Models: freib (with ablations through `params`), fedmf, pfedrec, and
+central-mf (a centralised biased MF: one "platform" holding every user,
+no federation, the yardstick on the same split).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
+from models.data.types import Interactions
+from models.freib import Params, PlatformData, PlatformModel, local_train, predict, server_step
+
+PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
+ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
+
+# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27)
+_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "freib": {"backbone": "ncf", "lr": 0.02, "lr_decay": 0.9, "weight_decay": 3e-3, "init_std": 0.01},
+    "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False,
+              "lr": 0.2, "lr_decay": 0.9, "l2": 0.02},
+    "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False,
+                "lr": 0.1, "lr_decay": 0.9, "l2": 0.05},
+    "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
+                   "lr": 0.05, "l2": 0.05},
+}  # fmt: skip
+DEFAULT_PLATFORM_ROUNDS = 50  # the paper's E
+SECAGG_PLATFORM_CLIP = 32.0
+
+
+class PlatformConfigError(ValueError):
+    """A platform-level simulation was asked for something that cannot run (user-facing)."""
+
+
+@dataclass(frozen=True)
+class PlatformSimConfig:
+    model: str
+    dataset: str = "ml-100k"
+    seed: int = 0
+    n_platforms: int = 5
+    beta: float = 1.0
+    rounds: int | None = None
+    ablate: tuple[str, ...] = ()
+    secagg: bool = False
+    secagg_clip: float | None = None
+    ldp_scale: float | None = None  # the paper's lambda
+    ldp_clip: float | None = None  # L1 bound C of an upload
+    eval_every: int = 1
+    threads: int | None = 1  # one thread: the tensors are small, a second thread only adds synchronisation
+    data_dir: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def build_platform_model(
+    name: str, split: PlatformSplit, overrides: Mapping[str, Any] | None = None, ablate: tuple[str, ...] = ()
+) -> PlatformModel:
+    if name not in PLATFORM_MODELS:
+        raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
+    kw: dict[str, Any] = dict(_MODEL_DEFAULTS[name])
+    lo, hi = split.rating_range
+    kw["center"] = (lo + hi) / 2.0  # public: the middle of the rating scale
+    for a in ablate:
+        if a not in ABLATIONS:
+            raise PlatformConfigError(f"--ablate takes {', '.join(ABLATIONS)}, not {a!r}")
+        if name != "freib":
+            raise PlatformConfigError("--ablate applies to --model freib only")
+        kw[ABLATIONS[a]] = False
+    kw.update(overrides or {})
+    if "mlp" in kw and isinstance(kw["mlp"], list):
+        kw["mlp"] = tuple(int(v) for v in kw["mlp"])
+    try:
+        return PlatformModel(n_users=split.n_users, n_items=split.n_items, n_levels=len(split.levels), **kw)
+    except (TypeError, ValueError) as e:
+        raise PlatformConfigError(f"bad parameter for {name}: {e}") from e
+
+
+def platform_data(split: PlatformSplit, user_platform: np.ndarray, n_platforms: int) -> PlatformData:
+    """The training ratings grouped by platform and padded."""
+    tr = split.train
+    plat = user_platform[tr.user]
+    order = np.argsort(plat, kind="stable")
+    counts = np.bincount(plat, minlength=n_platforms)
+    L = int(counts.max()) if len(counts) else 0
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    col = np.arange(len(order)) - starts[plat[order]]
+    U = np.zeros((n_platforms, L), dtype=np.int64)
+    It = np.zeros((n_platforms, L), dtype=np.int64)
+    R = np.zeros((n_platforms, L), dtype=np.float32)
+    Lv = np.zeros((n_platforms, L), dtype=np.int64)
+    row = plat[order]
+    U[row, col], It[row, col], R[row, col] = tr.user[order], tr.item[order], tr.rating[order]
+    Lv[row, col] = level_index(split.levels, tr.rating[order])
+    return PlatformData(
+        platforms=torch.arange(n_platforms),
+        users=torch.from_numpy(U),
+        items=torch.from_numpy(It),
+        ratings=torch.from_numpy(R),
+        level=torch.from_numpy(Lv),
+        lengths=torch.from_numpy(counts.astype(np.int64)),
+    )
+
+
+def evaluate_platforms(
+    model: PlatformModel,
+    shared: Params,
+    user: Params,
+    platform: Params,
+    part: Ratings,
+    user_platform: np.ndarray,
+    rating_range: tuple[float, float],
+) -> dict[str, float]:
+    """RMSE / MAE over `part`, each rating predicted by its user's platform, clipped to the rating range."""
+    from models.evaluation import finalize, merge_sums, rating_sums
+
+    plat = user_platform[part.user]
+    sums = [{"sse": 0.0, "sae": 0.0, "rating_count": 0.0}]
+    with torch.no_grad():
+        for m in np.unique(plat):
+            rows = np.flatnonzero(plat == m)
+            pred = predict(
+                model, shared, user, platform, int(m), torch.from_numpy(part.user[rows]), torch.from_numpy(part.item[rows])
+            )
+            sums.append(rating_sums(pred, torch.from_numpy(part.rating[rows]), None, rating_range))
+    out = finalize(merge_sums(sums))
+    return {"rmse": out["rmse"], "mae": out["mae"], "n_ratings": out["n_ratings"]}
+
+
+def _check(config: PlatformSimConfig) -> None:
+    if config.n_platforms < 1:
+        raise PlatformConfigError("--platforms must be >= 1")
+    if not config.beta > 0:
+        raise PlatformConfigError("--dirichlet-beta must be > 0")
+    if config.rounds is not None and config.rounds < 1:
+        raise PlatformConfigError("--rounds must be >= 1")
+    if config.eval_every < 1:
+        raise PlatformConfigError("--eval-every must be >= 1")
+    if (config.ldp_scale is None) != (config.ldp_clip is None):
+        raise PlatformConfigError("Laplace local DP needs both --ldp-scale LAMBDA and --ldp-clip C")
+    if config.ldp_scale is not None and not (config.ldp_scale > 0 and (config.ldp_clip or 0) > 0):
+        raise PlatformConfigError("--ldp-scale and --ldp-clip must be > 0")
+    if config.secagg and (config.model == "central-mf" or config.n_platforms < 3):
+        raise PlatformConfigError(
+            "--secagg needs at least 3 platforms (a majority threshold below the cohort) and a federated model"
+        )
+    if config.secagg_clip is not None and not config.secagg_clip > 0:
+        raise PlatformConfigError("--secagg-clip must be > 0")
+
+
+def run_platform_simulation(
+    config: PlatformSimConfig,
+    *,
+    interactions: Interactions | None = None,
+    progress: bool = False,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run a platform-level federation; returns the results dict (results.json)."""
+    from models.engine import SimulationConfigError, SecureAggregator, load_interactions
+    from models.keyed_random import global_init_generator
+    from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
+
+    t_start = time.perf_counter()
+    _check(config)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
+    except SimulationConfigError as e:
+        raise PlatformConfigError(str(e)) from e
+    try:
+        split = make_platform_split(x, n_platforms=config.n_platforms, beta=config.beta, seed=config.seed)
+    except ValueError as e:
+        raise PlatformConfigError(str(e)) from e
+    central = config.model == "central-mf"
+    M = 1 if central else split.n_platforms
+    user_platform = np.zeros(split.n_users, dtype=np.int64) if central else split.user_platform
+    model = build_platform_model(config.model, split, config.params, config.ablate)
+    rounds = config.rounds if config.rounds is not None else DEFAULT_PLATFORM_ROUNDS
+    data = platform_data(split, user_platform, M)
+
+    shared = model.init_shared(global_init_generator(config.seed))
+    user = model.init_user(torch.arange(split.n_users), config.seed)
+    platform = model.init_platform(M)
+    protos: torch.Tensor | None = None
+    secure = SecureAggregator(seed=config.seed, neighbors="all") if config.secagg else None
+    ldp_gen = torch.Generator().manual_seed(int(np.random.SeedSequence([config.seed, 5]).generate_state(1)[0]))
+    ldp_clip, ldp_scale = config.ldp_clip, config.ldp_scale  # both set or both None (_check)
+    best: dict[str, Any] = {"round": None, "rmse": math.inf}
+    records: list[dict[str, Any]] = []
+    t_setup = time.perf_counter() - t_start
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        res = local_train(model, shared, user, platform, data, protos, r, config.seed)
+        upd = res.update
+        rec: dict[str, Any] = {"round": r, "loss": res.losses}
+        if ldp_clip is not None and ldp_scale is not None:
+            upd, norms = privatize_laplace(upd, clip=ldp_clip, scale=ldp_scale, generator=ldp_gen)
+            rec["upload_l1_mean"] = float(norms.mean())
+            rec["ldp_clipped_fraction"] = float((norms > ldp_clip).float().mean())
+        if secure is not None:
+            c = config.secagg_clip if config.secagg_clip is not None else SECAGG_PLATFORM_CLIP
+            mean = secure.mean(upd, round_idx=r, clip=c)
+            rec.update(secure.last)
+            rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / max(upd.numel(), 1)
+        else:
+            mean = upd.mean(0)
+        shared, g = server_step(model, shared, mean, M)
+        protos = g if model.uses_prototypes else None
+        user, platform = res.user, res.platform
+        rec["train_seconds"] = time.perf_counter() - t0
+        if (r + 1) % config.eval_every == 0 or r == rounds - 1:
+            val = evaluate_platforms(model, shared, user, platform, split.val, user_platform, split.rating_range)
+            rec["val"] = val
+            if math.isfinite(val["rmse"]) and val["rmse"] < best["rmse"]:
+                best.update(round=r, rmse=val["rmse"], state=(shared, user, platform), val=val)
+        rec["seconds"] = time.perf_counter() - t0
+        records.append(rec)
+        if progress:
+            v = rec.get("val", {})
+            print(
+                f"round {r:3d}  val rmse {v.get('rmse', math.nan):.4f}  mae {v.get('mae', math.nan):.4f}  "
+                f"({rec['seconds']:.1f} s, best round {best['round']})",
+                flush=True,
+            )
+        if on_round is not None:
+            on_round(rec)
+    if best["round"] is None:
+        best.update(round=rounds - 1, state=(shared, user, platform), val=None)
+    bs, bu, bp = best["state"]
+    test = evaluate_platforms(model, bs, bu, bp, split.test, user_platform, split.rating_range)
+    seconds_total = time.perf_counter() - t_start
+    label_dist = split.label_distribution()
+    out: dict[str, Any] = {
+        "model": config.model,
+        "dataset": x.name,
+        "seed": config.seed,
+        "kind": "explicit",
+        "level": "platform",
+        "n_users": split.n_users,
+        "n_items": split.n_items,
+        "n_platforms": split.n_platforms,
+        "dirichlet_beta": split.beta,
+        "platform_users": np.bincount(split.user_platform, minlength=split.n_platforms).tolist(),
+        "platform_train_ratings": split.platform_sizes().tolist(),
+        "platform_label_distribution": np.round(label_dist, 4).tolist(),
+        "rating_levels": split.levels.tolist(),
+        "split_sizes": {"train": len(split.train), "val": len(split.val), "test": len(split.test)},
+        "update_dim": model.update_dim,
+        "rounds": records,
+        "best_round": best["round"],
+        "selection": {"metric": "val rmse", "higher_is_better": False},
+        "best_val": best.get("val"),
+        "test": {k: test[k] for k in ("rmse", "mae", "n_ratings")},
+        "seconds_total": seconds_total,
+        "seconds_setup": t_setup,
+        "config": asdict(config) | {"rounds": rounds},
+        "model_config": model.config(),
+        "protocol": (
+            "users with >= 5 ratings; random 80/20 split of the ratings; users on platforms by Dirichlet label "
+            "skew; validation = a random 10% of each platform's training ratings; best round by validation RMSE; "
+            "test once at the end"
+        ),
+    }
+    if ldp_clip is not None and ldp_scale is not None:
+        C, lam = float(ldp_clip), float(ldp_scale)
+        out["ldp"] = {
+            "mechanism": "Laplace(0, lambda) on every coordinate of an upload clipped to L1 norm C",
+            "scale_lambda": lam,
+            "l1_clip": C,
+            "epsilon_per_release": epsilon_per_release(clip=C, scale=lam),
+            "epsilon_total_basic_composition": epsilon_total(clip=C, scale=lam, releases=rounds),
+            "releases_per_platform": rounds,
+            "meaning": "pure epsilon-DP of each platform's upload under replace-one-platform adjacency "
+            "(L1 sensitivity 2C); separate from the Gaussian ledger (models/privacy.py)",
+        }
+    return out
