@@ -89,7 +89,14 @@ def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> 
 class PrivacyLedger:
     """Epsilon from models.privacy (dp_accounting).
 
-    The sampling rate q = cohort / active enrolled devices. With distributed
+    Every round is accounted WITHOUT amplification by sampling: q = 1 (D28).
+    The coordinator's cohort is a fixed-size draw among the devices that are
+    connected and eligible, and by default a device that contributed to one
+    round is excluded from the next; that is neither the Poisson nor the
+    independent uniform sampling the amplification theorems assume, and the
+    population it is drawn from is what peers make it (enrolling idle
+    devices once drove q from 0.67 to 0.0009). With q = 1 the reported
+    epsilon is an upper bound whatever the selection. With distributed
     noise the sum holds the noise of the counted devices only, so the round
     is accounted at z * sqrt(counted / cohort) (dropouts cost privacy, D19);
     the ledger stores that effective multiplier. The cumulative epsilon
@@ -106,7 +113,7 @@ class PrivacyLedger:
     def enabled(self) -> bool:
         return self._dp.mode != "none" and self._dp.noise_multiplier > 0
 
-    def entry_for(self, r: RoundMachine, *, population: int) -> PrivacyEntry | None:
+    def entry_for(self, r: RoundMachine) -> PrivacyEntry | None:
         """The ledger entry round `r` would add (None without DP). Blocking
         (reads the store the first time): call it from a worker thread."""
         if not self.enabled:
@@ -114,7 +121,7 @@ class PrivacyLedger:
         from models.privacy import Composition, composed_epsilon, distributed_noise_multiplier
 
         dp = self._dp
-        q = min(1.0, len(r.cohort) / max(1, population))
+        q = 1.0  # no amplification by sampling (see the class doc)
         z = dp.noise_multiplier
         if dp.mode == "distributed":
             assert r.result is not None

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.metric_rules import metric_violation
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
@@ -334,6 +335,9 @@ class RoundMachine:
         for name in msg.counts:
             if not name or len(name) > MAX_METRIC_NAME:
                 raise WireError("RoundMetrics count name is empty or too long")
+        why = metric_violation(dict(msg.sums), dict(msg.counts), len(devices))
+        if why is not None:
+            raise WireError(f"RoundMetrics refused: {why}")
         self.metric_reporters |= devices
         for name, value in msg.sums.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value

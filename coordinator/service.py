@@ -494,8 +494,12 @@ class Coordinator:
         t0 = self._clock()
         try:
             new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean, self._step)
-            metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
-            privacy = await asyncio.to_thread(self.ledger.entry_for, r, population=self.registry.active_enrolled())
+            try:
+                metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
+            except Exception as exc:  # a report must never fail a commit: commit without metrics
+                log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
+                metrics = {}
+            privacy = await asyncio.to_thread(self.ledger.entry_for, r)
             timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
             record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
             version = NewModelVersion(

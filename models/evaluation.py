@@ -146,7 +146,8 @@ def finalize(sums: Mapping[str, float]) -> dict[str, float]:
         out["n_users"] = float(sums["sampled_count"])
     if "rating_count" in sums:
         n = sums["rating_count"]
-        out["rmse"] = math.sqrt(mean(sums.get("sse", 0.0), n)) if n > 0 else math.nan
+        mse = mean(sums.get("sse", 0.0), n)
+        out["rmse"] = math.sqrt(mse) if mse >= 0 else math.nan  # a negative (impossible) sum never raises
         out["mae"] = mean(sums.get("sae", 0.0), n)
         out["n_ratings"] = float(n)
     return out

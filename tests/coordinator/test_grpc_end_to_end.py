@@ -509,3 +509,59 @@ def test_protocol_versions_served_and_refused_with_advice():
             assert not rounds.done()
 
     asyncio.run(main())
+
+
+def test_an_impossible_metrics_report_never_fails_the_round():
+    """Issue: a device reported a negative sum of squared errors with a
+    positive count; the commit took its square root and the round aborted.
+    Now the report is refused as impossible and the round commits exactly,
+    with the honest client's metrics."""
+    async def main():
+        settings = make_settings(**{"cohort.size": 4, **SHORT})
+        store = InMemoryStore()
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 4, groups=2, silent={3: "masked_input"})
+            while not clients[0].tasks:
+                await asyncio.sleep(0.01)
+            task = clients[0].tasks[0]
+            hosted = sorted(d.device_id for d in devices[0::2])
+            clients[0].send_inner(session_pb2.RoundMetrics(
+                session_id=task.session_id, round_number=task.round_number, device_ids=hosted,
+                sums={"val_sse": -50.0}, counts={"devices": len(hosted), "val_rating_count": 10}))
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED
+            assert "val_rmse" not in rec.metrics and "sum.val_sse" not in rec.metrics
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_idle_enrolments_do_not_lower_the_reported_epsilon():
+    """Issue: q was cohort / enrolled devices, so enrolling thousands of
+    devices that never connect drove epsilon down while the same devices
+    took part in every round. Rounds are now accounted without amplification
+    (q = 1, D28): the ledger is the same with or without idle enrolments."""
+    async def main():
+        from models.privacy import composed_epsilon
+
+        ledgers = []
+        for idle in (0, 3000):
+            settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.noise_multiplier": 1.0,
+                                        "dp.clip": 0.1, "rounds": 2})
+            store = InMemoryStore()
+            async with running(settings, store) as (coord, target, _, rounds):
+                if idle:
+                    await enroll(target, idle, seed=99)
+                clients, _devices = await _clients(target, 4, groups=2)
+                await _wait_rounds(rounds)
+                ledgers.append(store.privacy_ledger())
+                for c in clients:
+                    await c.close()
+        for ledger in ledgers:
+            assert [e.sampling_rate for e in ledger] == [1.0, 1.0]
+            assert ledger[-1].cumulative_epsilon == pytest.approx(composed_epsilon([(1.0, 1.0)] * 2))
+        assert ledgers[0][-1].cumulative_epsilon == pytest.approx(ledgers[1][-1].cumulative_epsilon)
+
+    asyncio.run(main())
