@@ -97,6 +97,10 @@ def test_parallel_enrolments_during_live_rounds(procs: Processes, tmp_path: Path
         selection_deadline=30, training_deadline=2, advertise_keys_deadline=10, share_keys_deadline=10,
         masked_input_deadline=10, unmasking_deadline=10, secagg_graph="full", secagg_threshold="majority",
         dp_mode="none", debug_record_sums=True,
+        # every caller is 127.0.0.1, one peer: lift the per-peer Enroll limit
+        # (tested on its own in tests/coordinator/test_grpc_limits.py); this
+        # test is about the store under concurrent writers
+        enroll_rate=100_000,
     ))
     wait_serving(port, coord)
     stop = threading.Event()
