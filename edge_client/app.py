@@ -124,6 +124,7 @@ class EdgeClient:
                 data, seed=cfg.seed, torch_device=cfg.device, global_path=self.store.root / "global.fms",
             )
             created = data.prepare()
+            self.store.enrolled(cfg.coordinator)  # a damaged enrolment record stops the client here, named
             for h in self.hosted:
                 h.identity_key = Ed25519PrivateKey.from_private_bytes(h.store.load_or_create_identity())
         except (DatasetError, UserRangeError, StateError) as e:
@@ -239,6 +240,9 @@ class EdgeClient:
                     work.result()
                     delay_hint = self.driver.retry_after if self.driver else None
                 except FatalSessionError as e:
+                    log.error("%s", e)
+                    return 2
+                except StateError as e:  # a damaged state file: retrying cannot help
                     log.error("%s", e)
                     return 2
                 except grpc.aio.AioRpcError as e:

@@ -247,6 +247,18 @@ class SessionDriver:
                 run.go_silent(dr, Stage.ADVERTISE_KEYS)
             else:
                 active.append(dr)
+        if view.model_name != SYNTHETIC_MODEL and active:
+            # a device whose private state is unreadable stands down alone (its
+            # co-hosted devices train); the file is named in the log
+            bad = await asyncio.to_thread(self.trainer.unreadable_private, view.model_name,
+                                          [dr.device.number for dr in active])
+            for dr in [d for d in active if d.device.number in bad]:
+                log.error("round %d, %s: %s; this device withdraws", view.round_number, dr.device.local_id,
+                          bad[dr.device.number])
+                self._send_abort(view.session_id, view.round_number, dr.device.device_id,
+                                 common_pb2.ABORT_REASON_CLIENT_ERROR, "unreadable private state")
+                run.finish_device(dr)
+            active = [dr for dr in active if dr.device.number not in bad]
         if not active:
             return
         out = await self._train(run, active)

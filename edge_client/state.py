@@ -44,6 +44,10 @@ _LOCAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEMP_MARK = ".tmp-"
 
 
+#: Every state folder: owner only (files are 0600).
+DIR_MODE = 0o700
+
+
 class StateError(Exception):
     """A state-dir problem the user must act on (message is user-facing)."""
 
@@ -90,7 +94,7 @@ def atomic_write(
     os.replace (tests use it to simulate a crash at that point).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
@@ -311,8 +315,11 @@ class ClientStore:
     def open(self) -> ClientStore:
         """Create the folder, take the process lock, delete crash leftovers."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / "devices").mkdir(exist_ok=True)
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            (self.root / "devices").mkdir(mode=DIR_MODE, exist_ok=True)
+            for folder in (self.root, self.root / "devices", *(self.root / "devices").iterdir()):
+                if folder.is_dir() and not folder.is_symlink():
+                    os.chmod(folder, DIR_MODE)  # also tightens a folder made by an older release
         except OSError as e:
             raise StateError(f"cannot create state dir {self.root}: {e.strerror}") from None
         if not os.access(self.root, os.W_OK):

@@ -38,6 +38,7 @@ import torch
 
 from edge_client.global_model import LatestGlobal
 from edge_client.local_data import DatasetError, LocalData
+from edge_client.state import StateCorruptError
 from edge_client.task import SYNTHETIC_MODEL, TaskSpec
 from fedmask_proto.v1 import common_pb2
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
@@ -196,6 +197,18 @@ class Trainer:
         return np.random.default_rng(int.from_bytes(self.secure_random(16), "little"))
 
     # ------------------------------------------------------------ private state
+    def unreadable_private(self, model_name: str, numbers: Sequence[int]) -> dict[int, str]:
+        """user number -> why its stored private state of `model_name` cannot
+        be read (a corrupted or truncated file), for the devices that have
+        one; a device without a stored state is fine (it is initialised)."""
+        bad: dict[int, str] = {}
+        for n in numbers:
+            try:
+                self.devices[n].store.load_model(model_name)
+            except StateCorruptError as e:
+                bad[n] = str(e)
+        return bad
+
     def _load_private(
         self, entry: _ModelEntry, name: str, numbers: Sequence[int], data: CohortData, global_: GlobalState
     ) -> PrivateState:
