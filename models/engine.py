@@ -674,34 +674,26 @@ def _resolve_device(name: str) -> torch.device:
 
 
 class _Progress:
-    """A rich progress bar over rounds showing the current validation metric."""
+    """Rounds progress with the current validation metric: a rich bar on a
+    terminal, a plain line now and then when stderr is a file or a pipe
+    (models/progress.py)."""
 
     def __init__(self, rounds: int, model: str, metric: str) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from models.progress import Progress
 
         self.metric = metric
-        self.p = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self.p.start()
-        self.task = self.p.add_task(f"{model} rounds", total=rounds, status="")
+        self.p = Progress(f"{model} rounds", rounds, unit="rounds")
 
     def advance(self, rec: Mapping[str, Any], best: Mapping[str, Any]) -> None:
         val = rec.get("val")
-        status = ""
+        status = None
         if val is not None:
             v = val.get(self.metric, math.nan)
             status = f"val {self.metric} {v:.4f} (best round {best['round']})"
-        self.p.update(self.task, advance=1, status=status)
+        self.p.advance(status=status)
 
     def close(self) -> None:
-        self.p.stop()
+        self.p.close()
 
 
 def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:

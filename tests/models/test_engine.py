@@ -226,3 +226,9 @@ def test_distributed_dp_needs_secagg_and_splits_the_noise(x, monkeypatch: pytest
               clients_per_round=16, params={"k": 4})  # fmt: skip
     assert seen == [pytest.approx(1.0 / 4.0)] and res["dp"]["mode"] == "distributed"
     assert real is not None and res["epsilon"] > 0
+
+
+def test_progress_goes_to_logs_as_plain_lines_when_stderr_is_not_a_terminal(x, capsys: pytest.CaptureFixture[str]) -> None:
+    simulate(SimulationConfig(model="fedmf", rounds=2), interactions=x, progress=True)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[progress]")]
+    assert lines[0].startswith("[progress] fedmf rounds: 0/2 rounds") and "2/2 rounds" in lines[-1]
