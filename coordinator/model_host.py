@@ -74,7 +74,8 @@ class SyntheticModel:
         return self.vector_length
 
     @property
-    def n_items(self) -> None:
+    def n_items(self) -> int | None:
+        """None: no catalogue (a subclass with items may say how many)."""
         return None
 
     def hyperparameters(self) -> dict[str, Any]:

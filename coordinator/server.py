@@ -67,7 +67,7 @@ def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) ->
     return max(4 << 20, int(need * 1.25) + (64 << 10))
 
 
-async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, object]:
+async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
     interceptors = []
     if settings.auth.mode == "token":
@@ -94,10 +94,10 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     return server, port, health_servicer
 
 
-async def set_serving(health_servicer: object, serving: bool) -> None:
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, status)  # type: ignore[attr-defined]
+        await health_servicer.set(name, status)
 
 
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,

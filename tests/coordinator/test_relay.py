@@ -248,7 +248,7 @@ class CatalogueModel(SyntheticModel):
     items: int = 20
 
     @property
-    def n_items(self) -> int:  # type: ignore[override]
+    def n_items(self) -> int:
         return self.items
 
 

@@ -3,6 +3,8 @@ real PostgreSQL (`sql_url` fixture), plus the parameter-blob format."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from alembic import command
@@ -90,7 +92,7 @@ def test_foreign_keys_are_enforced(sql_url: str) -> None:
         engine.dispose()
 
 
-def test_sqlite_file_uses_wal_and_foreign_keys(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_file_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
     engine = create_store_engine(f"sqlite:///{tmp_path}/sub/dir/f.db")  # parent dirs are created
     try:
         with engine.connect() as conn:
