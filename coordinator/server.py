@@ -42,7 +42,7 @@ SERVICE_NAME = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorS
 
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
     tls = settings.tls
-    if not tls.enabled:
+    if tls.cert is None or tls.key is None:  # TLS off (the settings give both or neither)
         return None
     root = tls.client_ca.read_bytes() if tls.client_ca is not None else None
     return grpc.ssl_server_credentials(
@@ -71,7 +71,10 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
     interceptors = []
     if settings.auth.mode == "token":
-        interceptors.append(TokenAuthInterceptor(settings.auth.token.get_secret_value()))
+        token = settings.auth.token
+        if token is None:  # the settings refuse mode "token" without one
+            raise ValueError("auth.mode 'token' needs auth.token")
+        interceptors.append(TokenAuthInterceptor(token.get_secret_value()))
     options = [
         ("grpc.max_receive_message_length", max_receive_message_bytes(settings, coordinator.model.update_dim)),
         ("grpc.max_send_message_length", -1),
