@@ -138,8 +138,11 @@ def test_unreachable_postgresql_raises_store_error() -> None:
 
 # ------------------------------------------------------------------- blobs
 def test_parameter_blobs_are_deterministic_float32_npz() -> None:
-    params = {"item_embedding": np.arange(12, dtype=np.float64).reshape(4, 3), "bias": np.ones(4, np.float32),
-              "ids": np.arange(3, dtype=np.int64)}
+    params: dict[str, np.ndarray] = {
+        "item_embedding": np.arange(12, dtype=np.float64).reshape(4, 3),
+        "bias": np.ones(4, np.float32),
+        "ids": np.arange(3, dtype=np.int64),
+    }
     blob = pack_parameters(params)
     assert blob == pack_parameters(dict(reversed(list(params.items()))))
     back = unpack_parameters(blob)

@@ -13,6 +13,7 @@ from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
 from models.data.types import ImplicitSplit
 from models.evaluation import (
+    Stage,
     evaluate,
     evaluate_explicit,
     evaluate_implicit,
@@ -74,7 +75,7 @@ def reference_implicit(S: np.ndarray, s: ImplicitSplit, stage: str) -> dict[str,
 
 @pytest.mark.parametrize("stage", ["test", "val"])
 @pytest.mark.parametrize("ties", [False, True])
-def test_batched_matches_reference(split: ImplicitSplit, stage: str, ties: bool) -> None:
+def test_batched_matches_reference(split: ImplicitSplit, stage: Stage, ties: bool) -> None:
     g = torch.Generator().manual_seed(3)
     S = torch.rand(split.n_users, split.n_items, generator=g, dtype=torch.float64)
     if ties:  # coarse scores: many ties, and a few NaNs
@@ -103,7 +104,7 @@ def test_sums_over_user_subsets_add_up(split: ImplicitSplit) -> None:
     for k in whole:
         assert merged[k] == pytest.approx(whole[k])
     # per-device sums (one user each) add up too
-    one = merge_sums(evaluate_implicit(table_scorer(S), split, users=[u], full=False) for u in range(split.n_users))
+    one = merge_sums(evaluate_implicit(table_scorer(S), split, users=np.array([u]), full=False) for u in range(split.n_users))
     assert one["sampled_hits@10"] == whole["sampled_hits@10"]
 
 
