@@ -151,7 +151,7 @@ class ProcessGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, name: str, args: Sequence[str | Path], *, env: Mapping[str, str] | None = None) -> Child:
+    def start(self, name: str, args: Sequence[str | Path | int | float], *, env: Mapping[str, str] | None = None) -> Child:
         prof = [] if self.profile_dir is None else ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]
         argv = [sys.executable, *prof, "-m", "fedmask", *map(str, args)]
         log_path = self.workdir / f"{name}.log"
