@@ -17,7 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -27,6 +27,9 @@ AUTHORIZATION_KEY = "authorization"
 BEARER_PREFIX = "Bearer "
 HEALTH_SERVICE_PREFIX = "/grpc.health.v1.Health/"
 UNAUTHENTICATED_DETAILS = "missing or invalid bearer token"
+
+_Req = TypeVar("_Req")  # a method's request and response types
+_Resp = TypeVar("_Resp")
 
 
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
@@ -58,9 +61,9 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method or ""
         if handler is None or method.startswith(self._exempt):
@@ -79,26 +82,23 @@ def _denier(method: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[
     return _deny
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler, method: str = "") -> grpc.RpcMethodHandler:
+def _denying_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], method: str = "") -> grpc.RpcMethodHandler[_Req, _Resp]:
     """A handler of the same streaming kind as `handler` that aborts at once
     (matching the kind keeps the server from waiting on a request message a
     streaming client may not have sent)."""
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    decode, encode = handler.request_deserializer, handler.response_serializer
     deny = _denier(method)
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(deny, decode, encode)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny, **kwargs)
+        return grpc.stream_unary_rpc_method_handler(deny, decode, encode)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
+        return grpc.unary_stream_rpc_method_handler(deny, decode, encode)
+    return grpc.unary_unary_rpc_method_handler(deny, decode, encode)
 
 
-def peer_common_name(context: grpc.aio.ServicerContext | grpc.ServicerContext) -> str | None:
+def peer_common_name(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
     """The CN of the caller's verified TLS client certificate, or None
     (plaintext channel or no client certificate)."""
-    names = context.auth_context().get("x509_common_name") or []
+    names = list(context.auth_context().get("x509_common_name") or ())
     return names[0].decode() if names else None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TextIO
 
 LOGGER_NAME = "fedmask.coordinator"
 logger = logging.getLogger(LOGGER_NAME)
@@ -56,13 +56,16 @@ def log_event(event: str, level: int = logging.INFO, /, **fields: Any) -> None:
         logger.log(level, format_event(event, fields))
 
 
+class _ConsoleHandler(logging.StreamHandler[TextIO]):
+    """The console handler configure_logging installs (recognised by its class)."""
+
+
 def configure_logging(level: str = "INFO") -> None:
     """Console logging for `fedmask coordinator` (idempotent)."""
     root = logging.getLogger("fedmask")
-    if not any(getattr(h, "_fedmask", False) for h in root.handlers):
-        handler = logging.StreamHandler()
+    if not any(isinstance(h, _ConsoleHandler) for h in root.handlers):
+        handler = _ConsoleHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        handler._fedmask = True  # type: ignore[attr-defined]
         root.addHandler(handler)
     # Our handler prints every line; without this, a library that configures
     # the root logger (dp_accounting's first warning calls logging.basicConfig)

@@ -37,11 +37,17 @@ class ModelConfigError(ValueError):
 
 class ServerModel(Protocol):
     name: str
-    #: Length of the flat update every device sends (secagg vector_length).
-    update_dim: int
-    #: Items in the catalogue (the bound of a top-k query); None for a
-    #: model without items (synthetic).
-    n_items: int | None
+
+    @property
+    def update_dim(self) -> int:
+        """Length of the flat update every device sends (secagg vector_length)."""
+        ...
+
+    @property
+    def n_items(self) -> int | None:
+        """Items in the catalogue (the bound of a top-k query); None for a
+        model without items (synthetic)."""
+        ...
 
     def hyperparameters(self) -> dict[str, Any]:
         """JSON-able hyper-parameters sent in every RoundTask (devices build
@@ -74,7 +80,8 @@ class SyntheticModel:
         return self.vector_length
 
     @property
-    def n_items(self) -> None:
+    def n_items(self) -> int | None:
+        """None: no catalogue (a subclass with items may say how many)."""
         return None
 
     def hyperparameters(self) -> dict[str, Any]:

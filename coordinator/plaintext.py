@@ -92,7 +92,7 @@ class PlaintextRoundMachine(RoundMachine):
         if device_id not in self._pending:
             return [self._log("message_ignored", device=device_id, kind=kind, why="already answered")]
         try:
-            msg = codec.client_from_proto(message, self.ids, **self._wire_kwargs)
+            msg = codec.masked_input_from_proto(message, self.ids, **self._wire_kwargs)
         except WireError as exc:
             return self._drop(device_id, P.ABORT_REASON_PROTOCOL_VIOLATION, str(exc), now)
         self._sum += msg.vector
@@ -115,7 +115,7 @@ class PlaintextRoundMachine(RoundMachine):
             return self._close(now)
         return []
 
-    def cancel(self, reason: int, detail: str, now: float) -> list[Action]:
+    def cancel(self, reason: codec.ProtoAbortReason, detail: str, now: float) -> list[Action]:
         if self.phase.is_terminal:
             return []
         if self.phase.is_collecting:
@@ -124,7 +124,7 @@ class PlaintextRoundMachine(RoundMachine):
 
     # ------------------------------------------------------------ internals
 
-    def _drop(self, device_id: int, reason: int, detail: str, now: float) -> list[Action]:
+    def _drop(self, device_id: int, reason: codec.ProtoAbortReason, detail: str, now: float) -> list[Action]:
         if not self.ids.has_device(device_id) or device_id in self._out:
             return [self._log("message_discarded", device=device_id, why=detail)]
         self._pending.discard(device_id)

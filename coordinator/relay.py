@@ -182,7 +182,7 @@ def top_k_request(correlation_id: str, device_id: int, *, k: int, exclude_seen: 
 def device_error_code(code: int) -> str:
     """DEVICE_ERROR_CODE_NOT_READY -> "not_ready" (unknown values: "code_N")."""
     if code in session_pb2.DeviceErrorCode.values():
-        return session_pb2.DeviceErrorCode.Name(code).removeprefix("DEVICE_ERROR_CODE_").lower()
+        return session_pb2.DeviceErrorCode.Name(session_pb2.DeviceErrorCode.ValueType(code)).removeprefix("DEVICE_ERROR_CODE_").lower()
     return f"code_{code}"
 
 

@@ -302,7 +302,7 @@ class RoundMachine:
             actions += self._close(now)
         return actions
 
-    def cancel(self, reason: int, detail: str, now: float) -> list[Action]:
+    def cancel(self, reason: codec.ProtoAbortReason, detail: str, now: float) -> list[Action]:
         """Abort the round (e.g. COORDINATOR_SHUTDOWN): every device still in
         it gets an AbortNotice with `reason`."""
         if self.phase.is_terminal:
@@ -367,7 +367,7 @@ class RoundMachine:
         ]
 
     def commit_failed(self, detail: str, now: float) -> list[Action]:
-        if self.phase is not RoundPhase.AGGREGATING:
+        if self.phase is not RoundPhase.AGGREGATING or self.result is None:
             raise RuntimeError(f"commit_failed() in phase {self.phase.value}")
         self.timings[RoundPhase.AGGREGATING.value] = now - self._stage_started
         return self._end_aborted(P.ABORT_REASON_CANCELLED, f"commit failed: {detail}", notify=self.result.counted)
@@ -381,7 +381,7 @@ class RoundMachine:
         self._out.add(device_id)
         self.dropouts.setdefault(self.phase.value, {})[device_id] = why
 
-    def _notice(self, device_id: int, reason: int, detail: str) -> Send:
+    def _notice(self, device_id: int, reason: codec.ProtoAbortReason, detail: str) -> Send:
         return Send(
             device_id,
             _server_message(
@@ -392,14 +392,14 @@ class RoundMachine:
             ),
         )
 
-    def _notify_out(self, device_id: int, reason: int, detail: str) -> list[Action]:
+    def _notify_out(self, device_id: int, reason: codec.ProtoAbortReason, detail: str) -> list[Action]:
         self._mark_out(device_id, reason_name(reason))
         return [
             self._notice(device_id, reason, detail),
             self._log("device_dropped", device=device_id, stage=self.phase.value, reason=reason_name(reason), detail=detail),
         ]
 
-    def _drop(self, device_id: int, reason: int, detail: str, now: float) -> list[Action]:
+    def _drop(self, device_id: int, reason: codec.ProtoAbortReason, detail: str, now: float) -> list[Action]:
         """Drop a device for cause (tell secagg, notify the device)."""
         if not self.ids.has_device(device_id) or device_id in self._out:
             return [self._log("message_discarded", device=device_id, why=detail)]
@@ -461,7 +461,7 @@ class RoundMachine:
             self._log("stage_opened", stage=self.phase.value, devices=len(self._server.pending)),
         ]
 
-    def _end_aborted(self, reason: int, detail: str, *, notify: Sequence[int]) -> list[Action]:
+    def _end_aborted(self, reason: codec.ProtoAbortReason, detail: str, *, notify: Sequence[int]) -> list[Action]:
         actions: list[Action] = [self._notice(d, reason, detail) for d in notify if d not in self._out]
         self._out.update(notify)
         self.phase = RoundPhase.ABORTED

@@ -42,7 +42,7 @@ SERVICE_NAME = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorS
 
 def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
     tls = settings.tls
-    if not tls.enabled:
+    if tls.cert is None or tls.key is None:  # TLS off (the settings give both or neither)
         return None
     root = tls.client_ca.read_bytes() if tls.client_ca is not None else None
     return grpc.ssl_server_credentials(
@@ -67,11 +67,14 @@ def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) ->
     return max(4 << 20, int(need * 1.25) + (64 << 10))
 
 
-async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, object]:
+async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
     interceptors = []
     if settings.auth.mode == "token":
-        interceptors.append(TokenAuthInterceptor(settings.auth.token.get_secret_value()))
+        token = settings.auth.token
+        if token is None:  # the settings refuse mode "token" without one
+            raise ValueError("auth.mode 'token' needs auth.token")
+        interceptors.append(TokenAuthInterceptor(token.get_secret_value()))
     options = [
         ("grpc.max_receive_message_length", max_receive_message_bytes(settings, coordinator.model.update_dim)),
         ("grpc.max_send_message_length", -1),
@@ -94,10 +97,10 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     return server, port, health_servicer
 
 
-async def set_serving(health_servicer: object, serving: bool) -> None:
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, status)  # type: ignore[attr-defined]
+        await health_servicer.set(name, status)
 
 
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,

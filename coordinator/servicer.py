@@ -42,7 +42,7 @@ from coordinator.limits import LogBudget, RateLimiter, StreamSlots, TokenBucket,
 from coordinator.logs import log_event, logger, sanitize
 from coordinator.registry import ClientSession, StreamEnd
 from coordinator.service import Coordinator
-from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
+from fedmask_proto.v1 import coordinator_service_pb2, enrollment_pb2, session_pb2
 
 _STATUS = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -87,7 +87,7 @@ async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, detail
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
-class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
+class CoordinatorServicer:
     """Applies `settings.limits` (coordinator/limits.py) around the
     Coordinator's calls: per-peer Enroll and new-stream rates, the stream
     caps, the Hello deadline, the per-message cap on announced devices and
@@ -255,8 +255,36 @@ class CoordinatorServicer(coordinator_service_pb2_grpc.CoordinatorServiceService
             session.end(grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
 
 
+_SERVICE = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
+
+
 def add_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> CoordinatorServicer:
+    """Serve fedmask.v1.CoordinatorService on `server` with a new servicer.
+
+    Registers the handlers exactly as the generated
+    add_CoordinatorServiceServicer_to_server does. It is done here because
+    Session uses grpc.aio's read/write streaming API (the handler is a
+    coroutine returning None), which the generated servicer base class types
+    as returning an iterator; CoordinatorServicer therefore does not derive
+    from that base. Raises RuntimeError if the service gains a method that
+    is not registered here."""
     servicer = CoordinatorServicer(coordinator)
-    coordinator_service_pb2_grpc.add_CoordinatorServiceServicer_to_server(servicer, server)
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "Enroll": grpc.unary_unary_rpc_method_handler(
+            servicer.Enroll,
+            request_deserializer=enrollment_pb2.EnrollRequest.FromString,
+            response_serializer=enrollment_pb2.EnrollResponse.SerializeToString,
+        ),
+        "Session": grpc.stream_stream_rpc_method_handler(
+            servicer.Session,
+            request_deserializer=session_pb2.ClientMessage.FromString,
+            response_serializer=session_pb2.ServerMessage.SerializeToString,
+        ),
+    }
+    unregistered = {m.name for m in _SERVICE.methods} - set(handlers)
+    if unregistered:
+        raise RuntimeError(f"{_SERVICE.full_name} methods without a handler: {sorted(unregistered)}")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE.full_name, handlers),))
+    server.add_registered_method_handlers(_SERVICE.full_name, handlers)
     return servicer
 

@@ -302,13 +302,13 @@ class SessionDriver:
         self._spawn(secure_update.answer_stage(run, dr, field_name, p))
 
     # ------------------------------------------------------------ ends of rounds
-    def _send_abort(self, session_id: bytes, round_number: int, device_id: int, reason: int, detail: str) -> None:
+    def _send_abort(self, session_id: bytes, round_number: int, device_id: int, reason: secagg_codec.ProtoAbortReason, detail: str) -> None:
         self.send(abort=common_pb2.AbortNotice(
             session_id=session_id, round_number=round_number, device_id=device_id, reason=reason,
             detail=detail[: secagg_codec.MAX_DETAIL_CHARS],
         ))
 
-    def _abort_run(self, run: RoundRun, reason: int, detail: str) -> None:
+    def _abort_run(self, run: RoundRun, reason: secagg_codec.ProtoAbortReason, detail: str) -> None:
         """This client withdraws all its devices from the round."""
         self._send_abort(run.view.session_id, run.view.round_number, 0, reason, detail)
         self._end_round(run, "failed", detail)

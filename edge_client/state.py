@@ -144,7 +144,12 @@ def encode_arrays(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> 
         raise ValueError(f"{_META!r} is reserved")
     buf = io.BytesIO()
     meta_bytes = np.frombuffer(json.dumps(dict(meta), sort_keys=True).encode(), dtype=np.uint8)
-    np.savez(buf, **{_META: meta_bytes}, **{k: np.asarray(v, order="C") for k, v in arrays.items()})
+    contents = {_META: meta_bytes, **{k: np.asarray(v, order="C") for k, v in arrays.items()}}
+    # numpy types savez's **kwds together with its keyword `allow_pickle: bool`,
+    # so a dict of arrays cannot be spread into it as typed; the names here
+    # are array names (checked above not to clash with _META).
+    save: Callable[..., None] = np.savez
+    save(buf, **contents)
     payload = buf.getvalue()
     return MAGIC + hashlib.sha256(payload).digest() + payload
 

@@ -119,7 +119,7 @@ def describe_rpc_error(e: grpc.aio.AioRpcError, cfg: TransportConfig) -> str:
 
 
 async def enroll(
-    stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
+    stub: coordinator_service_pb2_grpc.CoordinatorServiceAsyncStub,
     cfg: TransportConfig,
     *,
     client_name: str,
@@ -141,8 +141,22 @@ async def enroll(
     return out
 
 
+_SessionCall = grpc.aio.StreamStreamCall[session_pb2.ClientMessage, session_pb2.ServerMessage]
+
+
+async def _next_message(call: _SessionCall) -> session_pb2.ServerMessage | None:
+    """The stream's next ServerMessage; None once the server has closed it.
+    (grpc.aio types read() as returning `object`: EOF or the message.)"""
+    msg = await call.read()
+    if msg is grpc.aio.EOF:
+        return None
+    if not isinstance(msg, session_pb2.ServerMessage):
+        raise TypeError(f"the Session stream yielded {type(msg).__name__}, not a ServerMessage")
+    return msg
+
+
 async def run_session(
-    stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
+    stub: coordinator_service_pb2_grpc.CoordinatorServiceAsyncStub,
     cfg: TransportConfig,
     driver: SessionDriver,
     *,
@@ -152,18 +166,18 @@ async def run_session(
     closes the stream (OK); raises AioRpcError on transport errors."""
     driver.new_session()
     call = stub.Session(metadata=cfg.metadata(), wait_for_ready=False)
-    tasks: list[asyncio.Task] = []
+    tasks: list[asyncio.Task[None]] = []
     try:
         await call.write(driver.hello_message())
         # (not asyncio.wait_for: on 3.11 it can swallow a cancellation that
         # races with the read completing, and the client would not stop)
-        welcome_read = asyncio.ensure_future(call.read())
+        welcome_read = asyncio.ensure_future(_next_message(call))
         done, _ = await asyncio.wait([welcome_read], timeout=WELCOME_TIMEOUT_S)
         if not done:
             welcome_read.cancel()
             raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
         first = welcome_read.result()
-        if first is grpc.aio.EOF:
+        if first is None:
             await call.wait_for_connection()
             code = await call.code()
             if code != grpc.StatusCode.OK:
@@ -188,7 +202,7 @@ async def run_session(
 
         tasks = [asyncio.create_task(writer()), asyncio.create_task(heartbeats())]
         while True:
-            reader = asyncio.ensure_future(call.read())
+            reader = asyncio.ensure_future(_next_message(call))
             done, _ = await asyncio.wait([reader, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
             if tasks[0] in done and reader not in done:
                 # the writer failed (the stream ended under it): the reader tells how
@@ -197,7 +211,7 @@ async def run_session(
                     reader.cancel()
                     raise ConnectionError("the session stream broke while writing")
             msg = reader.result()
-            if msg is grpc.aio.EOF:
+            if msg is None:
                 code = await call.code()
                 if code != grpc.StatusCode.OK:
                     raise grpc.aio.AioRpcError(code, await call.initial_metadata(),

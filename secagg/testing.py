@@ -29,7 +29,7 @@ Stable signature (used by the bench, the demo and the training engine):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,7 +413,7 @@ class StepHarness:
     def config_ids(self) -> range:
         return range(self.config.num_clients)
 
-    def send(self, replies: dict[int, list[Message]]) -> None:
+    def send(self, replies: Mapping[int, Sequence[Message]]) -> None:
         """Hand client messages to the server (sender = the dict key)."""
         for i, msgs in replies.items():
             for m in msgs:
@@ -424,7 +424,9 @@ class StepHarness:
         self.server, out = self.server.close()
         return {m.device_id: m for m in out}
 
-    def deliver(self, outbound: dict[int, Message], devices: Iterable[int] | None = None) -> dict[int, list[Message]]:
+    def deliver(
+        self, outbound: Mapping[int, Message], devices: Iterable[int] | None = None
+    ) -> dict[int, list[Message]]:
         """Hand server messages to clients (all addressees, or `devices`)."""
         replies: dict[int, list[Message]] = {}
         for i, m in outbound.items():

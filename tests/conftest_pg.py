@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import LiteralString
 
 import pytest
 
@@ -127,11 +128,13 @@ class _Runner:
             os.chown(path, *self._ids)
 
     def run(self, argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        extra = {"user": self.user, "group": pwd.getpwnam(self.user).pw_gid, "extra_groups": []} if self.user else {}
+        # As self.user (its group, no supplementary groups) when set; else as we are.
+        group = pwd.getpwnam(self.user).pw_gid if self.user else None
+        extra_groups: list[int] | None = [] if self.user else None
         env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PGTZ": "UTC"}
         return subprocess.run(
             argv, cwd=self.base, env=env, capture_output=True, text=True, timeout=timeout,
-            check=False, **extra,  # type: ignore[arg-type]
+            check=False, user=self.user or None, group=group, extra_groups=extra_groups,
         )
 
 
@@ -175,13 +178,16 @@ def _start(bindir: Path, base: Path) -> tuple[PgServer, _Runner, Path]:
     raise AssertionError("unreachable")
 
 
-def _admin(server: PgServer, sql: str) -> None:
+def _admin(server: PgServer, statement: LiteralString, *identifiers: str) -> None:
+    """Run `statement` as the superuser on database postgres; its `{}`
+    placeholders take `identifiers`, quoted as SQL identifiers."""
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(
         host=server.host, port=server.port, user=server.user, dbname="postgres", autocommit=True, connect_timeout=10
     ) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]
+        conn.execute(sql.SQL(statement).format(*(sql.Identifier(i) for i in identifiers)))
 
 
 def _unavailable(reason: str) -> None:
@@ -221,8 +227,8 @@ _DB_NAME = re.compile(r"^[a-z0-9_]+$")
 def postgresql_url(postgresql_server: PgServer) -> Iterator[str]:
     name = f"fedmask_test_{uuid.uuid4().hex[:12]}"
     assert _DB_NAME.match(name)
-    _admin(postgresql_server, f'CREATE DATABASE "{name}"')
+    _admin(postgresql_server, "CREATE DATABASE {}", name)
     try:
         yield postgresql_server.url(name)
     finally:
-        _admin(postgresql_server, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        _admin(postgresql_server, "DROP DATABASE IF EXISTS {} WITH (FORCE)", name)

@@ -29,6 +29,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from google.protobuf import duration_pb2
@@ -101,13 +102,14 @@ def deadlines_to_proto(deadlines: Mapping[str, float]) -> session_pb2.StageDeadl
 
 
 def deadlines_from_proto(d: session_pb2.StageDeadlines) -> dict[str, float]:
-    out = {}
-    for stage in STAGES:
-        if d.HasField(stage):
-            sec = duration_to_seconds(getattr(d, stage))
-            if sec < 0:
-                raise WireError(f"StageDeadlines.{stage} is negative")
-            out[stage] = sec
+    """StageDeadlines -> {stage: seconds} for the stages it sets (every field
+    of StageDeadlines is named after a stage of STAGES)."""
+    out: dict[str, float] = {}
+    for fd, value in d.ListFields():  # the fields that are set, in field order
+        sec = duration_to_seconds(value)
+        if sec < 0:
+            raise WireError(f"StageDeadlines.{fd.name} is negative")
+        out[fd.name] = sec
     return out
 
 
@@ -124,7 +126,7 @@ def build_round_task(
     model_name: str,
     model_version: int,
     global_parameters: common_pb2.ModelParameters | Mapping[str, np.ndarray],
-    hyperparameters: Mapping | None = None,
+    hyperparameters: Mapping[str, Any] | None = None,
     dp: session_pb2.DpSettings | None = None,
     deadlines: Mapping[str, float] | None = None,
 ) -> session_pb2.RoundTask:
@@ -172,7 +174,7 @@ class RoundTaskView:
     config: SecAggConfig
     ids: RoundIds  # the client's devices, their neighbours (and the cohort in active mode)
     devices: dict[int, int]  # hosted device_id -> 0-based secagg id
-    hyperparameters: dict
+    hyperparameters: dict[str, Any]
     dp: session_pb2.DpSettings
     deadlines: dict[str, float]
     global_parameters: dict[str, np.ndarray] = field(repr=False)

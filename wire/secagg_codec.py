@@ -30,7 +30,8 @@ first.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence, Sized
+from typing import Protocol, TypeAlias, TypedDict, TypeVar
 
 import numpy as np
 
@@ -46,12 +47,34 @@ from wire.protocol import IDENTITY_KEY_BYTES, PUBLIC_KEY_BYTES, SEALED_SHARES_BY
 SHARE_BYTES = ELEMENT_BYTES  # one Shamir share: 33-byte big-endian field element
 MAX_DETAIL_CHARS = 1024
 
+#: A value of the proto enum fedmask.v1.AbortReason (a plain int at run time;
+#: mypy-protobuf types the enum's values as this NewType of int).
+ProtoAbortReason: TypeAlias = common_pb2.AbortReason.ValueType
+
+#: The proto stage messages a client sends (unwrapped from ClientMessage).
+ClientStageProto: TypeAlias = (
+    secagg_pb2.AdvertiseKeys
+    | secagg_pb2.ShareKeys
+    | secagg_pb2.MaskedInput
+    | secagg_pb2.ConsistencyCheck
+    | secagg_pb2.UnmaskingResponse
+    | common_pb2.AbortNotice
+)
+#: The proto stage messages the server sends (unwrapped from ServerMessage).
+ServerStageProto: TypeAlias = (
+    secagg_pb2.AdvertisedKeys
+    | secagg_pb2.ForwardedShares
+    | secagg_pb2.ConsistencyCheckRequest
+    | secagg_pb2.UnmaskingRequest
+    | common_pb2.AbortNotice
+)
+
 # --------------------------------------------------------------------------- abort reasons
 
 # secagg -> proto. Lossy: the secagg reason's value also travels as the
 # prefix of AbortNotice.detail ("too_few_shared: ..."), and `from_proto`
 # prefers that prefix when it names a secagg reason.
-_TO_PROTO_REASON: dict[AbortReason, int] = {
+_TO_PROTO_REASON: dict[AbortReason, ProtoAbortReason] = {
     AbortReason.TOO_FEW_ADVERTISED: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
     AbortReason.TOO_FEW_SHARED: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
     AbortReason.TOO_FEW_MASKED_INPUTS: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
@@ -71,7 +94,7 @@ _TO_PROTO_REASON: dict[AbortReason, int] = {
 }
 
 # proto -> secagg, when the detail carries no secagg reason.
-_FROM_PROTO_REASON: dict[int, AbortReason] = {
+_FROM_PROTO_REASON: dict[ProtoAbortReason, AbortReason] = {
     common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS: AbortReason.TOO_FEW_ADVERTISED,
     common_pb2.ABORT_REASON_PROTOCOL_VIOLATION: AbortReason.MALFORMED_MESSAGE,
     common_pb2.ABORT_REASON_INVALID_SIGNATURE: AbortReason.INVALID_SIGNATURE,
@@ -82,7 +105,7 @@ _FROM_PROTO_REASON: dict[int, AbortReason] = {
 _SECAGG_REASON_BY_VALUE = {r.value: r for r in AbortReason}
 
 
-def abort_reason_to_proto(reason: AbortReason) -> int:
+def abort_reason_to_proto(reason: AbortReason) -> ProtoAbortReason:
     """The proto AbortReason (enum int) for a secagg AbortReason."""
     try:
         return _TO_PROTO_REASON[reason]
@@ -90,7 +113,7 @@ def abort_reason_to_proto(reason: AbortReason) -> int:
         raise WireError(f"no proto abort reason for {reason!r}") from None
 
 
-def abort_reason_from_proto(reason: int, detail: str = "") -> AbortReason:
+def abort_reason_from_proto(reason: ProtoAbortReason, detail: str = "") -> AbortReason:
     """The secagg AbortReason for a proto one: the `detail` prefix if it
     names a secagg reason, else a fixed representative (CANCELLED for the
     reasons secagg has no word for: shutdown, deadline, client error...)."""
@@ -104,7 +127,7 @@ def abort_reason_from_proto(reason: int, detail: str = "") -> AbortReason:
 
 # secagg DropReason -> the AbortNotice a dropped device gets (None: no
 # notice, it aborted itself); PROTOCOL_VIOLATION for every other reason.
-_DROP_NOTICE: dict[DropReason, int | None] = {
+_DROP_NOTICE: dict[DropReason, ProtoAbortReason | None] = {
     DropReason.INVALID_SIGNATURE: common_pb2.ABORT_REASON_INVALID_SIGNATURE,
     DropReason.CLIENT_ABORTED: None,
     DropReason.NEIGHBOURHOOD_TOO_SMALL: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
@@ -112,7 +135,7 @@ _DROP_NOTICE: dict[DropReason, int | None] = {
 }
 
 
-def drop_notice_reason(reason: DropReason) -> int | None:
+def drop_notice_reason(reason: DropReason) -> ProtoAbortReason | None:
     """The proto AbortReason of the notice a device dropped for `reason`
     gets, or None when it gets none (it aborted itself)."""
     return _DROP_NOTICE.get(reason, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION)
@@ -122,7 +145,7 @@ def reason_name(reason: int) -> str:
     """The stored / logged spelling of a proto AbortReason: its lower-case
     suffix ("too_few_survivors"); "unknown_<n>" for a value the proto lacks."""
     try:
-        return common_pb2.AbortReason.Name(reason).removeprefix("ABORT_REASON_").lower()
+        return common_pb2.AbortReason.Name(ProtoAbortReason(reason)).removeprefix("ABORT_REASON_").lower()
     except ValueError:
         return f"unknown_{int(reason)}"
 
@@ -130,7 +153,37 @@ def reason_name(reason: int) -> str:
 # --------------------------------------------------------------------------- helpers
 
 
-def _header_from_proto(p, ids: RoundIds, what: str) -> dict:
+class _ProtoHeader(Protocol):
+    """The header fields every proto stage message has."""
+
+    @property
+    def session_id(self) -> bytes: ...
+    @property
+    def round_number(self) -> int: ...
+    @property
+    def device_id(self) -> int: ...
+
+
+class _SecaggHeader(TypedDict):
+    """The header keyword arguments of a secagg message."""
+
+    session_id: bytes
+    round_idx: int
+    device_id: int
+
+
+class _ProtoHeaderFields(TypedDict):
+    """The header keyword arguments of a proto stage message."""
+
+    session_id: bytes
+    round_number: int
+    device_id: int
+
+
+_S = TypeVar("_S", bound=Sized)
+
+
+def _header_from_proto(p: _ProtoHeader, ids: RoundIds, what: str) -> _SecaggHeader:
     sid = p.session_id
     if not 1 <= len(sid) <= MAX_SESSION_ID_BYTES:
         raise WireError(f"{what}: session_id must be 1..{MAX_SESSION_ID_BYTES} bytes, got {len(sid)}")
@@ -139,7 +192,7 @@ def _header_from_proto(p, ids: RoundIds, what: str) -> dict:
     return {"session_id": bytes(sid), "round_idx": int(p.round_number), "device_id": _sid(ids, p.device_id, what)}
 
 
-def _header_to_proto(m: sm.Message, ids: RoundIds) -> dict:
+def _header_to_proto(m: sm.Message, ids: RoundIds) -> _ProtoHeaderFields:
     return {"session_id": m.session_id, "round_number": m.round_idx, "device_id": _did(ids, m.device_id, type(m).__name__)}
 
 
@@ -157,7 +210,7 @@ def _did(ids: RoundIds, secagg_id: int, what: str) -> int:
         raise WireError(f"{what}: {exc}") from None
 
 
-def _bounded(items, ids: RoundIds, what: str):
+def _bounded(items: _S, ids: RoundIds, what: str) -> _S:
     if len(items) > ids.num_clients:
         raise WireError(f"{what}: {len(items)} entries for a cohort of {ids.num_clients}")
     return items
@@ -434,7 +487,7 @@ def unmasking_request_from_proto(p: secagg_pb2.UnmaskingRequest, ids: RoundIds) 
 def unmasking_response_to_proto(m: sm.UnmaskingResponse, ids: RoundIds) -> secagg_pb2.UnmaskingResponse:
     what = "UnmaskingResponse"
 
-    def shares(items):
+    def shares(items: Iterable[tuple[int, int]]) -> list[secagg_pb2.SecretShare]:
         out = []
         for owner, value in items:
             if not (isinstance(value, int) and 0 <= value < PRIME):
@@ -451,7 +504,7 @@ def unmasking_response_from_proto(p: secagg_pb2.UnmaskingResponse, ids: RoundIds
     what = "UnmaskingResponse"
     header = _header_from_proto(p, ids, what)
 
-    def shares(items, field):
+    def shares(items: Sequence[secagg_pb2.SecretShare], field: str) -> tuple[tuple[int, int], ...]:
         _bounded(items, ids, f"{what}.{field}")
         out = []
         for s in items:
@@ -484,7 +537,9 @@ def abort_to_proto(m: sm.ClientAbort | sm.ServerAbort, ids: RoundIds, detail: st
     )
 
 
-def round_abort_notice(session_id: bytes, round_number: int, reason: int, detail: str = "") -> common_pb2.AbortNotice:
+def round_abort_notice(
+    session_id: bytes, round_number: int, reason: ProtoAbortReason, detail: str = ""
+) -> common_pb2.AbortNotice:
     """Server -> client: the whole round is aborted (device_id 0)."""
     return common_pb2.AbortNotice(
         session_id=session_id, round_number=round_number, device_id=0, reason=reason, detail=detail[:MAX_DETAIL_CHARS]
@@ -543,7 +598,7 @@ SERVER_FIELDS = {
 }
 
 
-def client_to_proto(m: sm.Message, ids: RoundIds, *, modulus_bits: int = 32, detail: str = ""):
+def client_to_proto(m: sm.Message, ids: RoundIds, *, modulus_bits: int = 32, detail: str = "") -> ClientStageProto:
     """Any secagg client -> server message as its proto message (unwrapped;
     put it in ClientMessage(**{CLIENT_FIELDS[type(p)]: p}))."""
     if isinstance(m, sm.AdvertiseKeys):
@@ -561,7 +616,7 @@ def client_to_proto(m: sm.Message, ids: RoundIds, *, modulus_bits: int = 32, det
     raise WireError(f"not a client message: {type(m).__name__}")
 
 
-def client_from_proto(p, ids: RoundIds, *, vector_length: int, modulus_bits: int) -> sm.Message:
+def client_from_proto(p: object, ids: RoundIds, *, vector_length: int, modulus_bits: int) -> sm.Message:
     """Server side: one proto stage message (unwrapped) as its secagg message."""
     if isinstance(p, secagg_pb2.AdvertiseKeys):
         return advertise_keys_from_proto(p, ids)
@@ -578,7 +633,9 @@ def client_from_proto(p, ids: RoundIds, *, vector_length: int, modulus_bits: int
     raise WireError(f"not a client stage message: {type(p).__name__}")
 
 
-def server_to_proto(m: sm.Message, ids: RoundIds, *, identity_keys: Mapping[int, bytes] | None = None, detail: str = ""):
+def server_to_proto(
+    m: sm.Message, ids: RoundIds, *, identity_keys: Mapping[int, bytes] | None = None, detail: str = ""
+) -> ServerStageProto:
     """Any secagg server -> client message as its proto message (unwrapped)."""
     if isinstance(m, sm.KeyList):
         return key_list_to_proto(m, ids, identity_keys)
@@ -593,7 +650,7 @@ def server_to_proto(m: sm.Message, ids: RoundIds, *, identity_keys: Mapping[int,
     raise WireError(f"not a server message: {type(m).__name__}")
 
 
-def server_from_proto(p, ids: RoundIds, *, own: sm.AdvertiseKeys | None = None) -> sm.Message:
+def server_from_proto(p: object, ids: RoundIds, *, own: sm.AdvertiseKeys | None = None) -> sm.Message:
     """Client side: one proto stage message (unwrapped) as its secagg message.
     AdvertisedKeys needs `own` (the device's AdvertiseKeys) and drops the
     identity keys; use key_list_from_proto directly in active mode."""

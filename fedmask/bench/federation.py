@@ -108,10 +108,10 @@ def _exact(record: Any, state_dirs: list[Path]) -> bool:
     from coordinator.debug import encoded_checksum
 
     counted = list(record.survivors.get("masked_input", []))
-    vectors = [_recorded_input(state_dirs, record.number, d) for d in counted]
-    if not counted or any(v is None for v in vectors):
+    vectors = [v for d in counted if (v := _recorded_input(state_dirs, record.number, d)) is not None]
+    if not counted or len(vectors) != len(counted):
         return False
-    total = np.sum(np.stack(vectors), axis=0, dtype=np.uint64).astype(np.uint32)
+    total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
     return (record.metrics.get("debug.counted") == len(counted)
             and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
 
@@ -190,7 +190,9 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
     records = [r for r in _read_rounds(db) if r.state.is_terminal]
     applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
-    round_s, stage_s, per_round = [], {}, []
+    round_s: list[float] = []
+    stage_s: dict[str, list[float]] = {}
+    per_round: list[dict[str, Any]] = []
     ok = len(records) == cfg.rounds
     as_injected = True
     for r in records:

@@ -151,7 +151,7 @@ class ProcessGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self, name: str, args: Sequence[str], *, env: Mapping[str, str] | None = None) -> Child:
+    def start(self, name: str, args: Sequence[str | Path | int | float], *, env: Mapping[str, str] | None = None) -> Child:
         prof = [] if self.profile_dir is None else ["-m", "cProfile", "-o", str(self.profile_dir / f"{name}.prof")]
         argv = [sys.executable, *prof, "-m", "fedmask", *map(str, args)]
         log_path = self.workdir / f"{name}.log"
@@ -226,12 +226,18 @@ def health_status(port: int, *, service: str = "", timeout: float = 2.0, credent
     server) on 127.0.0.1:port, or None if unreachable. `credentials`: grpc
     channel credentials (TLS); plaintext without."""
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1 import health_pb2
 
     target = f"{LOOPBACK}:{port}"
     channel = grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
     try:
-        resp = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        # grpc_health's stub class is typed without its methods; the same call, typed:
+        check = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+        resp = check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
         return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
     except grpc.RpcError:
         return None

@@ -214,9 +214,9 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
                     current = None
                     if store is not None:
                         try:
-                            page = store.list_rounds(limit=rounds + 5).items
+                            page = tuple(store.list_rounds(limit=rounds + 5).items)
                         except Exception:
-                            page = []
+                            page = ()
                         for r in sorted(page, key=lambda r: r.number):
                             if r.state.is_terminal and r.number not in reported:
                                 reported.add(r.number)
@@ -282,7 +282,7 @@ def _exact(r: Any, state_dirs: list[Path]) -> bool:
             return False
     if not vecs:
         return False
-    total = np.sum(np.stack(vecs), axis=0, dtype=np.uint64).astype(np.uint32)
+    total = np.asarray(np.sum(np.stack(vecs), axis=0, dtype=np.uint64), dtype=np.uint32)
     return encoded_checksum(total) == r.metrics.get("debug.encoded_checksum")
 
 
@@ -366,7 +366,7 @@ def secagg_demo(
     from rich.console import Console
     from rich.table import Table
 
-    from secagg.config import SecAggConfig
+    from secagg.config import Neighbors, SecAggConfig
     from secagg.errors import SecAggError
     from secagg.testing import DROPOUT_STAGES, DropoutPlan, run_round
 
@@ -378,7 +378,7 @@ def secagg_demo(
     if stages[0] == stages[1]:
         raise typer.BadParameter("pick two different stages")
     try:
-        degree: int | str = neighbors if neighbors in ("all", "auto") else int(neighbors)
+        degree: Neighbors = "all" if neighbors == "all" else "auto" if neighbors == "auto" else int(neighbors)
         config = SecAggConfig.create(
             num_clients=clients,
             vector_length=dim,
@@ -418,7 +418,8 @@ def secagg_demo(
 
     if not outcome.ok:
         console.print(
-            f"[red]round aborted[/red] at {outcome.abort_stage}: {outcome.abort_reason.value} ({outcome.abort_detail})"
+            f"[red]round aborted[/red] at {outcome.abort_stage}: "
+            f"{outcome.abort_reason.value if outcome.abort_reason else '?'} ({outcome.abort_detail})"
         )
         raise typer.Exit(1)
 

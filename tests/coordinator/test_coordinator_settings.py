@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.settings import CONFIG_ENV, CoordinatorSettings, SecaggSettings, SettingsError, unflatten
+from coordinator.settings import CONFIG_ENV, CoordinatorSettings, SecaggSettings, SettingsError, ThresholdPolicy, unflatten
 
 
 @pytest.fixture(autouse=True)
@@ -190,8 +190,8 @@ def test_limits_group_from_flags_env_and_file(tmp_path: Path, monkeypatch: pytes
     [("majority", 10, 6), ("majority", 3, 2), ("two_thirds", 10, 7), ("two_thirds", 3, 2), (0.51, 100, 51),
      (1.0, 7, 7), ("two_thirds", 1, 1)],
 )
-def test_threshold_policy(policy: object, n: int, t: int) -> None:
-    assert SecaggSettings(threshold=policy).threshold_for(n) == t  # type: ignore[arg-type]
+def test_threshold_policy(policy: ThresholdPolicy, n: int, t: int) -> None:
+    assert SecaggSettings(threshold=policy).threshold_for(n) == t
 
 
 def test_unflatten() -> None:

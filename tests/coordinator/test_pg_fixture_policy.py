@@ -4,11 +4,12 @@ started, and may only skip (with the reason) outside CI."""
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 
 import pytest
 
 
-def _pg_module():  # type: ignore[no-untyped-def]
+def _pg_module() -> ModuleType:
     return sys.modules["conftest_pg"]  # a plugin of tests/conftest.py
 
 

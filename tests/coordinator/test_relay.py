@@ -6,6 +6,7 @@ receive loop is `coordinator.handle`, its stream end `close_session`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -48,7 +49,7 @@ def top_k_response(cid: str, device: int, items, scores, version: int = 3) -> S.
                             top_k=S.TopKResult(item_ids=items, scores=scores, model_version=version))
 
 
-def error_response(cid: str, device: int, code: int, message: str = "") -> S.DeviceResponse:
+def error_response(cid: str, device: int, code: S.DeviceErrorCode.ValueType, message: str = "") -> S.DeviceResponse:
     return S.DeviceResponse(correlation_id=cid, device_id=device, error=S.DeviceError(code=code, message=message))
 
 
@@ -248,7 +249,7 @@ class CatalogueModel(SyntheticModel):
     items: int = 20
 
     @property
-    def n_items(self) -> int:  # type: ignore[override]
+    def n_items(self) -> int:
         return self.items
 
 
@@ -293,8 +294,9 @@ def test_request_top_k_goes_to_the_stream_hosting_the_device(caplog: pytest.LogC
             await coord.handle(s2, S.ClientMessage(device_response=top_k_response(
                 req.correlation_id, d2, [5, 2, 11], [0.9, 0.8, 0.1], version=1)))
             answer = await call
-        assert answer == TopKAnswer(device_id=d2, item_ids=(5, 2, 11), scores=pytest.approx((0.9, 0.8, 0.1)),
-                                    model_version=1)
+        assert dataclasses.replace(answer, scores=()) == TopKAnswer(device_id=d2, item_ids=(5, 2, 11), scores=(),
+                                                                    model_version=1)
+        assert answer.scores == pytest.approx((0.9, 0.8, 0.1))
         assert "event=device_request" in caplog.text and "outcome=ok" in caplog.text
         assert len(coord._requests) == 0
         await coord.shutdown()

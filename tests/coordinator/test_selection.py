@@ -11,7 +11,7 @@ from coordinator.selection import eligible_devices, select_cohort
 def test_seeded_and_order_independent():
     a = select_cohort([5, 1, 9, 3, 7, 2], target=3, minimum=2, rng=random.Random(4))
     b = select_cohort([9, 7, 5, 3, 2, 1], target=3, minimum=2, rng=random.Random(4))
-    assert a == b and a == sorted(a) and len(a) == 3
+    assert a is not None and a == b and a == sorted(a) and len(a) == 3
 
 
 def test_minimum_and_target():
@@ -20,10 +20,12 @@ def test_minimum_and_target():
 
 
 def test_roughly_uniform():
-    counts = Counter()
+    counts: Counter[int] = Counter()
     rng = random.Random(1)
     for _ in range(2000):
-        counts.update(select_cohort(range(10), target=3, minimum=1, rng=rng))
+        cohort = select_cohort(range(10), target=3, minimum=1, rng=rng)
+        assert cohort is not None
+        counts.update(cohort)
     assert all(500 < counts[i] < 700 for i in range(10))  # expected 600 each
 
 

@@ -3,6 +3,8 @@ real PostgreSQL (`sql_url` fixture), plus the parameter-blob format."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from alembic import command
@@ -90,7 +92,7 @@ def test_foreign_keys_are_enforced(sql_url: str) -> None:
         engine.dispose()
 
 
-def test_sqlite_file_uses_wal_and_foreign_keys(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sqlite_file_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
     engine = create_store_engine(f"sqlite:///{tmp_path}/sub/dir/f.db")  # parent dirs are created
     try:
         with engine.connect() as conn:
@@ -136,8 +138,11 @@ def test_unreachable_postgresql_raises_store_error() -> None:
 
 # ------------------------------------------------------------------- blobs
 def test_parameter_blobs_are_deterministic_float32_npz() -> None:
-    params = {"item_embedding": np.arange(12, dtype=np.float64).reshape(4, 3), "bias": np.ones(4, np.float32),
-              "ids": np.arange(3, dtype=np.int64)}
+    params: dict[str, np.ndarray] = {
+        "item_embedding": np.arange(12, dtype=np.float64).reshape(4, 3),
+        "bias": np.ones(4, np.float32),
+        "ids": np.arange(3, dtype=np.int64),
+    }
     blob = pack_parameters(params)
     assert blob == pack_parameters(dict(reversed(list(params.items()))))
     back = unpack_parameters(blob)

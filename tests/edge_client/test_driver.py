@@ -133,7 +133,7 @@ def test_a_malformed_server_message_aborts_only_that_device(tmp_path: Path) -> N
             # the process stays up: the next round has everyone
             res2 = await fake.run_round(s, vector_length=8)
             assert res2.ok and res2.counted_devices == list(range(1, N + 1))
-            assert not rc.task.done()
+            assert rc.task is not None and not rc.task.done()
 
     run_async(go())
 
@@ -234,6 +234,7 @@ def test_token_auth(tmp_path: Path) -> None:
                 assert (await fake.run_round(s, vector_length=4)).ok
             bad = RunningClient(fake, tmp_path / "bad", users="1-3", token="wrong")
             async with bad:
+                assert bad.task is not None
                 await asyncio.wait_for(asyncio.shield(bad.task), 10)
             assert bad.exit_code == 2  # refused credentials are fatal, not retried
 
@@ -259,6 +260,7 @@ def test_crash_after_round_exits_after_committing_private_state(tmp_path: Path) 
                 res = await fake.run_round(s, model_name="fedrap", vector_length=dim, global_parameters=g, clip=0.5,
                                            hyperparameters={"k": 4, "local_epochs": 1})
                 assert res.ok
+                assert rc.task is not None
                 await asyncio.wait_for(asyncio.shield(rc.task), 10)
 
     run_async(go())
@@ -287,7 +289,7 @@ def test_a_bad_round_task_is_declined_and_the_process_stays_up(tmp_path: Path, t
             (notice,) = res.aborts
             assert notice.device_id == 0 and notice.reason == reason  # all of this client's devices withdraw
             assert (await fake.run_round(s, vector_length=4)).ok
-            assert not rc.task.done()
+            assert rc.task is not None and not rc.task.done()
 
     run_async(go())
 

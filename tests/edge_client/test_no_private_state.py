@@ -70,7 +70,9 @@ def test_no_private_state_in_any_client_message(tmp_path: Path, monkeypatch: pyt
         for f in sorted(tmp_path.glob("devices/*/model-*.fms")):
             from edge_client.state import read_arrays
 
-            arrays, _ = read_arrays(f)
+            loaded = read_arrays(f)
+            assert loaded is not None
+            arrays, _ = loaded
             snapshots.append(arrays)
 
     received: list = []
@@ -142,7 +144,9 @@ def test_no_private_state_in_any_client_message(tmp_path: Path, monkeypatch: pyt
             needles += _needles_from_array(a)
     with ClientStore(tmp_path) as store:
         for dev in store.devices():
-            data, _ = dev.load_data()
+            loaded = dev.load_data()
+            assert loaded is not None
+            data, _ = loaded
             for key in ("imp_train", "exp_train_items", "exp_train_ratings", "exp_val_items", "exp_test_items"):
                 v = data[key]
                 if v.nbytes >= 16:
@@ -169,6 +173,6 @@ def test_no_private_state_in_any_client_message(tmp_path: Path, monkeypatch: pyt
         assert any(nd in leaky.SerializeToString() for nd in needles)
 
     blobs = [m.SerializeToString() for m in received]
-    leaks = [(i, m.WhichOneof("message")) for i, b in enumerate(blobs) for nd in needles if nd in b]
+    leaks = [(i, received[i].WhichOneof("message")) for i, b in enumerate(blobs) for nd in needles if nd in b]
     assert not leaks, f"private bytes found in client messages: {leaks[:5]}"
 

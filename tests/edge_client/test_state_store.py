@@ -31,7 +31,9 @@ def _crash(_tmp: Path) -> None:
 def test_round_trip_keeps_dtypes_shapes_and_meta(tmp_path: Path) -> None:
     arrays = {"u": np.arange(4, dtype=np.float32), "b": np.array(np.float32(0.5)), "D": np.ones((3, 2), np.float32)}
     write_arrays(tmp_path / "m.fms", arrays, {"model_version": 3})
-    got, meta = read_arrays(tmp_path / "m.fms")
+    loaded = read_arrays(tmp_path / "m.fms")
+    assert loaded is not None
+    got, meta = loaded
     assert meta == {"model_version": 3}
     for k, v in arrays.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape and np.array_equal(got[k], v)
@@ -45,7 +47,9 @@ def test_crash_between_temp_write_and_replace_leaves_the_old_state(tmp_path: Pat
     dev.save_model("fedrap", old, {"model_version": 1})
     with pytest.raises(Crash):
         dev.save_model("fedrap", {"u": np.full(8, 2.0, np.float32)}, {"model_version": 2}, before_replace=_crash)
-    arrays, meta = dev.load_model("fedrap")
+    loaded = dev.load_model("fedrap")
+    assert loaded is not None
+    arrays, meta = loaded
     assert np.array_equal(arrays["u"], old["u"]) and meta["model_version"] == 1
     assert not [p for p in dev.folder.iterdir() if ".tmp-" in p.name]  # the temp file is gone
     store.close()
@@ -61,7 +65,9 @@ def test_a_temp_file_left_by_a_killed_process_is_ignored_and_cleaned(tmp_path: P
     store.close()
     store = ClientStore(tmp_path).open()
     assert not stray.exists()
-    arrays, meta = store.device("user-2").load_model("fedrap")
+    loaded = store.device("user-2").load_model("fedrap")
+    assert loaded is not None
+    arrays, meta = loaded
     assert meta["model_version"] == 1 and not arrays["u"].any()
     store.close()
 

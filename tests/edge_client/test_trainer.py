@@ -17,6 +17,7 @@ from edge_client.trainer import Trainer, TrainingError, TrainingFailure, synthet
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
+from models.data.types import ExplicitSplit
 
 NUMBERS = [3, 5, 8, 13]
 HYPER = {"k": 8, "local_epochs": 2}
@@ -55,14 +56,16 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     explicit = bool(hyper.get("explicit"))
     split = random_explicit_split(interactions, 0) if explicit else leave_one_out(interactions, 0)
     users = np.array(NUMBERS) - 1
-    data = cohort_data(split, users, explicit_csr=explicit_train_csr(split) if explicit else None)
+    data = cohort_data(split, users, explicit_csr=explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None)
     private = model.init_private(data, global_, trainer.seed)
     want_priv, want = model.local_update(global_, private, data, spec.round_idx, trainer.seed)
 
     out = trainer.train(spec, NUMBERS)
     np.testing.assert_array_equal(out.updates, want.numpy().astype(np.float64))
     for i, n in enumerate(NUMBERS):  # the new private rows are on disk, one file per device
-        arrays, meta = trainer.devices[n].store.load_model(name)
+        loaded = trainer.devices[n].store.load_model(name)
+        assert loaded is not None
+        arrays, meta = loaded
         assert meta["model_version"] == 1 and meta["round_number"] == spec.round_number
         for k, v in want_priv.items():
             np.testing.assert_array_equal(arrays[k], v[i].numpy())
@@ -72,7 +75,7 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     sub = [1, 3]  # rows of NUMBERS
     rows = torch.tensor(sub)
     priv2 = {k: v.index_select(0, rows) for k, v in want_priv.items()}
-    data2 = cohort_data(split, users[sub], explicit_csr=explicit_train_csr(split) if explicit else None)
+    data2 = cohort_data(split, users[sub], explicit_csr=explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None)
     _, want2 = model.local_update(global_, priv2, data2, 4, trainer.seed)
     out2 = trainer.train(spec2, [NUMBERS[i] for i in sub])
     np.testing.assert_array_equal(out2.updates, want2.numpy().astype(np.float64))
@@ -129,7 +132,9 @@ def test_top_k_on_the_device(trainer: Trainer) -> None:
     assert seen and not seen & set(items)
     # the same numbers as model.score over all items with the stored private state
     model = trainer.model_for("fedrap", HYPER).model
-    arrays, _ = trainer.devices[5].store.load_model("fedrap")
+    loaded = trainer.devices[5].store.load_model("fedrap")
+    assert loaded is not None
+    arrays, _ = loaded
     priv = {k: torch.as_tensor(v).unsqueeze(0) for k, v in arrays.items()}
     s = model.score(global_, priv, torch.tensor([4]), torch.arange(trainer.n_items).unsqueeze(0))[0]
     s[list(seen)] = -float("inf")

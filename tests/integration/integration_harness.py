@@ -245,9 +245,9 @@ def check_exact_aggregate(record, state_dirs: Sequence[Path], extra: Mapping[int
 
     counted = list(record.survivors["masked_input"])
     assert record.metrics["debug.counted"] == len(counted), record.metrics
-    vectors = [(extra or {}).get(d) if (extra and d in extra) else recorded_input(state_dirs, record.number, d)
+    vectors = [extra[d] if (extra is not None and d in extra) else recorded_input(state_dirs, record.number, d)
                for d in counted]
-    total = np.sum(np.stack(vectors), axis=0, dtype=np.uint64).astype(np.uint32)
+    total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
     assert encoded_checksum(total) == record.metrics["debug.encoded_checksum"], (
         f"round {record.number}: the aggregate is not the sum of the counted devices' inputs"
     )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,14 +79,14 @@ def tolerance(rounds: int = ROUNDS) -> float:
     return 4 * rounds * delta
 
 
-def _simulate_in_process(tmp_path: Path, name: str, **over) -> np.ndarray:
+def _simulate_in_process(tmp_path: Path, name: str, **over: Any) -> np.ndarray:
     from models.engine import SimulationConfig, load_global_state, simulate
 
-    kw = dict(model="fedrap", dataset="synthetic", seed=SEED, rounds=ROUNDS, users=tuple(range(1, N + 1)),
+    kw: dict[str, Any] = dict(model="fedrap", dataset="synthetic", seed=SEED, rounds=ROUNDS, users=tuple(range(1, N + 1)),
               secagg=True, secagg_clip=CLIP, secagg_neighbors="all", threads=1, eval_every=ROUNDS)  # fmt: skip
     kw.update(over)
     path = tmp_path / f"{name}.npz"
-    simulate(SimulationConfig(**kw, save_global=str(path)))  # type: ignore[arg-type]
+    simulate(SimulationConfig(**kw, save_global=str(path)))
     return load_global_state(path)["C"]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -253,7 +254,7 @@ def test_lastfm(tmp_path: Path) -> None:
     assert np.allclose(xl.rating, np.log1p([13883, 0, 10]).astype(np.float32))
     assert detect_format(tmp_path) == "lastfm"
     with pytest.raises(ValueError):
-        load_lastfm(tmp_path, rating="raw")  # type: ignore[arg-type]
+        load_lastfm(tmp_path, rating=cast(Any, "raw"))  # not a rating mode
 
 
 def test_lastfm_malformed(tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from typing import Any, cast
+
 import numpy as np
 import pytest
 import torch
@@ -63,7 +65,7 @@ def test_cohort_data_explicit() -> None:
         assert torch.all(c.ratings[b, n:] == 0)
     assert torch.equal(cohort_data(e, [3, 7]).items, c.items)
     with pytest.raises(TypeError):
-        cohort_data(x, [0])  # type: ignore[arg-type]
+        cohort_data(cast(Any, x), [0])  # not an ImplicitSplit
 
 
 @pytest.mark.parametrize("bitmap", [True, False])

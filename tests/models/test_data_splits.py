@@ -230,6 +230,7 @@ def test_synthetic_is_seeded_fast_and_structured() -> None:
     assert len(np.unique(x.user * x.n_items + x.item)) == len(x.user)
     same_user = x.user[1:] == x.user[:-1]
     assert np.all(np.diff(x.timestamp)[same_user] >= 0) and np.any(np.diff(x.timestamp)[same_user] == 0)
+    assert x.user_features is not None and x.item_features is not None
     assert x.user_features.shape[0] == 200 and x.item_features.shape[0] == 300
     assert x.user_features[:, :7].sum(axis=1).tolist() == [1.0] * 200  # age one-hot
     assert x.item_features[:, :10].sum(axis=1).min() >= 1  # every item has a genre
@@ -239,6 +240,7 @@ def test_synthetic_features_carry_signal() -> None:
     # a per-genre mean rating should predict held-out ratings better than the global mean
     x = synthetic(400, 300, seed=2)
     e = random_explicit_split(x, 0)
+    assert x.item_features is not None
     g = x.item_features[:, :10]
     mu = e.train_rating.mean()
     # per-user linear model on item genres (ridge), like FedMMF's one-order mask

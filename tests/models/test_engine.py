@@ -188,7 +188,7 @@ def test_secagg_gives_the_plain_mean_up_to_fixed_point(x, monkeypatch: pytest.Mo
             means[spy_build.mode].append(mean.clone())
             return orig(g, mean, r)
 
-        m.apply_mean_update = apply  # type: ignore[method-assign]
+        monkeypatch.setattr(m, "apply_mean_update", apply)
         return m
 
     monkeypatch.setattr(engine, "build_model", spy_build)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
 from models.data.types import ImplicitSplit
 from models.evaluation import (
+    Stage,
     evaluate,
     evaluate_explicit,
     evaluate_implicit,
@@ -73,7 +75,7 @@ def reference_implicit(S: np.ndarray, s: ImplicitSplit, stage: str) -> dict[str,
 
 @pytest.mark.parametrize("stage", ["test", "val"])
 @pytest.mark.parametrize("ties", [False, True])
-def test_batched_matches_reference(split: ImplicitSplit, stage: str, ties: bool) -> None:
+def test_batched_matches_reference(split: ImplicitSplit, stage: Stage, ties: bool) -> None:
     g = torch.Generator().manual_seed(3)
     S = torch.rand(split.n_users, split.n_items, generator=g, dtype=torch.float64)
     if ties:  # coarse scores: many ties, and a few NaNs
@@ -102,7 +104,7 @@ def test_sums_over_user_subsets_add_up(split: ImplicitSplit) -> None:
     for k in whole:
         assert merged[k] == pytest.approx(whole[k])
     # per-device sums (one user each) add up too
-    one = merge_sums(evaluate_implicit(table_scorer(S), split, users=[u], full=False) for u in range(split.n_users))
+    one = merge_sums(evaluate_implicit(table_scorer(S), split, users=np.array([u]), full=False) for u in range(split.n_users))
     assert one["sampled_hits@10"] == whole["sampled_hits@10"]
 
 
@@ -193,7 +195,7 @@ def test_score_fn_shape_is_checked(split: ImplicitSplit) -> None:
     with pytest.raises(ValueError, match="score_fn returned shape"):
         evaluate_implicit(lambda u, i: torch.zeros(i.shape[0]), split)
     with pytest.raises(ValueError, match="stage"):
-        evaluate_implicit(lambda u, i: torch.zeros(i.shape), split, "train")  # type: ignore[arg-type]
+        evaluate_implicit(lambda u, i: torch.zeros(i.shape), split, cast(Any, "train"))  # not a stage
 
 
 def test_users_without_held_out_items_are_skipped() -> None:

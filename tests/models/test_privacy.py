@@ -10,6 +10,7 @@ import torch
 from dp_accounting import pld, rdp
 
 from models.privacy import (
+    Accountant,
     Composition,
     RoundAccountant,
     add_gaussian_noise,
@@ -117,9 +118,10 @@ def test_round_accountant_bookkeeping() -> None:
 
 
 def test_composed_epsilon_matches_epsilon_for_identical_rounds() -> None:
-    for acc in ("rdp", "pld"):
-        want = epsilon(noise_multiplier=1.0, sampling_rate=0.5, rounds=20, accountant=acc)  # type: ignore[arg-type]
-        got = composed_epsilon([(1.0, 0.5)] * 20, accountant=acc)  # type: ignore[arg-type]
+    accountants: tuple[Accountant, ...] = ("rdp", "pld")
+    for acc in accountants:
+        want = epsilon(noise_multiplier=1.0, sampling_rate=0.5, rounds=20, accountant=acc)
+        got = composed_epsilon([(1.0, 0.5)] * 20, accountant=acc)
         assert got == pytest.approx(want, rel=1e-9)
     assert composed_epsilon([]) == 0.0
     assert composed_epsilon([(0.0, 1.0)]) == math.inf

@@ -45,6 +45,7 @@ def _scalar(field: FieldDescriptor) -> object:
     if t in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
         return n + 0.5
     if t == FieldDescriptor.TYPE_ENUM:
+        assert field.enum_type is not None
         return field.enum_type.values[-1].number  # a real, non-zero value
     return n  # integer types
 
@@ -106,6 +107,7 @@ def test_every_oneof_case_round_trips(wrapper: type[Message], case: str) -> None
 )
 def test_round_scoped_cases_carry_session_and_round(wrapper: type[Message], case: str) -> None:
     inner = wrapper.DESCRIPTOR.fields_by_name[case].message_type
+    assert inner is not None
     if case in _NOT_ROUND_SCOPED:
         assert "session_id" not in inner.fields_by_name
         return

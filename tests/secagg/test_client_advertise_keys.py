@@ -13,6 +13,7 @@ from secagg.errors import AbortReason, ProtocolMisuse
 from secagg.messages import AdvertiseKeys, ClientAbort, KeyList, ServerAbort
 from secagg.randomness import DeterministicRandom
 from secagg.testing import identity_keys
+from stage_setup import ill_typed
 
 CFG = SecAggConfig.create(num_clients=4, vector_length=6, session_id=b"sess")
 X = np.zeros(6, dtype=np.uint32)
@@ -36,6 +37,7 @@ def test_active_mode_signs_the_keys() -> None:
     cfg = SecAggConfig.create(num_clients=4, vector_length=6, session_id=b"sess", active_adversary=True)
     priv, pub = identity_keys(4)
     _, (msg,) = ClientAdvertiseKeys(cfg, 1, 0, X, identity_key=priv[1], peer_identity_keys=pub).start()
+    assert isinstance(msg, AdvertiseKeys)
     payload = identity.advertise_payload(b"sess", 0, 1, msg.c_public, msg.s_public)
     assert identity.verify(pub[1], msg.signature, payload)
     assert not identity.verify(pub[2], msg.signature, payload)
@@ -60,9 +62,9 @@ def test_start_twice_is_misuse() -> None:
         (("config", 0, 0, X), TypeError),
     ],
 )
-def test_constructor_misuse(args, exc) -> None:
+def test_constructor_misuse(args: tuple[object, ...], exc: type[Exception]) -> None:
     with pytest.raises(exc):
-        ClientAdvertiseKeys(*args)
+        ClientAdvertiseKeys(*ill_typed(args))
 
 
 def test_active_mode_needs_identity_keys() -> None:
@@ -87,7 +89,7 @@ def test_server_abort_before_start() -> None:
 
 def test_not_a_message_is_misuse() -> None:
     with pytest.raises(TypeError):
-        ClientAdvertiseKeys(CFG, 0, 0, X).handle({"type": "KeyList"})
+        ClientAdvertiseKeys(CFG, 0, 0, X).handle(ill_typed({"type": "KeyList"}))
 
 
 def test_device_can_cancel() -> None:

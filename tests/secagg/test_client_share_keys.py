@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
@@ -12,29 +14,17 @@ from secagg.client import ClientAborted, ClientMaskedInputCollection, ClientShar
 from secagg.errors import AbortReason, ProtocolMisuse
 from secagg.keys import agree, share_key
 from secagg.messages import KeyEntry, KeyList, ServerAbort, ShareKeys, ShareRelay
-from secagg.testing import StepHarness
-
-
-def _setup(**kw):
-    h = StepHarness(num_clients=kw.pop("n", 5), **kw)
-    keylists = h.advance_to("share_keys")
-    return h, keylists
-
-
-def _aborted(state, out, reason: AbortReason) -> None:
-    assert isinstance(state, ClientAborted), state
-    assert state.reason is reason, state
-    assert len(out) == 1 and out[0].reason is reason
+from stage_setup import assert_client_aborted, key_lists
 
 
 def test_sends_one_sealed_share_pair_to_each_peer_that_only_it_can_open() -> None:
-    h, keylists = _setup()
+    h, keylists = key_lists()
     state, (msg,) = h.clients[0].handle(keylists[0])
     assert isinstance(state, ClientMaskedInputCollection) and isinstance(msg, ShareKeys)
     assert [r for r, _ in msg.shares] == [1, 2, 3, 4]
     assert all(len(blob) == 94 for _, blob in msg.shares)
     # Device 2 opens its blob with its own c-key and 0's advertised c-key.
-    c2 = h.clients[2]._round.c_pair.private
+    c2 = h.clients[2]._round.c_keys().private
     c0_pub = keylists[2].entries[0].c_public
     key = share_key(agree(c2, c0_pub), session_id=h.config.session_id, round_idx=0, sender=0, receiver=2)
     plaintext = open_sealed(key, dict(msg.shares)[2], share_associated_data(h.config.session_id, 0, 0, 2))
@@ -42,7 +32,7 @@ def test_sends_one_sealed_share_pair_to_each_peer_that_only_it_can_open() -> Non
 
 
 def test_shares_reconstruct_b_and_s() -> None:
-    h, keylists = _setup()
+    h, keylists = key_lists()
     replies = h.deliver(keylists)
     h.send(replies)
     relays = h.close()
@@ -54,10 +44,10 @@ def test_shares_reconstruct_b_and_s() -> None:
     b = shamir.combine(xs, [h.clients[v]._round.held[owner][0] for v in holders])
     s = shamir.combine(xs, [h.clients[v]._round.held[owner][1] for v in holders])
     assert shamir.int_to_secret(b) == h.clients[owner]._round.b_seed
-    assert shamir.int_to_secret(s) == h.clients[owner]._round.s_pair.private_bytes()
+    assert shamir.int_to_secret(s) == h.clients[owner]._round.s_keys().private_bytes()
 
 
-def _with_entries(msg: KeyList, entries) -> KeyList:
+def _with_entries(msg: KeyList, entries: Iterable[Any]) -> KeyList:
     return dataclasses.replace(msg, entries=tuple(entries))
 
 
@@ -75,20 +65,20 @@ def _with_entries(msg: KeyList, entries) -> KeyList:
         pytest.param(lambda e: e + ["not an entry"], id="not-an-entry"),
     ],
 )
-def test_invalid_key_lists_abort(mutate) -> None:
-    h, keylists = _setup()
+def test_invalid_key_lists_abort(mutate: Callable[[list[Any]], list[Any]]) -> None:
+    h, keylists = key_lists()
     bad = _with_entries(keylists[0], mutate(list(keylists[0].entries)))
     state, out = h.clients[0].handle(bad)
-    _aborted(state, out, AbortReason.INVALID_KEY_LIST)
+    assert_client_aborted(state, out, AbortReason.INVALID_KEY_LIST)
 
 
 def test_non_neighbour_in_a_harary_key_list_is_refused() -> None:
-    h, keylists = _setup(n=10, neighbors=4)
+    h, keylists = key_lists(n=10, neighbors=4)
     v = 0
     outsider = next(u for u in range(10) if u not in h.config.graph(0).closure(v))
     entries = list(keylists[v].entries) + [KeyEntry(outsider, b"a" * 32, b"b" * 32)]
     state, out = h.clients[v].handle(_with_entries(keylists[v], entries))
-    _aborted(state, out, AbortReason.INVALID_KEY_LIST)
+    assert_client_aborted(state, out, AbortReason.INVALID_KEY_LIST)
 
 
 @pytest.mark.parametrize(
@@ -99,21 +89,21 @@ def test_non_neighbour_in_a_harary_key_list_is_refused() -> None:
         ({"device_id": 1}, AbortReason.MALFORMED_MESSAGE),
     ],
 )
-def test_replayed_or_misaddressed_key_list(change, reason) -> None:
-    h, keylists = _setup()
+def test_replayed_or_misaddressed_key_list(change: dict[str, Any], reason: AbortReason) -> None:
+    h, keylists = key_lists()
     state, out = h.clients[0].handle(dataclasses.replace(keylists[0], **change))
-    _aborted(state, out, reason)
+    assert_client_aborted(state, out, reason)
 
 
 def test_wrong_message_type() -> None:
-    h, _ = _setup()
+    h, _ = key_lists()
     relay = ShareRelay(session_id=h.config.session_id, round_idx=0, device_id=0, shares=())
     state, out = h.clients[0].handle(relay)
-    _aborted(state, out, AbortReason.UNEXPECTED_MESSAGE)
+    assert_client_aborted(state, out, AbortReason.UNEXPECTED_MESSAGE)
 
 
 def test_server_abort() -> None:
-    h, _ = _setup()
+    h, _ = key_lists()
     state, out = h.clients[0].handle(
         ServerAbort(session_id=h.config.session_id, round_idx=0, device_id=0, reason=AbortReason.TOO_FEW_ADVERTISED)
     )
@@ -121,7 +111,7 @@ def test_server_abort() -> None:
 
 
 def test_spent_state_is_misuse() -> None:
-    h, keylists = _setup()
+    h, keylists = key_lists()
     state = h.clients[0]
     assert isinstance(state, ClientShareKeys)
     state.handle(keylists[0])
@@ -130,14 +120,14 @@ def test_spent_state_is_misuse() -> None:
 
 
 def test_active_mode_refuses_a_forged_key_signature() -> None:
-    h, keylists = _setup(active_adversary=True)
+    h, keylists = key_lists(active_adversary=True)
     entries = list(keylists[0].entries)
     entries[2] = dataclasses.replace(entries[2], signature=entries[3].signature)
     state, out = h.clients[0].handle(_with_entries(keylists[0], entries))
-    _aborted(state, out, AbortReason.INVALID_SIGNATURE)
+    assert_client_aborted(state, out, AbortReason.INVALID_SIGNATURE)
 
 
 def test_active_mode_accepts_genuine_signatures() -> None:
-    h, keylists = _setup(active_adversary=True)
+    h, keylists = key_lists(active_adversary=True)
     state, _ = h.clients[0].handle(keylists[0])
     assert isinstance(state, ClientMaskedInputCollection)

@@ -8,13 +8,14 @@ import pytest
 
 from secagg.client import ClientAborted, ClientCompleted
 from secagg.errors import AbortReason, ProtocolMisuse
-from secagg.messages import ServerAbort
+from secagg.messages import ClientAbort, ServerAbort
+from secagg.messages import UnmaskingRequest
 from secagg.testing import StepHarness
+from stage_setup import ill_typed, key_lists, unmasking_requests
 
 
-def _completed():
-    h = StepHarness(num_clients=4)
-    requests = h.advance_to("unmasking")
+def _completed() -> tuple[StepHarness, dict[int, UnmaskingRequest], ClientCompleted]:
+    h, requests = unmasking_requests(4)
     state, _ = h.clients[0].handle(requests[0])
     assert isinstance(state, ClientCompleted) and state.is_terminal
     return h, requests, state
@@ -33,9 +34,9 @@ def test_completed_ignores_late_messages_but_not_a_server_abort() -> None:
 
 
 def test_aborted_ignores_everything_and_cannot_abort_again() -> None:
-    h = StepHarness(num_clients=4)
-    keylists = h.advance_to("share_keys")
+    h, keylists = key_lists(4)
     aborted, (notice,) = h.clients[0].abort()
+    assert isinstance(notice, ClientAbort)
     assert isinstance(aborted, ClientAborted) and aborted.reason is AbortReason.CANCELLED
     assert notice.reason is AbortReason.CANCELLED and aborted.at_stage == "share_keys"
     assert aborted.handle(keylists[0]) == (aborted, [])
@@ -43,4 +44,4 @@ def test_aborted_ignores_everything_and_cannot_abort_again() -> None:
     with pytest.raises(ProtocolMisuse):
         aborted.abort()
     with pytest.raises(TypeError):
-        aborted.handle(None)
+        aborted.handle(ill_typed(None))

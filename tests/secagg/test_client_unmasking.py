@@ -3,30 +3,35 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from secagg import shamir
-from secagg.client import ClientAborted, ClientCompleted
+from secagg.client import ClientAborted, ClientCompleted, ClientState
 from secagg.errors import AbortReason, ProtocolMisuse
-from secagg.messages import ServerAbort, UnmaskingResponse
+from secagg.messages import Message, ServerAbort, UnmaskingRequest, UnmaskingResponse
 from secagg.testing import StepHarness
+from stage_setup import (
+    assert_client_aborted,
+    close_typed,
+    consistency_requests,
+    ill_typed,
+    share_relays,
+    unmasking_requests,
+)
 
 
-def _setup(n: int = 6, drop=None, **kw):
-    h = StepHarness(num_clients=n, **kw)
-    requests = h.advance_to("unmasking", drop=drop)
-    return h, requests
-
-
-def _refused(state, out, reason=AbortReason.INVALID_UNMASKING_REQUEST) -> None:
-    assert isinstance(state, ClientAborted) and state.reason is reason, state
+def _refused(
+    state: ClientState[Any], out: list[Message], reason: AbortReason = AbortReason.INVALID_UNMASKING_REQUEST
+) -> None:
     # Nothing revealed: the only message is the abort notice.
-    assert len(out) == 1 and not isinstance(out[0], UnmaskingResponse)
+    assert_client_aborted(state, out, reason)
 
 
 def test_reveals_b_for_alive_and_s_for_dropped() -> None:
-    h, requests = _setup(drop={"masked_input": [4]})
+    h, requests = unmasking_requests(drop={"masked_input": [4]})
     req = requests[0]
     assert req.alive == (0, 1, 2, 3, 5) and req.dropped == (4,)
     state, (msg,) = h.clients[0].handle(req)
@@ -37,14 +42,15 @@ def test_reveals_b_for_alive_and_s_for_dropped() -> None:
 
 
 def test_the_revealed_s_shares_rebuild_the_dropped_key() -> None:
-    h, requests = _setup(drop={"masked_input": [4]})
-    shares = {}
+    h, requests = unmasking_requests(drop={"masked_input": [4]})
+    shares: dict[int, int] = {}
     for v, req in requests.items():
         _, (msg,) = h.clients[v].handle(req)
+        assert isinstance(msg, UnmaskingResponse)
         shares[shamir.x_of(v)] = dict(msg.s_shares)[4]
     xs = sorted(shares)[: h.config.threshold]
     s = shamir.combine(xs, [shares[x] for x in xs])
-    assert shamir.int_to_secret(s) == h.clients[4]._round.s_pair.private_bytes()
+    assert shamir.int_to_secret(s) == h.clients[4]._round.s_keys().private_bytes()
 
 
 @pytest.mark.parametrize(
@@ -62,14 +68,14 @@ def test_the_revealed_s_shares_rebuild_the_dropped_key() -> None:
         pytest.param(None, (), id="not-a-list"),
     ],
 )
-def test_malicious_requests_are_refused(alive, dropped) -> None:
-    h, requests = _setup(drop={"masked_input": [4]})
-    state, out = h.clients[0].handle(dataclasses.replace(requests[0], alive=alive, dropped=dropped))
+def test_malicious_requests_are_refused(alive: object, dropped: tuple[int, ...]) -> None:
+    h, requests = unmasking_requests(drop={"masked_input": [4]})
+    state, out = h.clients[0].handle(dataclasses.replace(requests[0], alive=ill_typed(alive), dropped=dropped))
     _refused(state, out)
 
 
 def test_harary_neighbourhood_threshold_is_checked_per_device() -> None:
-    h, requests = _setup(n=12, neighbors=4)  # t = 3 of each closure of 5
+    h, requests = unmasking_requests(n=12, neighbors=4)  # t = 3 of each closure of 5
     v = 0
     closure = sorted(h.config.graph(0).closure(v))
     state, out = h.clients[v].handle(dataclasses.replace(requests[v], alive=(v, next(u for u in closure if u != v))))
@@ -77,7 +83,7 @@ def test_harary_neighbourhood_threshold_is_checked_per_device() -> None:
 
 
 def test_one_answer_only_so_never_both_shares_of_a_peer() -> None:
-    h, requests = _setup(drop={"masked_input": [4]})
+    h, requests = unmasking_requests(drop={"masked_input": [4]})
     spent = h.clients[0]
     done, _ = spent.handle(requests[0])
     with pytest.raises(ProtocolMisuse):
@@ -88,7 +94,7 @@ def test_one_answer_only_so_never_both_shares_of_a_peer() -> None:
 
 
 def test_server_abort_after_completion() -> None:
-    h, requests = _setup()
+    h, requests = unmasking_requests()
     done, _ = h.clients[0].handle(requests[0])
     abort = ServerAbort(session_id=h.config.session_id, round_idx=0, device_id=0, reason=AbortReason.TOO_FEW_UNMASKING_RESPONSES)
     state, out = done.handle(abort)
@@ -101,30 +107,29 @@ def test_server_abort_after_completion() -> None:
 
 
 @pytest.mark.parametrize("change", [{"round_idx": 9}, {"session_id": b"x"}])
-def test_request_from_another_round_or_session(change) -> None:
-    h, requests = _setup()
+def test_request_from_another_round_or_session(change: dict[str, Any]) -> None:
+    h, requests = unmasking_requests()
     state, out = h.clients[0].handle(dataclasses.replace(requests[0], **change))
     _refused(state, out, AbortReason.WRONG_SESSION_OR_ROUND)
 
 
 def test_undecryptable_owners_are_skipped() -> None:
-    h = StepHarness(num_clients=5)
-    relays = h.advance_to("masked_input")
+    h, relays = share_relays()
     shares = list(relays[0].shares)
     shares[0] = (shares[0][0], b"\x00" * 94)
     relays[0] = dataclasses.replace(relays[0], shares=tuple(shares))
     h.send(h.deliver(relays))
-    requests = h.close()
+    requests = close_typed(h, UnmaskingRequest)
     _, (msg,) = h.clients[0].handle(requests[0])
+    assert isinstance(msg, UnmaskingResponse)
     assert shares[0][0] not in dict(msg.b_shares)
 
 
 class TestActiveMode:
-    def _setup(self):
-        h = StepHarness(num_clients=6, active_adversary=True)
-        cons = h.advance_to("consistency_check")
+    def _setup(self) -> tuple[StepHarness, dict[int, UnmaskingRequest]]:
+        h, cons = consistency_requests()
         h.send(h.deliver(cons))
-        return h, h.close()
+        return h, close_typed(h, UnmaskingRequest)
 
     def test_valid_signatures_are_accepted(self) -> None:
         h, requests = self._setup()
@@ -142,7 +147,7 @@ class TestActiveMode:
             pytest.param(lambda s: s + ["junk"], id="junk"),
         ],
     )
-    def test_bad_signatures(self, mutate) -> None:
+    def test_bad_signatures(self, mutate: Callable[[list[Any]], list[Any]]) -> None:
         h, requests = self._setup()
         req = dataclasses.replace(requests[0], signatures=tuple(mutate(list(requests[0].signatures))))
         state, out = h.clients[0].handle(req)

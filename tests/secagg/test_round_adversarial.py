@@ -6,6 +6,7 @@ too few are left)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,15 +21,22 @@ from secagg.messages import (
     UnmaskingRequest,
     UnmaskingResponse,
 )
-from secagg.testing import SERVER, DropoutPlan, StepHarness, encode_inputs, run_round
+from secagg.server.base import ServerRound
+from secagg.testing import SERVER, DropoutPlan, RoundOutcome, StepHarness, encode_inputs, run_round
 
 N, L = 8, 16
 
 
-def _config(**kw) -> SecAggConfig:
-    base = {"num_clients": N, "vector_length": L, "session_id": b"adversarial"}
+def _config(**kw: Any) -> SecAggConfig:
+    base: dict[str, Any] = {"num_clients": N, "vector_length": L, "session_id": b"adversarial"}
     base.update(kw)
     return SecAggConfig.create(**base)
+
+
+def _record(out: RoundOutcome) -> ServerRound:
+    """The server's record of the round (run_round always keeps the final state)."""
+    assert out.server_state is not None
+    return out.server_state.record
 
 
 def _inputs(seed: int = 0) -> np.ndarray:
@@ -46,7 +54,7 @@ def _assert_exact(outcome, counted) -> None:
 def test_honest_round_has_no_rejections_and_every_device_completes() -> None:
     out = run_round(_inputs(), config=_config())
     _assert_exact(out, range(N))
-    assert out.server_state.record.rejections == []
+    assert _record(out).rejections == []
     assert set(out.client_states.values()) == {"ClientCompleted"}
 
 
@@ -59,7 +67,7 @@ def test_a_tampered_ciphertext_is_reported_and_the_round_stays_exact() -> None:
 
     out = run_round(_inputs(), config=_config(), intercept=flip)
     _assert_exact(out, range(N))
-    assert out.server_state.record.undecryptable == {3: frozenset({0})}
+    assert _record(out).undecryptable == {3: frozenset({0})}
 
 
 def test_ciphertexts_relayed_to_the_wrong_device_fail_their_associated_data() -> None:
@@ -74,7 +82,7 @@ def test_ciphertexts_relayed_to_the_wrong_device_fail_their_associated_data() ->
 
     out = run_round(_inputs(), config=_config(), intercept=swap)
     _assert_exact(out, range(N))
-    assert out.server_state.record.undecryptable == {2: frozenset({5})}
+    assert _record(out).undecryptable == {2: frozenset({5})}
 
 
 def _capture(config, round_idx, kind, device):
@@ -218,6 +226,6 @@ def test_private_device_state_never_appears_in_any_message() -> None:
     blob = b"".join(wire)
     for state in h.clients.values():
         r = state._round
-        for secret in (r.c_pair.private_bytes(), r.s_pair.private_bytes(), r.b_seed):
+        for secret in (r.c_keys().private_bytes(), r.s_keys().private_bytes(), r.b_seed):
             assert secret not in blob
         assert h.encoded[r.device_id].tobytes() not in blob

@@ -20,7 +20,7 @@ prune(S) is the largest subset in which every member has >= t of its closure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
@@ -37,7 +37,7 @@ class Expected:
     ok: bool
     stage: str | None = None
     reason: AbortReason | None = None
-    survivors: dict | None = None
+    survivors: dict[str, tuple[int, ...]] = field(default_factory=dict)
     counted: tuple[int, ...] = ()
 
 
@@ -134,6 +134,7 @@ def _check(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -
         return
     assert outcome.ok, (outcome.abort_stage, outcome.abort_reason, outcome.abort_detail)
     assert outcome.counted == want.counted
+    assert outcome.encoded_sum is not None and outcome.mean is not None
     encoded = encode_inputs(inputs, config=config, seed=seed)
     plain = encoded[list(want.counted)].astype(np.uint64).sum(axis=0)
     assert int(plain.max()) < 2**config.encoding.modulus_bits  # the sum never wraps

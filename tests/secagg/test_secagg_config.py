@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from secagg.config import SecAggConfig
@@ -10,7 +12,7 @@ from secagg.errors import SecAggConfigError, EncodingRangeError
 
 
 def make(**kw) -> SecAggConfig:
-    base = {"num_clients": 20, "vector_length": 8, "session_id": b"s"}
+    base: dict[str, Any] = {"num_clients": 20, "vector_length": 8, "session_id": b"s"}
     base.update(kw)
     return SecAggConfig.create(**base)
 

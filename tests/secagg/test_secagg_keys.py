@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -75,7 +76,7 @@ def test_pairwise_key_is_order_independent_share_key_directional() -> None:
     s_ab = keys.agree(a.private, b.public)
     s_ba = keys.agree(b.private, a.public)
     assert s_ab == s_ba
-    kw = {"session_id": b"s", "round_idx": 1}
+    kw: dict[str, Any] = {"session_id": b"s", "round_idx": 1}
     assert keys.pairwise_mask_key(s_ab, a=1, b=2, **kw) == keys.pairwise_mask_key(s_ba, a=2, b=1, **kw)
     assert keys.share_key(s_ab, sender=1, receiver=2, **kw) != keys.share_key(s_ab, sender=2, receiver=1, **kw)
 

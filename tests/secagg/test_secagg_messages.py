@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,7 +28,7 @@ from secagg.messages import (
 )
 from secagg.shamir import PRIME
 
-H = {"session_id": b"session-16-bytes", "round_idx": 2**40 + 3, "device_id": 7}
+H: dict[str, Any] = {"session_id": b"session-16-bytes", "round_idx": 2**40 + 3, "device_id": 7}
 
 SAMPLES: list[Message] = [
     AdvertiseKeys(**H, c_public=b"c" * 32, s_public=b"s" * 32),
@@ -53,6 +55,7 @@ def test_masked_input_roundtrip_and_size() -> None:
     v = np.arange(L, dtype=np.uint32) * np.uint32(2654435761)
     m = MaskedInput(**H, vector=v, undecryptable=(4,))
     back = decode_message(m.to_bytes())
+    assert isinstance(back, MaskedInput)
     np.testing.assert_array_equal(back.vector, v)
     assert back.vector.dtype == np.uint32 and back.undecryptable == (4,)
     plain = MaskedInput(**H, vector=v).to_bytes()

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 
 import pytest
 
 from secagg import shamir
 
 
-def _coefficient_source(values: list[int], prime: int):
+def _coefficient_source(values: list[int], prime: int) -> Callable[[int], bytes]:
     """A fake RandomSource that makes random_element return `values` in order."""
     nbytes = (prime.bit_length() + 7) // 8 + 16
     stream = iter(values)
-    return lambda n: (assert_len(n, nbytes), next(stream).to_bytes(n, "big"))[1]
 
+    def source(n: int) -> bytes:
+        assert n == nbytes
+        return next(stream).to_bytes(n, "big")
 
-def assert_len(n: int, expected: int) -> None:
-    assert n == expected
+    return source
 
 
 def test_hand_checked_example_mod_17() -> None:

@@ -3,45 +3,44 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
 
 from secagg.errors import AbortReason, DropReason, ProtocolMisuse
-from secagg.messages import ClientAbort, KeyList, MaskedInput, ServerAbort
+from secagg.messages import AdvertiseKeys, ClientAbort, KeyList, MaskedInput, Message, ServerAbort
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerShareKeys
 from secagg.testing import StepHarness
-
-
-def _adverts(n: int = 5, **kw):
-    h = StepHarness(num_clients=n, **kw)
-    return h, {i: msgs[0] for i, msgs in h.start().items()}
+from stage_setup import adverts, close_typed, close_with_only, harness, ill_typed, server_aborted
 
 
 def test_key_lists_carry_every_advertised_closure_member() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     for i, m in adv.items():
-        h.server, out = h.server.handle(i, m)
-        assert out == []
+        h.server, replies = h.server.handle(i, m)
+        assert replies == []
     assert h.server.pending == frozenset()
-    out = h.close()
+    out = close_typed(h, KeyList)
     assert isinstance(h.server, ServerShareKeys)
     assert sorted(out) == [0, 1, 2, 3, 4]
     kl = out[3]
-    assert isinstance(kl, KeyList) and kl.device_id == 3
+    assert kl.device_id == 3
     assert [(e.device_id, e.c_public, e.s_public) for e in kl.entries] == [
         (i, adv[i].c_public, adv[i].s_public) for i in range(5)
     ]
     assert h.server.record.survivors["advertise_keys"] == (0, 1, 2, 3, 4)
 
 
-def _drop_case(h, adv, sender, msg, reason: DropReason) -> None:
+def _drop_case(
+    h: StepHarness, adv: dict[int, AdvertiseKeys], sender: int, msg: Message, reason: DropReason
+) -> None:
     for i, m in adv.items():
         if i != sender:
             h.server, _ = h.server.handle(i, m)
     h.server, _ = h.server.handle(sender, msg)
     assert h.server.record.dropped[sender] == ("advertise_keys", reason)
-    out = h.close()
+    out = close_typed(h, KeyList)
     assert sender not in out and len(out) == 4  # the round goes on without it
     assert all(sender not in {e.device_id for e in kl.entries} for kl in out.values())
 
@@ -58,31 +57,31 @@ def _drop_case(h, adv, sender, msg, reason: DropReason) -> None:
         ({"signature": b"s" * 64}, DropReason.MALFORMED_MESSAGE),  # passive mode
     ],
 )
-def test_misbehaving_device_is_dropped(change, reason) -> None:
-    h, adv = _adverts()
+def test_misbehaving_device_is_dropped(change: dict[str, Any], reason: DropReason) -> None:
+    h, adv = adverts()
     _drop_case(h, adv, 2, dataclasses.replace(adv[2], **change), reason)
 
 
 def test_equal_c_and_s_keys_are_dropped() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     _drop_case(h, adv, 2, dataclasses.replace(adv[2], s_public=adv[2].c_public), DropReason.MALFORMED_MESSAGE)
 
 
 def test_wrong_message_type_is_dropped() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     mi = MaskedInput(session_id=h.config.session_id, round_idx=0, device_id=2, vector=np.zeros(8, np.uint32))
     _drop_case(h, adv, 2, mi, DropReason.UNEXPECTED_MESSAGE)
 
 
 def test_client_abort_drops_the_device() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     abort = ClientAbort(session_id=h.config.session_id, round_idx=0, device_id=2, reason=AbortReason.CANCELLED)
     _drop_case(h, adv, 2, abort, DropReason.CLIENT_ABORTED)
 
 
 def test_a_duplicate_is_ignored_and_the_first_stands() -> None:
-    h, adv = _adverts()
-    _, other = _adverts()
+    h, adv = adverts()
+    _, other = adverts()
     h.server, _ = h.server.handle(1, adv[1])
     h.server, _ = h.server.handle(1, other[1])
     assert 1 not in h.server.record.dropped
@@ -91,23 +90,22 @@ def test_a_duplicate_is_ignored_and_the_first_stands() -> None:
 
 
 def test_active_mode_drops_bad_signatures() -> None:
-    h, adv = _adverts(active_adversary=True)
+    h, adv = adverts(active_adversary=True)
     _drop_case(h, adv, 4, dataclasses.replace(adv[4], signature=adv[3].signature), DropReason.INVALID_SIGNATURE)
 
 
 def test_too_few_advertised_aborts_and_tells_the_others() -> None:
-    h, adv = _adverts()  # t = 3
-    for i in (0, 1):
-        h.server, _ = h.server.handle(i, adv[i])
-    h.server, out = h.server.close()
-    assert isinstance(h.server, ServerAborted) and h.server.reason is AbortReason.TOO_FEW_ADVERTISED
+    h, adv = adverts()  # t = 3
+    out = close_with_only(h, adv, (0, 1))
+    server_aborted(h.server, AbortReason.TOO_FEW_ADVERTISED)
     # Every cohort device not dropped for cause hears of it (2..4 may only be slow).
-    assert [(m.device_id, m.reason) for m in out] == [(i, AbortReason.TOO_FEW_ADVERTISED) for i in range(5)]
-    assert all(isinstance(m, ServerAbort) for m in out)
+    notices = [m for m in out if isinstance(m, ServerAbort)]
+    assert len(notices) == len(out)
+    assert [(m.device_id, m.reason) for m in notices] == [(i, AbortReason.TOO_FEW_ADVERTISED) for i in range(5)]
 
 
 def test_harary_devices_with_a_thin_neighbourhood_are_pruned() -> None:
-    h, adv = _adverts(n=12, neighbors=2, threshold=3)  # closure of 3: all three needed
+    h, adv = adverts(n=12, neighbors=2, threshold=3)  # closure of 3: all three needed
     g = h.config.graph(0)
     silent = 0
     for i, m in adv.items():
@@ -125,13 +123,13 @@ def test_harary_devices_with_a_thin_neighbourhood_are_pruned() -> None:
 
 
 def test_caller_misuse() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     with pytest.raises(TypeError):
-        h.server.handle(0, b"bytes")
+        h.server.handle(0, ill_typed(b"bytes"))
     with pytest.raises(ProtocolMisuse):
         h.server.handle(5, adv[0])
     with pytest.raises(ProtocolMisuse):
-        h.server.handle("0", adv[0])
+        h.server.handle(ill_typed("0"), adv[0])
     state = h.server
     state.close()
     with pytest.raises(ProtocolMisuse):
@@ -141,17 +139,17 @@ def test_caller_misuse() -> None:
     with pytest.raises(ValueError):
         ServerAdvertiseKeys(h.config, -1)
     with pytest.raises(TypeError):
-        ServerAdvertiseKeys("config", 0)
+        ServerAdvertiseKeys(ill_typed("config"), 0)
 
 
 def test_active_mode_needs_identity_keys() -> None:
-    h = StepHarness(num_clients=4, active_adversary=True)
+    h = harness(4, active_adversary=True)
     with pytest.raises(ProtocolMisuse):
         ServerAdvertiseKeys(h.config, 0)
 
 
 def test_server_can_cancel() -> None:
-    h, adv = _adverts()
+    h, adv = adverts()
     h.server, _ = h.server.handle(0, adv[0])
     state, out = h.server.abort()
     assert isinstance(state, ServerAborted) and state.reason is AbortReason.CANCELLED

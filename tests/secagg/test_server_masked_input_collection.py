@@ -3,38 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
 
 from secagg.errors import AbortReason, DropReason
 from secagg.messages import ClientAbort, ConsistencyRequest, UnmaskingRequest
-from secagg.server import ServerAborted, ServerConsistencyCheck, ServerUnmasking
+from secagg.server import ServerCompleted, ServerConsistencyCheck, ServerUnmasking
 from secagg.testing import StepHarness
+from stage_setup import close_typed, close_with_only, completed, ill_typed, masked_inputs, server_aborted
 
 
-def _setup(n: int = 6, drop=None, **kw):
-    h = StepHarness(num_clients=n, **kw)
-    relays = h.advance_to("masked_input", drop=drop)
-    replies = {i: msgs[0] for i, msgs in h.deliver(relays).items()}
-    return h, replies
-
-
-def _finish(h) -> None:
+def _finish(h: StepHarness) -> ServerCompleted:
     out = h.close()
     h.send(h.deliver(out))
     h.close()
+    return completed(h.server)
 
 
 def test_requests_list_alive_and_dropped_per_device() -> None:
-    h, mi = _setup()
+    h, mi = masked_inputs()
     for i, m in mi.items():
         if i != 5:  # 5 drops after sharing keys
             h.server, _ = h.server.handle(i, m)
     assert h.server.pending == frozenset({5})
-    out = h.close()
+    out = close_typed(h, UnmaskingRequest)
     assert isinstance(h.server, ServerUnmasking)
-    assert all(isinstance(m, UnmaskingRequest) for m in out.values())
     assert out[0].alive == (0, 1, 2, 3, 4) and out[0].dropped == (5,)
     assert h.server.record.survivors["masked_input"] == (0, 1, 2, 3, 4)
 
@@ -50,20 +45,20 @@ def test_requests_list_alive_and_dropped_per_device() -> None:
         pytest.param([0] * 8, id="list"),
     ],
 )
-def test_malformed_vectors_drop_the_device_and_the_round_goes_on(vector) -> None:
-    h, mi = _setup()
+def test_malformed_vectors_drop_the_device_and_the_round_goes_on(vector: object) -> None:
+    h, mi = masked_inputs()
     for i, m in mi.items():
-        h.server, _ = h.server.handle(i, dataclasses.replace(m, vector=vector) if i == 2 else m)
+        h.server, _ = h.server.handle(i, dataclasses.replace(m, vector=ill_typed(vector)) if i == 2 else m)
     assert h.server.record.dropped[2] == ("masked_input", DropReason.MALFORMED_MESSAGE)
-    _finish(h)
-    assert h.server.counted == (0, 1, 3, 4, 5)
-    np.testing.assert_array_equal(h.server.encoded_sum, h.encoded[[0, 1, 3, 4, 5]].sum(0, dtype=np.uint32))
+    done = _finish(h)
+    assert done.counted == (0, 1, 3, 4, 5)
+    np.testing.assert_array_equal(done.encoded_sum, h.encoded[[0, 1, 3, 4, 5]].sum(0, dtype=np.uint32))
 
 
 @pytest.mark.parametrize("bad", [(9,), (1, 1), (2,), "x"])
-def test_bad_undecryptable_lists_drop_the_device(bad) -> None:
-    h, mi = _setup()
-    h.server, _ = h.server.handle(2, dataclasses.replace(mi[2], undecryptable=bad))
+def test_bad_undecryptable_lists_drop_the_device(bad: object) -> None:
+    h, mi = masked_inputs()
+    h.server, _ = h.server.handle(2, dataclasses.replace(mi[2], undecryptable=ill_typed(bad)))
     assert h.server.record.dropped[2][1] is DropReason.MALFORMED_MESSAGE
 
 
@@ -75,27 +70,27 @@ def test_bad_undecryptable_lists_drop_the_device(bad) -> None:
         ({"device_id": 4}, DropReason.SPOOFED_SENDER),
     ],
 )
-def test_replayed_or_spoofed_inputs_drop_the_device(change, reason) -> None:
-    h, mi = _setup()
+def test_replayed_or_spoofed_inputs_drop_the_device(change: dict[str, Any], reason: DropReason) -> None:
+    h, mi = masked_inputs()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, dataclasses.replace(m, **change) if i == 1 else m)
     assert h.server.record.dropped[1] == ("masked_input", reason)
-    _finish(h)
-    np.testing.assert_array_equal(h.server.encoded_sum, h.encoded[[0, 2, 3, 4, 5]].sum(0, dtype=np.uint32))
+    done = _finish(h)
+    np.testing.assert_array_equal(done.encoded_sum, h.encoded[[0, 2, 3, 4, 5]].sum(0, dtype=np.uint32))
 
 
 def test_a_second_masked_input_is_ignored() -> None:
-    h, mi = _setup()
+    h, mi = masked_inputs()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, m)
     h.server, _ = h.server.handle(0, dataclasses.replace(mi[0], vector=np.ones(8, np.uint32)))
     assert 0 not in h.server.record.dropped
-    _finish(h)
-    np.testing.assert_array_equal(h.server.encoded_sum, h.encoded.sum(0, dtype=np.uint32))
+    done = _finish(h)
+    np.testing.assert_array_equal(done.encoded_sum, h.encoded.sum(0, dtype=np.uint32))
 
 
 def test_a_device_leaving_after_its_input_is_still_counted() -> None:
-    h, mi = _setup()
+    h, mi = masked_inputs()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, m)
     h.server, _ = h.server.handle(
@@ -105,31 +100,29 @@ def test_a_device_leaving_after_its_input_is_still_counted() -> None:
     assert 3 not in out  # not asked to unmask
     h.send(h.deliver(out))
     h.close()
-    assert h.server.counted == (0, 1, 2, 3, 4, 5)
+    assert completed(h.server).counted == (0, 1, 2, 3, 4, 5)
 
 
 def test_too_few_masked_inputs_abort() -> None:
-    h, mi = _setup()  # t = 4
-    for i in (0, 1, 2):
-        h.server, _ = h.server.handle(i, mi[i])
-    h.server, out = h.server.close()
-    assert isinstance(h.server, ServerAborted) and h.server.reason is AbortReason.TOO_FEW_MASKED_INPUTS
+    h, mi = masked_inputs()  # t = 4
+    out = close_with_only(h, mi, (0, 1, 2))
+    server_aborted(h.server, AbortReason.TOO_FEW_MASKED_INPUTS)
     assert {m.device_id for m in out} == set(range(6))
 
 
 def test_undecryptable_reports_reduce_the_holders() -> None:
     # t = 4 of 6; if 3 of 5 peers cannot open 0's shares, b_0 has only 3 holders.
-    h, mi = _setup()
+    h, mi = masked_inputs()
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, dataclasses.replace(m, undecryptable=(0,)) if i in (1, 2, 3) else m)
     h.server, _ = h.server.close()
-    assert isinstance(h.server, ServerAborted) and h.server.reason is AbortReason.TOO_FEW_MASKED_INPUTS
+    server_aborted(h.server, AbortReason.TOO_FEW_MASKED_INPUTS)
 
 
 def test_active_mode_asks_for_consistency_signatures() -> None:
-    h, mi = _setup(active_adversary=True)
+    h, mi = masked_inputs(active_adversary=True)
     for i, m in mi.items():
         h.server, _ = h.server.handle(i, m)
-    out = h.close()
+    out = close_typed(h, ConsistencyRequest)
     assert isinstance(h.server, ServerConsistencyCheck)
-    assert all(isinstance(m, ConsistencyRequest) and m.alive == tuple(range(6)) for m in out.values())
+    assert all(m.alive == tuple(range(6)) for m in out.values())

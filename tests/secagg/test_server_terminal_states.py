@@ -6,17 +6,16 @@ import numpy as np
 import pytest
 
 from secagg.errors import AbortReason, ProtocolMisuse
-from secagg.server import ServerAborted, ServerCompleted
-from secagg.testing import StepHarness
+from secagg.server import ServerAborted
+from stage_setup import adverts, completed, harness, unmasking_requests
 
 
 def test_completed_holds_the_exact_sum_and_decodes_it() -> None:
-    h = StepHarness(num_clients=5, vector_length=6)
-    out = h.advance_to("unmasking")
+    h, out = unmasking_requests(5, vector_length=6)
     h.send(h.deliver(out, devices=[0, 1, 2, 3]))  # 4 does not answer
     h.close()
-    done = h.server
-    assert isinstance(done, ServerCompleted) and done.is_terminal
+    done = completed(h.server)
+    assert done.is_terminal
     assert done.counted == (0, 1, 2, 3, 4)
     np.testing.assert_array_equal(done.encoded_sum, h.encoded.sum(0, dtype=np.uint32))
     np.testing.assert_allclose(done.decoded_sum(), h.inputs.sum(0), atol=5 * h.config.encoding.step)
@@ -25,7 +24,7 @@ def test_completed_holds_the_exact_sum_and_decodes_it() -> None:
 
 
 def test_aborted_records_why_and_where() -> None:
-    h = StepHarness(num_clients=5)
+    h = harness(5)
     h.send(h.start([0, 1]))
     state, _ = h.server.close()
     assert isinstance(state, ServerAborted)
@@ -36,5 +35,5 @@ def test_aborted_records_why_and_where() -> None:
         state.close()
     with pytest.raises(ProtocolMisuse):
         state.abort()
-    adv = StepHarness(num_clients=5).start([2])[2][0]
+    adv = adverts(5)[1][2]
     assert state.handle(2, adv) == (state, [])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,7 +19,7 @@ from wire.round_task import secagg_settings_to_proto
 from wire.tensors import tensor_from_proto, tensor_to_proto
 
 IDS = RoundIds.from_cohort([10, 20, 30, 40])
-HDR = dict(session_id=b"sess", round_number=1, device_id=20)
+HDR: dict[str, Any] = dict(session_id=b"sess", round_number=1, device_id=20)
 SEALED = b"\x00" * SEALED_SHARES_BYTES
 
 
@@ -57,8 +59,8 @@ def test_id_mapping_is_one_based_in_proto():
         (secagg_pb2.UnmaskingResponse(**HDR, b_shares=[secagg_pb2.SecretShare(owner=10, share=b"\xff" * 33)]), "field element"),
         (secagg_pb2.UnmaskingResponse(**HDR, s_sk_shares=[secagg_pb2.SecretShare(owner=11, share=b"\0" * 33)]), "not part"),
         (common_pb2.AbortNotice(**HDR), "unspecified"),
-        (common_pb2.AbortNotice(session_id=b"s", round_number=1, device_id=0, reason=1), "device_id 0"),
-        (common_pb2.AbortNotice(**HDR, reason=1, detail="x" * 5000), "detail"),
+        (common_pb2.AbortNotice(session_id=b"s", round_number=1, device_id=0, reason=common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS), "device_id 0"),
+        (common_pb2.AbortNotice(**HDR, reason=common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS, detail="x" * 5000), "detail"),
         (session_pb2.Hello(), "not a client stage message"),
     ],
 )
@@ -146,7 +148,10 @@ def test_bad_secagg_settings():
 
 
 def test_params_round_trip_and_checks():
-    params = {"C": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32), "b": np.zeros(5, np.float64)}
+    params: dict[str, np.ndarray] = {
+        "C": np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32),
+        "b": np.zeros(5, np.float64),
+    }
     p = params_to_proto(params)
     back = params_from_proto(p, expected={"C": (3, 4), "b": (5,)})
     assert back["C"].dtype == np.float32 and np.array_equal(back["C"], params["C"])
@@ -176,7 +181,7 @@ def test_params_round_trip_and_checks():
 
 
 def test_tensor_any_dtype():
-    for a in (np.arange(6, dtype=np.int64).reshape(2, 3), np.float16(1.5), np.arange(3, dtype=np.uint32)):
+    for a in (np.arange(6, dtype=np.int64).reshape(2, 3), np.asarray(np.float16(1.5)), np.arange(3, dtype=np.uint32)):
         back = tensor_from_proto(tensor_to_proto(a))
         assert back.dtype == np.asarray(a).dtype and np.array_equal(back, a)
     with pytest.raises(WireError):

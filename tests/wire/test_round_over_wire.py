@@ -7,16 +7,18 @@ serialized bytes -> proto -> secagg with the id maps each side really has
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
 from secagg import identity
-from secagg.client import ClientAdvertiseKeys
+from secagg.client import ClientAdvertiseKeys, ClientState
 from secagg.config import SecAggConfig
-from secagg.messages import AdvertiseKeys, KeyList
+from secagg.messages import AdvertiseKeys, KeyList, Message
 from secagg.randomness import DeterministicRandom
-from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted
+from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
 from secagg.testing import encode_inputs, identity_keys
 from wire import RoundIds, build_round_task, parse_round_task
 from wire import secagg_codec as codec
@@ -52,7 +54,9 @@ def run_over_wire(config: SecAggConfig, *, drop: dict[str, set[int]] | None = No
         assert view.config == config
         for d in hosted:
             views[d] = view
-    clients, own, peer_identity = {}, {}, {}
+    clients: dict[int, ClientState[Any]] = {}
+    own: dict[int, AdvertiseKeys] = {}
+    peer_identity: dict[int, dict[int, bytes]] = {}
     for d in cohort:
         v = views[d].devices[d]
         peer_identity[d] = {}
@@ -60,9 +64,9 @@ def run_over_wire(config: SecAggConfig, *, drop: dict[str, set[int]] | None = No
             views[d].config, v, round_number, encoded[v], rand=DeterministicRandom(1, f"d{d}"),
             identity_key=id_priv[v], peer_identity_keys=peer_identity[d] if config.active_adversary else None,
         )
-    server = ServerAdvertiseKeys(config, round_number, identity_keys=id_pub)
+    server: ServerState[Any] = ServerAdvertiseKeys(config, round_number, identity_keys=id_pub)
 
-    def up(d, msgs):
+    def up(d: int, msgs: list[Message]) -> None:
         nonlocal server
         for m in msgs:
             p = _reparse(codec.client_to_proto(m, views[d].ids, modulus_bits=config.encoding.modulus_bits))
@@ -76,7 +80,9 @@ def run_over_wire(config: SecAggConfig, *, drop: dict[str, set[int]] | None = No
     silent = set(drop.get("advertise_keys", ()))
     for d in cohort:
         if d not in silent:
-            clients[d], msgs = clients[d].start()
+            fresh = clients[d]
+            assert isinstance(fresh, ClientAdvertiseKeys)
+            clients[d], msgs = fresh.start()
             up(d, msgs)
     while not server.is_terminal:
         server, out = server.close()
@@ -87,6 +93,7 @@ def run_over_wire(config: SecAggConfig, *, drop: dict[str, set[int]] | None = No
                 continue
             p = _reparse(codec.server_to_proto(m, server_ids, identity_keys=id_pub))
             ids = views[d].ids
+            back: Message
             if isinstance(p, secagg_pb2.AdvertisedKeys):
                 back, ident = codec.key_list_from_proto(
                     p, ids, own[d], own_identity_public_key=None if id_pub is None else id_pub[m.device_id]
