@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from edge_client.state import DIR_MODE, ClientStore
-from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
+from edge_fake_coordinator import FakeCoordinator, RoundResult, RunningClient, run_async
 from fedmask_proto.v1 import common_pb2, session_pb2
 from test_driver import _fedrap_globals
 
@@ -53,17 +53,20 @@ def test_one_corrupted_private_state_stands_only_its_device_down(tmp_path: Path)
     async def go() -> None:
         async with FakeCoordinator() as fake:
             g, dim = _fedrap_globals()
-            kw = dict(model_name="fedrap", vector_length=dim, global_parameters=g, clip=0.5,
-                      hyperparameters={"k": 4, "local_epochs": 1, "round_idx": 0}, devices=[2, 3, 5],
-                      dp=session_pb2.DpSettings(mode=session_pb2.DP_MODE_NONE))
             async with RunningClient(fake, tmp_path) as rc:
                 s = await fake.wait_stream()
-                first = await fake.run_round(s, **kw)
+
+                async def round_(idx: int) -> RoundResult:
+                    return await fake.run_round(
+                        s, model_name="fedrap", vector_length=dim, global_parameters=g, clip=0.5,
+                        hyperparameters={"k": 4, "local_epochs": 1, "round_idx": idx}, devices=[2, 3, 5],
+                        dp=session_pb2.DpSettings(mode=session_pb2.DP_MODE_NONE))
+
+                first = await round_(0)
                 assert first.ok and first.counted_devices == [2, 3, 5]
                 damaged = tmp_path / "devices" / "user-3" / "model-fedrap.fms"
                 damaged.write_bytes(damaged.read_bytes()[:40])
-                second = await fake.run_round(s, **{**kw, "hyperparameters": {"k": 4, "local_epochs": 1,
-                                                                               "round_idx": 1}})
+                second = await round_(1)
                 assert second.ok and second.counted_devices == [2, 5]
                 assert [(a.device_id, a.reason) for a in second.aborts] == [(3, common_pb2.ABORT_REASON_CLIENT_ERROR)]
                 assert rc.driver is not None
