@@ -41,7 +41,7 @@ from edge_client.local_data import DatasetError, LocalData
 from edge_client.state import StateCorruptError
 from edge_client.task import SYNTHETIC_MODEL, TaskSpec
 from fedmask_proto.v1 import common_pb2
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, resolve_device, take_cohort
 from wire.protocol import ROUND_INDEX_HYPERPARAMETER
 
 log = logging.getLogger("edge_client.trainer")
@@ -217,7 +217,7 @@ class Trainer:
         if entry.private_shapes is None:  # the model's row shapes, from a one-device template
             with torch.no_grad():
                 tmpl = entry.model.init_private(
-                    _take_cohort(data, torch.zeros(1, dtype=torch.int64, device=self.device)),
+                    take_cohort(data, torch.zeros(1, dtype=torch.int64, device=self.device)),
                     global_,
                     self.seed,
                 )
@@ -238,7 +238,7 @@ class Trainer:
         if missing:
             idx = torch.tensor(missing, dtype=torch.int64, device=self.device)
             with torch.no_grad():
-                fresh = entry.model.init_private(_take_cohort(data, idx), global_, self.seed)
+                fresh = entry.model.init_private(take_cohort(data, idx), global_, self.seed)
         keys = list(entry.private_shapes)
         out: PrivateState = {}
         pos = {i: j for j, i in enumerate(missing)}
@@ -361,24 +361,9 @@ def synthetic_updates(
     return out
 
 
-def _take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
-    lengths = data.lengths.index_select(0, rows)
-    lmax = int(lengths.max()) if rows.numel() else 0
-    return CohortData(
-        users=data.users.index_select(0, rows),
-        items=data.items.index_select(0, rows)[:, :lmax],
-        mask=data.mask.index_select(0, rows)[:, :lmax],
-        lengths=lengths,
-        ratings=None if data.ratings is None else data.ratings.index_select(0, rows)[:, :lmax],
-    )
-
-
 def _resolve_device(name: str) -> torch.device:
-    if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise DatasetError(f"--device {name} requested but CUDA is not available on this machine")
-        return torch.device(name)
-    raise DatasetError(f"unknown --device {name!r}; use cpu or cuda")
+    try:
+        return resolve_device(name)
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
 

@@ -61,6 +61,31 @@ class CohortData:
     ratings: torch.Tensor | None = None  # float32 (B, Lmax)
 
 
+def take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
+    """The rows `rows` of a padded cohort, trimmed to their longest history."""
+    lengths = data.lengths.index_select(0, rows)
+    lmax = int(lengths.max()) if rows.numel() else 0
+    return CohortData(
+        users=data.users.index_select(0, rows),
+        items=data.items.index_select(0, rows)[:, :lmax],
+        mask=data.mask.index_select(0, rows)[:, :lmax],
+        lengths=lengths,
+        ratings=None if data.ratings is None else data.ratings.index_select(0, rows)[:, :lmax],
+    )
+
+
+def resolve_device(name: str) -> torch.device:
+    """"cpu" or "cuda[:N]" as a torch device; ValueError for another name or
+    a CUDA device on a machine without one."""
+    if name == "cpu":
+        return torch.device("cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name} requested but CUDA is not available on this machine")
+        return torch.device(name)
+    raise ValueError(f"unknown --device {name!r}; use cpu or cuda")
+
+
 class FederatedRecommender(ABC):
     """Hyperparameters live on the instance; state lives in the dicts."""
 

@@ -45,7 +45,16 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 import numpy as np
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, put_rows, take_rows
+from models.base import (
+    CohortData,
+    FederatedRecommender,
+    GlobalState,
+    PrivateState,
+    put_rows,
+    resolve_device,
+    take_cohort,
+    take_rows,
+)
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 
 if TYPE_CHECKING:
@@ -268,16 +277,7 @@ class _Cohorts:
     def get(self, rows: torch.Tensor | None) -> CohortData:
         if rows is None:
             return self.all
-        a = self.all
-        lengths = a.lengths.index_select(0, rows)
-        lmax = int(lengths.max()) if rows.numel() else 0
-        return CohortData(
-            users=a.users.index_select(0, rows),
-            items=a.items.index_select(0, rows)[:, :lmax],
-            mask=a.mask.index_select(0, rows)[:, :lmax],
-            lengths=lengths,
-            ratings=None if a.ratings is None else a.ratings.index_select(0, rows)[:, :lmax],
-        )
+        return take_cohort(self.all, rows)
 
 
 # ============================================================ aggregation
@@ -664,13 +664,10 @@ def _secagg_clip(config: SimulationConfig) -> float:
 
 
 def _resolve_device(name: str) -> torch.device:
-    if name == "cpu":
-        return torch.device("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise SimulationConfigError(f"--device {name} requested but CUDA is not available on this machine")
-        return torch.device(name)
-    raise SimulationConfigError(f"unknown device {name!r}; use cpu or cuda")
+    try:
+        return resolve_device(name)
+    except ValueError as e:
+        raise SimulationConfigError(str(e)) from None
 
 
 class _Progress:
