@@ -156,9 +156,6 @@ class DeviceRegistry:
             if not s.closed and s.supports(model_name):
                 yield from s.available
 
-    def active_enrolled(self) -> int:
-        return sum(1 for rec in self.devices.values() if rec.status is DeviceStatus.ACTIVE)
-
     # ------------------------------------------------------------------ enrolment
 
     async def load(self) -> None:

@@ -222,10 +222,6 @@ class AdaptiveDeadlines:
         per_stage = {**learnt, first: learnt[first] - training}
         return round_windows(per_stage, training=training, plaintext=self._plaintext, active=active)
 
-    def snapshot(self) -> dict[str, float]:
-        """{stage value: seconds} of the next round (for logs and the admin)."""
-        return {s.value: round(v, 3) for s, v in self.deadlines().items()}
-
 
 def quantile(values: deque[float] | list[float], q: float) -> float:
     """The q-quantile by linear interpolation (numpy's default); q in [0, 1]."""
