@@ -43,6 +43,7 @@ from coordinator.logs import log_event, logger, sanitize
 from coordinator.registry import ClientSession, StreamEnd
 from coordinator.service import Coordinator
 from fedmask_proto.v1 import coordinator_service_pb2, enrollment_pb2, session_pb2
+from wire.protocol import RETRY_PUSHBACK_KEY
 
 _STATUS = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -59,9 +60,6 @@ def status_of(exc: CoordinatorError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-#: gRPC's retry-pushback trailer: milliseconds the client should wait
-#: before it tries again (set with every rate-limit refusal).
-RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
 #: Messages a stream may send at most `limits.message_rate` per second of.
 CONTROL_MESSAGES = frozenset({"heartbeat", "check_in", "round_metrics"})
 #: Refusals a peer can repeat at will are logged at most once per this many

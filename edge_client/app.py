@@ -23,7 +23,7 @@ from pathlib import Path
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge_client.backoff import Backoff
+from edge_client.backoff import Backoff, retry_pushback_s
 from edge_client.faults import FaultPlan
 from edge_client.devices import Device, local_id_of
 from edge_client.local_data import DatasetError, LocalData, load_interactions
@@ -250,7 +250,8 @@ class EdgeClient:
                         log.error("%s", describe_rpc_error(e, self.transport))
                         return 2
                     log.warning("%s", describe_rpc_error(e, self.transport))
-                    delay_hint = None
+                    # a refusal that says when to come back (rate limits) is honoured
+                    delay_hint = retry_pushback_s(e.trailing_metadata())
                 except (ConnectionError, asyncio.TimeoutError, OSError) as e:
                     log.warning("session lost: %s", e or type(e).__name__)
                     delay_hint = None

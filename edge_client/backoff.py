@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+
+from wire.protocol import RETRY_PUSHBACK_KEY
 
 
 @dataclass
@@ -54,3 +56,20 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+#: The longest wait a coordinator's retry-pushback hint can impose.
+MAX_PUSHBACK_S = 60.0
+
+
+def retry_pushback_s(trailing_metadata: Iterable[tuple[str, str | bytes]] | None) -> float | None:
+    """Seconds the coordinator asked a refused client to wait (its
+    `grpc-retry-pushback-ms` trailer), capped at MAX_PUSHBACK_S; None
+    without a valid hint (then the client's own backoff applies)."""
+    for key, value in trailing_metadata or ():
+        if key.lower() != RETRY_PUSHBACK_KEY:
+            continue
+        text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+        if text.isdigit():
+            return min(int(text) / 1000.0, MAX_PUSHBACK_S)
+    return None

@@ -114,6 +114,11 @@ PLAINTEXT_HYPERPARAMETER = "insecure_plaintext"
 #: The model's training step (round index of the curriculum).
 ROUND_INDEX_HYPERPARAMETER = "round_idx"
 
+#: gRPC's retry-pushback trailer: milliseconds a refused client should wait
+#: before it tries again (set with every rate-limit refusal; the edge
+#: client waits that long instead of its own backoff).
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
 # --------------------------------------------------------------------------- sizes
 
 #: A masked input travels as little-endian uint32 words.
@@ -138,6 +143,7 @@ __all__ = [
     "PLAINTEXT_HYPERPARAMETER",
     "PROTOCOL_VERSION",
     "PUBLIC_KEY_BYTES",
+    "RETRY_PUSHBACK_KEY",
     "ROUND_INDEX_HYPERPARAMETER",
     "SEALED_SHARES_BYTES",
     "SERVED_CLIENT_VERSIONS",

@@ -62,3 +62,14 @@ def test_wait_uses_the_injected_sleep() -> None:
 def test_bad_settings(kw: dict) -> None:
     with pytest.raises(ValueError):
         Backoff(**kw)
+
+
+def test_a_refusal_with_a_retry_pushback_hint_sets_the_wait() -> None:
+    from edge_client.backoff import MAX_PUSHBACK_S, retry_pushback_s
+
+    assert retry_pushback_s((("content-type", "x"), ("grpc-retry-pushback-ms", "1500"))) == 1.5
+    assert retry_pushback_s((("Grpc-Retry-Pushback-Ms", b"20"),)) == 0.02
+    assert retry_pushback_s((("grpc-retry-pushback-ms", "999999999"),)) == MAX_PUSHBACK_S
+    assert retry_pushback_s((("grpc-retry-pushback-ms", "-1"),)) is None
+    assert retry_pushback_s(()) is None and retry_pushback_s(None) is None
+
