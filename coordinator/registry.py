@@ -150,6 +150,10 @@ class DeviceRegistry:
         """The open stream hosting the device, if any."""
         return self._owner.get(device_id)
 
+    def is_revoked(self, device_id: int) -> bool:
+        rec = self.devices.get(device_id)
+        return rec is not None and rec.status is not DeviceStatus.ACTIVE
+
     def available(self, model_name: str) -> Iterator[int]:
         """Devices selectable now for a round of `model_name`."""
         for s in self.sessions.values():
@@ -161,6 +165,26 @@ class DeviceRegistry:
     async def load(self) -> None:
         for rec in await asyncio.to_thread(self._store.list_devices):
             self.devices[rec.id] = rec
+
+    async def refresh_revocations(self) -> list[int]:
+        """Re-read the device table and apply revocations an operator made in
+        the store (`fedmask devices revoke`) while the coordinator runs: a
+        revoked device leaves its stream's hosted set (so it is neither
+        selected nor counted; a running round loses it as a dropout) and is
+        refused at its next Hello or CheckIn. Returns the newly revoked ids."""
+        newly: list[int] = []
+        for rec in await asyncio.to_thread(self._store.list_devices):
+            old = self.devices.get(rec.id)
+            self.devices[rec.id] = rec
+            if rec.status is not DeviceStatus.ACTIVE and (old is None or old.status is DeviceStatus.ACTIVE):
+                newly.append(rec.id)
+                owner = self._owner.get(rec.id)
+                if owner is not None:
+                    self._release(owner, rec.id, "revoked by an operator")
+        if newly:
+            log_event("devices_revoked", devices=",".join(map(str, newly)))
+            self._on_changed()
+        return newly
 
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
         check_enroll_request(request)

@@ -251,6 +251,9 @@ class Coordinator:
         for m in notices:
             device_id = int(getattr(m, "device_id"))
             if device_id not in session.devices:
+                if self.registry.is_revoked(device_id):  # revoked mid-round: its messages no longer count
+                    log_event("message_discarded", session=session.sid, device=device_id, why="device revoked")
+                    continue
                 raise ProtocolViolation(f"device {device_id} is not hosted by this session")
             if r is None:
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
@@ -271,6 +274,8 @@ class Coordinator:
             log_event("metrics_rejected", logging.WARNING, session=session.sid, round=r.number, why=str(exc))
 
     async def _reap_silent_sessions(self) -> None:
+        """Every half heartbeat interval: end silent sessions, apply
+        revocations made in the store."""
         interval = self.settings.heartbeat_interval
         limit = SILENT_INTERVALS * interval
         try:
@@ -279,6 +284,10 @@ class Coordinator:
                 for s in self.registry.silent_sessions(limit):
                     s.end(grpc.StatusCode.DEADLINE_EXCEEDED, f"no message for {SILENT_INTERVALS} heartbeat intervals")
                     self.close_session(s, "silent")
+                try:
+                    await self.registry.refresh_revocations()
+                except Exception as exc:  # a store outage: try again next tick
+                    log_event("revocation_refresh_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             pass
 

@@ -15,6 +15,7 @@ from fedmask.commands import certs as certs_cmd
 from fedmask.commands import client as client_cmd
 from fedmask.commands import coordinator as coordinator_cmd
 from fedmask.commands import bench as bench_cmd
+from fedmask.commands import devices as devices_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -30,6 +31,7 @@ certs_cmd.register(app)
 client_cmd.register(app)
 coordinator_cmd.register(app)
 bench_cmd.register(app)
+devices_cmd.register(app)
 
 
 def main() -> None:

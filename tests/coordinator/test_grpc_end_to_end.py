@@ -565,3 +565,48 @@ def test_idle_enrolments_do_not_lower_the_reported_epsilon():
         assert ledgers[0][-1].cumulative_epsilon == pytest.approx(ledgers[1][-1].cumulative_epsilon)
 
     asyncio.run(main())
+
+
+def test_an_operator_revokes_a_device_while_the_federation_runs(tmp_path):
+    """`fedmask devices revoke` writes the store; the running coordinator
+    applies it within half a heartbeat interval: the device is no longer
+    selected or counted, and its next Hello is refused as REVOKED."""
+    from typer.testing import CliRunner
+
+    from fedmask.cli import app
+
+    async def main():
+        url = f"sqlite:///{tmp_path / 'c.db'}"
+        settings = make_settings(**{"database_url": url, "cohort.size": 3, "cohort.minimum": 3, "rounds": None,
+                                    "heartbeat_interval": 0.2})
+        store = open_store(url)
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 4, groups=2)
+            victim = devices[1].device_id
+            while not [r for r in store.list_rounds(limit=50).items if r.state is RoundState.COMMITTED]:
+                await asyncio.sleep(0.05)
+            out = await asyncio.to_thread(CliRunner().invoke, app, ["devices", "revoke", str(victim),
+                                                                     "--database-url", url])
+            assert out.exit_code == 0 and "revoked" in out.output
+            for _ in range(100):
+                if coord.registry.is_revoked(victim) and coord.registry.owner(victim) is None:
+                    break
+                await asyncio.sleep(0.05)
+            assert coord.registry.is_revoked(victim) and coord.registry.owner(victim) is None
+            seen = max(r.number for r in store.list_rounds(limit=50).items)
+            while not [r for r in store.list_rounds(limit=50).items
+                       if r.number > seen + 1 and r.state is RoundState.COMMITTED]:
+                await asyncio.sleep(0.05)
+            later = [r for r in store.list_rounds(limit=50).items if r.number > seen + 1]
+            assert later and all(victim not in r.survivors.get("selected", []) for r in later)
+            again = FakeClient(target, [devices[1]], name="again")
+            await again.start()
+            await asyncio.wait_for(again.welcome.wait(), 5)
+            welcome = next(m.welcome for m in again.received if m.WhichOneof("message") == "welcome")
+            assert [r.device_id for r in welcome.admission.rejected] == [victim]
+            assert welcome.admission.rejected[0].reason == session_pb2.DEVICE_REJECTION_REASON_REVOKED
+            for c in [*clients, again]:
+                await c.close()
+        store.close()
+
+    asyncio.run(main())
