@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Collection
+import math
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -38,17 +41,74 @@ def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     return ((AUTHORIZATION_KEY, BEARER_PREFIX + token),)
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects RPCs without the configured bearer token (UNAUTHENTICATED).
+class TokenFile:
+    """The accepted bearer tokens, read from a file an operator may rewrite
+    while the coordinator runs (token rotation without a restart, D30): one
+    token per line, blank lines and lines starting with "#" ignored, each
+    at least `min_length` characters. The file is re-read when its mtime or
+    size changed, checked at most every `interval_s`; a rewrite that leaves
+    no valid token is ignored with a warning (the last good set stays)."""
 
-    Methods whose full name starts with one of `exempt_prefixes` pass
-    unauthenticated (default: the gRPC health service only).
+    def __init__(self, path: Path, *, min_length: int, interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._path = path
+        self._min = min_length
+        self._interval = interval_s
+        self._clock = clock
+        self._stamp: tuple[int, int] | None = None
+        self._checked = -math.inf
+        self._tokens: tuple[bytes, ...] = ()
+        self._reload()
+        if not self._tokens:
+            raise ValueError(f"token file {path} holds no token of at least {min_length} characters")
+
+    def _reload(self) -> None:
+        try:
+            st = self._path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return
+            lines = self._path.read_text().splitlines()
+        except OSError as e:
+            log_event("token_file_unreadable", logging.WARNING, path=str(self._path), why=e.strerror or str(e))
+            return
+        tokens = tuple(ln.strip().encode() for ln in lines
+                       if ln.strip() and not ln.strip().startswith("#") and len(ln.strip()) >= self._min)
+        self._stamp = stamp
+        if not tokens:
+            log_event("token_file_ignored", logging.WARNING, path=str(self._path), why="no valid token in it")
+            return
+        if self._tokens and tokens != self._tokens:
+            log_event("tokens_rotated", path=str(self._path), accepted=len(tokens))
+        self._tokens = tokens
+
+    def __call__(self) -> tuple[bytes, ...]:
+        now = self._clock()
+        if now - self._checked >= self._interval:
+            self._checked = now
+            self._reload()
+        return self._tokens
+
+
+class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects RPCs without an accepted bearer token (UNAUTHENTICATED).
+
+    `token` is one fixed token, or a callable returning the accepted ones
+    now (a `TokenFile`: several are accepted during a rotation). Every
+    accepted token is compared in constant time. Methods whose full name
+    starts with one of `exempt_prefixes` pass unauthenticated (default: the
+    gRPC health service only).
     """
 
-    def __init__(self, token: str, *, exempt_prefixes: Collection[str] = (HEALTH_SERVICE_PREFIX,)) -> None:
-        if not token:
-            raise ValueError("token must be non-empty")
-        self._expected = (BEARER_PREFIX + token).encode()
+    def __init__(self, token: str | Callable[[], Sequence[bytes]], *,
+                 exempt_prefixes: Collection[str] = (HEALTH_SERVICE_PREFIX,)) -> None:
+        if isinstance(token, str):
+            if not token:
+                raise ValueError("token must be non-empty")
+            fixed = (token.encode(),)
+            self._tokens: Callable[[], Sequence[bytes]] = lambda: fixed
+        else:
+            self._tokens = token
         self._exempt = tuple(exempt_prefixes)
 
     def _authorized(self, metadata: Any) -> bool:
@@ -57,7 +117,10 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             if key.lower() == AUTHORIZATION_KEY:
                 presented = value if isinstance(value, bytes) else str(value).encode()
                 break
-        return hmac.compare_digest(presented, self._expected)
+        ok = False
+        for token in self._tokens():  # no early exit: the time does not say which token matched
+            ok |= hmac.compare_digest(presented, BEARER_PREFIX.encode() + token)
+        return ok
 
     async def intercept_service(
         self,

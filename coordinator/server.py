@@ -22,12 +22,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.auth import TokenAuthInterceptor
+from coordinator.auth import TokenAuthInterceptor, TokenFile
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
 from coordinator.servicer import add_to_server
 from coordinator.service import Coordinator
-from coordinator.settings import CoordinatorSettings
+from coordinator.settings import MIN_TOKEN_LENGTH, CoordinatorSettings
 from coordinator.store import Store, open_store
 from fedmask_proto.v1 import coordinator_service_pb2
 from wire.protocol import (
@@ -71,10 +71,13 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
     interceptors = []
     if settings.auth.mode == "token":
-        token = settings.auth.token
-        if token is None:  # the settings refuse mode "token" without one
-            raise ValueError("auth.mode 'token' needs auth.token")
-        interceptors.append(TokenAuthInterceptor(token.get_secret_value()))
+        token, token_file = settings.auth.token, settings.auth.token_file
+        if token_file is not None:
+            interceptors.append(TokenAuthInterceptor(TokenFile(token_file, min_length=MIN_TOKEN_LENGTH)))
+        elif token is not None:
+            interceptors.append(TokenAuthInterceptor(token.get_secret_value()))
+        else:  # the settings refuse mode "token" without one
+            raise ValueError("auth.mode 'token' needs auth.token or auth.token_file")
     options = [
         ("grpc.max_receive_message_length", max_receive_message_bytes(settings, coordinator.model.update_dim)),
         ("grpc.max_send_message_length", -1),

@@ -212,6 +212,9 @@ class AuthSettings(_Group):
     #: none: no authentication, allowed on a loopback address only.
     mode: Literal["mtls", "token", "none"] = "none"
     token: SecretStr | None = None
+    #: Instead of `token`: a file of accepted tokens (one per line), re-read
+    #: when it changes, so tokens rotate without a restart (D30).
+    token_file: FilePath | None = None
     #: INSECURE. Token mode without TLS on a non-loopback listen_address
     #: sends the bearer token over the network in clear; it is refused
     #: unless this is true (flag --insecure-token-without-tls), and then
@@ -221,10 +224,14 @@ class AuthSettings(_Group):
     @model_validator(mode="after")
     def _token_matches_mode(self) -> AuthSettings:
         if self.mode == "token":
-            if self.token is None or len(self.token.get_secret_value()) < MIN_TOKEN_LENGTH:
-                raise ValueError(f"auth.mode 'token' needs auth.token of at least {MIN_TOKEN_LENGTH} characters")
-        elif self.token is not None:
-            raise ValueError(f"auth.token is set but auth.mode is {self.mode!r} (set auth.mode = 'token')")
+            if self.token is not None and self.token_file is not None:
+                raise ValueError("give auth.token or auth.token_file, not both")
+            if self.token_file is None and (self.token is None or len(self.token.get_secret_value()) < MIN_TOKEN_LENGTH):
+                raise ValueError(f"auth.mode 'token' needs auth.token of at least {MIN_TOKEN_LENGTH} characters "
+                                 "or auth.token_file")
+        elif self.token is not None or self.token_file is not None:
+            which = "auth.token" if self.token is not None else "auth.token_file"
+            raise ValueError(f"{which} is set but auth.mode is {self.mode!r} (set auth.mode = 'token')")
         elif self.allow_insecure_token:
             raise ValueError(f"auth.allow_insecure_token only applies to auth.mode 'token', not {self.mode!r}")
         return self

@@ -610,3 +610,38 @@ def test_an_operator_revokes_a_device_while_the_federation_runs(tmp_path):
         store.close()
 
     asyncio.run(main())
+
+
+def test_tokens_rotate_without_a_restart(tmp_path):
+    """auth.token_file: the coordinator re-reads it when it changes, so an
+    operator adds the new token, moves the clients, then removes the old one."""
+    from coordinator.auth import bearer_metadata
+
+    old, new = "o" * 24, "n" * 24
+    path = tmp_path / "tokens"
+    path.write_text(f"# accepted bearer tokens\n{old}\n")
+
+    async def accepted(target: str, token: str) -> bool:
+        try:
+            await enroll(target, 1, seed=len(token) + ord(token[0]), metadata=bearer_metadata(token))
+            return True
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.UNAUTHENTICATED
+            return False
+
+    async def main():
+        settings = make_settings(**{"auth.mode": "token", "auth.token_file": str(path), "rounds": None})
+        async with running(settings) as (coord, target, store, rounds):
+            assert await accepted(target, old) and not await accepted(target, new)
+            path.write_text(f"{old}\n{new}\n")
+            await asyncio.sleep(1.1)
+            assert await accepted(target, old) and await accepted(target, new)
+            path.write_text(f"{new}\n")
+            await asyncio.sleep(1.1)
+            assert not await accepted(target, old) and await accepted(target, new)
+            path.write_text("too-short\n")  # a bad rewrite keeps the last good set
+            await asyncio.sleep(1.1)
+            assert await accepted(target, new)
+            assert not rounds.done()
+
+    asyncio.run(main())
