@@ -220,3 +220,47 @@ def test_token_interceptor_can_guard_health_too() -> None:
 def test_empty_token_is_refused() -> None:
     with pytest.raises(ValueError):
         TokenAuthInterceptor("")
+
+
+def test_certificates_rotate_without_a_restart(tmp_path: Path) -> None:
+    """The server re-reads tls.cert / tls.key / tls.client_ca when they
+    change: after the files are replaced by another federation's PKI, new
+    connections need the new CA and certificates; a half-written rotation
+    (a certificate without its key) is not served."""
+    import shutil
+
+    from coordinator.server import server_credentials
+    from coordinator.settings import CoordinatorSettings
+
+    old = init_pki(tmp_path / "old", devices=1).layout
+    new = init_pki(tmp_path / "new", devices=1).layout
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("ca.pem", "coordinator.pem", "coordinator.key"):
+        shutil.copy(old.root / name, served / name)
+    settings = CoordinatorSettings.load(overrides={
+        "tls.cert": str(served / "coordinator.pem"), "tls.key": str(served / "coordinator.key"),
+        "tls.client_ca": str(served / "ca.pem"), "tls.require_client_cert": True, "auth.mode": "mtls"})
+
+    def device(pki: PkiLayout) -> grpc.ChannelCredentials:
+        cert, key = pki.device(1)
+        return grpc.ssl_channel_credentials(pki.ca_cert.read_bytes(), key.read_bytes(), cert.read_bytes())
+
+    async def scenario() -> None:
+        creds = server_credentials(settings)
+        assert creds is not None
+        server, port = await _serve(creds)
+        try:
+            assert await _health_check(port, device(old)) == health_pb2.HealthCheckResponse.SERVING
+            shutil.copy(new.root / "coordinator.pem", served / "coordinator.pem")  # half-way: key not yet
+            assert await _health_check(port, device(old)) == health_pb2.HealthCheckResponse.SERVING
+            shutil.copy(new.root / "coordinator.key", served / "coordinator.key")
+            shutil.copy(new.root / "ca.pem", served / "ca.pem")
+            assert await _health_check(port, device(new)) == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await _health_check(port, device(old))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        finally:
+            await server.stop(None)
+
+    asyncio.run(scenario())
