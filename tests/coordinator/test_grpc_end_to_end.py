@@ -575,28 +575,33 @@ def test_an_operator_revokes_a_device_while_the_federation_runs(tmp_path):
 
     from fedmask.cli import app
 
+    def committed_after(store, number: int) -> list[RoundRecord]:
+        return [r for r in store.list_rounds(limit=50).items if r.number > number and r.state is RoundState.COMMITTED]
+
+    async def until(condition, what: str, timeout: float = 30.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
     async def main():
         url = f"sqlite:///{tmp_path / 'c.db'}"
+        # rounds run back to back, so every stream keeps talking (the fake
+        # clients send no heartbeats; 3 silent intervals end a stream)
         settings = make_settings(**{"database_url": url, "cohort.size": 3, "cohort.minimum": 3, "rounds": None,
-                                    "heartbeat_interval": 0.2})
+                                    "heartbeat_interval": 2.0})
         store = open_store(url)
         async with running(settings, store) as (coord, target, _, rounds):
             clients, devices = await _clients(target, 4, groups=2)
             victim = devices[1].device_id
-            while not [r for r in store.list_rounds(limit=50).items if r.state is RoundState.COMMITTED]:
-                await asyncio.sleep(0.05)
+            await until(lambda: committed_after(store, 0), "a first committed round")
             out = await asyncio.to_thread(CliRunner().invoke, app, ["devices", "revoke", str(victim),
                                                                      "--database-url", url])
             assert out.exit_code == 0 and "revoked" in out.output
-            for _ in range(100):
-                if coord.registry.is_revoked(victim) and coord.registry.owner(victim) is None:
-                    break
-                await asyncio.sleep(0.05)
-            assert coord.registry.is_revoked(victim) and coord.registry.owner(victim) is None
+            await until(lambda: coord.registry.is_revoked(victim) and coord.registry.owner(victim) is None,
+                        "the coordinator to apply the revocation")
             seen = max(r.number for r in store.list_rounds(limit=50).items)
-            while not [r for r in store.list_rounds(limit=50).items
-                       if r.number > seen + 1 and r.state is RoundState.COMMITTED]:
-                await asyncio.sleep(0.05)
+            await until(lambda: committed_after(store, seen + 1), "a round selected after the revocation")
             later = [r for r in store.list_rounds(limit=50).items if r.number > seen + 1]
             assert later and all(victim not in r.survivors.get("selected", []) for r in later)
             again = FakeClient(target, [devices[1]], name="again")
@@ -609,7 +614,7 @@ def test_an_operator_revokes_a_device_while_the_federation_runs(tmp_path):
                 await c.close()
         store.close()
 
-    asyncio.run(main())
+    asyncio.run(asyncio.wait_for(main(), 90))
 
 
 def test_tokens_rotate_without_a_restart(tmp_path):
