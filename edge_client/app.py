@@ -24,6 +24,7 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_client.backoff import Backoff, retry_pushback_s
+from edge_client.cohort_floor import CohortFloor
 from edge_client.faults import FaultPlan
 from edge_client.devices import Device, local_id_of
 from edge_client.local_data import DatasetError, LocalData, load_interactions
@@ -80,6 +81,8 @@ class ClientConfig:
     #: INSECURE (loopback coordinators, benchmarks): answer the coordinator's
     #: plaintext rounds by sending unmasked updates.
     allow_insecure_plaintext: bool = False
+    #: The smallest cohort and threshold this client's devices join.
+    cohort_floor: CohortFloor = field(default_factory=CohortFloor)
 
 
 class EdgeClient:
@@ -174,6 +177,7 @@ class EdgeClient:
             on_round_end=self._on_round_end,
             debug_inputs_dir=(self.store.root / "debug" / "inputs") if self.config.debug_record_inputs and self.store else None,
             allow_insecure_plaintext=self.config.allow_insecure_plaintext,
+            cohort_floor=self.config.cohort_floor,
         )
 
     def _on_round_end(self, event: RoundEvent) -> None:

@@ -45,6 +45,7 @@ from google.protobuf import timestamp_pb2
 import wire
 from edge_client import plaintext, queries, secure_update
 from edge_client.devices import Device
+from edge_client.cohort_floor import CohortFloor
 from edge_client.faults import FaultPlan
 from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
@@ -77,7 +78,9 @@ class SessionDriver:
         secure_random: Callable[[int], bytes] = os.urandom,
         debug_inputs_dir: Path | None = None,
         allow_insecure_plaintext: bool = False,
+        cohort_floor: CohortFloor | None = None,
     ) -> None:
+        self.cohort_floor = cohort_floor or CohortFloor()
         self.client_name = client_name
         self.client_version = client_version
         self.devices: dict[int, Device] = {d.device_id: d for d in devices}
@@ -233,6 +236,11 @@ class SessionDriver:
         )
         if view.model_name not in SUPPORTED_MODELS:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
+            return
+        refusal = self.cohort_floor.refusal(view.config)
+        if refusal is not None:
+            log.error("round %d: %s; this client's devices withdraw", view.round_number, refusal)
+            self._abort_run(run, common_pb2.ABORT_REASON_CLIENT_ERROR, refusal)
             return
         insecure = bool(view.hyperparameters.get(PLAINTEXT_HYPERPARAMETER, False))
         if insecure and not self.allow_insecure_plaintext:

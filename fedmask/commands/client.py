@@ -107,6 +107,8 @@ def client(
     threads: Annotated[
         int | None, typer.Option(min=1, help="Torch CPU threads (default: torch's choice).", show_default=False)
     ] = None,
+    min_cohort: Annotated[int, typer.Option(help="The devices withdraw from a round whose cohort is smaller (a cohort of two reveals each input to the other).", rich_help_panel="Security")] = 3,
+    min_threshold: Annotated[float, typer.Option(help="The devices withdraw from a round whose Shamir threshold is not above this fraction of the group its shares go to (0.5 = at least a strict majority; e.g. 0.66 in active mode).", rich_help_panel="Security")] = 0.5,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
     debug_record_inputs: Annotated[
         bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
@@ -158,6 +160,12 @@ def client(
         raise typer.BadParameter("--drop-rate needs --drop-stage", param_hint="--drop-stage")
     if crash_after_round is not None and crash_after_round < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
+    from edge_client.cohort_floor import CohortFloor
+
+    try:
+        floor = CohortFloor(min_cohort=min_cohort, min_threshold=min_threshold)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     faults = FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed,
                        crash_after_round=crash_after_round, delay_ms=delay_ms)
     config = ClientConfig(
@@ -166,6 +174,7 @@ def client(
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
+        cohort_floor=floor,
     )
     code = run_client(config)
     if code:

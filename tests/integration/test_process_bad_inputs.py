@@ -268,8 +268,8 @@ def test_token_auth_refuses_unauthenticated_peers(procs: Processes, tmp_path: Pa
     port = free_port()
     target = f"{LOOPBACK}:{port}"
     coord = procs.start("coordinator", coordinator_args(
-        port, db, auth="token", model="synthetic", model_params={"vector_length": L}, cohort_size=2,
-        cohort_minimum=2, over_selection=0.0, rounds=1, selection_deadline=5, secagg_graph="full",
+        port, db, auth="token", model="synthetic", model_params={"vector_length": L}, cohort_size=3,
+        cohort_minimum=3, over_selection=0.0, rounds=1, selection_deadline=5, secagg_graph="full",
         secagg_threshold="majority", dp_mode="none", debug_record_sums=True,
     ), env={"FEDMASK_AUTH__TOKEN": TOKEN})
     wait_serving(port, coord)  # the health service needs no token
@@ -292,7 +292,7 @@ def test_token_auth_refuses_unauthenticated_peers(procs: Processes, tmp_path: Pa
         assert ok.devices[0].device_id > 0
     assert bad.wait(60) == 2  # refused credentials are fatal for an edge client
     assert "refused our credentials" in bad.log()
-    good = procs.start("client", client_args(port, "1-2", tmp_path / "good", dataset="synthetic",
+    good = procs.start("client", client_args(port, "1-3", tmp_path / "good", dataset="synthetic",
                                              debug_record_inputs=True, threads=1), env={"FEDMASK_TOKEN": TOKEN})
     coord.wait(90)  # --rounds 1
     assert coord.returncode == 0, coord.tail()
@@ -317,7 +317,7 @@ def test_mtls_refuses_peers_without_a_device_certificate(procs: Processes, tmp_p
     coord = procs.start("coordinator", coordinator_args(
         port, db, auth="mtls", tls_cert=pki / "coordinator.pem", tls_key=pki / "coordinator.key",
         tls_client_ca=pki / "ca.pem", require_client_cert=True,
-        model="synthetic", model_params={"vector_length": L}, cohort_size=2, cohort_minimum=2, over_selection=0.0,
+        model="synthetic", model_params={"vector_length": L}, cohort_size=3, cohort_minimum=3, over_selection=0.0,
         rounds=1, selection_deadline=5, secagg_graph="full", secagg_threshold="majority", dp_mode="none",
         debug_record_sums=True,
     ))
@@ -340,7 +340,7 @@ def test_mtls_refuses_peers_without_a_device_certificate(procs: Processes, tmp_p
     # a device certificate of the federation CA: accepted
     assert enroll_with(with_cert) == grpc.StatusCode.OK
     client = procs.start("client", client_args(
-        port, "1-2", tmp_path / "client", dataset="synthetic", debug_record_inputs=True, threads=1,
+        port, "1-3", tmp_path / "client", dataset="synthetic", debug_record_inputs=True, threads=1,
         tls_ca=pki / "ca.pem", tls_cert=dev_cert, tls_key=dev_key,
     ))
     coord.wait(90)
