@@ -9,7 +9,6 @@ and which open Session stream hosts which device:
     await registry.admit(session, announced)       CheckIn -> DeviceAdmission
     registry.close(session, why)                   the stream ended
     registry.owner(device_id) / available(model)   for the round loop and the relay
-    registry.set_lookup_limits(interval_s, max_ids) how often unknown ids are looked up
 
 A device is hosted by at most one stream: a newer stream that announces it
 displaces the older one (which is ended once it hosts nothing). Devices
@@ -128,7 +127,16 @@ class DeviceRegistry:
         wall_clock: Callable[[], datetime],
         on_device_left: Callable[[int, str], None],
         on_changed: Callable[[], None],
+        lookup_interval_s: float = DEFAULT_LOOKUP_INTERVAL_S,
+        max_lookups: int = DEFAULT_MAX_LOOKUPS,
     ) -> None:
+        """`lookup_interval_s` / `max_lookups`: announced ids missing from the
+        cache are looked up in the store (`get_device`, one by one in a
+        worker thread, at most `max_lookups` of them) at most once per
+        `lookup_interval_s` seconds over all streams; ids not looked up are
+        rejected as unknown (an honest client's next CheckIn asks again)."""
+        if max_lookups < 1:
+            raise ValueError("max_lookups must be >= 1")
         self._store = store
         self._heartbeat = heartbeat_interval
         self._clock = clock
@@ -141,8 +149,8 @@ class DeviceRegistry:
         self._sid = itertools.count(1)
         #: store look-ups of unknown announced ids so far (tests, metrics)
         self.lookups = 0
-        self._lookups = Throttle(DEFAULT_LOOKUP_INTERVAL_S, clock)
-        self._max_lookups = DEFAULT_MAX_LOOKUPS
+        self._lookups = Throttle(lookup_interval_s, clock)
+        self._max_lookups = max_lookups
 
     # ------------------------------------------------------------------ queries
 
@@ -167,16 +175,23 @@ class DeviceRegistry:
             self.devices[rec.id] = rec
 
     async def refresh_revocations(self) -> list[int]:
-        """Re-read the device table and apply revocations an operator made in
+        """Read the revoked devices from the store and apply revocations an operator made in
         the store (`fedmask devices revoke`) while the coordinator runs: a
         revoked device leaves its stream's hosted set (so it is neither
         selected nor counted; a running round loses it as a dropout) and is
         refused at its next Hello or CheckIn. Returns the newly revoked ids."""
+        revoked = {rec.id: rec for rec in
+                   await asyncio.to_thread(self._store.list_devices, status=DeviceStatus.REVOKED)}
+        # restored by an operator since: read those few back
+        restored = [d for d, rec in self.devices.items() if rec.status is DeviceStatus.REVOKED and d not in revoked]
+        if restored:
+            for rec in await asyncio.to_thread(lambda: [r for d in restored if (r := self._store.get_device(d))]):
+                self.devices[rec.id] = rec
         newly: list[int] = []
-        for rec in await asyncio.to_thread(self._store.list_devices):
+        for rec in revoked.values():
             old = self.devices.get(rec.id)
             self.devices[rec.id] = rec
-            if rec.status is not DeviceStatus.ACTIVE and (old is None or old.status is DeviceStatus.ACTIVE):
+            if old is None or old.status is DeviceStatus.ACTIVE:
                 newly.append(rec.id)
                 owner = self._owner.get(rec.id)
                 if owner is not None:
@@ -311,17 +326,6 @@ class DeviceRegistry:
             s.end(grpc.StatusCode.OK, "shutdown")
 
     # ------------------------------------------------------------------ internals
-
-    def set_lookup_limits(self, interval_s: float, max_ids: int) -> None:
-        """Announced ids missing from the cache are looked up in the store
-        (`get_device`, one by one in a worker thread, at most `max_ids` of
-        them) at most once per `interval_s` seconds over all streams; ids not
-        looked up are rejected as unknown (an honest client's next CheckIn
-        asks again). Defaults: DEFAULT_LOOKUP_INTERVAL_S, DEFAULT_MAX_LOOKUPS."""
-        if max_ids < 1:
-            raise ValueError("max_ids must be >= 1")
-        self._lookups = Throttle(interval_s, self._clock)
-        self._max_lookups = max_ids
 
     async def _look_up(self, unknown: list[int]) -> None:
         if not self._lookups.allow():

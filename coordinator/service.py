@@ -99,8 +99,9 @@ class Coordinator:
         self.registry = DeviceRegistry(
             store, heartbeat_interval=settings.heartbeat_interval, clock=clock, wall_clock=wall_clock,
             on_device_left=self._device_left_round, on_changed=self._changed.set,
+            lookup_interval_s=settings.limits.device_lookup_interval_s,
+            max_lookups=settings.limits.max_device_lookups,
         )
-        self.registry.set_lookup_limits(settings.limits.device_lookup_interval_s, settings.limits.max_device_lookups)
         self.deadlines = AdaptiveDeadlines(settings.deadlines, plaintext=settings.debug.insecure_plaintext)
         self.ledger = PrivacyLedger(settings.dp, store)
         self.round: RoundMachine | None = None

@@ -49,7 +49,7 @@ from edge_client.cohort_floor import CohortFloor
 from edge_client.faults import FaultPlan
 from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
-from edge_client.trainer import Trainer, TrainingError, TrainOutput
+from edge_client.trainer import Trainer, TrainingError, TrainOutput, UnreadablePrivateState
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.stages import Stage
 from wire import secagg_codec
@@ -255,18 +255,6 @@ class SessionDriver:
                 run.go_silent(dr, Stage.ADVERTISE_KEYS)
             else:
                 active.append(dr)
-        if view.model_name != SYNTHETIC_MODEL and active:
-            # a device whose private state is unreadable stands down alone (its
-            # co-hosted devices train); the file is named in the log
-            bad = await asyncio.to_thread(self.trainer.unreadable_private, view.model_name,
-                                          [dr.device.number for dr in active])
-            for dr in [d for d in active if d.device.number in bad]:
-                log.error("round %d, %s: %s; this device withdraws", view.round_number, dr.device.local_id,
-                          bad[dr.device.number])
-                self._send_abort(view.session_id, view.round_number, dr.device.device_id,
-                                 common_pb2.ABORT_REASON_CLIENT_ERROR, "unreadable private state")
-                run.finish_device(dr)
-            active = [dr for dr in active if dr.device.number not in bad]
         if not active:
             return
         out = await self._train(run, active)
@@ -278,7 +266,9 @@ class SessionDriver:
 
     async def _train(self, run: RoundRun, active: list[DeviceRound]) -> TrainOutput | None:
         """The batch's updates (row i = active[i]); None when the client
-        withdrew its devices because it cannot train the round."""
+        withdrew its devices because it cannot train the round. A device
+        whose private state is unreadable stands down alone (the file is
+        named in the log): it leaves `active`, and the rest train."""
         view = run.view
         spec = task_spec(view)
         try:
@@ -286,7 +276,19 @@ class SessionDriver:
                 return self.trainer.synthetic_updates(
                     spec, [dr.device.device_id for dr in active], clip=view.config.encoding.clip
                 )
-            out = await asyncio.to_thread(self.trainer.train, spec, [dr.device.number for dr in active])
+            try:
+                out = await asyncio.to_thread(self.trainer.train, spec, [dr.device.number for dr in active])
+            except UnreadablePrivateState as e:
+                for dr in [d for d in active if d.device.number in e.unreadable]:
+                    log.error("round %d, %s: %s; this device withdraws", view.round_number, dr.device.local_id,
+                              e.unreadable[dr.device.number])
+                    self._send_abort(view.session_id, view.round_number, dr.device.device_id,
+                                     common_pb2.ABORT_REASON_CLIENT_ERROR, "unreadable private state")
+                    run.finish_device(dr)
+                active[:] = [d for d in active if d.device.number not in e.unreadable]
+                if not active:
+                    return None
+                out = await asyncio.to_thread(self.trainer.train, spec, [dr.device.number for dr in active])
         except TrainingError as e:
             log.error("round %d: cannot train: %s", view.round_number, e)
             self._abort_run(run, e.reason.value, str(e))

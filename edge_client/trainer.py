@@ -60,6 +60,16 @@ class TrainingFailure(enum.Enum):
     MODEL_MISMATCH = common_pb2.ABORT_REASON_MODEL_MISMATCH
 
 
+class UnreadablePrivateState(Exception):
+    """The stored private state of some devices of a batch cannot be read
+    (`unreadable`: user number -> why); nothing was trained. Those devices
+    stand down; the rest of the batch can train without them."""
+
+    def __init__(self, unreadable: dict[int, str]) -> None:
+        super().__init__(f"{len(unreadable)} device(s) with unreadable private state")
+        self.unreadable = unreadable
+
+
 class TrainingError(Exception):
     """The round cannot be trained on this client (user-facing message)."""
 
@@ -197,18 +207,6 @@ class Trainer:
         return np.random.default_rng(int.from_bytes(self.secure_random(16), "little"))
 
     # ------------------------------------------------------------ private state
-    def unreadable_private(self, model_name: str, numbers: Sequence[int]) -> dict[int, str]:
-        """user number -> why its stored private state of `model_name` cannot
-        be read (a corrupted or truncated file), for the devices that have
-        one; a device without a stored state is fine (it is initialised)."""
-        bad: dict[int, str] = {}
-        for n in numbers:
-            try:
-                self.devices[n].store.load_model(model_name)
-            except StateCorruptError as e:
-                bad[n] = str(e)
-        return bad
-
     def _load_private(
         self, entry: _ModelEntry, name: str, numbers: Sequence[int], data: CohortData, global_: GlobalState
     ) -> PrivateState:
@@ -223,8 +221,13 @@ class Trainer:
                 )
             entry.private_shapes = {k: tuple(v.shape[1:]) for k, v in tmpl.items()}
         rows: dict[int, dict[str, np.ndarray]] = {}
+        unreadable: dict[int, str] = {}
         for n in numbers:
-            got = self.devices[n].store.load_model(name)
+            try:
+                got = self.devices[n].store.load_model(name)
+            except StateCorruptError as e:
+                unreadable[n] = str(e)
+                continue
             if got is None:
                 continue
             arrays, _meta = got
@@ -233,6 +236,8 @@ class Trainer:
                             self.devices[n].local_id, name)
                 continue
             rows[n] = arrays
+        if unreadable:
+            raise UnreadablePrivateState(unreadable)
         missing = [i for i, n in enumerate(numbers) if n not in rows]
         fresh: PrivateState | None = None
         if missing:
