@@ -73,6 +73,10 @@ class PlaintextRoundMachine(RoundMachine):
     def wants_close(self) -> bool:
         return self.phase.is_collecting and not self._pending
 
+    def share_reports(self) -> dict[int, list[int]]:
+        """No shares, no reports."""
+        return {}
+
     def survivors(self) -> dict[str, list[int]]:
         return {RoundPhase.MASKED_INPUT.value: sorted(self._counted)}
 

@@ -158,6 +158,7 @@ def configured_deadlines(d: DeadlineSettings) -> dict[Stage, float]:
     return {
         Stage.ADVERTISE_KEYS: d.advertise_keys,
         Stage.SHARE_KEYS: d.share_keys,
+        Stage.SHARE_CHECK: d.share_check,
         Stage.MASKED_INPUT: d.masked_input,
         Stage.CONSISTENCY_CHECK: d.consistency_check,
         Stage.UNMASKING: d.unmasking,

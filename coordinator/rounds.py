@@ -68,6 +68,7 @@ class RoundPhase(enum.StrEnum):
 
     ADVERTISE_KEYS = "advertise_keys"
     SHARE_KEYS = "share_keys"
+    SHARE_CHECK = "share_check"
     MASKED_INPUT = "masked_input"
     CONSISTENCY_CHECK = "consistency_check"
     UNMASKING = "unmasking"
@@ -217,6 +218,14 @@ class RoundMachine:
         for stage, sids in self._server.record.survivors.items():
             out[Stage(stage).value] = sorted(self.ids.device(s) for s in sids)
         return out
+
+    def share_reports(self) -> dict[int, list[int]]:
+        """Share-check reports: reporter device id -> the device ids whose
+        relayed shares it could not open (empty before the share check)."""
+        return {
+            self.ids.device(v): sorted(self.ids.device(u) for u in bad)
+            for v, bad in sorted(self._server.record.undecryptable.items())
+        }
 
     def dropout_ids(self) -> dict[str, list[int]]:
         return {k: sorted(v) for k, v in self.dropouts.items() if v}

@@ -42,6 +42,7 @@ from coordinator.errors import (
 )
 from coordinator.logs import log_event
 from coordinator.model_host import ServerModel
+from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
@@ -107,6 +108,12 @@ class Coordinator:
         self.round: RoundMachine | None = None
         self._round_started_at: datetime | None = None
         self._previous_contributors: frozenset[int] = frozenset()
+        s = settings.secagg
+        self.peer_reports = PeerReports(ReportPolicy(
+            reporters=s.report_reporters, rounds=s.report_rounds, window=s.report_window,
+            quarantine_rounds=s.report_quarantine_rounds,
+        ))
+        self._last_round_number = 0
         self._params: dict[str, np.ndarray] = {}
         self._params_proto: common_pb2.ModelParameters | None = None
         self.model_version: int | None = None
@@ -353,7 +360,8 @@ class Coordinator:
     # ================================================================== the round loop
 
     def eligible(self) -> list[int]:
-        busy = () if self.round is None else self.round.cohort
+        busy = set(() if self.round is None else self.round.cohort)
+        busy |= self.peer_reports.quarantined(self._last_round_number + 1)
         return eligible_devices(
             self.registry.available(self.model.name),
             busy=busy,
@@ -471,6 +479,13 @@ class Coordinator:
                     await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
             raise
         finally:
+            self._last_round_number = max(self._last_round_number, number)
+            reports = r.share_reports()
+            if reports:
+                started = self.peer_reports.record(number, reports)
+                log_event("share_reports", logging.WARNING, round=number,
+                          reports=";".join(f"{k}:{','.join(map(str, v))}" for k, v in reports.items()),
+                          quarantined=",".join(map(str, started)))
             self.round = None
             self._changed.set()
 

@@ -116,6 +116,8 @@ class DeadlineSettings(_Group):
     training: PositiveFloat = 300.0
     advertise_keys: PositiveFloat = 30.0
     share_keys: PositiveFloat = 30.0
+    #: Devices open the relayed shares and report the ones that fail.
+    share_check: PositiveFloat = 30.0
     #: Masking and upload (training happens before stage 0, see `training`).
     masked_input: PositiveFloat = 300.0
     consistency_check: PositiveFloat = 30.0
@@ -142,6 +144,14 @@ class SecaggSettings(_Group):
     consistency_check: bool = False
     #: Dropout rate the sparse ("auto") graph is sized for.
     expected_dropout: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.1
+    #: Share-decryption reports (coordinator/peer_reports.py, D37): a device
+    #: sits out `report_quarantine_rounds` rounds once `report_reporters`
+    #: distinct peers reported it in `report_rounds` distinct rounds within
+    #: the last `report_window` rounds. One report never reaches past its round.
+    report_reporters: Annotated[int, Field(ge=2)] = 3
+    report_rounds: Annotated[int, Field(ge=1)] = 2
+    report_window: Annotated[int, Field(ge=1)] = 20
+    report_quarantine_rounds: Annotated[int, Field(ge=1)] = 10
 
     @field_validator("graph")
     @classmethod
@@ -154,6 +164,8 @@ class SecaggSettings(_Group):
     def _consistency_needs_signatures(self) -> SecaggSettings:
         if self.consistency_check and not self.signatures:
             raise ValueError("secagg.consistency_check requires secagg.signatures = true")
+        if self.report_window < self.report_rounds:
+            raise ValueError("secagg.report_window must be at least secagg.report_rounds")
         return self
 
     def threshold_for(self, group_size: int) -> int:

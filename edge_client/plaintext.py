@@ -21,7 +21,7 @@ from secagg import messages as sm
 from secagg.stages import Stage
 
 #: Drop stages at which a device stays silent in a plaintext round.
-SILENT_AT = (Stage.SHARE_KEYS, Stage.MASKED_INPUT)
+SILENT_AT = (Stage.SHARE_KEYS, Stage.SHARE_CHECK, Stage.MASKED_INPUT)
 
 
 async def upload(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray) -> None:

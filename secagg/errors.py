@@ -74,6 +74,11 @@ class AbortReason(enum.Enum):
     INVALID_CONSISTENCY_REQUEST = "invalid_consistency_request"
     INVALID_UNMASKING_REQUEST = "invalid_unmasking_request"
     INVALID_SIGNATURE = "invalid_signature"
+    # Added with the share check (wire codes follow the order above, so new
+    # reasons go last).
+    TOO_FEW_CHECKED = "too_few_checked"  # server: too few devices left after the share check
+    SHARES_UNDECRYPTABLE = "shares_undecryptable"  # notice: a peer could not open this device's shares
+    INVALID_MASKING_REQUEST = "invalid_masking_request"  # client: a bad MaskingRequest
 
 
 class DropReason(enum.Enum):
@@ -88,6 +93,9 @@ class DropReason(enum.Enum):
     INVALID_SIGNATURE = "invalid_signature"
     NEIGHBOURHOOD_TOO_SMALL = "neighbourhood_too_small"
     TOO_FEW_SIGNERS_NEARBY = "too_few_signers_nearby"
+    # A peer reported that this device's relayed shares did not decrypt; the
+    # device is left out of this round before anyone masks with it.
+    REPORTED_UNDECRYPTABLE = "reported_undecryptable"
 
 
 # One byte on the wire for each reason (ClientAbort / ServerAbort messages).

@@ -16,7 +16,9 @@ Wire format (all integers big-endian, except vector words):
     KeyList               header | count u32 | (id u32 | c_pk | s_pk | signature blob)*
     ShareKeys             header | count u32 | (receiver u32 | sealed blob)*
     ShareRelay            header | count u32 | (sender u32 | sealed blob)*
-    MaskedInput           header | L u32 | L little-endian uint32 words | undecryptable ids
+    ShareReceipt          header | undecryptable ids
+    MaskingRequest        header | peer ids
+    MaskedInput           header | L u32 | L little-endian uint32 words
     ConsistencyRequest    header | alive ids
     ConsistencySignature  header | signature[64]
     UnmaskingRequest      header | alive ids | dropped ids | count u32 | (id u32 | signature[64])*
@@ -24,7 +26,7 @@ Wire format (all integers big-endian, except vector words):
                                  | count u32 | (owner u32 | share[33])* (s-shares)
     ClientAbort/ServerAbort header | reason u8
 
-So a masked input is 4L + 23 + len(session) bytes, and one encrypted share
+So a masked input is 4L + 19 + len(session) bytes, and one encrypted share
 pair (two 33-byte field elements under AES-GCM) is a 94-byte sealed blob.
 `decode_message` raises MalformedMessage on any deviation, including trailing
 bytes.
@@ -42,7 +44,7 @@ import numpy as np
 from secagg.errors import ABORT_REASON_BY_CODE, ABORT_REASON_CODES, AbortReason, MalformedMessage
 from secagg.shamir import ELEMENT_BYTES
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: ShareReceipt and MaskingRequest; MaskedInput without ids
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 
@@ -59,6 +61,8 @@ class MessageType(enum.IntEnum):
     UNMASKING_RESPONSE = 9
     CLIENT_ABORT = 10
     SERVER_ABORT = 11
+    SHARE_RECEIPT = 12
+    MASKING_REQUEST = 13
 
 
 class _Writer:
@@ -227,14 +231,29 @@ class ShareKeys(Message):
         return cls(**header, shares=_read_id_blobs(r))
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareReceipt(Message):
+    """Share check: the peers whose relayed shares failed to decrypt at this
+    device (it holds no usable share of theirs). Empty when all opened."""
+
+    TYPE: ClassVar[MessageType] = MessageType.SHARE_RECEIPT
+    undecryptable: tuple[int, ...] = ()
+
+    def _write_body(self, w: _Writer) -> None:
+        w.ids(self.undecryptable)
+
+    @classmethod
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> ShareReceipt:
+        return cls(**header, undecryptable=r.ids())
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class MaskedInput(Message):
-    """Round 2: y_u (uint32, length L) and the peers whose shares failed to
-    decrypt at this device (it holds no usable share of theirs)."""
+    """Round 2: y_u (uint32, length L), masked with the peers the
+    MaskingRequest named."""
 
     TYPE: ClassVar[MessageType] = MessageType.MASKED_INPUT
     vector: np.ndarray
-    undecryptable: tuple[int, ...] = ()
 
     def _write_body(self, w: _Writer) -> None:
         v = self.vector
@@ -242,7 +261,6 @@ class MaskedInput(Message):
             raise ValueError("vector must be a 1-D np.uint32 array")
         w.u32(v.shape[0])
         w.parts.append(v.astype("<u4", copy=False).tobytes())
-        w.ids(self.undecryptable)
 
     @classmethod
     def _read_body(cls, r: _Reader, header: dict[str, Any]) -> MaskedInput:
@@ -250,7 +268,7 @@ class MaskedInput(Message):
         start = r.pos
         r.take(4 * length)
         vector = np.frombuffer(r.data, dtype="<u4", count=length, offset=start)
-        return cls(**header, vector=vector, undecryptable=r.ids())
+        return cls(**header, vector=vector)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -361,6 +379,23 @@ class ShareRelay(Message):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MaskingRequest(Message):
+    """End of the share check: the peers the addressee masks with, a subset
+    of those whose shares were relayed to it (senders some device reported
+    as undecryptable, and devices that sent no receipt, are left out)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.MASKING_REQUEST
+    peers: tuple[int, ...]
+
+    def _write_body(self, w: _Writer) -> None:
+        w.ids(self.peers)
+
+    @classmethod
+    def _read_body(cls, r: _Reader, header: dict[str, Any]) -> MaskingRequest:
+        return cls(**header, peers=r.ids())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConsistencyRequest(Message):
     """Active mode: the survivor set U3 of masked-input collection, to sign."""
 
@@ -425,8 +460,8 @@ def _reason(code: int) -> AbortReason:
         raise MalformedMessage(f"unknown abort reason code {code}") from None
 
 
-CLIENT_MESSAGES = (AdvertiseKeys, ShareKeys, MaskedInput, ConsistencySignature, UnmaskingResponse, ClientAbort)
-SERVER_MESSAGES = (KeyList, ShareRelay, ConsistencyRequest, UnmaskingRequest, ServerAbort)
+CLIENT_MESSAGES = (AdvertiseKeys, ShareKeys, ShareReceipt, MaskedInput, ConsistencySignature, UnmaskingResponse, ClientAbort)
+SERVER_MESSAGES = (KeyList, ShareRelay, MaskingRequest, ConsistencyRequest, UnmaskingRequest, ServerAbort)
 _BY_TYPE: dict[int, type[Message]] = {cls.TYPE: cls for cls in CLIENT_MESSAGES + SERVER_MESSAGES}
 
 

@@ -7,8 +7,11 @@ command line. The value is the canonical spelling (`masked_input`: used in
 round records, logs and JSON); `cli_name` is the one command-line spelling
 (`masked-input`), and `Stage.parse` accepts either.
 
-Stage order is protocol order: ADVERTISE_KEYS -> SHARE_KEYS -> MASKED_INPUT
--> CONSISTENCY_CHECK (active-adversary mode only) -> UNMASKING.
+Stage order is protocol order: ADVERTISE_KEYS -> SHARE_KEYS -> SHARE_CHECK
+-> MASKED_INPUT -> CONSISTENCY_CHECK (active-adversary mode only) ->
+UNMASKING. SHARE_CHECK is where devices open the relayed shares and report
+the senders whose shares they could not decrypt, before anyone masks
+(decision D37).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import enum
 class Stage(enum.StrEnum):
     ADVERTISE_KEYS = "advertise_keys"
     SHARE_KEYS = "share_keys"
+    SHARE_CHECK = "share_check"
     MASKED_INPUT = "masked_input"
     CONSISTENCY_CHECK = "consistency_check"
     UNMASKING = "unmasking"

@@ -44,6 +44,7 @@ from secagg.messages import (
     ConsistencyRequest,
     KeyList,
     MaskedInput,
+    MaskingRequest,
     Message,
     ShareKeys,
     ShareRelay,
@@ -64,7 +65,8 @@ DROPOUT_STAGES: tuple[str, ...] = tuple(STAGES)
 # The server message that asks a device for its stage-S message.
 _TRIGGER = {
     KeyList: Stage.SHARE_KEYS,
-    ShareRelay: Stage.MASKED_INPUT,
+    ShareRelay: Stage.SHARE_CHECK,
+    MaskingRequest: Stage.MASKED_INPUT,
     ConsistencyRequest: Stage.CONSISTENCY_CHECK,
     UnmaskingRequest: Stage.UNMASKING,
 }
@@ -78,6 +80,7 @@ class DropoutPlan:
 
     advertise_keys: frozenset[int] = frozenset()
     share_keys: frozenset[int] = frozenset()
+    share_check: frozenset[int] = frozenset()
     masked_input: frozenset[int] = frozenset()
     consistency_check: frozenset[int] = frozenset()
     unmasking: frozenset[int] = frozenset()

@@ -39,7 +39,7 @@ from secagg.stages import Stage
 # --------------------------------------------------------------------------- versions
 
 #: The version this code speaks.
-PROTOCOL_VERSION = "fedmask.v1"
+PROTOCOL_VERSION = "fedmask.v1.1"
 #: Client versions the coordinator serves (the current one first).
 SERVED_CLIENT_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 #: Printed and logged versions are cut to this many characters.
@@ -93,6 +93,7 @@ def coordinator_refusal(coordinator_version: str) -> str | None:
 CLIENT_MESSAGE_STAGE: dict[type, Stage] = {
     secagg_pb2.AdvertiseKeys: Stage.ADVERTISE_KEYS,
     secagg_pb2.ShareKeys: Stage.SHARE_KEYS,
+    secagg_pb2.ShareReceipt: Stage.SHARE_CHECK,
     secagg_pb2.MaskedInput: Stage.MASKED_INPUT,
     secagg_pb2.ConsistencyCheck: Stage.CONSISTENCY_CHECK,
     secagg_pb2.UnmaskingResponse: Stage.UNMASKING,
@@ -101,7 +102,8 @@ CLIENT_MESSAGE_STAGE: dict[type, Stage] = {
 #: client reply it asks for (the RoundTask asks for ADVERTISE_KEYS).
 SERVER_FIELD_STAGE: dict[str, Stage] = {
     "advertised_keys": Stage.SHARE_KEYS,
-    "forwarded_shares": Stage.MASKED_INPUT,
+    "forwarded_shares": Stage.SHARE_CHECK,
+    "masking_request": Stage.MASKED_INPUT,
     "consistency_check_request": Stage.CONSISTENCY_CHECK,
     "unmasking_request": Stage.UNMASKING,
 }

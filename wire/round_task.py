@@ -44,7 +44,7 @@ from wire.tensors import params_from_proto, params_to_proto
 
 MAX_HYPERPARAMETERS_CHARS = 64 * 1024
 MAX_MODEL_NAME_CHARS = 64
-STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking")
+STAGES = ("advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check", "unmasking")
 
 
 def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings:

@@ -5,6 +5,8 @@
     KeyList                 <-> AdvertisedKeys (self excluded)   server -> client
     ShareKeys               <-> ShareKeys                        client -> server
     ShareRelay              <-> ForwardedShares                  server -> client
+    ShareReceipt            <-> ShareReceipt                     client -> server
+    MaskingRequest          <-> MaskingRequest                   server -> client
     MaskedInput             <-> MaskedInput (LE uint32 bytes)    client -> server
     ConsistencyRequest      <-> ConsistencyCheckRequest          server -> client
     ConsistencySignature    <-> ConsistencyCheck                 client -> server
@@ -55,6 +57,7 @@ ProtoAbortReason: TypeAlias = common_pb2.AbortReason.ValueType
 ClientStageProto: TypeAlias = (
     secagg_pb2.AdvertiseKeys
     | secagg_pb2.ShareKeys
+    | secagg_pb2.ShareReceipt
     | secagg_pb2.MaskedInput
     | secagg_pb2.ConsistencyCheck
     | secagg_pb2.UnmaskingResponse
@@ -64,6 +67,7 @@ ClientStageProto: TypeAlias = (
 ServerStageProto: TypeAlias = (
     secagg_pb2.AdvertisedKeys
     | secagg_pb2.ForwardedShares
+    | secagg_pb2.MaskingRequest
     | secagg_pb2.ConsistencyCheckRequest
     | secagg_pb2.UnmaskingRequest
     | common_pb2.AbortNotice
@@ -91,6 +95,9 @@ _TO_PROTO_REASON: dict[AbortReason, ProtoAbortReason] = {
     AbortReason.INVALID_CONSISTENCY_REQUEST: common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
     AbortReason.INVALID_UNMASKING_REQUEST: common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
     AbortReason.INVALID_SIGNATURE: common_pb2.ABORT_REASON_INVALID_SIGNATURE,
+    AbortReason.TOO_FEW_CHECKED: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
+    AbortReason.SHARES_UNDECRYPTABLE: common_pb2.ABORT_REASON_DECRYPTION_FAILED,
+    AbortReason.INVALID_MASKING_REQUEST: common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
 }
 
 # proto -> secagg, when the detail carries no secagg reason.
@@ -132,6 +139,7 @@ _DROP_NOTICE: dict[DropReason, ProtoAbortReason | None] = {
     DropReason.CLIENT_ABORTED: None,
     DropReason.NEIGHBOURHOOD_TOO_SMALL: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
     DropReason.TOO_FEW_SIGNERS_NEARBY: common_pb2.ABORT_REASON_TOO_FEW_SURVIVORS,
+    DropReason.REPORTED_UNDECRYPTABLE: common_pb2.ABORT_REASON_DECRYPTION_FAILED,
 }
 
 
@@ -383,6 +391,34 @@ def share_relay_from_proto(p: secagg_pb2.ForwardedShares, ids: RoundIds) -> sm.S
     return sm.ShareRelay(**header, shares=tuple(out))
 
 
+# --------------------------------------------------------------------------- share check
+
+
+def share_receipt_to_proto(m: sm.ShareReceipt, ids: RoundIds) -> secagg_pb2.ShareReceipt:
+    return secagg_pb2.ShareReceipt(
+        **_header_to_proto(m, ids),
+        undecryptable=_to_device_list(m.undecryptable, ids, "ShareReceipt.undecryptable"),
+    )
+
+
+def share_receipt_from_proto(p: secagg_pb2.ShareReceipt, ids: RoundIds) -> sm.ShareReceipt:
+    what = "ShareReceipt"
+    header = _header_from_proto(p, ids, what)
+    return sm.ShareReceipt(**header, undecryptable=_device_list(p.undecryptable, ids, f"{what}.undecryptable"))
+
+
+def masking_request_to_proto(m: sm.MaskingRequest, ids: RoundIds) -> secagg_pb2.MaskingRequest:
+    return secagg_pb2.MaskingRequest(
+        **_header_to_proto(m, ids), peers=_to_device_list(m.peers, ids, "MaskingRequest.peers")
+    )
+
+
+def masking_request_from_proto(p: secagg_pb2.MaskingRequest, ids: RoundIds) -> sm.MaskingRequest:
+    what = "MaskingRequest"
+    header = _header_from_proto(p, ids, what)
+    return sm.MaskingRequest(**header, peers=_device_list(p.peers, ids, f"{what}.peers"))
+
+
 # --------------------------------------------------------------------------- stage 2
 
 
@@ -395,7 +431,6 @@ def masked_input_to_proto(m: sm.MaskedInput, ids: RoundIds, *, modulus_bits: int
         masked_vector=v.astype("<u4", copy=False).tobytes(),
         length=v.shape[0],
         modulus_bits=modulus_bits,
-        undecryptable=_to_device_list(m.undecryptable, ids, "MaskedInput.undecryptable"),
     )
 
 
@@ -418,8 +453,7 @@ def masked_input_from_proto(
     vector = np.frombuffer(p.masked_vector, dtype="<u4")
     if vector.dtype != np.uint32:  # big-endian host: one conversion
         vector = vector.astype(np.uint32)
-    bad = _device_list(p.undecryptable, ids, f"{what}.undecryptable")
-    return sm.MaskedInput(**header, vector=vector, undecryptable=bad)
+    return sm.MaskedInput(**header, vector=vector)
 
 
 # --------------------------------------------------------------------------- stage 3 (active mode)
@@ -584,6 +618,7 @@ def server_abort_from_proto(p: common_pb2.AbortNotice, ids: RoundIds) -> sm.Serv
 CLIENT_FIELDS = {
     secagg_pb2.AdvertiseKeys: "advertise_keys",
     secagg_pb2.ShareKeys: "share_keys",
+    secagg_pb2.ShareReceipt: "share_receipt",
     secagg_pb2.MaskedInput: "masked_input",
     secagg_pb2.ConsistencyCheck: "consistency_check",
     secagg_pb2.UnmaskingResponse: "unmasking_response",
@@ -592,6 +627,7 @@ CLIENT_FIELDS = {
 SERVER_FIELDS = {
     secagg_pb2.AdvertisedKeys: "advertised_keys",
     secagg_pb2.ForwardedShares: "forwarded_shares",
+    secagg_pb2.MaskingRequest: "masking_request",
     secagg_pb2.ConsistencyCheckRequest: "consistency_check_request",
     secagg_pb2.UnmaskingRequest: "unmasking_request",
     common_pb2.AbortNotice: "abort",
@@ -605,6 +641,8 @@ def client_to_proto(m: sm.Message, ids: RoundIds, *, modulus_bits: int = 32, det
         return advertise_keys_to_proto(m, ids)
     if isinstance(m, sm.ShareKeys):
         return share_keys_to_proto(m, ids)
+    if isinstance(m, sm.ShareReceipt):
+        return share_receipt_to_proto(m, ids)
     if isinstance(m, sm.MaskedInput):
         return masked_input_to_proto(m, ids, modulus_bits=modulus_bits)
     if isinstance(m, sm.ConsistencySignature):
@@ -622,6 +660,8 @@ def client_from_proto(p: object, ids: RoundIds, *, vector_length: int, modulus_b
         return advertise_keys_from_proto(p, ids)
     if isinstance(p, secagg_pb2.ShareKeys):
         return share_keys_from_proto(p, ids)
+    if isinstance(p, secagg_pb2.ShareReceipt):
+        return share_receipt_from_proto(p, ids)
     if isinstance(p, secagg_pb2.MaskedInput):
         return masked_input_from_proto(p, ids, vector_length=vector_length, modulus_bits=modulus_bits)
     if isinstance(p, secagg_pb2.ConsistencyCheck):
@@ -641,6 +681,8 @@ def server_to_proto(
         return key_list_to_proto(m, ids, identity_keys)
     if isinstance(m, sm.ShareRelay):
         return share_relay_to_proto(m, ids)
+    if isinstance(m, sm.MaskingRequest):
+        return masking_request_to_proto(m, ids)
     if isinstance(m, sm.ConsistencyRequest):
         return consistency_request_to_proto(m, ids)
     if isinstance(m, sm.UnmaskingRequest):
@@ -660,6 +702,8 @@ def server_from_proto(p: object, ids: RoundIds, *, own: sm.AdvertiseKeys | None 
         return key_list_from_proto(p, ids, own)[0]
     if isinstance(p, secagg_pb2.ForwardedShares):
         return share_relay_from_proto(p, ids)
+    if isinstance(p, secagg_pb2.MaskingRequest):
+        return masking_request_from_proto(p, ids)
     if isinstance(p, secagg_pb2.ConsistencyCheckRequest):
         return consistency_request_from_proto(p, ids)
     if isinstance(p, secagg_pb2.UnmaskingRequest):

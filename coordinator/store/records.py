@@ -60,6 +60,7 @@ class RoundState(StrEnum):
     TRAINING = "training"
     ADVERTISE_KEYS = "advertise_keys"
     SHARE_KEYS = "share_keys"
+    SHARE_CHECK = "share_check"
     MASKED_INPUT = "masked_input"
     CONSISTENCY_CHECK = "consistency_check"
     UNMASKING = "unmasking"

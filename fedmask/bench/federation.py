@@ -73,6 +73,7 @@ class RoundBenchConfig:
     training_deadline: float = 1.0
     advertise_keys_deadline: float = 5.0
     share_keys_deadline: float = 5.0
+    share_check_deadline: float = 5.0
     masked_input_deadline: float = 5.0
     unmasking_deadline: float = 5.0
     deadline_floor: float = 0.25
@@ -141,6 +142,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "training_deadline": PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
         "advertise_keys_deadline": cfg.advertise_keys_deadline,
         "share_keys_deadline": cfg.share_keys_deadline,
+        "share_check_deadline": cfg.share_check_deadline,
         "masked_input_deadline": cfg.masked_input_deadline,
         "unmasking_deadline": cfg.unmasking_deadline,
         "deadline_floor": cfg.deadline_floor,
@@ -277,7 +279,8 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "deadline_bounds_s": {
                 "floor": cfg.deadline_floor,
                 "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
-                "share_keys": cfg.share_keys_deadline, "masked_input": cfg.masked_input_deadline,
+                "share_keys": cfg.share_keys_deadline, "share_check": cfg.share_check_deadline,
+                "masked_input": cfg.masked_input_deadline,
                 "unmasking": cfg.unmasking_deadline,
                 "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.masked_input_deadline, 3),
             },

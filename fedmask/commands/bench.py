@@ -38,6 +38,7 @@ def round_(
     training_deadline: Annotated[float, typer.Option(help="Seconds; stage 0 lasts at most training + advertise-keys.")] = 1.0,
     advertise_keys_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of AdvertiseKeys, seconds.")] = 5.0,
     share_keys_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of ShareKeys, seconds.")] = 5.0,
+    share_check_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of the share check, seconds.")] = 5.0,
     masked_input_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of MaskedInput, seconds. Devices dropped at masked-input are silent, so this stage lasts its whole (learnt) deadline whenever one drops.")] = 5.0,
     unmasking_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of Unmasking, seconds.")] = 5.0,
     deadline_floor: Annotated[float, typer.Option(help="No learnt deadline goes below this many seconds (the coordinator's adaptive policy; its margin, quantile and slack are the production defaults).")] = 0.25,
@@ -73,7 +74,7 @@ def round_(
         devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
-        share_keys_deadline=share_keys_deadline, masked_input_deadline=masked_input_deadline,
+        share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
         unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
     )
     _run_and_report(lambda log: run_round_bench(cfg, log=log))

@@ -225,9 +225,10 @@ Global___ShareKeys: _TypeAlias = ShareKeys  # noqa: Y015
 
 @_typing.final
 class ForwardedShares(_message.Message):
-    """Stage 1 -> 2, server -> client: the shares addressed to device_id
-    (receiver == device_id) from its neighbours in U2. The senders listed ARE
-    the set the device masks against; receiving this starts stage 2.
+    """Stage 1 -> share check, server -> client: the shares addressed to
+    device_id (receiver == device_id) from its neighbours in U2. The device
+    opens them and answers with a ShareReceipt; the peers it masks with come
+    later, in MaskingRequest (since fedmask.v1.1).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -258,6 +259,76 @@ class ForwardedShares(_message.Message):
 Global___ForwardedShares: _TypeAlias = ForwardedShares  # noqa: Y015
 
 @_typing.final
+class ShareReceipt(_message.Message):
+    """Share check, client -> server (since fedmask.v1.1): the senders (device
+    ids, ascending, each one whose shares were forwarded to this device)
+    whose forwarded shares failed to decrypt here. Empty when all opened.
+    The coordinator cannot verify it (the pairwise key is symmetric): a report
+    only removes the pair (reporter, sender) from this round's masking.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ROUND_NUMBER_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    UNDECRYPTABLE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.bytes
+    round_number: _builtins.int
+    device_id: _builtins.int
+    @_builtins.property
+    def undecryptable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.bytes = ...,
+        round_number: _builtins.int = ...,
+        device_id: _builtins.int = ...,
+        undecryptable: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "round_number", b"round_number", "session_id", b"session_id", "undecryptable", b"undecryptable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShareReceipt: _TypeAlias = ShareReceipt  # noqa: Y015
+
+@_typing.final
+class MaskingRequest(_message.Message):
+    """Share check -> stage 2, server -> client (since fedmask.v1.1): the peers
+    device_id masks with, ascending: a subset of the senders forwarded to it,
+    without any it reported. Receiving this starts stage 2.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    ROUND_NUMBER_FIELD_NUMBER: _builtins.int
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.bytes
+    round_number: _builtins.int
+    device_id: _builtins.int
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.bytes = ...,
+        round_number: _builtins.int = ...,
+        device_id: _builtins.int = ...,
+        peers: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "peers", b"peers", "round_number", b"round_number", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MaskingRequest: _TypeAlias = MaskingRequest  # noqa: Y015
+
+@_typing.final
 class MaskedInput(_message.Message):
     """Stage 2, client -> server: the masked, encoded update
       y_u = x_u + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv)  mod 2^b.
@@ -275,22 +346,12 @@ class MaskedInput(_message.Message):
     MASKED_VECTOR_FIELD_NUMBER: _builtins.int
     LENGTH_FIELD_NUMBER: _builtins.int
     MODULUS_BITS_FIELD_NUMBER: _builtins.int
-    UNDECRYPTABLE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     device_id: _builtins.int
     masked_vector: _builtins.bytes
     length: _builtins.int
     modulus_bits: _builtins.int
-    @_builtins.property
-    def undecryptable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Peers (device ids, ascending) whose forwarded shares failed to decrypt
-        at this device: it still masks with them (the mask key comes from the
-        advertised s-keys) but holds no share of their secrets, so the server
-        does not count on it to reconstruct them. Empty for an honest server.
-        Added after v1's first draft; absent == empty (backward compatible).
-        """
-
     def __init__(
         self,
         *,
@@ -300,11 +361,10 @@ class MaskedInput(_message.Message):
         masked_vector: _builtins.bytes = ...,
         length: _builtins.int = ...,
         modulus_bits: _builtins.int = ...,
-        undecryptable: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "length", b"length", "masked_vector", b"masked_vector", "modulus_bits", b"modulus_bits", "round_number", b"round_number", "session_id", b"session_id", "undecryptable", b"undecryptable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "length", b"length", "masked_vector", b"masked_vector", "modulus_bits", b"modulus_bits", "round_number", b"round_number", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -523,6 +523,7 @@ class StageDeadlines(_message.Message):
     MASKED_INPUT_FIELD_NUMBER: _builtins.int
     CONSISTENCY_CHECK_FIELD_NUMBER: _builtins.int
     UNMASKING_FIELD_NUMBER: _builtins.int
+    SHARE_CHECK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def advertise_keys(self) -> _duration_pb2.Duration:
         """Includes local training: the secagg client state needs the encoded
@@ -537,6 +538,10 @@ class StageDeadlines(_message.Message):
     def consistency_check(self) -> _duration_pb2.Duration: ...
     @_builtins.property
     def unmasking(self) -> _duration_pb2.Duration: ...
+    @_builtins.property
+    def share_check(self) -> _duration_pb2.Duration:
+        """since fedmask.v1.1"""
+
     def __init__(
         self,
         *,
@@ -545,10 +550,11 @@ class StageDeadlines(_message.Message):
         masked_input: _duration_pb2.Duration | None = ...,
         consistency_check: _duration_pb2.Duration | None = ...,
         unmasking: _duration_pb2.Duration | None = ...,
+        share_check: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["advertise_keys", b"advertise_keys", "consistency_check", b"consistency_check", "masked_input", b"masked_input", "share_keys", b"share_keys", "unmasking", b"unmasking"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["advertise_keys", b"advertise_keys", "consistency_check", b"consistency_check", "masked_input", b"masked_input", "share_check", b"share_check", "share_keys", b"share_keys", "unmasking", b"unmasking"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_keys", b"advertise_keys", "consistency_check", b"consistency_check", "masked_input", b"masked_input", "share_keys", b"share_keys", "unmasking", b"unmasking"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["advertise_keys", b"advertise_keys", "consistency_check", b"consistency_check", "masked_input", b"masked_input", "share_check", b"share_check", "share_keys", b"share_keys", "unmasking", b"unmasking"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -919,6 +925,7 @@ class ClientMessage(_message.Message):
     CONSISTENCY_CHECK_FIELD_NUMBER: _builtins.int
     UNMASKING_RESPONSE_FIELD_NUMBER: _builtins.int
     ABORT_FIELD_NUMBER: _builtins.int
+    SHARE_RECEIPT_FIELD_NUMBER: _builtins.int
     ROUND_METRICS_FIELD_NUMBER: _builtins.int
     DEVICE_RESPONSE_FIELD_NUMBER: _builtins.int
     @_builtins.property
@@ -940,6 +947,10 @@ class ClientMessage(_message.Message):
     @_builtins.property
     def abort(self) -> _common_pb2.AbortNotice: ...
     @_builtins.property
+    def share_receipt(self) -> _secagg_pb2.ShareReceipt:
+        """since fedmask.v1.1"""
+
+    @_builtins.property
     def round_metrics(self) -> Global___RoundMetrics: ...
     @_builtins.property
     def device_response(self) -> Global___DeviceResponse: ...
@@ -955,14 +966,15 @@ class ClientMessage(_message.Message):
         consistency_check: _secagg_pb2.ConsistencyCheck | None = ...,
         unmasking_response: _secagg_pb2.UnmaskingResponse | None = ...,
         abort: _common_pb2.AbortNotice | None = ...,
+        share_receipt: _secagg_pb2.ShareReceipt | None = ...,
         round_metrics: Global___RoundMetrics | None = ...,
         device_response: Global___DeviceResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "round_metrics", "device_response"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "share_receipt", "round_metrics", "device_response"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -987,6 +999,7 @@ class ServerMessage(_message.Message):
     UNMASKING_REQUEST_FIELD_NUMBER: _builtins.int
     ABORT_FIELD_NUMBER: _builtins.int
     ROUND_COMMITTED_FIELD_NUMBER: _builtins.int
+    MASKING_REQUEST_FIELD_NUMBER: _builtins.int
     DEVICE_REQUEST_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
@@ -1011,6 +1024,10 @@ class ServerMessage(_message.Message):
     @_builtins.property
     def round_committed(self) -> Global___RoundCommitted: ...
     @_builtins.property
+    def masking_request(self) -> _secagg_pb2.MaskingRequest:
+        """since fedmask.v1.1"""
+
+    @_builtins.property
     def device_request(self) -> Global___DeviceRequest: ...
     def __init__(
         self,
@@ -1026,13 +1043,14 @@ class ServerMessage(_message.Message):
         unmasking_request: _secagg_pb2.UnmaskingRequest | None = ...,
         abort: _common_pb2.AbortNotice | None = ...,
         round_committed: Global___RoundCommitted | None = ...,
+        masking_request: _secagg_pb2.MaskingRequest | None = ...,
         device_request: Global___DeviceRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "check_in_ack", "heartbeat", "shutdown", "round_task", "advertised_keys", "forwarded_shares", "consistency_check_request", "unmasking_request", "abort", "round_committed", "device_request"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "check_in_ack", "heartbeat", "shutdown", "round_task", "advertised_keys", "forwarded_shares", "consistency_check_request", "unmasking_request", "abort", "round_committed", "masking_request", "device_request"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from secagg import identity, shamir
 from secagg.aead import seal, share_associated_data
 from secagg.client.base import ClientState, Reject, Transition
-from secagg.client.masked_input_collection import ClientMaskedInputCollection
+from secagg.client.share_check import ClientShareCheck
 from secagg.errors import AbortReason, MalformedMessage
 from secagg.keys import PUBLIC_KEY_BYTES, SEED_BYTES, agree, share_key
 from secagg.messages import KeyEntry, KeyList, ShareKeys
@@ -91,4 +91,4 @@ class ClientShareKeys(ClientState[KeyList]):
             out.append((u, seal(key, plaintext, share_associated_data(sid, rnd, v, u), r.rand)))
         del entries[v]
         r.peers = entries
-        return ClientMaskedInputCollection(r), [ShareKeys(**self._header(), shares=tuple(out))]
+        return ClientShareCheck(r), [ShareKeys(**self._header(), shares=tuple(out))]

@@ -15,14 +15,13 @@ from secagg.stages import Stage
 
 
 class ServerMaskedInputCollection(ServerState[MaskedInput]):
-    """Expects U2. A device is dropped if its vector is not a 1-D np.uint32
-    of length L, or its `undecryptable` list has duplicates or ids whose
-    shares were not relayed to it. An accepted vector is added to the running
-    sum at once (uint32 wraparound) and the device is counted: U3.
+    """Expects U2 (as the share check left it). A device is dropped if its
+    vector is not a 1-D np.uint32 of length L. An accepted vector is added to
+    the running sum at once (uint32 wraparound) and the device is counted: U3.
 
     close(), with D = U2 - U3 and the holders H(u) of a device's shares (u
-    itself and the peers that opened u's sealed shares), aborts with
-    TOO_FEW_MASKED_INPUTS unless
+    itself and the peers that mask with u, all of which opened u's shares),
+    aborts with TOO_FEW_MASKED_INPUTS unless
       - |U3| >= t,
       - every v in U3 has >= t of U3 among itself and R(v) (the check each
         device repeats before unmasking), and
@@ -51,18 +50,8 @@ class ServerMaskedInputCollection(ServerState[MaskedInput]):
                 DropReason.MALFORMED_MESSAGE,
                 f"masked input must be uint32 of shape ({r.config.vector_length},), got {dtype} {shape}",
             )
-        bad = message.undecryptable
-        if (
-            not isinstance(bad, tuple | list)
-            or not all(isinstance(u, int) for u in bad)
-            or len(set(bad)) != len(bad)
-            or not set(bad) <= r.relayed[sender]
-        ):
-            raise Drop(DropReason.MALFORMED_MESSAGE, "undecryptable lists unknown or repeated ids")
         acc = r.sum_so_far()
         np.add(acc, vec, out=acc)
-        if bad:
-            r.undecryptable[sender] = frozenset(bad)
 
     def _close(self) -> Transition:
         r = self._round

@@ -6,7 +6,7 @@ from secagg.aead import sealed_length
 from secagg.errors import AbortReason, DropReason
 from secagg.messages import ShareKeys, ShareRelay
 from secagg.server.base import Drop, ServerState, Transition, prune
-from secagg.server.masked_input_collection import ServerMaskedInputCollection
+from secagg.server.share_check import ServerShareCheck
 from secagg.shamir import ELEMENT_BYTES
 from secagg.stages import Stage
 
@@ -20,7 +20,8 @@ class ServerShareKeys(ServerState[ShareKeys]):
 
     close(): U2 = accepted devices, pruned like U1; |U2| < t aborts with
     TOO_FEW_SHARED. Each v in U2 is relayed the blobs addressed to it by its
-    neighbours in U2; these senders are R(v), the peers v masks with.
+    neighbours in U2; these senders are R(v), the peers v will mask with
+    unless the share check (ServerShareCheck) removes some.
     """
 
     stage = Stage.SHARE_KEYS
@@ -65,4 +66,4 @@ class ServerShareKeys(ServerState[ShareKeys]):
             r.relayed[v] = frozenset(senders)
             out.append(ShareRelay(**self._header(v), shares=tuple((u, r.sealed[u][v]) for u in senders)))
         r.sealed.clear()
-        return ServerMaskedInputCollection(r, u2), out
+        return ServerShareCheck(r, u2), out

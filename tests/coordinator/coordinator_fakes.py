@@ -30,18 +30,21 @@ from secagg.messages import AdvertiseKeys
 from secagg.randomness import DeterministicRandom
 from wire import RoundTaskView, parse_round_task
 from wire import secagg_codec as codec
+from wire.protocol import PROTOCOL_VERSION
 
 # The server message that asks a device for each stage's message.
 TRIGGER_STAGE = {
     "round_task": "advertise_keys",
     "advertised_keys": "share_keys",
-    "forwarded_shares": "masked_input",
+    "forwarded_shares": "share_check",
+    "masking_request": "masked_input",
     "consistency_check_request": "consistency_check",
     "unmasking_request": "unmasking",
 }
 _INNER_STAGE = {
     secagg_pb2.AdvertisedKeys: "share_keys",
-    secagg_pb2.ForwardedShares: "masked_input",
+    secagg_pb2.ForwardedShares: "share_check",
+    secagg_pb2.MaskingRequest: "masked_input",
     secagg_pb2.ConsistencyCheckRequest: "consistency_check",
     secagg_pb2.UnmaskingRequest: "unmasking",
 }
@@ -167,7 +170,7 @@ class FakeClient:
 
     async def _requests(self):
         yield session_pb2.ClientMessage(
-            hello=session_pb2.Hello(client_name=self.name, protocol_version="fedmask.v1",
+            hello=session_pb2.Hello(client_name=self.name, protocol_version=PROTOCOL_VERSION,
                                     available_device_ids=sorted(self.devices))
         )
         while True:
@@ -220,7 +223,7 @@ class FakeClient:
                 if n.device_id in self.devices:
                     self.devices[n.device_id].on_message(n)
             return
-        if kind in ("advertised_keys", "forwarded_shares", "consistency_check_request", "unmasking_request"):
+        if kind in ("advertised_keys", "forwarded_shares", "masking_request", "consistency_check_request", "unmasking_request"):
             inner = getattr(msg, kind)
             dev = self.devices.get(inner.device_id)
             if dev is not None:

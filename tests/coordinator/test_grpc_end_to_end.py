@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime
+from typing import Any, ClassVar
 
 import grpc
 import numpy as np
@@ -20,6 +21,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import InMemoryStore, RoundRecord, RoundState, open_store
 from coordinator.store.blobs import unpack_parameters
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
+from wire import RoundTaskView
 
 from coordinator_fakes import FakeClient, FakeDevice, enroll
 
@@ -27,7 +29,7 @@ P = common_pb2
 L = 16
 
 
-SHORT = {f"deadlines.{k}": 0.8 for k in ("advertise_keys", "share_keys", "masked_input", "unmasking")}
+SHORT = {f"deadlines.{k}": 0.8 for k in ("advertise_keys", "share_keys", "share_check", "masked_input", "unmasking")}
 SHORT["deadlines.training"] = 0.2
 
 
@@ -47,6 +49,7 @@ def make_settings(**over):
         "deadlines.training": 5.0,
         "deadlines.advertise_keys": 5.0,
         "deadlines.share_keys": 5.0,
+        "deadlines.share_check": 5.0,
         "deadlines.masked_input": 5.0,
         "deadlines.consistency_check": 5.0,
         "deadlines.unmasking": 5.0,
@@ -130,7 +133,7 @@ def test_secure_round_over_grpc_is_exact():
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("stage", ["advertise_keys", "share_keys", "masked_input", "unmasking"])
+@pytest.mark.parametrize("stage", ["advertise_keys", "share_keys", "share_check", "masked_input", "unmasking"])
 def test_a_device_drops_at_each_stage(stage):
     async def main():
         settings = make_settings(**{"cohort.size": 5, **SHORT})
@@ -648,5 +651,59 @@ def test_tokens_rotate_without_a_restart(tmp_path):
             await asyncio.sleep(1.1)
             assert await accepted(target, new)
             assert not rounds.done()
+
+    asyncio.run(main())
+
+
+class RecordingDevice(FakeDevice):
+    """A FakeDevice that keeps every round's encoded input: (round, device) -> input."""
+
+    encoded_inputs: ClassVar[dict[tuple[int, int], np.ndarray]] = {}
+
+    def on_task(self, view: RoundTaskView) -> list[Any]:
+        out = super().on_task(view)
+        if self.encoded is not None:
+            RecordingDevice.encoded_inputs[(view.round_number, self.device_id)] = self.encoded
+        return out
+
+
+def test_a_device_sealing_garbage_costs_only_itself_and_then_sits_out():
+    """Issue 15 A2 over real gRPC: a device whose ShareKeys carry random
+    ciphertexts is reported at the share check, left out of the masking,
+    and every round still commits with the honest devices' exact sum; after
+    reports from several peers in two rounds it is not selected again."""
+    rng = np.random.default_rng(3)
+
+    def garble(device_id, p):
+        if isinstance(p, secagg_pb2.ShareKeys) and device_id == garble.hostile:
+            for s in p.shares:
+                s.ciphertext = rng.bytes(len(s.ciphertext))
+        return p
+
+    async def main():
+        settings = make_settings(rounds=3, **{"cohort.size": 6, "cohort.minimum": 5})
+        async with running(settings) as (coord, target, store, rounds):
+            enrolled = await enroll(target, 6)
+            garble.hostile = enrolled[0][0]
+            devices = [RecordingDevice(d, seed=7, tamper=garble) for d, _ in enrolled]
+            encoded = RecordingDevice.encoded_inputs
+            client = FakeClient(target, devices)
+            await client.start()
+            await _wait_rounds(rounds, timeout=30)
+            recs = sorted(store.list_rounds().items, key=lambda r: r.number)
+            assert [r.state for r in recs] == [RoundState.COMMITTED] * 3
+            for rec in recs:  # every round: exactly the honest devices' sum
+                honest = [d for d, _ in enrolled[1:]]
+                assert rec.survivors["masked_input"] == sorted(honest)
+                enc = np.sum([encoded[(rec.number, d)] for d in honest], axis=0, dtype=np.uint64).astype(np.uint32)
+                assert rec.metrics["debug.encoded_checksum"] == encoded_checksum(enc)
+            for rec in recs[:2]:  # in the cohort, reported, left out before masking
+                assert garble.hostile in rec.survivors["share_keys"]
+                assert garble.hostile not in rec.survivors["share_check"]
+            assert P.ABORT_REASON_DECRYPTION_FAILED in devices[0].aborted
+            assert coord.peer_reports.quarantined(4) == {garble.hostile}
+            last = recs[2]  # quarantined: not even selected
+            assert last.cohort_size == 5 and garble.hostile not in last.survivors["advertise_keys"]
+            await client.close()
 
     asyncio.run(main())

@@ -22,7 +22,7 @@ from wire import RoundIds, WireError, build_round_task, parse_round_task
 from coordinator_fakes import FakeDevice, identity_private
 
 P = common_pb2
-DEADLINES = {"advertise_keys": 10.0, "share_keys": 10.0, "masked_input": 10.0, "consistency_check": 10.0, "unmasking": 10.0}
+DEADLINES = {"advertise_keys": 10.0, "share_keys": 10.0, "share_check": 10.0, "masked_input": 10.0, "consistency_check": 10.0, "unmasking": 10.0}
 SESSION = b"0123456789abcdef"
 
 
@@ -100,7 +100,7 @@ def test_honest_round_aggregates_exactly(kw):
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
     mean = np.mean([d.devices[x].update for x in d.m.cohort], axis=0)
     assert np.allclose(d.m.result.decoded_mean, mean, atol=1e-6)
-    stages = [RoundPhase.SHARE_KEYS, RoundPhase.MASKED_INPUT] + ([RoundPhase.CONSISTENCY_CHECK] if kw.get("active") else [])
+    stages = [RoundPhase.SHARE_KEYS, RoundPhase.SHARE_CHECK, RoundPhase.MASKED_INPUT] + ([RoundPhase.CONSISTENCY_CHECK] if kw.get("active") else [])
     assert d.phases == [RoundPhase.ADVERTISE_KEYS, *stages, RoundPhase.UNMASKING, RoundPhase.AGGREGATING]
     assert d.now == 0.0  # every stage closed early: nobody was waited for
     actions = d.m.committed(42, 1.0)
@@ -108,10 +108,10 @@ def test_honest_round_aggregates_exactly(kw):
     bc = [a for a in actions if isinstance(a, Broadcast)][0]
     assert bc.message.round_committed.new_model_version == 42
     assert bc.message.round_committed.contributors == len(d.m.cohort)
-    assert set(d.m.survivors()) >= {"advertise_keys", "share_keys", "masked_input", "unmasking"}
+    assert set(d.m.survivors()) >= {"advertise_keys", "share_keys", "share_check", "masked_input", "unmasking"}
 
 
-@pytest.mark.parametrize("stage", ["advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking"])
+@pytest.mark.parametrize("stage", ["advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check", "unmasking"])
 def test_one_device_misses_each_stage_deadline(stage):
     late = 109
     d = Driver(n=6, silent={late: stage}, active=stage == "consistency_check")

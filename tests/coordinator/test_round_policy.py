@@ -14,13 +14,13 @@ from coordinator.settings import DeadlineSettings, DpSettings
 from fedmask_proto.v1 import session_pb2
 from secagg.stages import Stage
 
-BOUNDS = DeadlineSettings(training=1.0, advertise_keys=5.0, share_keys=5.0, masked_input=5.0,
+BOUNDS = DeadlineSettings(training=1.0, advertise_keys=5.0, share_keys=5.0, share_check=5.0, masked_input=5.0,
                           consistency_check=5.0, unmasking=5.0, floor=0.25, margin=1.5, slack=0.25)
 
 
 def test_starts_at_the_configured_deadlines_the_safe_default() -> None:
     d = AdaptiveDeadlines(BOUNDS)
-    assert d.deadlines() == {Stage.ADVERTISE_KEYS: 6.0, Stage.SHARE_KEYS: 5.0, Stage.MASKED_INPUT: 5.0,
+    assert d.deadlines() == {Stage.ADVERTISE_KEYS: 6.0, Stage.SHARE_KEYS: 5.0, Stage.SHARE_CHECK: 5.0, Stage.MASKED_INPUT: 5.0,
                              Stage.CONSISTENCY_CHECK: 5.0, Stage.UNMASKING: 5.0}
 
 
@@ -96,7 +96,7 @@ def test_round_windows_of_fixed_deadlines() -> None:
     per_stage = dict.fromkeys(Stage, 2.0)
     w = round_windows(per_stage, training=10.0, plaintext=False, active=False)
     assert w.machine["advertise_keys"] == 12.0 and w.machine["unmasking"] == 2.0
-    assert set(w.task) == {"advertise_keys", "share_keys", "masked_input", "unmasking"}
+    assert set(w.task) == {"advertise_keys", "share_keys", "share_check", "masked_input", "unmasking"}
 
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=40), st.floats(0, 1))

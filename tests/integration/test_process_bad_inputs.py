@@ -42,6 +42,7 @@ from integration_harness import (
     wait_serving,
     wait_until,
 )
+from wire.protocol import PROTOCOL_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -86,7 +87,7 @@ async def _garbage_session(target: str, device_id: int) -> tuple[grpc.StatusCode
         call = ch.stream_stream(SESSION, request_serializer=lambda b: b, response_deserializer=lambda b: b)
         queue: asyncio.Queue = asyncio.Queue()
         hello = session_pb2.ClientMessage(hello=session_pb2.Hello(
-            client_name="garbage", protocol_version="fedmask.v1", available_device_ids=[device_id]))
+            client_name="garbage", protocol_version=PROTOCOL_VERSION, available_device_ids=[device_id]))
         await queue.put(hello.SerializeToString())
 
         async def requests():

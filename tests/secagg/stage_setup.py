@@ -43,8 +43,10 @@ from secagg.messages import (
     ConsistencySignature,
     KeyList,
     MaskedInput,
+    MaskingRequest,
     Message,
     ShareKeys,
+    ShareReceipt,
     ShareRelay,
     UnmaskingRequest,
     UnmaskingResponse,
@@ -117,7 +119,19 @@ def shared_keys(
 def share_relays(
     n: int = 5, drop: Drop | None = None, **options: Unpack[HarnessOptions]
 ) -> tuple[StepHarness, dict[int, ShareRelay]]:
-    return _opening("masked_input", ShareRelay, n, drop, options)
+    return _opening("share_check", ShareRelay, n, drop, options)
+
+
+def share_receipts(
+    n: int = 5, drop: Drop | None = None, **options: Unpack[HarnessOptions]
+) -> tuple[StepHarness, dict[int, ShareReceipt]]:
+    return _answers("share_check", ShareReceipt, n, drop, options)
+
+
+def masking_requests(
+    n: int = 5, drop: Drop | None = None, **options: Unpack[HarnessOptions]
+) -> tuple[StepHarness, dict[int, MaskingRequest]]:
+    return _opening("masked_input", MaskingRequest, n, drop, options)
 
 
 def masked_inputs(

@@ -10,7 +10,7 @@ import pytest
 
 from secagg import shamir
 from secagg.aead import open_sealed, share_associated_data
-from secagg.client import ClientAborted, ClientMaskedInputCollection, ClientShareKeys
+from secagg.client import ClientAborted, ClientShareCheck, ClientShareKeys
 from secagg.errors import AbortReason, ProtocolMisuse
 from secagg.keys import agree, share_key
 from secagg.messages import KeyEntry, KeyList, ServerAbort, ShareKeys, ShareRelay
@@ -20,7 +20,7 @@ from stage_setup import assert_client_aborted, key_lists
 def test_sends_one_sealed_share_pair_to_each_peer_that_only_it_can_open() -> None:
     h, keylists = key_lists()
     state, (msg,) = h.clients[0].handle(keylists[0])
-    assert isinstance(state, ClientMaskedInputCollection) and isinstance(msg, ShareKeys)
+    assert isinstance(state, ClientShareCheck) and isinstance(msg, ShareKeys)
     assert [r for r, _ in msg.shares] == [1, 2, 3, 4]
     assert all(len(blob) == 94 for _, blob in msg.shares)
     # Device 2 opens its blob with its own c-key and 0's advertised c-key.
@@ -130,4 +130,4 @@ def test_active_mode_refuses_a_forged_key_signature() -> None:
 def test_active_mode_accepts_genuine_signatures() -> None:
     h, keylists = key_lists(active_adversary=True)
     state, _ = h.clients[0].handle(keylists[0])
-    assert isinstance(state, ClientMaskedInputCollection)
+    assert isinstance(state, ClientShareCheck)

@@ -11,7 +11,7 @@ import pytest
 from secagg import shamir
 from secagg.client import ClientAborted, ClientCompleted, ClientState
 from secagg.errors import AbortReason, ProtocolMisuse
-from secagg.messages import Message, ServerAbort, UnmaskingRequest, UnmaskingResponse
+from secagg.messages import MaskingRequest, Message, ServerAbort, UnmaskingRequest, UnmaskingResponse
 from secagg.testing import StepHarness
 from stage_setup import (
     assert_client_aborted,
@@ -113,16 +113,21 @@ def test_request_from_another_round_or_session(change: dict[str, Any]) -> None:
     _refused(state, out, AbortReason.WRONG_SESSION_OR_ROUND)
 
 
-def test_undecryptable_owners_are_skipped() -> None:
+def test_a_reported_pair_is_neither_masked_nor_asked_about() -> None:
     h, relays = share_relays()
     shares = list(relays[0].shares)
-    shares[0] = (shares[0][0], b"\x00" * 94)
+    reported = shares[0][0]
+    shares[0] = (reported, b"\x00" * 94)
     relays[0] = dataclasses.replace(relays[0], shares=tuple(shares))
     h.send(h.deliver(relays))
+    masking = close_typed(h, MaskingRequest)
+    assert reported not in masking[0].peers and 0 not in masking[reported].peers
+    h.send(h.deliver(masking))
     requests = close_typed(h, UnmaskingRequest)
+    assert reported not in requests[0].alive + requests[0].dropped
     _, (msg,) = h.clients[0].handle(requests[0])
     assert isinstance(msg, UnmaskingResponse)
-    assert shares[0][0] not in dict(msg.b_shares)
+    assert reported not in dict(msg.b_shares)
 
 
 class TestActiveMode:

@@ -17,6 +17,7 @@ from secagg.messages import (
     AdvertiseKeys,
     MaskedInput,
     ShareKeys,
+    ShareReceipt,
     ShareRelay,
     UnmaskingRequest,
     UnmaskingResponse,
@@ -135,7 +136,7 @@ def test_an_unmasking_request_replayed_to_a_device_from_another_round_is_refused
     "kind,mutate,stage",
     [
         (MaskedInput, lambda m: dataclasses.replace(m, vector=m.vector[:-1]), "masked_input"),
-        (MaskedInput, lambda m: dataclasses.replace(m, undecryptable=(99,)), "masked_input"),
+        (ShareReceipt, lambda m: dataclasses.replace(m, undecryptable=(99,)), "share_check"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares + ((42, m.shares[0][1]),)), "share_keys"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares + m.shares[:1]), "share_keys"),
         (ShareKeys, lambda m: dataclasses.replace(m, shares=m.shares[1:]), "share_keys"),

@@ -5,8 +5,12 @@ The oracle below restates the protocol's survivor rules independently of the
 implementation (sets only, no cryptography):
 
   U1 = prune(advertised)            U2 = prune(U1 - silent at share_keys)
-  U3 = U2 - silent at masked_input  R(v) = N(v) & U2 (the peers v masks with)
-  S  = {u in U2 - U3 : R(u) & U3}   (their pairwise masks must be removed)
+  A  = U2 - silent at share_check   (they sent a receipt)
+  E(v) = N(v) & A, minus every u such that the blob u -> v or v -> u was
+         garbled (v, resp. u, reported it)
+  U2' = prune_E(A)                  abort at share_check if |U2'| < t
+  U3 = U2' - silent at masked_input R(v) = E(v) & U2' (the peers v masks with)
+  S  = {u in U2' - U3 : R(u) & U3}  (their pairwise masks must be removed)
   abort at masked input unless |U3| >= t and every v in U3 has
       |(R(v) | {v}) & U3| >= t, and every u in S has |R(u) & U3| >= t
   [active: W = U3 - silent at consistency_check; abort unless |W| >= t;
@@ -15,11 +19,17 @@ implementation (sets only, no cryptography):
       |(R(u) | {u}) & U5| >= t and every u in S has |R(u) & U5| >= t
   else: the result is sum_{v in U3} encode(x_v), bit for bit.
 
-prune(S) is the largest subset in which every member has >= t of its closure.
+prune(S) is the largest subset in which every member has >= t of its closure
+(prune_E: the closure in the graph E).
+
+A garbled blob is a sealed share pair a device replaced with random bytes of
+the right length before sending its ShareKeys (a hostile sender): the
+receiver cannot open it and reports it at the share check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +39,7 @@ from hypothesis import strategies as st
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason
 from secagg.graph import majority_threshold
+from secagg.messages import Message, ShareKeys
 from secagg.testing import DROPOUT_STAGES, DropoutPlan, encode_inputs, run_round
 
 
@@ -53,7 +64,21 @@ def _prune(graph, members: set[int], t: int) -> set[int]:
     return members
 
 
-def oracle(config: SecAggConfig, plan: DropoutPlan, round_idx: int) -> Expected:
+def _prune_edges(edges: dict[int, set[int]], members: set[int], t: int) -> set[int]:
+    members = set(members)
+    changed = True
+    while changed:
+        changed = False
+        for v in sorted(members):
+            if len(edges[v] & members) + 1 < t:
+                members.discard(v)
+                changed = True
+    return members
+
+
+def oracle(
+    config: SecAggConfig, plan: DropoutPlan, round_idx: int, garbled: frozenset[tuple[int, int]] = frozenset()
+) -> Expected:
     n, t, g = config.num_clients, config.threshold, config.graph(round_idx)
     surv: dict[str, tuple[int, ...]] = {}
     u1 = _prune(g, set(range(n)) - plan.advertise_keys, t)
@@ -64,9 +89,19 @@ def oracle(config: SecAggConfig, plan: DropoutPlan, round_idx: int) -> Expected:
     surv["share_keys"] = tuple(sorted(u2))
     if len(u2) < t:
         return Expected(False, "share_keys", AbortReason.TOO_FEW_SHARED, surv)
+    checked = u2 - plan.share_check
+    edges = {v: set(g.neighbors(v) & checked) for v in checked}
+    for sender, receiver in garbled:
+        if receiver in checked and sender in checked and sender in edges[receiver]:
+            edges[receiver].discard(sender)
+            edges[sender].discard(receiver)
+    u2 = _prune_edges(edges, checked, t)
+    surv["share_check"] = tuple(sorted(u2))
+    if len(u2) < t:
+        return Expected(False, "share_check", AbortReason.TOO_FEW_CHECKED, surv)
     u3 = u2 - plan.masked_input
     surv["masked_input"] = tuple(sorted(u3))
-    R = {v: g.neighbors(v) & u2 for v in u2}
+    R = {v: edges[v] & u2 for v in u2}
     s_needed = {u for u in u2 - u3 if R[u] & u3}
     mi = ("masked_input", AbortReason.TOO_FEW_MASKED_INPUTS)
     if len(u3) < t or any(len((R[v] | {v}) & u3) < t for v in u3):
@@ -114,16 +149,41 @@ def scenarios(draw, *, max_clients: int, active: bool):
     plan = DropoutPlan(
         **{s: frozenset(i for i in range(n) if picks[i] == s and chooser.random() < rate) for s in stages}
     )
-    return config, plan, draw(st.integers(0, 2**40)), seed
+    garblers = [i for i in range(n) if draw(st.booleans()) and chooser.random() < rate]
+    garbled = frozenset(
+        (u, v) for u in garblers for v in range(n) if v != u and chooser.random() < draw(st.sampled_from([0.3, 1.0]))
+    )
+    return config, plan, draw(st.integers(0, 2**40)), seed, garbled
 
 
-def _check(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -> None:
+def _garble(garbled: frozenset[tuple[int, int]], seed: int):
+    """A man in the middle that replaces the listed (sender, receiver) blobs
+    of each ShareKeys with random bytes of the same length."""
+    rng = np.random.default_rng(seed)
+
+    def hook(sender: int, receiver: int, message: Message) -> Message | None:
+        if isinstance(message, ShareKeys) and any(s == sender for s, _ in garbled):
+            shares = tuple(
+                (v, rng.bytes(len(blob)) if (sender, v) in garbled else blob) for v, blob in message.shares
+            )
+            return dataclasses.replace(message, shares=shares)
+        return message
+
+    return hook
+
+
+def _check(
+    config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int,
+    garbled: frozenset[tuple[int, int]] = frozenset(),
+) -> None:
     rng = np.random.default_rng(seed)
     clip = config.encoding.clip
     inputs = rng.uniform(-2 * clip, 2 * clip, size=(config.num_clients, config.vector_length))
     inputs[:, 0] = clip * 10  # always clipped to the top level
-    outcome = run_round(inputs, config=config, dropouts=plan, round_idx=round_idx, seed=seed)
-    want = oracle(config, plan, round_idx)
+    outcome = run_round(
+        inputs, config=config, dropouts=plan, round_idx=round_idx, seed=seed, intercept=_garble(garbled, seed)
+    )
+    want = oracle(config, plan, round_idx, garbled)
     # An honest server never makes an honest device refuse anything.
     assert all(a.reason is AbortReason.SERVER_ABORTED for a in outcome.client_aborts.values()), outcome.client_aborts
     for stage, members in want.survivors.items():
@@ -143,8 +203,12 @@ def _check(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -
     np.testing.assert_allclose(outcome.mean, clipped.mean(0), atol=config.encoding.step, rtol=0)
 
 
-def _events(config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int) -> None:
-    event(f"outcome: {oracle(config, plan, round_idx).stage or 'ok'}")
+def _events(
+    config: SecAggConfig, plan: DropoutPlan, round_idx: int, seed: int,
+    garbled: frozenset[tuple[int, int]] = frozenset(),
+) -> None:
+    event(f"outcome: {oracle(config, plan, round_idx, garbled).stage or 'ok'}")
+    event(f"garbled blobs: {'yes' if garbled else 'no'}")
     event(f"graph: {'complete' if config.is_complete_graph else 'harary'}")
     event(f"cohort: {'> 20' if config.num_clients > 20 else '<= 20'}")
 
@@ -170,6 +234,7 @@ def test_the_oracle_reaches_every_outcome() -> None:
         "ok": DropoutPlan(),
         "advertise_keys": DropoutPlan(advertise_keys=frozenset(range(7))),
         "share_keys": DropoutPlan(share_keys=frozenset(range(7))),
+        "share_check": DropoutPlan(share_check=frozenset(range(7))),
         "masked_input": DropoutPlan(masked_input=frozenset(range(0, 10, 2))),
         "unmasking": DropoutPlan(unmasking=frozenset(range(0, 10, 2))),
     }

@@ -55,13 +55,6 @@ def test_malformed_vectors_drop_the_device_and_the_round_goes_on(vector: object)
     np.testing.assert_array_equal(done.encoded_sum, h.encoded[[0, 1, 3, 4, 5]].sum(0, dtype=np.uint32))
 
 
-@pytest.mark.parametrize("bad", [(9,), (1, 1), (2,), "x"])
-def test_bad_undecryptable_lists_drop_the_device(bad: object) -> None:
-    h, mi = masked_inputs()
-    h.server, _ = h.server.handle(2, dataclasses.replace(mi[2], undecryptable=ill_typed(bad)))
-    assert h.server.record.dropped[2][1] is DropReason.MALFORMED_MESSAGE
-
-
 @pytest.mark.parametrize(
     "change,reason",
     [
@@ -108,15 +101,6 @@ def test_too_few_masked_inputs_abort() -> None:
     out = close_with_only(h, mi, (0, 1, 2))
     server_aborted(h.server, AbortReason.TOO_FEW_MASKED_INPUTS)
     assert {m.device_id for m in out} == set(range(6))
-
-
-def test_undecryptable_reports_reduce_the_holders() -> None:
-    # t = 4 of 6; if 3 of 5 peers cannot open 0's shares, b_0 has only 3 holders.
-    h, mi = masked_inputs()
-    for i, m in mi.items():
-        h.server, _ = h.server.handle(i, dataclasses.replace(m, undecryptable=(0,)) if i in (1, 2, 3) else m)
-    h.server, _ = h.server.close()
-    server_aborted(h.server, AbortReason.TOO_FEW_MASKED_INPUTS)
 
 
 def test_active_mode_asks_for_consistency_signatures() -> None:

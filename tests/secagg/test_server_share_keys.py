@@ -10,7 +10,7 @@ import pytest
 
 from secagg.errors import AbortReason, DropReason
 from secagg.messages import ShareKeys, ShareRelay
-from secagg.server import ServerMaskedInputCollection
+from secagg.server import ServerShareCheck
 from secagg.testing import StepHarness
 from stage_setup import close_typed, close_with_only, key_lists, server_aborted, shared_keys
 
@@ -20,7 +20,7 @@ def test_relays_each_blob_to_its_receiver_unchanged() -> None:
     for i, m in sk.items():
         h.server, _ = h.server.handle(i, m)
     out = close_typed(h, ShareRelay)
-    assert isinstance(h.server, ServerMaskedInputCollection)
+    assert isinstance(h.server, ServerShareCheck)
     for v, relay in out.items():
         assert [u for u, _ in relay.shares] == [u for u in range(5) if u != v]
         for u, blob in relay.shares:

@@ -53,7 +53,7 @@ def test_id_mapping_is_one_based_in_proto():
         (secagg_pb2.MaskedInput(**HDR, masked_vector=b"\0" * 12, length=4, modulus_bits=32), "bytes"),
         (secagg_pb2.MaskedInput(**HDR, masked_vector=b"\0" * 12, length=3, modulus_bits=32), "vector_length"),
         (secagg_pb2.MaskedInput(**HDR, masked_vector=b"\0" * 16, length=4, modulus_bits=31), "modulus_bits"),
-        (secagg_pb2.MaskedInput(**HDR, masked_vector=b"\0" * 16, length=4, modulus_bits=32, undecryptable=[77]), "not part"),
+        (secagg_pb2.ShareReceipt(**HDR, undecryptable=[77]), "not part"),
         (secagg_pb2.ConsistencyCheck(**HDR, signature=b"s" * 63), "signature"),
         (secagg_pb2.UnmaskingResponse(**HDR, b_shares=[secagg_pb2.SecretShare(owner=10, share=b"\0" * 32)]), "share"),
         (secagg_pb2.UnmaskingResponse(**HDR, b_shares=[secagg_pb2.SecretShare(owner=10, share=b"\xff" * 33)]), "field element"),
@@ -78,6 +78,7 @@ def test_client_messages_rejected(msg, match):
         (secagg_pb2.UnmaskingRequest(**HDR, alive=[10] * 9), "entries"),
         (secagg_pb2.UnmaskingRequest(**HDR, signatures=[secagg_pb2.ConsistencySignature(device_id=10, signature=b"")]), "signature"),
         (secagg_pb2.ConsistencyCheckRequest(**HDR, survivors=[10, 13]), "not part"),
+        (secagg_pb2.MaskingRequest(**HDR, peers=[10, 77]), "not part"),
         (secagg_pb2.AdvertisedKeys(**HDR, peers=[secagg_pb2.PeerKeys(device_id=20, c_pk=b"a" * 32, s_pk=b"b" * 32)]), "addressee"),
         (secagg_pb2.AdvertisedKeys(**HDR, peers=[secagg_pb2.PeerKeys(device_id=10, c_pk=b"a" * 3, s_pk=b"b" * 32)]), "c_pk"),
         (secagg_pb2.AdvertisedKeys(**HDR, peers=[secagg_pb2.PeerKeys(device_id=10, c_pk=b"a" * 32, s_pk=b"b" * 32, identity_public_key=b"k")]), "identity"),
@@ -93,18 +94,18 @@ def test_server_messages_rejected(msg, match):
 
 def test_masked_input_is_a_zero_copy_view():
     vec = np.arange(4, dtype=np.uint32) * 1_000_000_007
-    m = MaskedInput(session_id=b"sess", round_idx=1, device_id=1, vector=vec, undecryptable=(2,))
+    m = MaskedInput(session_id=b"sess", round_idx=1, device_id=1, vector=vec)
     p = codec.masked_input_to_proto(m, IDS, modulus_bits=32)
-    assert p.masked_vector == vec.astype("<u4").tobytes() and list(p.undecryptable) == [30]
+    assert p.masked_vector == vec.astype("<u4").tobytes()
     back = codec.masked_input_from_proto(p, IDS, vector_length=4, modulus_bits=32)
-    assert np.array_equal(back.vector, vec) and back.undecryptable == (2,)
+    assert np.array_equal(back.vector, vec)
     assert not back.vector.flags.writeable
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.binary(max_size=300))
 def test_garbage_bytes_never_escape_as_other_errors(data):
-    for cls in (secagg_pb2.AdvertiseKeys, secagg_pb2.ShareKeys, secagg_pb2.MaskedInput, secagg_pb2.UnmaskingResponse):
+    for cls in (secagg_pb2.AdvertiseKeys, secagg_pb2.ShareKeys, secagg_pb2.ShareReceipt, secagg_pb2.MaskedInput, secagg_pb2.UnmaskingResponse):
         p = cls()
         try:
             p.ParseFromString(data)
