@@ -257,7 +257,7 @@ class LimitsSettings(_Group):
     #: Enroll calls per second per peer (token bucket of `enroll_burst`).
     enroll_rate: PositiveFloat = 2.0
     enroll_burst: PositiveInt = 20
-    #: Control messages (Heartbeat, CheckIn, RoundMetrics) per second per
+    #: Control messages (Heartbeat, CheckIn) per second per
     #: stream (token bucket of `message_burst`); stage messages are bounded
     #: by the round machine (one per device and stage).
     message_rate: PositiveFloat = 5.0

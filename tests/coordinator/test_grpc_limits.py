@@ -20,7 +20,7 @@ import test_grpc_end_to_end as e2e
 from coordinator.store import InMemoryStore
 from coordinator_fakes import FakeClient, FakeDevice, enroll
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
-from wire.protocol import RETRY_PUSHBACK_KEY
+from wire.protocol import PROTOCOL_VERSION, RETRY_PUSHBACK_KEY
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 PUSHBACK = RETRY_PUSHBACK_KEY
@@ -74,7 +74,7 @@ class Stream:
         return bool(self.received) and self.received[0].WhichOneof("message") == "welcome"
 
 
-def hello(*ids: int, version: str = "fedmask.v1", name: str = "t") -> session_pb2.ClientMessage:
+def hello(*ids: int, version: str = PROTOCOL_VERSION, name: str = "t") -> session_pb2.ClientMessage:
     return session_pb2.ClientMessage(hello=session_pb2.Hello(client_name=name, protocol_version=version,
                                                              available_device_ids=list(ids)))
 

@@ -36,6 +36,7 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import InMemoryStore
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
+from wire.protocol import PROTOCOL_VERSION
 
 S = session_pb2
 
@@ -269,7 +270,7 @@ async def _coordinator(model=None) -> tuple[Coordinator, list[int]]:
 
 
 async def _session(coord: Coordinator, devices: list[int]):
-    s = await coord.open_session(S.Hello(client_name="c", protocol_version="fedmask.v1",
+    s = await coord.open_session(S.Hello(client_name="c", protocol_version=PROTOCOL_VERSION,
                                          available_device_ids=devices), client_id=None)
     first = s.outbox.get_nowait()
     assert isinstance(first, S.ServerMessage) and first.WhichOneof("message") == "welcome"

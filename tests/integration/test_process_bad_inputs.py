@@ -28,6 +28,7 @@ import grpc
 import pytest
 
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
+from wire.protocol import PROTOCOL_VERSION
 from integration_harness import (
     LOOPBACK,
     Processes,
@@ -86,7 +87,7 @@ async def _garbage_session(target: str, device_id: int) -> tuple[grpc.StatusCode
         call = ch.stream_stream(SESSION, request_serializer=lambda b: b, response_deserializer=lambda b: b)
         queue: asyncio.Queue = asyncio.Queue()
         hello = session_pb2.ClientMessage(hello=session_pb2.Hello(
-            client_name="garbage", protocol_version="fedmask.v1", available_device_ids=[device_id]))
+            client_name="garbage", protocol_version=PROTOCOL_VERSION, available_device_ids=[device_id]))
         await queue.put(hello.SerializeToString())
 
         async def requests():
