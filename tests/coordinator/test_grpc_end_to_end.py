@@ -83,9 +83,10 @@ async def running(settings, store=None):
         await server.stop(0.5)
 
 
-async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0):
+async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0, metric_limbs=None):
     enrolled = await enroll(target, n, seed=seed)
-    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper) for i, (d, _) in enumerate(enrolled)]
+    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper,
+                          metric_limbs=(metric_limbs or {}).get(i)) for i, (d, _) in enumerate(enrolled)]
     clients = [FakeClient(target, devices[g::groups], name=f"client-{g}") for g in range(groups)]
     for c in clients:
         await c.start()
@@ -537,8 +538,8 @@ def test_hostile_metric_coordinates_cost_the_metrics_never_the_round():
         settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.noise_multiplier": 1.0, "dp.clip": 0.1})
         store = InMemoryStore()
         async with running(settings, store) as (coord, target, _, rounds):
-            clients, devices = await _clients(target, 4, groups=2)
-            devices[2].metric_limbs = lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)
+            hostile = {2: lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)}
+            clients, devices = await _clients(target, 4, groups=2, metric_limbs=hostile)
             await _wait_rounds(rounds)
             rec = store.get_round(1)
             assert rec.state is RoundState.COMMITTED
