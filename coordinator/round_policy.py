@@ -107,12 +107,14 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
     )
 
 
-def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext: bool) -> tuple[str, ...]:
+def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext: bool,
+                     enabled: bool = True) -> tuple[str, ...]:
     """The metrics a round asks every device to append to its masked input
     (D35): the model's, plus `clipped` (1 per clipped device) when devices
-    clip for DP. None in an INSECURE plaintext round: there each device's
-    input arrives in the clear, and so would its metrics."""
-    if plaintext:
+    clip for DP. None when the operator turned metrics off (`round_metrics`)
+    or in an INSECURE plaintext round: there each device's input arrives in
+    the clear, and so would its metrics."""
+    if plaintext or not enabled:
         return ()
     names = tuple(model_metrics)
     if dp.mode != "none" and dp.clip > 0 and "clipped" not in names:

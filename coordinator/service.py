@@ -418,7 +418,8 @@ class Coordinator:
         try:
             config, metrics = round_vector_for(
                 self.settings, len(cohort), self.model.update_dim, session_id,
-                metric_names_for(self.model.metric_names, self.settings.dp, plaintext=plaintext),
+                metric_names_for(self.model.metric_names, self.settings.dp, plaintext=plaintext,
+                                 enabled=self.settings.round_metrics),
             )
         except SecAggConfigError as exc:
             await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))

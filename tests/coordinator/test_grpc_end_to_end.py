@@ -688,3 +688,24 @@ def test_tokens_rotate_without_a_restart(tmp_path):
             assert not rounds.done()
 
     asyncio.run(main())
+
+
+def test_with_round_metrics_off_no_metric_leaves_a_device():
+    """`round_metrics = false` (D36): the RoundTask asks for no metric, the
+    masked vector is the update alone, and the record holds only what the
+    coordinator counts itself."""
+    async def main():
+        settings = make_settings(round_metrics=False, **{"debug.record_sums": False})
+        store = InMemoryStore()
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 4, groups=2)
+            await _wait_rounds(rounds)
+            task = clients[0].tasks[0]
+            assert list(task.metric_names) == [] and task.secagg.vector_length == L
+            assert all(d.encoded is not None and d.encoded.shape == (L,) for d in devices)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED and rec.metrics == {"contributors": 4.0, "cohort": 4.0}
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
