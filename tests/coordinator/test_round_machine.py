@@ -300,7 +300,7 @@ def test_a_hostile_devices_metric_limbs_never_touch_the_model_update():
     d.run()
     assert d.m.phase is RoundPhase.AGGREGATING and 103 in d.m.result.counted
     L = 12
-    want = np.stack([d.devices[x].encoded[:L] for x in d.m.result.counted]).sum(axis=0, dtype=np.uint64)
+    want = np.stack([np.asarray(d.devices[x].encoded)[:L] for x in d.m.result.counted]).sum(axis=0, dtype=np.uint64)
     assert np.array_equal(d.m.result.encoded_sum[:L], want.astype(np.uint32))
     with pytest.raises(MetricRangeError):
         d.layout.decode(d.m.result.metric_sums, len(d.m.result.counted))

@@ -74,7 +74,9 @@ def test_the_coordinator_learns_only_metric_totals(procs: Processes, tmp_path: P
             await real_handle(session, message)
 
         coord.coordinator.handle = spying_handle  # the servicer looks it up per message
-        clients = [procs.start(name, client_args(coord.port, users, dirs[name], dataset="synthetic", seed=3,
+        port = coord.port
+        assert port is not None
+        clients = [procs.start(name, client_args(port, users, dirs[name], dataset="synthetic", seed=3,
                                                  threads=1, debug_record_inputs=True))
                    for name, users in CLIENTS.items()]
         wait_until(lambda: terminal_rounds(db), 150, what="round 1 to end", watch=clients, step=0.2)
