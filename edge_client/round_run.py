@@ -110,6 +110,8 @@ class RoundRun:
 
     def _metric_limbs(self, dr: DeviceRound) -> np.ndarray:
         layout = self.view.metrics
+        if self.io.faults.garbage_metrics:  # fault injection: a hostile device
+            return np.full(layout.coordinates, 0xFFFFFFFF, dtype=np.uint32)
         values: dict[str, float] = {}
         if layout.coordinates and self.train is not None and dr.row is not None:
             try:

@@ -31,6 +31,7 @@ from integration_harness import (
     Processes,
     check_exact_aggregate,
     client_args,
+    open_store_readonly,
     recorded_input,
     terminal_rounds,
     wait_until,
@@ -115,3 +116,32 @@ def test_the_coordinator_learns_only_metric_totals(procs: Processes, tmp_path: P
     assert record.metrics["count.val_sampled_count"] == 4  # one validation item per device
     assert record.metrics["val_hr@10"] == record.metrics["count.val_sampled_hits@10"] / 4
     assert "metrics_unavailable" not in record.metrics
+
+
+def test_a_device_with_garbage_metrics_costs_only_the_metrics(procs: Processes, tmp_path: Path) -> None:
+    """Issue 15, A1 over real processes: client-b's devices put 2^32 - 1 in every
+    metric coordinate (--fault-garbage-metrics). The round commits with all four
+    devices counted, the aggregate is exactly their inputs' sum, and the round's
+    metrics are marked unavailable, not wrong."""
+    db = f"sqlite:///{tmp_path / 'coordinator.db'}"
+    dirs = {name: tmp_path / name for name in CLIENTS}
+    with InProcessCoordinator(_settings(db), tmp_path) as coord:
+        port = coord.port
+        assert port is not None
+        clients = [procs.start(name, client_args(port, users, dirs[name], dataset="synthetic", seed=3, threads=1,
+                                                 debug_record_inputs=True,
+                                                 fault_garbage_metrics=(name == "client-b")))
+                   for name, users in CLIENTS.items()]
+        wait_until(lambda: terminal_rounds(db), 150, what="round 1 to end", watch=clients, step=0.2)
+        for c in clients:
+            assert c.stop() == 0
+    (record,) = terminal_rounds(db)
+    assert record.state.value == "committed", record
+    assert len(check_exact_aggregate(record, list(dirs.values()))) == 4
+    assert record.metrics["metrics_unavailable"] == 1.0
+    assert not [k for k in record.metrics if k.startswith(("count.", "sum.", "val_"))]
+    store = open_store_readonly(db)
+    try:
+        assert [v.round_number for v in store.list_model_versions(limit=10).items if v.round_number] == [1]
+    finally:
+        store.close()
