@@ -16,7 +16,7 @@ stated in `SLOTS`), so an honest total never exceeds m * max_value. The
 cohort size n and the round's modulus fix the limb width
 (`IntegerSumEncoding.for_encoding`), so no total over any part of the
 cohort can wrap; with w = 32 and n = 1,000 the limbs are 22 bits and the
-largest layout takes 11 coordinates.
+largest layout (an explicit model with DP) takes 12 coordinates.
 
 `MetricLayout.decode` gives the totals as (sums, counts) in the names of
 `coordinator.metric_rules`, or raises `MetricRangeError` when a limb sum is
