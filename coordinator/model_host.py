@@ -49,6 +49,13 @@ class ServerModel(Protocol):
         model without items (synthetic)."""
         ...
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The round metrics (names of `wire.round_metrics.SLOTS`) every
+        device of this model can report; the coordinator asks for them in
+        each secure round (D35)."""
+        ...
+
     def hyperparameters(self) -> dict[str, Any]:
         """JSON-able hyper-parameters sent in every RoundTask (devices build
         the same model from them)."""
@@ -84,6 +91,11 @@ class SyntheticModel:
         """None: no catalogue (a subclass with items may say how many)."""
         return None
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """No training: only the count of devices."""
+        return ("devices",)
+
     def hyperparameters(self) -> dict[str, Any]:
         return {"vector_length": self.vector_length}
 
@@ -112,6 +124,16 @@ class RecommenderModel:
     @property
     def n_items(self) -> int:
         return int(self.config["n_items"])
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """Training counts and the validation sums of the model's kind
+        (`models.evaluation`: sampled HR/NDCG@10 or squared / absolute errors)."""
+        if getattr(self.model, "kind", "implicit") == "explicit":
+            val: tuple[str, ...] = ("val_sse", "val_sae", "val_rating_count")
+        else:
+            val = ("val_sampled_hits@10", "val_sampled_ndcg@10", "val_sampled_count")
+        return ("devices", "examples", "update_norm", *val)
 
     def hyperparameters(self) -> dict[str, Any]:
         return dict(self.config)

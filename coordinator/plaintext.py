@@ -21,6 +21,10 @@ device answered or was dropped, or at the deadline (silent devices are
 dropped with DEADLINE_MISSED, as in a secure round). With fewer than the
 round's threshold t of inputs the round aborts (TOO_FEW_SURVIVORS), so
 secure and plaintext rounds count the same cohorts.
+
+No metrics: every input arrives in the clear, so a metric of one device
+would too (D35). The round's record has only what the coordinator counts
+itself (contributors, cohort).
 """
 
 from __future__ import annotations
@@ -34,10 +38,10 @@ import numpy as np
 from coordinator.rounds import (
     Action,
     AggregateReady,
-    AggregateResult,
     PhaseChanged,
     RoundMachine,
     RoundPhase,
+    aggregate_result,
 )
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from wire import RoundIds, WireError
@@ -52,6 +56,9 @@ class PlaintextRoundMachine(RoundMachine):
     """See the module doc. `deadlines["masked_input"]` is the whole window."""
 
     def __post_init__(self) -> None:  # no secagg server states
+        if self.metrics.coordinates:
+            # every input arrives in the clear here: no metric of one device may ride along (D35)
+            raise ValueError("a plaintext round carries no metric coordinates")
         self.cohort = tuple(self.cohort)
         self.ids = RoundIds.from_cohort(self.cohort)
         if len(self.cohort) != self.config.num_clients:
@@ -150,13 +157,7 @@ class PlaintextRoundMachine(RoundMachine):
             return actions + self._end_aborted(P.ABORT_REASON_TOO_FEW_SURVIVORS, detail,
                                                notify=[d for d in self._counted])
         encoded = self._sum.astype(np.uint32)  # the encoding leaves headroom: no wrap-around
-        enc = self.config.encoding
-        self.result = AggregateResult(
-            counted=tuple(sorted(self._counted)),
-            encoded_sum=encoded,
-            decoded_sum=enc.decode_sum(encoded, n),
-            decoded_mean=enc.decode_mean(encoded, n),
-        )
+        self.result = aggregate_result(self.config, self.metrics, encoded, tuple(sorted(self._counted)))
         self.phase = RoundPhase.AGGREGATING
         self.deadline = math.inf
         return actions + [

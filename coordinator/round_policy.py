@@ -2,6 +2,9 @@
 I/O, no clock, no randomness (the session id is passed in).
 
     secagg_config_for(settings, n, L, session_id)  the SecAggConfig of a cohort
+    metric_names_for(model_metrics, dp, ...)       the metrics a round asks for
+    round_vector_for(settings, n, L, sid, names)   the config of an update of L
+                                                   plus the metric coordinates
     dp_settings_for(dp, n)                         the RoundTask's DpSettings
     round_windows(deadlines, ...)                  per-stage seconds for the
                                                    round machine and the RoundTask
@@ -42,9 +45,10 @@ from collapsing on an idle fleet. Consequences, stated as the contract:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +57,7 @@ from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
+from wire.round_metrics import MetricLayout
 
 # --------------------------------------------------------------------------- secure aggregation
 
@@ -100,6 +105,35 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
         expected_dropout=s.expected_dropout,
         active_adversary=active,
     )
+
+
+def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext: bool,
+                     enabled: bool = True) -> tuple[str, ...]:
+    """The metrics a round asks every device to append to its masked input
+    (D35): the model's, plus `clipped` (1 per clipped device) when devices
+    clip for DP. None when the operator turned metrics off (`round_metrics`)
+    or in an INSECURE plaintext round: there each device's input arrives in
+    the clear, and so would its metrics."""
+    if plaintext or not enabled:
+        return ()
+    names = tuple(model_metrics)
+    if dp.mode != "none" and dp.clip > 0 and "clipped" not in names:
+        names += ("clipped",)
+    return names
+
+
+def round_vector_for(
+    settings: CoordinatorSettings, n: int, update_dim: int, session_id: bytes, metric_names: Sequence[str]
+) -> tuple[SecAggConfig, MetricLayout]:
+    """`secagg_config_for` a vector of the model update (update_dim) followed
+    by the metric coordinates; their limb width comes from the cohort's
+    encoding (wire.round_metrics), which does not depend on the length.
+    Raises SecAggConfigError when no configuration fits n."""
+    config = secagg_config_for(settings, n, update_dim, session_id)
+    metrics = MetricLayout.for_round(metric_names, config.encoding)
+    if metrics.coordinates:
+        config = dataclasses.replace(config, vector_length=update_dim + metrics.coordinates)
+    return config, metrics
 
 
 # --------------------------------------------------------------------------- differential privacy

@@ -12,16 +12,20 @@ round.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from coordinator.debug import debug_metrics
+from coordinator.logs import log_event
+from coordinator.metric_rules import metric_violation
 from coordinator.model_host import SYNTHETIC
 from coordinator.rounds import RoundMachine
 from coordinator.settings import DebugSettings, DpSettings
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
+from wire.round_metrics import MetricRangeError
 from wire.secagg_codec import reason_name
 
 if TYPE_CHECKING:
@@ -57,32 +61,47 @@ def round_record(
 
 
 def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> dict[str, float]:
-    """Contributors and cohort; the reported metric sums and counts with
-    their means; the models' own sum -> mean rules (validation metrics as
-    "val_<name>"); with debug.record_sums, the aggregate's checksum. Only
-    finite values are kept."""
+    """The metrics stored with a committed round: contributors and cohort
+    (what the coordinator counts itself); the metric totals over the counted
+    devices, decoded from the secure sum (`sum.<name>` for real sums,
+    `count.<name>` for counts); the models' own sum -> mean rules
+    (validation metrics as "val_<name>", e.g. `val_hr@10`, `val_rmse`);
+    with debug.record_sums, the aggregate's checksum. Only finite values
+    are kept.
+
+    Totals that are out of range (`MetricRangeError`) or impossible by
+    meaning (`metric_rules.metric_violation`) mean some device put garbage
+    in its metric coordinates: none of them is kept, `metrics_unavailable`
+    is 1 and the round commits all the same (its model update is separate
+    coordinates of the sum, D35)."""
     result = r.result
     assert result is not None
-    out: dict[str, float] = {"contributors": float(len(result.counted)), "cohort": float(len(r.cohort))}
-    for k, v in r.metric_sums.items():
+    m = len(result.counted)
+    out: dict[str, float] = {"contributors": float(m), "cohort": float(len(r.cohort))}
+    try:
+        sums, counts = r.metrics.decode(result.metric_sums, m)
+        why = metric_violation(sums, counts, m)
+    except MetricRangeError as exc:
+        why = f"out of range: {exc}"
+    if why is not None:
+        log_event("metrics_unavailable", logging.WARNING, round=r.number, why=why)
+        out["metrics_unavailable"] = 1.0
+        sums, counts = {}, {}
+    for k, v in sums.items():
         out[f"sum.{k}"] = v
-    for k, n in r.metric_counts.items():
+    for k, n in counts.items():
         out[f"count.{k}"] = float(n)
-    for k, v in r.metric_sums.items():
-        if r.metric_counts.get(k):
-            out[k] = v / r.metric_counts[k]
-    if "loss" in r.metric_sums and r.metric_counts.get("examples"):
-        out["loss"] = r.metric_sums["loss"] / r.metric_counts["examples"]
-    if model_name != SYNTHETIC and r.metric_sums:
+    if "update_norm" in sums and counts.get("devices"):
+        out["update_norm"] = sums["update_norm"] / counts["devices"]
+    if model_name != SYNTHETIC and (sums or counts):
         from models.evaluation import finalize  # the models' own sum -> mean rules
 
-        merged = {**r.metric_sums, **{k: float(n) for k, n in r.metric_counts.items()}}
-        out.update(finalize(merged))
-        # edge clients report validation sums as "val_<name>" (e.g. val_sampled_hits@10)
+        merged = {**sums, **{k: float(n) for k, n in counts.items()}}
+        # devices report validation sums as "val_<name>" (e.g. val_sampled_hits@10)
         val = {k.removeprefix("val_"): v for k, v in merged.items() if k.startswith("val_")}
         out.update({f"val_{k}": v for k, v in finalize(val).items()})
     if debug.record_sums:
-        out.update(debug_metrics(result.encoded_sum, result.decoded_sum, len(result.counted), debug.sum_coordinates))
+        out.update(debug_metrics(result.encoded_sum, result.decoded_sum, m, debug.sum_coordinates))
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 

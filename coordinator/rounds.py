@@ -19,8 +19,16 @@ still pending at a deadline are dropped (DEADLINE_MISSED notice).
 Events (methods): `handle(device_id, message, now)` one proto stage message
 from an authenticated device; `device_lost(device_id, now, reason)` its
 session ended or it left the available set; `tick(now)`; `cancel(reason,
-detail, now)`; `add_metrics(msg, hosted)`; `committed(version, now)`;
-`commit_failed(detail, now)`.
+detail, now)`; `committed(version, now)`; `commit_failed(detail, now)`.
+
+Round metrics (D35) arrive only inside the masked inputs: the last
+`metrics.coordinates` coordinates of every device's vector are its metric
+limbs (`wire.round_metrics`), so the unmasked sum carries their totals over
+exactly the counted devices (U3). `aggregate_result` splits the sum: the
+model part is decoded with the round's fixed-point encoding, the metric
+part is kept as encoded (`AggregateResult.metric_sums`) for
+`round_report.round_metrics` to decode and check. No client message
+carries metrics.
 
 Actions (returned lists): `Send(device_id, ServerMessage)` to the session
 hosting the device; `Broadcast(device_ids, ServerMessage)` once to every
@@ -38,13 +46,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from coordinator.metric_rules import metric_violation
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
@@ -54,6 +61,7 @@ from secagg.stages import Stage
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
 from wire.protocol import CLIENT_MESSAGE_STAGE
+from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
 from wire.secagg_codec import abort_reason_to_proto, drop_notice_reason, reason_name
 
 P = common_pb2
@@ -90,10 +98,6 @@ class RoundPhase(enum.StrEnum):
         return self in (RoundPhase.COMMITTED, RoundPhase.ABORTED)
 
 
-MAX_METRIC_ENTRIES = 64
-MAX_METRIC_NAME = 64
-
-
 # --------------------------------------------------------------------------- actions
 
 
@@ -119,9 +123,29 @@ class AggregateResult:
     """What the secagg server produced: the exact encoded sum and its decoding."""
 
     counted: tuple[int, ...]  # device ids whose inputs are in the sum (U3)
-    encoded_sum: np.ndarray  # uint32 (L,)
-    decoded_sum: np.ndarray  # float64 (L,)
+    encoded_sum: np.ndarray  # uint32 (L + M,): the whole unmasked sum, metric limbs included
+    decoded_sum: np.ndarray  # float64 (L,): the model update's coordinates only
     decoded_mean: np.ndarray  # float64 (L,)
+    metric_sums: np.ndarray  # uint32 (M,): the metric limbs' sums, undecoded
+
+
+def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: np.ndarray,
+                     counted: tuple[int, ...]) -> AggregateResult:
+    """Split an exact encoded sum of `counted` devices into the model update
+    (its first L = vector_length - metrics.coordinates coordinates, decoded
+    with the round's fixed-point encoding) and the metric limbs (the rest).
+    The two parts are separate coordinates of a coordinatewise sum, so
+    nothing in the metric limbs changes the model update."""
+    length = config.vector_length - metrics.coordinates
+    model = encoded_sum[:length]
+    decoded = config.encoding.decode_sum(model, len(counted))
+    return AggregateResult(
+        counted=counted,
+        encoded_sum=encoded_sum,
+        decoded_sum=decoded,
+        decoded_mean=decoded / len(counted),
+        metric_sums=np.array(encoded_sum[length:], dtype=np.uint32),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +185,7 @@ class RoundMachine:
     cohort: Sequence[int]  # device ids; index = secagg id
     deadlines: Mapping[str, float]  # phase value -> seconds (collecting phases)
     identity_keys: Mapping[int, bytes] | None = None  # device id -> Ed25519 raw (active mode)
+    metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates at the end of every input
 
     phase: RoundPhase = field(init=False, default=RoundPhase.ADVERTISE_KEYS)
     deadline: float = field(init=False, default=math.inf)
@@ -172,9 +197,6 @@ class RoundMachine:
     abort_reason: int | None = field(init=False, default=None)
     abort_detail: str = field(init=False, default="")
     new_model_version: int | None = field(init=False, default=None)
-    metric_sums: dict[str, float] = field(init=False, default_factory=dict)
-    metric_counts: dict[str, int] = field(init=False, default_factory=dict)
-    metric_reporters: set[int] = field(init=False, default_factory=set)
     #: phase value -> seconds from the stage opening to the last answer it
     #: accepted (the honest completion time the deadline policy learns from).
     completion: dict[str, float] = field(init=False, default_factory=dict)
@@ -321,38 +343,6 @@ class RoundMachine:
             self._server, _ = self._server.abort(AbortReason.CANCELLED, detail)
         return self._end_aborted(reason, detail, notify=self.live_devices())
 
-    def add_metrics(self, msg: session_pb2.RoundMetrics, hosted: Collection[int]) -> None:
-        """Sum one client's RoundMetrics. WireError if it is for another
-        round, names devices outside the cohort or not hosted by the sender,
-        repeats a device, or carries too many / non-finite values."""
-        if msg.session_id != self.session_id or msg.round_number != self.number:
-            raise WireError("RoundMetrics for another round")
-        if self.phase.is_terminal:
-            raise WireError(f"RoundMetrics after the round ended ({self.phase.value})")
-        devices = set(msg.device_ids)
-        if not devices or len(devices) != len(msg.device_ids):
-            raise WireError("RoundMetrics must list distinct devices")
-        if not devices <= set(hosted) or any(not self.ids.has_device(d) for d in devices):
-            raise WireError("RoundMetrics names devices outside this client's part of the cohort")
-        if devices & self.metric_reporters:
-            raise WireError("RoundMetrics repeats devices that already reported")
-        if len(msg.sums) + len(msg.counts) > MAX_METRIC_ENTRIES:
-            raise WireError(f"RoundMetrics has more than {MAX_METRIC_ENTRIES} entries")
-        for name, value in msg.sums.items():
-            if not name or len(name) > MAX_METRIC_NAME or not math.isfinite(value):
-                raise WireError(f"RoundMetrics sum {name[:MAX_METRIC_NAME]!r} is unnamed, too long or not finite")
-        for name in msg.counts:
-            if not name or len(name) > MAX_METRIC_NAME:
-                raise WireError("RoundMetrics count name is empty or too long")
-        why = metric_violation(dict(msg.sums), dict(msg.counts), len(devices))
-        if why is not None:
-            raise WireError(f"RoundMetrics refused: {why}")
-        self.metric_reporters |= devices
-        for name, value in msg.sums.items():
-            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
-        for name, count in msg.counts.items():
-            self.metric_counts[name] = self.metric_counts.get(name, 0) + count
-
     def committed(self, new_model_version: int, now: float) -> list[Action]:
         """The runner committed the round: tell the cohort."""
         if self.phase is not RoundPhase.AGGREGATING or self.result is None:
@@ -450,11 +440,8 @@ class RoundMachine:
             return actions + self._end_aborted(reason, detail, notify=())
         if isinstance(self._server, ServerCompleted):
             done = self._server
-            self.result = AggregateResult(
-                counted=tuple(self.ids.device(s) for s in done.counted),
-                encoded_sum=done.encoded_sum,
-                decoded_sum=done.decoded_sum(),
-                decoded_mean=done.decoded_mean(),
+            self.result = aggregate_result(
+                self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted)
             )
             self.phase = RoundPhase.AGGREGATING
             self.deadline = math.inf

@@ -46,7 +46,7 @@ from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
-from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, secagg_config_for
+from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, metric_names_for, round_vector_for
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.rounds import (
     Action,
@@ -65,7 +65,7 @@ from coordinator.store import NewModelVersion, RoundRecord, RoundState, Store, u
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from fedmask_proto.v1 import common_pb2, enrollment_pb2, session_pb2
 from secagg.errors import SecAggConfigError
-from wire import WireError, build_round_task, params_to_proto
+from wire import build_round_task, params_to_proto
 from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort, reason_name
@@ -220,8 +220,8 @@ class Coordinator:
         """One message from the stream after Hello."""
         session.last_seen = self._clock()
         kind = message.WhichOneof("message")
-        if kind is None:
-            raise ProtocolViolation("empty ClientMessage")
+        if kind is None:  # also a kind this protocol removed, e.g. RoundMetrics (field 20, before fedmask.v1.1)
+            raise ProtocolViolation("empty ClientMessage, or a kind this coordinator does not accept")
         if kind == "hello":
             raise ProtocolViolation("a second Hello on the stream")
         if kind == "heartbeat":
@@ -235,9 +235,6 @@ class Coordinator:
             admission = await self.registry.admit(session, message.check_in.available_device_ids)
             session.send(session_pb2.ServerMessage(check_in_ack=admission))
             self._changed.set()
-            return
-        if kind == "round_metrics":
-            self._on_metrics(session, message.round_metrics)
             return
         if kind == "device_response":
             self._requests.resolve(session.sid, message.device_response)
@@ -270,16 +267,6 @@ class Coordinator:
             self._apply(r.handle(device_id, m, self._clock()))
         if r is not None and r.wants_close:
             self._round_event.set()
-
-    def _on_metrics(self, session: ClientSession, msg: session_pb2.RoundMetrics) -> None:
-        r = self.round
-        if r is None:
-            log_event("metrics_discarded", session=session.sid, why="no round is running")
-            return
-        try:
-            r.add_metrics(msg, session.devices)
-        except WireError as exc:
-            log_event("metrics_rejected", logging.WARNING, session=session.sid, round=r.number, why=str(exc))
 
     async def _reap_silent_sessions(self) -> None:
         """Every half heartbeat interval: end silent sessions, apply
@@ -435,18 +422,23 @@ class Coordinator:
     async def _run_round(self, cohort: list[int]) -> None:
         number = await asyncio.to_thread(self.store.next_round_number)
         session_id = self._token(16)
+        plaintext = self.settings.debug.insecure_plaintext
         try:
-            config = secagg_config_for(self.settings, len(cohort), self.model.update_dim, session_id)
+            config, metrics = round_vector_for(
+                self.settings, len(cohort), self.model.update_dim, session_id,
+                metric_names_for(self.model.metric_names, self.settings.dp, plaintext=plaintext,
+                                 enabled=self.settings.round_metrics),
+            )
         except SecAggConfigError as exc:
             await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))
             return
         identity = None
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
-        plaintext = self.settings.debug.insecure_plaintext
         windows = self.deadlines.windows(active=config.active_adversary)
         machine = PlaintextRoundMachine if plaintext else RoundMachine
-        r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity)
+        r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity,
+                    metrics=metrics)
         self.round = r
         self._round_started_at = self._wall()
         log_event("round_started", round=number, cohort=len(cohort), config=config.describe(),
@@ -509,7 +501,7 @@ class Coordinator:
             task = build_round_task(
                 config=r.config, round_number=r.number, ids=r.ids, devices=devices, model_name=self.model.name,
                 model_version=self.model_version or 0, global_parameters=self._params_proto, hyperparameters=hp,
-                dp=dp, deadlines=deadlines,
+                dp=dp, deadlines=deadlines, metrics=r.metrics,
             )
             sessions[sid].send(session_pb2.ServerMessage(round_task=task))
 

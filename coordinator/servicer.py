@@ -17,7 +17,7 @@ Coordinator is called:
                 no Hello within hello_timeout_s      DEADLINE_EXCEEDED
                 Hello / CheckIn announcing more than
                 max_announced_devices                RESOURCE_EXHAUSTED
-                Heartbeat / CheckIn / RoundMetrics
+                Heartbeat / CheckIn
                 over the per-stream rate             RESOURCE_EXHAUSTED + retry hint
 A retry hint is " retry in X s" in the detail and gRPC's
 `grpc-retry-pushback-ms` trailer. Every detail sent back is clipped and
@@ -61,7 +61,7 @@ def status_of(exc: CoordinatorError) -> grpc.StatusCode:
 
 
 #: Messages a stream may send at most `limits.message_rate` per second of.
-CONTROL_MESSAGES = frozenset({"heartbeat", "check_in", "round_metrics"})
+CONTROL_MESSAGES = frozenset({"heartbeat", "check_in"})
 #: Refusals a peer can repeat at will are logged at most once per this many
 #: seconds per kind (with the count of those not logged).
 REFUSAL_LOG_INTERVAL_S = 1.0

@@ -269,7 +269,7 @@ class LimitsSettings(_Group):
     #: Enroll calls per second per peer (token bucket of `enroll_burst`).
     enroll_rate: PositiveFloat = 2.0
     enroll_burst: PositiveInt = 20
-    #: Control messages (Heartbeat, CheckIn, RoundMetrics) per second per
+    #: Control messages (Heartbeat, CheckIn) per second per
     #: stream (token bucket of `message_burst`); stage messages are bounded
     #: by the round machine (one per device and stage).
     message_rate: PositiveFloat = 5.0
@@ -326,6 +326,10 @@ class CoordinatorSettings(BaseSettings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
+    #: Ask the devices for round metrics (totals through the secure sum, D35);
+    #: off: no metric leaves a device, and rounds record only contributors
+    #: and cohort (the metric totals are not covered by DP, D36).
+    round_metrics: bool = True
     #: Stop after this many rounds (committed or aborted); None: run until stopped.
     rounds: PositiveInt | None = None
     #: Seed of cohort selection and session ids' non-secret parts; None: OS entropy.

@@ -16,6 +16,9 @@
   no cleanup, no goodbye on the stream, as if killed.
 - Delaying: `delay_ms` before every stage reply (AdvertiseKeys, ShareKeys,
   MaskedInput, ConsistencyCheck, UnmaskingResponse).
+- Garbage metrics (`--fault-garbage-metrics`, a hostile device): every
+  device of the process puts 2^32 - 1 in each of its metric coordinates
+  instead of its limbs (D35); its update is left as it is.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class FaultPlan:
     seed: int = 0
     crash_after_round: int | None = None
     delay_ms: float = 0.0
+    garbage_metrics: bool = False
     exit: Callable[[int], None] = os._exit
 
     def __post_init__(self) -> None:

@@ -5,15 +5,18 @@
 (`edge_client.secure_update`) and the INSECURE plaintext path
 (`edge_client.plaintext`) both go through its steps:
 
-- `encode(dr, update)`: the round's fixed-point encoding of a device's
-  update (stochastic rounding from os.urandom), recorded for debugging when
-  the driver was given a debug-inputs folder;
+- `encode(dr, update)`: what the device masks: the round's fixed-point
+  encoding of its update (stochastic rounding from os.urandom) followed by
+  its own metric values as integer limbs, in the slots the RoundTask names
+  (`wire.round_metrics`, D35; a device whose metrics cannot be computed
+  puts zeros there, which the coordinator sees as unavailable metrics);
+  recorded for debugging when the driver was given a debug-inputs folder;
 - `reply(dr, messages)`: secagg messages to proto, onto the outbox (after the
   fault plan's delay); nothing is sent once the round is over;
 - `finish_device(dr)`: the device's part is over (answered, aborted,
   dropped): its secagg state is forgotten and its round secret wiped;
-- after the last MaskedInput of the client (every device sent one or is
-  out): one RoundMetrics with the sums over the devices that sent one;
+- no metric is ever sent on its own: the only copy of a device's metrics
+  that leaves it is inside its masked input;
 - `end(outcome)`: the round is over for every device here.
 
 A run never outlives its round: the driver ends it before the next one
@@ -36,7 +39,6 @@ import wire
 from edge_client.devices import Device
 from edge_client.faults import FaultPlan
 from edge_client.trainer import TrainOutput
-from fedmask_proto.v1 import session_pb2
 from secagg import messages as sm
 from secagg.client import ClientAborted, ClientState
 from secagg.stages import Stage
@@ -86,7 +88,6 @@ class RoundRun:
     io: RoundIO
     devices: dict[int, DeviceRound] = field(default_factory=dict)  # device id -> its part
     over: bool = False
-    metrics_sent: bool = False
     train: TrainOutput | None = None
 
     @property
@@ -99,12 +100,25 @@ class RoundRun:
 
     # ------------------------------------------------------------ encoding
     async def encode(self, dr: DeviceRound, update: np.ndarray) -> np.ndarray:
-        encoded = self.view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.io.secure_numpy_rng())
+        model = self.view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.io.secure_numpy_rng())
+        encoded = np.concatenate([model, self._metric_limbs(dr)])
         if self.io.debug_inputs_dir is not None:
             await asyncio.to_thread(
                 record_input, self.io.debug_inputs_dir, self.view.round_number, dr.device.device_id, encoded
             )
         return encoded
+
+    def _metric_limbs(self, dr: DeviceRound) -> np.ndarray:
+        layout = self.view.metrics
+        if self.io.faults.garbage_metrics:  # fault injection: a hostile device
+            return np.full(layout.coordinates, 0xFFFFFFFF, dtype=np.uint32)
+        values: dict[str, float] = {}
+        if layout.coordinates and self.train is not None and dr.row is not None:
+            try:
+                values = self.train.device_metrics(dr.row)
+            except Exception:  # a metric must never cost the update: zeros, seen as unavailable
+                log.exception("round %d, %s: metrics failed", self.view.round_number, dr.device.local_id)
+        return layout.encode(values)
 
     # ------------------------------------------------------------ replies
     async def reply(self, dr: DeviceRound, out: list[sm.Message], *, delay: bool = True) -> None:
@@ -123,8 +137,6 @@ class RoundRun:
             self.io.send(**{wire.CLIENT_FIELDS[type(p)]: p})
             if isinstance(m, sm.MaskedInput):
                 dr.sent_masked = True
-        if any(isinstance(m, sm.MaskedInput) for m in out):
-            self._maybe_send_metrics()
 
     # ------------------------------------------------------------ a device's end
     def go_silent(self, dr: DeviceRound, stage: Stage) -> None:
@@ -140,32 +152,6 @@ class RoundRun:
         dr.own = None
         self.io.spawn(asyncio.to_thread(
             dr.device.store.clear_round_secret, session_id=self.view.session_id, round_number=self.view.round_number
-        ))
-        self._maybe_send_metrics()
-
-    def _maybe_send_metrics(self) -> None:
-        """Once every device has sent its masked input or is out: one RoundMetrics
-        (sums precomputed at training, so it leaves right after the last MaskedInput)."""
-        if self.metrics_sent or self.over or self.train is None:
-            return
-        if not all(dr.sent_masked or dr.done for dr in self.devices.values()):
-            return
-        self.metrics_sent = True
-        senders = sorted((dr for dr in self.devices.values() if dr.sent_masked), key=lambda d: d.device.device_id)
-        rows = [dr.row for dr in senders if dr.row is not None]
-        if not rows:
-            return
-        try:
-            sums, counts = self.train.metrics(rows)
-        except Exception:
-            log.exception("round %d: metrics failed", self.view.round_number)
-            return
-        self.io.send(round_metrics=session_pb2.RoundMetrics(
-            session_id=self.view.session_id,
-            round_number=self.view.round_number,
-            device_ids=[dr.device.device_id for dr in senders],
-            sums=sums,
-            counts=counts,
         ))
 
     # ------------------------------------------------------------ the round's end

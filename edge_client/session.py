@@ -6,8 +6,9 @@ transport drains in order). CPU work (training, secagg handlers, top-k)
 runs in worker threads so heartbeats keep flowing. The driver only
 dispatches; each job has its module:
 
-    edge_client.round_run      one round's state and shared steps (replies,
-                               a device's end, RoundMetrics, the round's end)
+    edge_client.round_run      one round's state and shared steps (encoding
+                               with the metric limbs, replies, a device's
+                               end, the round's end)
     edge_client.secure_update  the secure path: round secret, AdvertiseKeys,
                                stage replies through the secagg client states
     edge_client.plaintext      the INSECURE plaintext path (opt-in only)
@@ -24,7 +25,7 @@ One round on this client (docs/wire-notes.md has the stream picture):
    update goes out by the secure path (or the plaintext one).
 2. Each stage message is routed to its device (replays and stale rounds are
    discarded) and answered by the secure path.
-3. After the client's last MaskedInput: one RoundMetrics.
+3. Round metrics go out only inside each device's masked input (D35).
 4. RoundCommitted / AbortNotice end the round (or a device's part of it).
 
 A malformed server message (WireError) aborts that device's round: it sends
@@ -248,6 +249,12 @@ class SessionDriver:
                       "(only --debug-allow-insecure-plaintext accepts it)", view.round_number)
             self._abort_run(run, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
                             "refusing an insecure plaintext round")
+            return
+        if insecure and view.metrics.coordinates:
+            log.error("round %d: a plaintext round asks for per-device metrics, which would travel in the "
+                      "clear; refused", view.round_number)
+            self._abort_run(run, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION,
+                            "refusing metrics in a plaintext round")
             return
         active = []
         for dr in run.devices.values():

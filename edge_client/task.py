@@ -39,7 +39,7 @@ class TaskSpec:
     round_idx: int  # the model's round counter (curriculum)
     hyperparameters: Mapping[str, Any]
     global_params: Mapping[str, np.ndarray]
-    vector_length: int
+    vector_length: int  # of the model update (the masked vector less its metric coordinates)
     dp_mode: str = "none"  # none | local | distributed
     dp_clip_norm: float = 0.0
     dp_noise_stddev: float = 0.0
@@ -57,7 +57,7 @@ def task_spec(view: wire.RoundTaskView) -> TaskSpec:
         round_idx=int(round_idx) if isinstance(round_idx, int | float) else view.round_number,
         hyperparameters=hyper,
         global_params=view.global_parameters,
-        vector_length=view.config.vector_length,
+        vector_length=view.update_length,
         dp_mode=_DP_MODES.get(view.dp.mode, "none"),
         dp_clip_norm=float(view.dp.clip_norm),
         dp_noise_stddev=float(view.dp.noise_stddev),

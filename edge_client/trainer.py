@@ -81,8 +81,7 @@ class TrainingError(Exception):
 @dataclass
 class TrainOutput:
     """The privatised updates of a trained batch (row b = the b-th device
-    asked for) and each row's metric sums, to report any subset of its rows
-    (`metrics(rows)`)."""
+    asked for) and each row's own metric values (`device_metrics(row)`)."""
 
     updates: np.ndarray  # float64 (B, L): clipped + noised, ready to encode
     examples: np.ndarray | None = None  # int64 (B,) training positives / ratings
@@ -91,26 +90,20 @@ class TrainOutput:
     seconds: float = 0.0
     val_rows: list[dict[str, float]] | None = field(default=None, repr=False)  # per row, models/evaluation sums
 
-    def metrics(self, rows: Sequence[int]) -> tuple[dict[str, float], dict[str, int]]:
-        """(sums, counts) over `rows` only (see docs/wire-notes.md for the names)."""
-        rows = [int(r) for r in rows]
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {"devices": len(rows)}
+    def device_metrics(self, row: int) -> dict[str, float]:
+        """One device's (batch row `row`) metric values, in the names of
+        `wire.round_metrics.SLOTS`. They never leave the device as such:
+        they go out as limbs of its masked input (D35)."""
+        out: dict[str, float] = {"devices": 1.0}
         if self.examples is not None:
-            counts["examples"] = int(self.examples[rows].sum()) if rows else 0
+            out["examples"] = float(self.examples[row])
         if self.norms is not None and len(self.norms):
-            sums["update_norm"] = float(self.norms[rows].sum()) if rows else 0.0
+            out["update_norm"] = float(self.norms[row])
             if self.clip_norm is not None:
-                sums["clipped"] = float((self.norms[rows] > self.clip_norm).sum()) if rows else 0.0
-        if self.val_rows is not None and rows:
-            from models.evaluation import merge_sums
-
-            for key, value in merge_sums(self.val_rows[r] for r in rows).items():
-                if key.endswith("_count"):
-                    counts["val_" + key] = int(value)
-                else:
-                    sums["val_" + key] = float(value)
-        return sums, counts
+                out["clipped"] = float(self.norms[row] > self.clip_norm)
+        if self.val_rows is not None:
+            out.update({"val_" + k: float(v) for k, v in self.val_rows[row].items()})
+        return out
 
 
 @dataclass
@@ -309,8 +302,8 @@ class Trainer:
         self.save_private(task.model_name, numbers, new_private,
                           model_version=task.model_version, round_number=task.round_number)
 
-        # each device's own validation sums, now, so that RoundMetrics can go
-        # right after the last MaskedInput for whichever devices sent one
+        # each device's own validation sums, now: they are appended to its
+        # masked input (D35)
         val_rows = [
             self._validation_sums(model, global_, new_private, split, entry.explicit, numbers, [b]) for b in range(B)
         ]

@@ -6,6 +6,7 @@ Protocol objects take a message and return the messages to send.
 Entry points:
     SecAggConfig.create(...)                       settings of one cohort
     config.encoding.encode(x, rng)                 float update -> uint32 vector
+    IntegerSumEncoding.for_encoding(enc)           exact integer sums beside it (secagg.integer_sums)
     ClientAdvertiseKeys(config, id, round, x_enc)  a device's first state (secagg.client)
     ServerAdvertiseKeys(config, round)             the server's first state (secagg.server)
     decode_message(data) / message.to_bytes()      the wire format (secagg.messages)

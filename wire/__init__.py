@@ -9,6 +9,8 @@ other). Imports only secagg, fedmask_proto, numpy and google.protobuf.
                        client_/server_ to/from_proto dispatchers, abort reasons
     wire.tensors       numpy <-> Tensor / ModelParameters (float32 LE)
     wire.round_task    SecaggSettings <-> SecAggConfig, build/parse RoundTask
+    wire.round_metrics the round metrics' slots, appended as integer limbs
+                       to every masked input (D35)
     WireError          the one exception for malformed input
 
 See docs/wire-notes.md for the stage sequence on the session stream.

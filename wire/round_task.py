@@ -40,6 +40,7 @@ from secagg.encoding import FixedPointEncoding
 from secagg.errors import SecAggConfigError
 from wire.errors import WireError
 from wire.ids import RoundIds
+from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
 from wire.tensors import params_from_proto, params_to_proto
 
 MAX_HYPERPARAMETERS_CHARS = 64 * 1024
@@ -129,11 +130,14 @@ def build_round_task(
     hyperparameters: Mapping[str, Any] | None = None,
     dp: session_pb2.DpSettings | None = None,
     deadlines: Mapping[str, float] | None = None,
+    metrics: MetricLayout = EMPTY_LAYOUT,
 ) -> session_pb2.RoundTask:
     """Coordinator side: the RoundTask for one client hosting `devices` (a
     subset of the cohort). Assignments list each device's neighbours in
     `config.graph(round_number)`. Pass `global_parameters` already encoded
-    (ModelParameters) to encode once for every client of the round."""
+    (ModelParameters) to encode once for every client of the round.
+    `metrics`: the metric coordinates every device appends (its
+    `coordinates` are part of `config.vector_length`)."""
     graph = config.graph(round_number)
     if isinstance(global_parameters, common_pb2.ModelParameters):
         params = global_parameters
@@ -148,6 +152,7 @@ def build_round_task(
         secagg=secagg_settings_to_proto(config),
         dp=dp or session_pb2.DpSettings(mode=session_pb2.DP_MODE_NONE),
         deadlines=deadlines_to_proto(deadlines or {}),
+        metric_names=list(metrics.names),
     )
     task.global_parameters.CopyFrom(params)
     for d in devices:
@@ -178,6 +183,12 @@ class RoundTaskView:
     dp: session_pb2.DpSettings
     deadlines: dict[str, float]
     global_parameters: dict[str, np.ndarray] = field(repr=False)
+    metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates after the update
+
+    @property
+    def update_length(self) -> int:
+        """Coordinates of the model update (the masked vector minus the metrics)."""
+        return self.config.vector_length - self.metrics.coordinates
 
 
 def parse_round_task(
@@ -233,6 +244,10 @@ def parse_round_task(
         math.isfinite(dp.clip_norm) and dp.clip_norm > 0 and math.isfinite(dp.noise_stddev) and dp.noise_stddev >= 0
     ):
         raise WireError("RoundTask.dp: clip_norm must be > 0 and noise_stddev >= 0")
+    metrics = MetricLayout.for_round(list(task.metric_names), config.encoding)
+    if metrics.coordinates >= config.vector_length:
+        raise WireError(f"RoundTask: {metrics.coordinates} metric coordinates leave no room for the update in "
+                        f"vector_length {config.vector_length}")
     return RoundTaskView(
         session_id=bytes(task.session_id),
         round_number=int(task.round_number),
@@ -247,4 +262,5 @@ def parse_round_task(
         global_parameters=params_from_proto(
             task.global_parameters, expected=expected_parameters, writable=writable_parameters
         ),
+        metrics=metrics,
     )

@@ -205,14 +205,20 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         dropped = {d for ids in r.dropouts.values() for d in ids}
         as_injected = as_injected and dropped == injected
         dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else math.nan
+        counted = len(r.survivors.get("masked_input", []))
+        # secure rounds: the metric totals come out of the secure sum (D35), one "devices" per counted device;
+        # plaintext rounds carry no metrics (each input is in the clear)
+        metric_devices = r.metrics.get("count.devices")
+        metrics_ok = plaintext or not committed or metric_devices == counted
         per_round.append({
             "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
-            "counted": len(r.survivors.get("masked_input", [])), "dropouts": {k: len(v) for k, v in r.dropouts.items()},
+            "counted": counted, "dropouts": {k: len(v) for k, v in r.dropouts.items()},
             "exact": exact, "dropouts_as_injected": dropped == injected,
+            "metric_devices": metric_devices, "val_hr@10": r.metrics.get("val_hr@10"),
             "timings": {k: round(v, 3) for k, v in r.timings.items()},
             "deadlines": applied.get(r.number, {}),
         })
-        ok = ok and committed and exact
+        ok = ok and committed and exact and metrics_ok
         if committed:
             round_s.append(dur)
             for k, v in r.timings.items():

@@ -92,6 +92,12 @@ def client(
     drop_stage: Annotated[
         str | None, typer.Option(help=f"Stage at which --drop-rate devices go silent: {_STAGES}.", show_default=False)
     ] = None,
+    fault_garbage_metrics: Annotated[
+        bool, typer.Option("--fault-garbage-metrics", help="Fault injection (a hostile device, for tests and "
+                           "benchmarks): every device of this process puts 2^32 - 1 (-1 as an int32) in each of "
+                           "its metric coordinates. The coordinator can only mark the round's metrics "
+                           "unavailable.")
+    ] = False,
     crash_after_round: Annotated[
         int | None, typer.Option(help="Fault injection: exit abruptly (os._exit, code 75) once round R (or a later "
                                  "one) this process took part in has ended, its private state committed.",
@@ -167,7 +173,8 @@ def client(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     faults = FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed,
-                       crash_after_round=crash_after_round, delay_ms=delay_ms)
+                       crash_after_round=crash_after_round, delay_ms=delay_ms,
+                       garbage_metrics=fault_garbage_metrics)
     config = ClientConfig(
         coordinator=coordinator, users=users, state_dir=state_dir, dataset=dataset,
         data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,

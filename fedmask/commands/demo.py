@@ -4,7 +4,9 @@ A coordinator (SQLite in a run folder) and edge-client processes (ML-100K
 users, one device each) on 127.0.0.1 train FedRAP for a few secure rounds
 with injected dropouts (each client process drops devices at another secagg
 stage), and every round is reported: survivors and dropouts per stage,
-stage timings, the aggregated validation metrics the devices reported, the
+stage timings, the validation metrics' totals over the counted devices
+(decoded from the secure sum: no device's own metrics reach the
+coordinator, D35), the
 model version it committed, the privacy budget, and a bit-for-bit check of
 the secure sum (debug instrumentation: the coordinator records a checksum of
 the sum, the clients the inputs they encoded). All processes are stopped on
@@ -262,7 +264,8 @@ def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:
     exact = _exact(r, state_dirs)
     return (f"[green]round {r.number} committed[/green] in {total:.1f} s: model v{version}, "
             f"{int(r.metrics.get('contributors', 0))}/{r.cohort_size} devices in the sum, dropouts: {drops}"
-            + (f", val HR@10 {hr:.3f}" if hr is not None else "")
+            + (f", val HR@10 {hr:.3f} (secure totals)" if hr is not None else "")
+            + (", [yellow]metrics unavailable[/yellow]" if r.metrics.get("metrics_unavailable") else "")
             + f", secure sum {'[green]exact[/green]' if exact else '[red]NOT exact[/red]'}")
 
 
@@ -317,7 +320,8 @@ def _metrics_table(records: list[Any], store: Any) -> Any:
 
     versions = {v.round_number: v for v in store.list_model_versions(limit=100).items}
     ledger = {e.round_number: e for e in store.privacy_ledger()}
-    t = Table(title="what the counted devices reported, summed (validation on their own held-out items)",
+    t = Table(title="the counted devices' metrics, known only as totals from the secure sum "
+                    "(validation on their own held-out items)",
               box=box.SIMPLE_HEAD, pad_edge=False)
     for name in ("round", "model", "in sum", "train\nexamples", "val\nHR@10", "val\nNDCG@10",
                  "clipped", "epsilon\nround / total"):
@@ -338,11 +342,12 @@ def _metrics_table(records: list[Any], store: Any) -> Any:
             f("count.examples", "{:.0f}"),
             f("val_hr@10"),
             f("val_ndcg@10"),
-            f"{m['sum.clipped']:.0f}/{n:.0f}" if "sum.clipped" in m and n else "-",
+            f"{m['count.clipped']:.0f}/{n:.0f}" if "count.clipped" in m and n else "-",
             f"{e.epsilon:.2f} / {e.cumulative_epsilon:.2f}" if e else "-",
         )
-    t.caption = ("clipped: updates clipped to the DP norm; epsilon of (epsilon, delta)-DP, per round and "
-                 "composed so far")
+    t.caption = ("clipped: updates clipped to the DP norm; epsilon of (epsilon, delta)-DP of the model updates, "
+                 "per round and composed so far (the metric totals are outside it, D36); "
+                 "'-' where a round's metrics were unavailable")
     return t
 
 

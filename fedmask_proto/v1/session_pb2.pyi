@@ -581,6 +581,7 @@ class RoundTask(_message.Message):
     ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     DEADLINES_FIELD_NUMBER: _builtins.int
     COHORT_FIELD_NUMBER: _builtins.int
+    METRIC_NAMES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     model_name: _builtins.str
@@ -608,6 +609,16 @@ class RoundTask(_message.Message):
         neighbourhood. Empty otherwise (absent == empty: backward compatible).
         """
 
+    @_builtins.property
+    def metric_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Metrics every device appends to its masked input (protocol fedmask.v1.1,
+        D35): after the model update's coordinates, each named metric as integer
+        limbs (wire/round_metrics.py: the names, their units and per-device
+        bounds). secagg.vector_length counts the update and these coordinates.
+        The coordinator learns only their totals over the devices in the sum;
+        no metric of a single device is ever sent in the clear. Empty: none.
+        """
+
     def __init__(
         self,
         *,
@@ -622,101 +633,23 @@ class RoundTask(_message.Message):
         assignments: _abc.Iterable[Global___DeviceAssignment] | None = ...,
         deadlines: Global___StageDeadlines | None = ...,
         cohort: _abc.Iterable[Global___Participant] | None = ...,
+        metric_names: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "secagg", b"secagg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "cohort", b"cohort", "deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "hyperparameters_json", b"hyperparameters_json", "model_name", b"model_name", "model_version", b"model_version", "round_number", b"round_number", "secagg", b"secagg", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "cohort", b"cohort", "deadlines", b"deadlines", "dp", b"dp", "global_parameters", b"global_parameters", "hyperparameters_json", b"hyperparameters_json", "metric_names", b"metric_names", "model_name", b"model_name", "model_version", b"model_version", "round_number", b"round_number", "secagg", b"secagg", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RoundTask: _TypeAlias = RoundTask  # noqa: Y015
 
 @_typing.final
-class RoundMetrics(_message.Message):
-    """----------------------------------------------------------------- results
-
-    Client -> server, after its MaskedInputs: training/evaluation metrics of
-    the listed devices, pre-summed on the client. Contract: only sums and
-    counts, never per-example or per-item values; names are those of
-    `models` (e.g. "loss" with count "examples"). The server adds them up
-    across clients and stores sum/count ratios with the round.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    @_typing.final
-    class SumsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.float
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.float = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    @_typing.final
-    class CountsEntry(_message.Message):
-        DESCRIPTOR: _descriptor.Descriptor
-
-        KEY_FIELD_NUMBER: _builtins.int
-        VALUE_FIELD_NUMBER: _builtins.int
-        key: _builtins.str
-        value: _builtins.int
-        def __init__(
-            self,
-            *,
-            key: _builtins.str = ...,
-            value: _builtins.int = ...,
-        ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
-        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-    SESSION_ID_FIELD_NUMBER: _builtins.int
-    ROUND_NUMBER_FIELD_NUMBER: _builtins.int
-    DEVICE_IDS_FIELD_NUMBER: _builtins.int
-    SUMS_FIELD_NUMBER: _builtins.int
-    COUNTS_FIELD_NUMBER: _builtins.int
-    session_id: _builtins.bytes
-    round_number: _builtins.int
-    @_builtins.property
-    def device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
-    @_builtins.property
-    def sums(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
-    @_builtins.property
-    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
-    def __init__(
-        self,
-        *,
-        session_id: _builtins.bytes = ...,
-        round_number: _builtins.int = ...,
-        device_ids: _abc.Iterable[_builtins.int] | None = ...,
-        sums: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
-        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "device_ids", b"device_ids", "round_number", b"round_number", "session_id", b"session_id", "sums", b"sums"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___RoundMetrics: _TypeAlias = RoundMetrics  # noqa: Y015
-
-@_typing.final
 class RoundCommitted(_message.Message):
-    """Server -> client: the round committed a new global model version; clients
+    """(RoundMetrics, client -> server, sent one client's per-device sums in the
+    clear before fedmask.v1.1; removed: metrics travel inside the masked input,
+    see RoundTask.metric_names. ClientMessage field 20 stays reserved.)
+
+    Server -> client: the round committed a new global model version; clients
     drop the round's secagg state.
     """
 
@@ -926,7 +859,6 @@ class ClientMessage(_message.Message):
     UNMASKING_RESPONSE_FIELD_NUMBER: _builtins.int
     ABORT_FIELD_NUMBER: _builtins.int
     SHARE_RECEIPT_FIELD_NUMBER: _builtins.int
-    ROUND_METRICS_FIELD_NUMBER: _builtins.int
     DEVICE_RESPONSE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def hello(self) -> Global___Hello: ...
@@ -951,8 +883,6 @@ class ClientMessage(_message.Message):
         """since fedmask.v1.1"""
 
     @_builtins.property
-    def round_metrics(self) -> Global___RoundMetrics: ...
-    @_builtins.property
     def device_response(self) -> Global___DeviceResponse: ...
     def __init__(
         self,
@@ -967,14 +897,13 @@ class ClientMessage(_message.Message):
         unmasking_response: _secagg_pb2.UnmaskingResponse | None = ...,
         abort: _common_pb2.AbortNotice | None = ...,
         share_receipt: _secagg_pb2.ShareReceipt | None = ...,
-        round_metrics: Global___RoundMetrics | None = ...,
         device_response: Global___DeviceResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "round_metrics", b"round_metrics", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "share_receipt", "round_metrics", "device_response"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "share_receipt", "device_response"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

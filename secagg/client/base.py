@@ -68,6 +68,9 @@ class ClientRound:
     # From the ShareRelay: whose shares were relayed to us (we mask with them),
     # their decrypted (b-share, s-share), and those that failed to decrypt.
     relayed: frozenset[int] = frozenset()
+    # From the MaskingRequest: the peers we mask with (relayed ones the share
+    # check kept); the unmasking request may only name these.
+    masked_with: frozenset[int] | None = None
     held: dict[int, tuple[int, int]] = field(default_factory=dict)
     undecryptable: frozenset[int] = frozenset()
     signed_alive: frozenset[int] | None = None  # active mode: the U3 we signed
@@ -83,6 +86,9 @@ class ClientRound:
 
     def s_keys(self) -> KeyPair:
         return _known(self.s_pair, "the s key pair (made at AdvertiseKeys)")
+
+    def masking_peers(self) -> frozenset[int]:
+        return _known(self.masked_with, "the masking peers (set at MaskedInputCollection)")
 
     def signing_key(self) -> Ed25519PrivateKey:
         return _known(self.identity_key, "the identity key (active-adversary mode)")

@@ -20,7 +20,9 @@ class ClientConsistencyCheck(ClientState[ConsistencyRequest]):
 
     Checks (else ClientAborted(INVALID_CONSISTENCY_REQUEST)): distinct cohort
     ids; this device is listed; every listed neighbour had its shares relayed
-    here (it could not have sent a masked input otherwise); at least t of
+    here (it could not have sent a masked input otherwise; the share check
+    may have removed the pair, so this is the relayed set, not the masking
+    peers); at least t of
     this device's closure are listed.
     """
 

@@ -5,8 +5,8 @@
 where P is the set of peers the server named: a subset of the senders whose
 shares were relayed to v, without any sender v itself reported as
 undecryptable (v must hold a share of every peer it masks with, or that
-peer's masks could not be removed should it drop). From here on
-`relayed` is P: the unmasking checks only accept ids from it.
+peer's masks could not be removed should it drop). P is kept as
+`masked_with`: the unmasking request may only name ids from it.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ClientMaskedInputCollection(ClientState[MaskingRequest]):
             raise Reject(_BAD, "peers this device reported as undecryptable")
         if len(peers) + 1 < cfg.threshold:
             raise Reject(_BAD, f"{len(peers)} peers: with this device, fewer than t={cfg.threshold}")
-        r.relayed = peers
+        r.masked_with = peers
 
         y = r.input().copy()
         gen = MaskGenerator(cfg.vector_length)

@@ -20,7 +20,8 @@ class ClientUnmasking(ClientState[UnmaskingRequest]):
     - ids are cohort ids, with no duplicate in either list;
     - no id is both alive and dropped;
     - this device is listed alive and not dropped;
-    - every listed id is this device or a peer whose shares it was relayed
+    - every listed id is this device or a peer it masked with (whose shares it
+      was relayed and kept after the share check)
       (an unknown id is refused, not skipped);
     - at least t alive devices (all in this device's closure, by the previous
       check), so the server cannot isolate a small group;
@@ -52,7 +53,7 @@ class ClientUnmasking(ClientState[UnmaskingRequest]):
             raise Reject(_BAD, f"devices {sorted(alive_set & dropped_set)} listed both alive and dropped")
         if v not in alive_set:
             raise Reject(_BAD, "this device is not listed alive")
-        unknown = (alive_set | dropped_set) - r.relayed - {v}
+        unknown = (alive_set | dropped_set) - r.masking_peers() - {v}
         if unknown:
             raise Reject(_BAD, f"devices {sorted(unknown)} never shared keys with this device")
         if len(alive_set) < cfg.threshold:

@@ -52,6 +52,25 @@ _INNER_STAGE = {
 Tamper = Callable[[int, Any], Any]
 
 
+def fake_metric_values(device_id: int, round_number: int) -> dict[str, float]:
+    """An honest device's own metric values (any names of wire.round_metrics.SLOTS), reproducible from the ids."""
+    rng = np.random.default_rng((device_id, round_number, 7))
+    hit = float(rng.integers(0, 2))
+    ratings = float(rng.integers(1, 20))
+    return {
+        "devices": 1.0,
+        "examples": float(rng.integers(1, 500)),
+        "update_norm": float(rng.uniform(0, 30)),
+        "clipped": float(rng.integers(0, 2)),
+        "val_sampled_hits@10": hit,
+        "val_sampled_ndcg@10": hit * float(rng.uniform(0.2, 1.0)),
+        "val_sampled_count": 1.0,
+        "val_sse": float(rng.uniform(0, 4)) * ratings,
+        "val_sae": float(rng.uniform(0, 2)) * ratings,
+        "val_rating_count": ratings,
+    }
+
+
 def identity_private(device_seed: int):
     return identity.generate_identity(DeterministicRandom(device_seed, "identity"))
 
@@ -62,6 +81,8 @@ class FakeDevice:
     seed: int = 0
     silent_at: str | None = None  # a stage name: never answer from there on
     tamper: Tamper | None = None  # (device_id, outgoing proto) -> proto or None
+    #: a hostile device's own metric coordinates (raw uint32, any values) instead of honest limbs
+    metric_limbs: Callable[[RoundTaskView], np.ndarray] | None = None
     identity_key: Any = None
     state: ClientState | None = None
     view: RoundTaskView | None = None
@@ -90,8 +111,12 @@ class FakeDevice:
             return []
         cfg = view.config
         rng = np.random.default_rng((self.seed, view.round_number, self.device_id))
-        self.update = rng.uniform(-cfg.encoding.clip, cfg.encoding.clip, cfg.vector_length)
-        self.encoded = cfg.encoding.encode(self.update, rng)
+        self.update = rng.uniform(-cfg.encoding.clip, cfg.encoding.clip, view.update_length)
+        if self.metric_limbs is not None:
+            limbs = np.asarray(self.metric_limbs(view), dtype=np.uint32)
+        else:
+            limbs = view.metrics.encode(fake_metric_values(self.device_id, view.round_number))
+        self.encoded = np.concatenate([cfg.encoding.encode(self.update, rng), limbs])
         self.peer_identity = {}
         self.state = ClientAdvertiseKeys(
             cfg, view.devices[self.device_id], view.round_number, self.encoded,
@@ -163,9 +188,7 @@ class FakeClient:
         self._queue.put_nowait(msg)
 
     def send_inner(self, inner: Any) -> None:
-        field_name = codec.CLIENT_FIELDS.get(type(inner))
-        if field_name is None:
-            field_name = {session_pb2.RoundMetrics: "round_metrics"}[type(inner)]
+        field_name = codec.CLIENT_FIELDS[type(inner)]
         self.send(session_pb2.ClientMessage(**{field_name: inner}))
 
     async def _requests(self):
@@ -201,17 +224,9 @@ class FakeClient:
         if kind == "round_task":
             self.tasks.append(msg.round_task)
             view = parse_round_task(msg.round_task, hosted=self.devices)
-            metric_devices = []
             for d in view.devices:
                 for p in self.devices[d].on_task(view):
                     self.send_inner(p)
-                if not self.devices[d].silent:
-                    metric_devices.append(d)
-            if metric_devices:
-                self.send_inner(session_pb2.RoundMetrics(
-                    session_id=view.session_id, round_number=view.round_number, device_ids=metric_devices,
-                    sums={"loss": 0.5 * len(metric_devices)}, counts={"examples": len(metric_devices)},
-                ))
             return
         if kind == "round_committed":
             self.committed.append(msg.round_committed)

@@ -23,7 +23,10 @@ from coordinator.store.blobs import unpack_parameters
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
 from wire import RoundTaskView
 
-from coordinator_fakes import FakeClient, FakeDevice, enroll
+from wire import secagg_config_from_proto
+from wire.round_metrics import SLOTS, MetricLayout
+
+from coordinator_fakes import FakeClient, FakeDevice, enroll, fake_metric_values
 
 P = common_pb2
 L = 16
@@ -83,9 +86,10 @@ async def running(settings, store=None):
         await server.stop(0.5)
 
 
-async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0):
+async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0, metric_limbs=None):
     enrolled = await enroll(target, n, seed=seed)
-    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper) for i, (d, _) in enumerate(enrolled)]
+    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper,
+                          metric_limbs=(metric_limbs or {}).get(i)) for i, (d, _) in enumerate(enrolled)]
     clients = [FakeClient(target, devices[g::groups], name=f"client-{g}") for g in range(groups)]
     for c in clients:
         await c.start()
@@ -112,7 +116,8 @@ def test_secure_round_over_grpc_is_exact():
                 enc = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64).astype(np.uint32)
                 # devices are reseeded per round: recompute this round's encoded inputs
                 assert rec.metrics["debug.counted"] == 4
-                assert rec.metrics["contributors"] == 4 and rec.metrics["loss"] == pytest.approx(0.5)
+                # the metric totals come out of the secure sum: one "devices" per counted device
+                assert rec.metrics["contributors"] == 4 and rec.metrics["count.devices"] == 4
                 assert rec.dropouts == {}
                 del enc
             last = page.items[0]
@@ -362,10 +367,23 @@ def test_a_real_model_round_with_dp_commits_model_and_privacy_in_one_go():
             del task
             t = clients[0].tasks[0]
             assert t.dp.mode == session_pb2.DP_MODE_LOCAL and t.dp.noise_stddev == pytest.approx(0.1)
-            assert '"round_idx": 0' in t.hyperparameters_json and t.secagg.vector_length == 10
+            names = ("devices", "examples", "update_norm", "val_sampled_hits@10", "val_sampled_ndcg@10",
+                     "val_sampled_count", "clipped")
+            layout = MetricLayout.for_round(names, secagg_config_from_proto(t.secagg, t.session_id).encoding)
+            assert tuple(t.metric_names) == names
+            assert '"round_idx": 0' in t.hyperparameters_json and t.secagg.vector_length == 10 + layout.coordinates
             await _wait_rounds(rounds)
             rec = store.get_round(1)
             assert rec.state is RoundState.COMMITTED
+            # the metric totals: exactly the devices' own values summed (the fakes' values, in slot units)
+            values = [fake_metric_values(d.device_id, 1) for d in devices]
+            for name in names:
+                slot = SLOTS[name]
+                total = sum(slot.units(v[name]) for v in values)
+                key = f"count.{name}" if slot.is_count else f"sum.{name}"
+                assert rec.metrics[key] == pytest.approx(total * slot.unit, abs=1e-9), name
+            hits = sum(v["val_sampled_hits@10"] for v in values)
+            assert rec.metrics["val_hr@10"] == pytest.approx(hits / 4)
             v = store.latest_model_version("fedmf")
             assert v.round_number == 1 and v.hyperparameters["step"] == 1
             mean = np.mean([d.update for d in devices], axis=0).astype(np.float32)
@@ -514,29 +532,49 @@ def test_protocol_versions_served_and_refused_with_advice():
     asyncio.run(main())
 
 
-def test_an_impossible_metrics_report_never_fails_the_round():
-    """Issue: a device reported a negative sum of squared errors with a
-    positive count; the commit took its square root and the round aborted.
-    Now the report is refused as impossible and the round commits exactly,
-    with the honest client's metrics."""
+def test_hostile_metric_coordinates_cost_the_metrics_never_the_round():
+    """Issue 15, A1 and D: a device puts negative / huge values in its metric
+    coordinates (all bits set: -1 as an int32, 2^32 - 1 as a uint32). The
+    round commits, the model aggregate is exactly the counted devices' sum,
+    and the round's metrics are marked unavailable instead of being wrong."""
     async def main():
-        settings = make_settings(**{"cohort.size": 4, **SHORT})
+        settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.noise_multiplier": 1.0, "dp.clip": 0.1})
         store = InMemoryStore()
         async with running(settings, store) as (coord, target, _, rounds):
-            clients, devices = await _clients(target, 4, groups=2, silent={3: "masked_input"})
-            while not clients[0].tasks:
-                await asyncio.sleep(0.01)
-            task = clients[0].tasks[0]
-            hosted = sorted(d.device_id for d in devices[0::2])
-            clients[0].send_inner(session_pb2.RoundMetrics(
-                session_id=task.session_id, round_number=task.round_number, device_ids=hosted,
-                sums={"val_sse": -50.0}, counts={"devices": len(hosted), "val_rating_count": 10}))
+            hostile = {2: lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)}
+            clients, devices = await _clients(target, 4, groups=2, metric_limbs=hostile)
             await _wait_rounds(rounds)
             rec = store.get_round(1)
             assert rec.state is RoundState.COMMITTED
-            assert "val_rmse" not in rec.metrics and "sum.val_sse" not in rec.metrics
+            assert sorted(rec.survivors["masked_input"]) == sorted(d.device_id for d in devices)
+            enc = np.sum([d.encoded for d in devices], axis=0, dtype=np.uint64).astype(np.uint32)
+            assert rec.metrics["debug.encoded_checksum"] == encoded_checksum(enc)
+            mean = unpack_parameters(store.latest_model_version("synthetic").parameters)["mean"]
+            assert np.allclose(mean, np.mean([d.update for d in devices], axis=0), atol=1e-5)
+            assert rec.metrics["metrics_unavailable"] == 1.0
+            assert not [k for k in rec.metrics if k.startswith(("count.", "sum.", "val_"))]
             for c in clients:
                 await c.close()
+
+    asyncio.run(main())
+
+
+def test_a_client_still_sending_round_metrics_is_refused():
+    """RoundMetrics (ClientMessage field 20, per-client sums in the clear) was
+    removed in fedmask.v1.1: a stream that still sends one is ended."""
+    async def main():
+        settings = make_settings(**{"cohort.size": 10, "cohort.minimum": 10})  # no round: only the refusal is tested
+        async with running(settings) as (coord, target, store, rounds):
+            clients, _devices = await _clients(target, 3, groups=1)
+            entry = b"\x0a\x07devices\x10\x01"  # counts {"devices": 1}
+            body = b"\x1a\x01\x01" + b"\x2a" + bytes([len(entry)]) + entry  # device_ids [1], counts
+            legacy = session_pb2.ClientMessage.FromString(b"\xa2\x01" + bytes([len(body)]) + body)
+            assert legacy.WhichOneof("message") is None and legacy.ByteSize() == len(body) + 3
+            clients[0].send(legacy)
+            await asyncio.wait_for(_until(lambda: clients[0].status is not None), 5)
+            assert clients[0].status not in (None, grpc.StatusCode.OK)
+            assert "does not accept" in clients[0].details
+            await clients[0].close()
 
     asyncio.run(main())
 
@@ -705,5 +743,26 @@ def test_a_device_sealing_garbage_costs_only_itself_and_then_sits_out():
             last = recs[2]  # quarantined: not even selected
             assert last.cohort_size == 5 and garble.hostile not in last.survivors["advertise_keys"]
             await client.close()
+
+    asyncio.run(main())
+
+
+def test_with_round_metrics_off_no_metric_leaves_a_device():
+    """`round_metrics = false` (D36): the RoundTask asks for no metric, the
+    masked vector is the update alone, and the record holds only what the
+    coordinator counts itself."""
+    async def main():
+        settings = make_settings(round_metrics=False, **{"debug.record_sums": False})
+        store = InMemoryStore()
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 4, groups=2)
+            await _wait_rounds(rounds)
+            task = clients[0].tasks[0]
+            assert list(task.metric_names) == [] and task.secagg.vector_length == L
+            assert all(d.encoded is not None and d.encoded.shape == (L,) for d in devices)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED and rec.metrics == {"contributors": 4.0, "cohort": 4.0}
+            for c in clients:
+                await c.close()
 
     asyncio.run(main())

@@ -20,8 +20,7 @@ import test_grpc_end_to_end as e2e
 from coordinator.store import InMemoryStore
 from coordinator_fakes import FakeClient, FakeDevice, enroll
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
-from wire.protocol import RETRY_PUSHBACK_KEY
-from wire.protocol import PROTOCOL_VERSION
+from wire.protocol import PROTOCOL_VERSION, RETRY_PUSHBACK_KEY
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
 PUSHBACK = RETRY_PUSHBACK_KEY

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from coordinator.rounds import (
     AggregateReady,
@@ -18,8 +22,9 @@ from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
 from secagg import identity
 from secagg.config import SecAggConfig
 from wire import RoundIds, WireError, build_round_task, parse_round_task
+from wire.round_metrics import REAL_UNIT, SLOTS, MetricLayout, MetricRangeError
 
-from coordinator_fakes import FakeDevice, identity_private
+from coordinator_fakes import FakeDevice, fake_metric_values, identity_private
 
 P = common_pb2
 DEADLINES = {"advertise_keys": 10.0, "share_keys": 10.0, "share_check": 10.0, "masked_input": 10.0, "consistency_check": 10.0, "unmasking": 10.0}
@@ -29,17 +34,23 @@ SESSION = b"0123456789abcdef"
 class Driver:
     """Delivers the machine's Send actions to fake devices and their replies back."""
 
-    def __init__(self, n=5, *, silent=None, tamper=None, active=False, neighbors="all", number=7, L=12, threshold=None):
+    def __init__(self, n=5, *, silent=None, tamper=None, active=False, neighbors="all", number=7, L=12, threshold=None,
+                 metric_names=(), metric_limbs=None):
         self.now = 0.0
         cohort = [100 + 3 * i for i in range(n)]
-        self.config = SecAggConfig.create(num_clients=n, vector_length=L, session_id=SESSION, neighbors=neighbors,
-                                          active_adversary=active, threshold=threshold)
+        config = SecAggConfig.create(num_clients=n, vector_length=L, session_id=SESSION, neighbors=neighbors,
+                                     active_adversary=active, threshold=threshold)
+        self.layout = MetricLayout.for_round(metric_names, config.encoding)
+        self.config = dataclasses.replace(config, vector_length=L + self.layout.coordinates)
         keys = {d: identity_private(d) for d in cohort}
         ident = {d: identity.public_bytes(k) for d, k in keys.items()} if active else None
-        self.m = RoundMachine(number=number, config=self.config, cohort=cohort, deadlines=DEADLINES, identity_keys=ident)
+        self.m = RoundMachine(number=number, config=self.config, cohort=cohort, deadlines=DEADLINES, identity_keys=ident,
+                              metrics=self.layout)
         silent = silent or {}
+        metric_limbs = metric_limbs or {}
         self.devices = {
-            d: FakeDevice(d, seed=1, silent_at=silent.get(d), tamper=tamper, identity_key=keys[d] if active else None)
+            d: FakeDevice(d, seed=1, silent_at=silent.get(d), tamper=tamper, identity_key=keys[d] if active else None,
+                          metric_limbs=metric_limbs.get(d))
             for d in cohort
         }
         self.notices: dict[int, list[int]] = {d: [] for d in cohort}
@@ -50,7 +61,8 @@ class Driver:
         self.inbox: list[tuple[int, object]] = []
         for d in cohort:
             task = build_round_task(config=self.config, round_number=number, ids=ids, devices=[d], model_name="synthetic",
-                                    model_version=1, global_parameters={"mean": np.zeros(L, np.float32)})
+                                    model_version=1, global_parameters={"mean": np.zeros(L, np.float32)},
+                                    metrics=self.layout)
             for p in self.devices[d].on_task(parse_round_task(task, hosted=[d])):
                 self.inbox.append((d, p))
         self.apply(self.m.start(self.now))
@@ -235,24 +247,63 @@ def test_commit_failure_aborts():
         d.m.committed(1, 6.0)
 
 
-def test_metrics_are_summed_and_validated():
-    d = Driver(n=4)
-    ok = session_pb2.RoundMetrics(session_id=SESSION, round_number=7, device_ids=[100, 103],
-                                  sums={"loss": 1.5}, counts={"examples": 30})
-    d.m.add_metrics(ok, hosted={100, 103})
-    d.m.add_metrics(session_pb2.RoundMetrics(session_id=SESSION, round_number=7, device_ids=[106],
-                                             sums={"loss": 0.5}, counts={"examples": 10}), hosted={106})
-    assert d.m.metric_sums == {"loss": 2.0} and d.m.metric_counts == {"examples": 40}
-    bad = [
-        (ok, {100, 103}, "repeats"),
-        (session_pb2.RoundMetrics(session_id=SESSION, round_number=8, device_ids=[109]), {109}, "another round"),
-        (session_pb2.RoundMetrics(session_id=SESSION, round_number=7, device_ids=[109]), {100}, "outside"),
-        (session_pb2.RoundMetrics(session_id=SESSION, round_number=7, device_ids=[109], sums={"x": float("nan")}), {109}, "finite"),
-        (session_pb2.RoundMetrics(session_id=SESSION, round_number=7, device_ids=[]), {109}, "distinct"),
-    ]
-    for msg, hosted, match in bad:
-        with pytest.raises(WireError, match=match):
-            d.m.add_metrics(msg, hosted=hosted)
+IMPLICIT = ("devices", "examples", "update_norm", "clipped", "val_sampled_hits@10", "val_sampled_ndcg@10",
+            "val_sampled_count")
+EXPLICIT = ("devices", "examples", "update_norm", "val_sse", "val_sae", "val_rating_count")
+
+
+def plain_totals(layout, devices, round_number):
+    """What the counted devices' own metric values sum to, in the layout's units (the oracle)."""
+    per = [fake_metric_values(d, round_number) for d in devices]
+    return {n: sum(SLOTS[n].units(v[n]) for v in per) for n in layout.names}
+
+
+def decoded_units(layout, result):
+    sums, counts = layout.decode(result.metric_sums, len(result.counted))
+    return {**counts, **{k: round(v / REAL_UNIT) for k, v in sums.items()}}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(3, 9),
+    names=st.sampled_from([IMPLICIT, EXPLICIT, ("devices",)]),
+    drops=st.lists(st.sampled_from([None] * 8 + ["advertise_keys", "share_keys", "masked_input", "unmasking"]),
+                   min_size=9, max_size=9),
+)
+def test_metric_totals_are_exactly_the_counted_devices_sums_under_dropouts(n, names, drops):
+    """The metric totals the coordinator decodes equal, unit for unit, the sums of the
+    metric values of exactly the devices in the aggregate (U3): a device dropped
+    before its masked input adds nothing, one dropped after it is counted whole, and
+    the model update's coordinates stay the exact sum of the same devices."""
+    cohort = [100 + 3 * i for i in range(n)]
+    silent = {d: s for d, s in zip(cohort, drops) if s is not None}
+    d = Driver(n=n, silent=silent, metric_names=names)
+    d.run()
+    event(f"outcome: {d.m.phase.value}")
+    if d.m.phase is not RoundPhase.AGGREGATING:  # too many dropouts: the round aborts, nothing is decoded
+        assert d.m.phase is RoundPhase.ABORTED and d.m.result is None
+        return
+    counted = d.m.result.counted
+    event(f"counted {'<' if len(counted) < n else '='} cohort")
+    assert set(counted) == {x for x in cohort if silent.get(x) not in ("advertise_keys", "share_keys", "masked_input")}
+    assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
+    assert decoded_units(d.layout, d.m.result) == plain_totals(d.layout, counted, 7)
+    assert d.m.result.decoded_sum.shape == (12,)  # the model part only
+
+
+def test_a_hostile_devices_metric_limbs_never_touch_the_model_update():
+    """Out-of-range limbs (all ones, huge) from one device: the model coordinates of the
+    sum are still exactly the counted devices' encoded updates, and the metric
+    totals are refused as out of range."""
+    hostile = {103: lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)}
+    d = Driver(n=5, metric_names=IMPLICIT, metric_limbs=hostile)
+    d.run()
+    assert d.m.phase is RoundPhase.AGGREGATING and 103 in d.m.result.counted
+    L = 12
+    want = np.stack([np.asarray(d.devices[x].encoded)[:L] for x in d.m.result.counted]).sum(axis=0, dtype=np.uint64)
+    assert np.array_equal(d.m.result.encoded_sum[:L], want.astype(np.uint32))
+    with pytest.raises(MetricRangeError):
+        d.layout.decode(d.m.result.metric_sums, len(d.m.result.counted))
 
 
 def test_aggregate_ready_is_announced_once():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, quantile, round_windows
+from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, metric_names_for, quantile, round_windows
 from coordinator.settings import DeadlineSettings, DpSettings
 from fedmask_proto.v1 import session_pb2
 from secagg.stages import Stage
@@ -110,3 +110,12 @@ def test_dp_settings_split_the_noise_in_distributed_mode() -> None:
     assert got.mode == session_pb2.DP_MODE_DISTRIBUTED and got.noise_stddev == pytest.approx(0.1 / 5)
     assert dp_settings_for(DpSettings(mode="local"), 25).noise_stddev == pytest.approx(0.1)
     assert dp_settings_for(DpSettings(mode="none"), 25).mode == session_pb2.DP_MODE_NONE
+
+
+def test_the_metrics_a_round_asks_for() -> None:
+    model = ("devices", "examples")
+    dp = DpSettings(mode="local", clip=0.1, noise_multiplier=1.0)
+    assert metric_names_for(model, DpSettings(mode="none"), plaintext=False) == model
+    assert metric_names_for(model, dp, plaintext=False) == (*model, "clipped")
+    assert metric_names_for(model, dp, plaintext=True) == ()  # inputs in the clear: no metrics with them
+    assert metric_names_for(model, dp, plaintext=False, enabled=False) == ()

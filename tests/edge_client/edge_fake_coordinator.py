@@ -16,6 +16,7 @@ The package `edge_client` never imports `coordinator`; its tests may.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable
@@ -34,6 +35,7 @@ from secagg.config import SecAggConfig
 from secagg.stages import Stage
 from wire import secagg_codec
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE
+from wire.round_metrics import MetricLayout
 
 log = logging.getLogger("fake_coordinator")
 
@@ -44,7 +46,6 @@ class Stream:
     hello: session_pb2.Hello
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # round-scoped client messages
-    metrics: list = field(default_factory=list)
     responses: dict = field(default_factory=dict)  # correlation_id -> DeviceResponse
     response_event: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -85,6 +86,13 @@ class RoundResult:
     def decoded_sum(self) -> np.ndarray:
         assert self.machine.result is not None, f"round ended {self.machine.phase.value}"
         return self.machine.result.decoded_sum
+
+    def metric_totals(self) -> tuple[dict[str, float], dict[str, int]]:
+        """(real sums, counts) of the round's metrics over the counted devices,
+        decoded from the secure sum as the coordinator does."""
+        result = self.machine.result
+        assert result is not None, f"round ended {self.machine.phase.value}"
+        return self.machine.metrics.decode(result.metric_sums, len(result.counted))
 
 
 class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
@@ -209,8 +217,6 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
                 s.send(heartbeat=session_pb2.Heartbeat(sequence=m.heartbeat.sequence))
             elif kind == "check_in":
                 s.send(check_in_ack=session_pb2.DeviceAdmission(accepted_device_ids=m.check_in.available_device_ids))
-            elif kind == "round_metrics":
-                s.metrics.append(m.round_metrics)
             elif kind == "device_response":
                 s.responses[m.device_response.correlation_id] = m.device_response
                 s.response_event.set()
@@ -248,6 +254,7 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         commit: bool = True,
         tamper: Any = None,
         task_tamper: Any = None,
+        metric_names: tuple[str, ...] = (),
     ) -> RoundResult:
         devices = sorted(devices if devices is not None else s.device_ids)
         self.round_number += 1
@@ -256,6 +263,8 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             num_clients=len(devices), vector_length=vector_length, session_id=os.urandom(16), clip=clip,
             neighbors=neighbors, threshold=threshold, active_adversary=active,
         )
+        layout = MetricLayout.for_round(metric_names, config.encoding)
+        config = dataclasses.replace(config, vector_length=vector_length + layout.coordinates)
         params = global_parameters if global_parameters is not None else {"mean": np.zeros(vector_length, np.float32)}
         hyper = dict(hyperparameters or {})
         if model_name == "synthetic":
@@ -267,11 +276,11 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             deadlines[Stage.MASKED_INPUT.value] = first_stage_timeout
         machine_type = PlaintextRoundMachine if plaintext else RoundMachine
         m = machine_type(number=r, config=config, cohort=devices, deadlines=deadlines,
-                         identity_keys={d: self.identity[d] for d in devices} if active else None)
+                         identity_keys={d: self.identity[d] for d in devices} if active else None, metrics=layout)
         task = wire.build_round_task(
             config=config, round_number=r, ids=m.ids, devices=devices, model_name=model_name, model_version=r,
             global_parameters=params, hyperparameters=hyper, dp=dp,
-            deadlines={"advertise_keys": first_stage_timeout, "share_keys": stage_timeout},
+            deadlines={"advertise_keys": first_stage_timeout, "share_keys": stage_timeout}, metrics=layout,
         )
         if task_tamper is not None:
             task_tamper(task)
@@ -331,13 +340,6 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
 
         return await asyncio.wait_for(until(), timeout)
 
-    async def wait_metrics(self, s: Stream, n: int = 1, timeout: float = 20.0) -> list:
-        async def until() -> None:
-            while len(s.metrics) < n:
-                await asyncio.sleep(0.02)
-
-        await asyncio.wait_for(until(), timeout)
-        return s.metrics
 
 
 # ---------------------------------------------------------------- client helpers

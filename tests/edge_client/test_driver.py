@@ -28,6 +28,10 @@ def _fedrap_globals(k: int = 4) -> tuple[dict[str, np.ndarray], int]:
     return {name: v.numpy() for name, v in g.items()}, m.update_dim
 
 
+#: Everything a client may send in a round; none of it carries a metric of one device.
+KINDS_SENT = {"hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "share_receipt", "masked_input", "unmasking_response", "abort"}
+
+
 def _secret_files(state_dir: Path) -> list[Path]:
     return sorted(state_dir.glob("devices/*/round.fms"))
 
@@ -38,13 +42,14 @@ def test_several_devices_complete_a_synthetic_round_exactly(tmp_path: Path) -> N
             s = await fake.wait_stream()
             assert s.device_ids == list(range(1, N + 1))
             assert "synthetic" in s.hello.supported_models and s.hello.protocol_version == PROTOCOL_VERSION
-            res = await fake.run_round(s, vector_length=32, hyperparameters={"seed": 5}, clip=1.0)
+            res = await fake.run_round(s, vector_length=32, hyperparameters={"seed": 5}, clip=1.0,
+                                       metric_names=("devices",))
             assert res.ok and res.counted_devices == list(range(1, N + 1))
             want = synthetic_updates(res.counted_devices, round_number=1, vector_length=32, seed=5, scale=1.0).sum(0)
             step = res.config.encoding.step
             assert np.abs(res.decoded_sum() - want).max() <= N * step
-            (metrics,) = await fake.wait_metrics(s)
-            assert list(metrics.device_ids) == list(range(1, N + 1)) and metrics.counts["devices"] == N
+            assert res.metric_totals() == ({}, {"devices": N})  # from the secure sum only
+            assert not [m for m in fake.received if m.WhichOneof("message") not in KINDS_SENT]
             await asyncio.sleep(0.2)
             assert _secret_files(tmp_path) == []  # every round secret wiped after unmasking
             assert [e.outcome for e in rc.client.events] == ["committed"]
@@ -63,12 +68,16 @@ def test_a_fedrap_round_trains_every_selected_device_together(tmp_path: Path) ->
                     s, model_name="fedrap", vector_length=dim, global_parameters=g, clip=0.5,
                     hyperparameters={"k": 4, "local_epochs": 2, "round_idx": 0}, devices=[2, 3, 5],
                     dp=session_pb2.DpSettings(mode=session_pb2.DP_MODE_LOCAL, clip_norm=0.5, noise_stddev=0.001),
+                    metric_names=("devices", "examples", "update_norm", "clipped", "val_sampled_hits@10",
+                                  "val_sampled_ndcg@10", "val_sampled_count"),
                 )
                 assert res.ok and res.counted_devices == [2, 3, 5]
                 mean = res.decoded_sum() / 3
                 assert mean.shape == (dim,) and np.linalg.norm(mean) <= 0.5 + 0.05
-                (m,) = await fake.wait_metrics(s)
-                assert m.counts["val_sampled_count"] == 3 and m.counts["examples"] > 0 and "val_sampled_hits@10" in m.sums
+                sums, counts = res.metric_totals()
+                assert counts["devices"] == 3 and counts["val_sampled_count"] == 3 and counts["examples"] > 0
+                assert 0 <= counts["val_sampled_hits@10"] <= 3 and 0 <= counts["clipped"] <= 3
+                assert 0 <= sums["val_sampled_ndcg@10"] <= counts["val_sampled_hits@10"] and sums["update_norm"] > 0
                 trained = sorted(p.parent.name for p in tmp_path.glob("devices/*/model-fedrap.fms"))
                 assert trained == ["user-2", "user-3", "user-5"]
                 assert rc.driver is not None
@@ -94,7 +103,8 @@ def test_dropouts_at_each_stage_are_honoured(tmp_path: Path, stage: str) -> None
             faults = FaultPlan(drop_rate=0.3, drop_stage=stage, seed=seed)
             async with RunningClient(fake, tmp_path, faults=faults, seed=seed):
                 s = await fake.wait_stream()
-                res = await fake.run_round(s, vector_length=16, first_stage_timeout=2.0, stage_timeout=1.0)
+                res = await fake.run_round(s, vector_length=16, first_stage_timeout=2.0, stage_timeout=1.0,
+                                           metric_names=("devices",))
                 assert res.ok, res.machine.phase
                 surv = {k: set(v) for k, v in res.survivors.items()}
                 order = ["advertise_keys", "share_keys", "masked_input", "unmasking"]
@@ -107,8 +117,8 @@ def test_dropouts_at_each_stage_are_honoured(tmp_path: Path, stage: str) -> None
                 alive = set(range(1, N + 1)) - drops
                 expected = set(range(1, N + 1)) if stage == "unmasking" else alive
                 assert set(res.counted_devices) == expected
-                (m,) = await fake.wait_metrics(s)
-                assert set(m.device_ids) == expected  # metrics only of devices that sent a masked input
+                # metrics only of devices that sent a masked input, all of them
+                assert res.metric_totals() == ({}, {"devices": len(expected)})
                 await asyncio.sleep(0.2)
                 assert _secret_files(tmp_path) == []
 

@@ -53,3 +53,19 @@ def test_with_the_opt_in_devices_upload_their_encoded_update(tmp_path: Path) -> 
             assert not [m for m in fake.received if m.WhichOneof("message") == "advertise_keys"]
 
     run_async(go())
+
+
+def test_even_with_the_opt_in_no_metric_of_one_device_goes_out_in_the_clear(tmp_path: Path) -> None:
+    """A plaintext round that asks for metric coordinates would put each
+    device's own metrics on the wire unmasked: the client withdraws (D35)."""
+    async def go() -> None:
+        async with FakeCoordinator() as fake, RunningClient(fake, tmp_path, users="1-3", allow_insecure_plaintext=True):
+            s = await fake.wait_stream()
+            res = await fake.run_round(s, vector_length=8, hyperparameters=PLAINTEXT, first_stage_timeout=3,
+                                       commit=False, task_tamper=lambda t: t.metric_names.append("devices"))
+            assert not res.ok
+            assert [a.reason for a in res.aborts] == [common_pb2.ABORT_REASON_PROTOCOL_VIOLATION]
+            assert "metrics" in res.aborts[0].detail
+            assert not [m for m in fake.received if m.WhichOneof("message") == "masked_input"]
+
+    run_async(go())

@@ -28,6 +28,7 @@ import grpc
 import pytest
 
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
+from wire.protocol import PROTOCOL_VERSION
 from integration_harness import (
     LOOPBACK,
     Processes,

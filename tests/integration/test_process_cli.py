@@ -41,6 +41,9 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
     assert all(d["exact"] for d in r["secure_detail"] + r["plaintext_detail"])
     assert all("unmasking" in d["timings"] for d in r["secure_detail"])
     assert all(set(d["timings"]) == {"masked_input", "aggregating"} for d in r["plaintext_detail"])
+    # metric totals only from the secure sum: one "devices" per counted device; none in plaintext rounds
+    assert all(d["metric_devices"] == d["counted"] for d in r["secure_detail"])
+    assert all(d["metric_devices"] is None for d in r["plaintext_detail"])
     assert _fedmask_processes() <= before  # the benchmark cleaned up after itself
 
 
@@ -59,6 +62,7 @@ def test_demo_runs_a_federation_and_reports_it(procs: Processes, tmp_path: Path)
     assert p.wait(120) == 0, p.tail()
     out = " ".join(p.log().split())  # rich wraps long lines
     assert "round 1 committed" in out and "round 2 committed" in out and "secure sum exact" in out
+    assert out.count("val HR@10") == 2 and "(secure totals)" in out and "metrics unavailable" not in out
     assert "per stage" in out and "2 of 2 rounds committed" in out
     assert (tmp_path / "run" / "coordinator.db").exists()
     assert _fedmask_processes() <= before

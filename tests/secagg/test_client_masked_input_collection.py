@@ -59,7 +59,7 @@ def test_masks_only_with_the_named_peers() -> None:
     named = (0, 3, 4)  # the server left device 1 out (say, a report against the pair)
     state, (msg,) = h.clients[v].handle(dataclasses.replace(requests[v], peers=named))
     assert isinstance(state, ClientUnmasking) and isinstance(msg, MaskedInput)
-    assert state._round.relayed == frozenset(named)
+    assert state._round.masked_with == frozenset(named)
     expected = h.encoded[v].astype(np.int64)
     expected += _aes_ctr_words(self_mask_key(rnd.b_seed, session_id=sid, round_idx=0, owner=v), L)
     for u in named:
