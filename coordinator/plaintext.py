@@ -73,6 +73,10 @@ class PlaintextRoundMachine(RoundMachine):
     def wants_close(self) -> bool:
         return self.phase.is_collecting and not self._pending
 
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending) if self.phase.is_collecting else 0
+
     def survivors(self) -> dict[str, list[int]]:
         return {RoundPhase.MASKED_INPUT.value: sorted(self._counted)}
 
