@@ -211,6 +211,8 @@ class Coordinator:
         self._counts_dirty = asyncio.Event()
         self._counts: tuple[int, int, int, int] | None = None
         self._counter: asyncio.Task[None] | None = None
+        #: bound ports by listener ("device", "admin", "metrics"), set by server.serve
+        self.ports: dict[str, int] = {}
 
     # ================================================================== lifecycle
 
@@ -770,7 +772,9 @@ class Coordinator:
     # ================================================================== admin
 
     def live_state(self) -> admin_service_pb2.LiveState:
-        """What the coordinator is doing now (GetLiveState)."""
+        """What the coordinator is doing now (GetLiveState); Unavailable
+        while starting or shutting down."""
+        self._check_running()
         enrolled, revoked, connected, available = self.device_counts()
         r = self.round
         current = None

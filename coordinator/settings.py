@@ -436,7 +436,7 @@ class CoordinatorSettings(BaseSettings):
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"
             )
         if self.admin.listen is not None:
-            if self.admin.listen == self.listen_address:
+            if self.admin.listen == self.listen_address and split_host_port(self.listen_address)[1] != 0:
                 raise ValueError("admin.listen must differ from listen_address (the admin listener is its own port)")
             if self.admin.auth == "mtls" and not (self.tls.enabled and self.tls.client_ca is not None):
                 raise ValueError("admin.auth 'mtls' needs tls.cert, tls.key and tls.client_ca")

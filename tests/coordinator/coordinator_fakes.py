@@ -149,6 +149,8 @@ class FakeClient:
         self._task: asyncio.Task | None = None
         self.welcome = asyncio.Event()
         self.channel: grpc.aio.Channel | None = None
+        #: Answers DeviceRequests when set (None: the request is left unanswered).
+        self.on_device_request: Callable[[session_pb2.DeviceRequest], session_pb2.DeviceResponse | None] | None = None
 
     async def start(self) -> None:
         self.channel = grpc.aio.insecure_channel(
@@ -212,6 +214,11 @@ class FakeClient:
             return
         if kind == "round_committed":
             self.committed.append(msg.round_committed)
+            return
+        if kind == "device_request":
+            answer = self.on_device_request(msg.device_request) if self.on_device_request is not None else None
+            if answer is not None:
+                self.send(session_pb2.ClientMessage(device_response=answer))
             return
         if kind == "abort":
             inner = msg.abort
