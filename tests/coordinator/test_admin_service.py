@@ -492,7 +492,7 @@ def test_the_epsilon_budget_stops_the_federation_at_the_right_round_also_after_a
     async def main() -> None:
         async with running(settings, store=open_store(url), close_store=True) as r:
             clients, _ = await clients_for(r.target, 3)
-            await until(lambda: r.coord.budget_exhausted)
+            await until(lambda: r.coord.budget_exhausted and r.coord.rounds_aborted == 1)
             async with grpc.aio.insecure_channel(r.admin_target) as ch:
                 state = await admin_stub(ch).GetLiveState(A.GetLiveStateRequest())
             assert state.budget_exhausted and state.privacy.exhausted
