@@ -124,8 +124,15 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
     await asyncio.wait_for(loop(), timeout)
 
 
-def admin_stub(channel: grpc.aio.Channel) -> admin_service_pb2_grpc.CoordinatorAdminStub:
+def admin_stub(channel: grpc.aio.Channel) -> admin_service_pb2_grpc.CoordinatorAdminAsyncStub:
     return admin_service_pb2_grpc.CoordinatorAdminStub(channel)
+
+
+async def read_event(call: Any) -> A.AdminEvent:
+    """The next event of a WatchEvents call (grpc.aio types read() as object)."""
+    event = await call.read()
+    assert isinstance(event, A.AdminEvent), event
+    return event
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:
@@ -314,7 +321,7 @@ def test_a_watcher_that_falls_behind_is_dropped_and_others_go_on() -> None:
             async with grpc.aio.insecure_channel(r.admin_target) as ch:
                 admin = admin_stub(ch)
                 slow = admin.WatchEvents(A.WatchEventsRequest())
-                first = await slow.read()
+                first = await read_event(slow)
                 assert first.WhichOneof("event") == "snapshot"
                 await until(lambda: r.coord.events.watchers == 1)
                 hub = r.coord.events
@@ -327,9 +334,9 @@ def test_a_watcher_that_falls_behind_is_dropped_and_others_go_on() -> None:
                 assert hub.dropped == 1 and hub.watchers == 0
                 # a new watcher is served, and publishing never waited on the slow one
                 again = admin.WatchEvents(A.WatchEventsRequest())
-                assert (await again.read()).WhichOneof("event") == "snapshot"
+                assert (await read_event(again)).WhichOneof("event") == "snapshot"
                 hub.publish(federation_changed=A.FederationChanged(action="after"))
-                assert (await again.read()).federation_changed.action == "after"
+                assert (await read_event(again)).federation_changed.action == "after"
                 again.cancel()
 
     asyncio.run(main())
@@ -363,12 +370,13 @@ def test_pause_resume_abort_and_rollback_are_applied_and_audited() -> None:
                 aborted = await admin.AbortRound(A.OperatorRequest(operator="bob", reason="stuck"))
                 assert aborted.changed
                 await until(lambda: (rec := r.store.get_round(1)) is not None and rec.state is RoundState.ABORTED)
-                assert r.store.get_round(1).abort_reason == "cancelled"
+                assert (rec := r.store.get_round(1)) is not None and rec.abort_reason == "cancelled"
                 assert all(common_pb2.ABORT_REASON_CANCELLED in d.aborted for c in clients
                            for d in c.devices.values())
                 # pause again so the rollback is not raced by new rounds
                 await admin.Pause(A.OperatorRequest(operator="bob"))
                 current = r.coord.model_version
+                assert current is not None
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await admin.Rollback(A.RollbackRequest(operator="carol", version=999))
                 assert info.value.code() is grpc.StatusCode.NOT_FOUND
@@ -404,6 +412,7 @@ def test_pause_resume_abort_and_rollback_are_applied_and_audited() -> None:
 def test_top_k_by_device_id_and_by_user_handle_with_every_error() -> None:
     settings = make_settings(**{"admin.top_k_timeout_s": 5.0})
     catalogue = {3: ("1003", "Toy Story (1995)"), 7: ("1007", ""), 1: ("1001", "GoldenEye (1995)")}
+    refusing = silent = 0
 
     def answer(req: S.DeviceRequest) -> S.DeviceResponse | None:
         if req.device_id == refusing:
@@ -455,7 +464,6 @@ def test_top_k_by_device_id_and_by_user_handle_with_every_error() -> None:
                 assert code is grpc.StatusCode.UNAVAILABLE
                 assert dict(trailer or ())["grpc-retry-pushback-ms"] == "2000"
 
-    refusing = silent = 0
     asyncio.run(main())
 
 
@@ -511,7 +519,7 @@ def test_the_epsilon_budget_stops_the_federation_at_the_right_round_also_after_a
             events: list[A.AdminEvent] = []
             async with grpc.aio.insecure_channel(r.admin_target) as ch:
                 call = admin_stub(ch).WatchEvents(A.WatchEventsRequest())
-                events.append(await call.read())
+                events.append(await read_event(call))
                 clients, _ = await clients_for(r.target, 3, seed=1)
                 await asyncio.sleep(1.0)
                 call.cancel()
