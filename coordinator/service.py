@@ -213,6 +213,8 @@ class Coordinator:
         self._counter: asyncio.Task[None] | None = None
         #: bound ports by listener ("device", "admin", "metrics"), set by server.serve
         self.ports: dict[str, int] = {}
+        self._round_base: int | None = None  # the model version the running round started from
+        self._rollbacks = 0  # rollbacks in progress: the loop opens no round meanwhile
 
     # ================================================================== lifecycle
 
@@ -535,7 +537,7 @@ class Coordinator:
                 cohort = await self._select()
                 if self._stopping:
                     break
-                if self.paused:  # paused during selection: open nothing
+                if self.paused or self._rollbacks:  # paused / rolled back during selection: open nothing
                     continue
                 if cohort is not None:
                     await self._run_round(cohort)
@@ -550,7 +552,7 @@ class Coordinator:
 
     async def _hold(self) -> None:
         """Wait while an operator paused the federation or the budget is exhausted."""
-        while not self._stopping and (self.paused or self.budget_exhausted):
+        while not self._stopping and (self.paused or self.budget_exhausted or self._rollbacks):
             await self._wait(self._held, 1.0)
 
     async def _select(self) -> list[int] | None:
@@ -611,7 +613,7 @@ class Coordinator:
     def _record(self, r: RoundMachine, state: RoundState, *, ended: bool = False,
                 metrics: Mapping[str, float] | None = None, timings: Mapping[str, float] | None = None) -> RoundRecord:
         return round_record(r, state, started_at=self._round_started_at or self._wall(),
-                            ended_at=self._wall() if ended else None, base_model_version=self.model_version,
+                            ended_at=self._wall() if ended else None, base_model_version=self._round_base,
                             metrics=metrics, timings=timings)
 
     async def _run_round(self, cohort: list[int]) -> None:
@@ -638,6 +640,7 @@ class Coordinator:
         r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity)
         self.round = r
         self._round_started_at = self._wall()
+        self._round_base = self.model_version
         self._timeline = RoundTimeline()
         log_event("round_started", round=number, cohort=len(cohort), config=config.describe(),
                   model=self.model.name, version=self.model_version,
@@ -736,30 +739,35 @@ class Coordinator:
         result = r.result
         assert result is not None
         t0 = self._clock()
-        try:
-            new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean, self._step)
+        async with self._model_lock:  # a rollback waits for the commit, or the commit sees it
+            if self.model_version != self._round_base:
+                log_event("commit_failed", logging.WARNING, round=r.number, error="the model was rolled back")
+                self._apply(r.commit_failed("the model was rolled back during the round", self._clock()))
+                return
             try:
-                metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
-            except Exception as exc:  # a report must never fail a commit: commit without metrics
-                log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
-                metrics = {}
-            privacy = await asyncio.to_thread(self.ledger.entry_for, r)
-            timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
-            record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
-            version = NewModelVersion(
-                model_name=self.model.name,
-                parameters=pack_parameters(new_params),
-                hyperparameters={**self.model.hyperparameters(), "step": self._step + 1},
-            )
-            async with self._model_lock:
+                new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean,
+                                                     self._step)
+                try:
+                    metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
+                except Exception as exc:  # a report must never fail a commit: commit without metrics
+                    log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
+                    metrics = {}
+                privacy = await asyncio.to_thread(self.ledger.entry_for, r)
+                timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
+                record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
+                version = NewModelVersion(
+                    model_name=self.model.name,
+                    parameters=pack_parameters(new_params),
+                    hyperparameters={**self.model.hyperparameters(), "step": self._step + 1},
+                )
                 summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
                 self._params, self._params_proto = new_params, None
                 self.model_version = summary.id
                 self._step += 1
-        except Exception as exc:  # the model step or the store failed: the round is lost, not the service
-            log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
-            self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
-            return
+            except Exception as exc:  # the model step or the store failed: the round is lost, not the service
+                log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
+                self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
+                return
         self.ledger.committed(privacy)
         if privacy is not None:
             self.epsilon_spent = privacy.cumulative_epsilon
@@ -779,7 +787,7 @@ class Coordinator:
         r = self.round
         current = None
         if r is not None:
-            current = live_round(r, self._timeline, base_version=self.model_version,
+            current = live_round(r, self._timeline, base_version=self._round_base,
                                  started_at=self._round_started_at or self._wall(),
                                  secure=not self.settings.debug.insecure_plaintext)
         return live_state(
@@ -867,19 +875,24 @@ class Coordinator:
             await self._audit(operator, "rollback", "refused: parameters do not fit the model", version=version,
                               reason=reason)
             raise InvalidArgument(f"model version {version} has parameters that do not fit the configured model")
-        r = self.round
-        if r is not None and r.phase.is_collecting:
-            self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, f"rollback to version {version} by {operator}",
-                                 self._clock()))
-            self._round_event.set()
-        async with self._model_lock:  # after a commit in progress, never during it
-            summary = await asyncio.to_thread(self.store.add_model_version, NewModelVersion(
-                model_name=old.model_name, parameters=old.parameters,
-                hyperparameters={**old.hyperparameters, "rollback_of": version},
-            ))
-            self._params, self._params_proto = params, None
-            self.model_version = summary.id
-            self._step = int(old.hyperparameters.get("step", 0))
+        self._rollbacks += 1  # no round opens until the new version is current
+        try:
+            r = self.round
+            if r is not None and r.phase.is_collecting:
+                self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, f"rollback to version {version} by {operator}",
+                                     self._clock()))
+                self._round_event.set()
+            async with self._model_lock:  # after a commit in progress, never during it
+                summary = await asyncio.to_thread(self.store.add_model_version, NewModelVersion(
+                    model_name=old.model_name, parameters=old.parameters,
+                    hyperparameters={**old.hyperparameters, "rollback_of": version},
+                ))
+                self._params, self._params_proto = params, None
+                self.model_version = summary.id
+                self._step = int(old.hyperparameters.get("step", 0))
+        finally:
+            self._rollbacks -= 1
+            self._held.set()
         log_event("rolled_back", version=version, new_version=summary.id, operator=operator)
         entry = await self._audit(operator, "rollback", "ok", version=version, new_version=summary.id, reason=reason)
         self._announce("rollback", operator)

@@ -406,6 +406,38 @@ def test_pause_resume_abort_and_rollback_are_applied_and_audited() -> None:
     asyncio.run(main())
 
 
+@dataclass
+class SlowStepModel(SyntheticModel):
+    """The synthetic model whose server step takes a while (a commit in progress)."""
+
+    def apply_mean(self, params: Any, mean: Any, step: int) -> Any:
+        import time
+
+        time.sleep(0.5)
+        return super().apply_mean(params, mean, step)
+
+
+def test_a_rollback_during_a_commit_waits_for_it_and_then_wins() -> None:
+    settings = make_settings(rounds=1)
+
+    async def main() -> None:
+        async with running(settings, model=SlowStepModel(vector_length=L)) as r:
+            clients, _ = await clients_for(r.target, 3)
+            await until(lambda: r.coord.round is not None and r.coord.round.phase.value == "aggregating")
+            async with grpc.aio.insecure_channel(r.admin_target) as ch:
+                rolled = await admin_stub(ch).Rollback(A.RollbackRequest(operator="ops", version=1))
+            committed = r.store.get_round(1)
+            assert committed is not None and committed.state is RoundState.COMMITTED
+            assert committed.base_model_version == 1
+            versions = [v.id for v in r.store.list_model_versions().items]
+            assert versions == [3, 2, 1] and rolled.new_model_version == 3 == r.coord.model_version
+            assert r.store.get_model_version(3).parameters == r.store.get_model_version(1).parameters
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------- top-k relay
 
 
