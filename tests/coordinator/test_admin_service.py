@@ -209,9 +209,29 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(request)
                 assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+            hello = S.ClientMessage(hello=S.Hello(client_name="c", protocol_version="fedmask.v1",
+                                                  available_device_ids=[1]))
+
+            async def first_reply(channel: grpc.aio.Channel) -> S.ServerMessage:
+                async def requests() -> AsyncIterator[S.ClientMessage]:
+                    yield hello
+                    await asyncio.sleep(5)
+
+                call = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel).Session(requests())
+                reply = await call.read()
+                call.cancel()
+                assert isinstance(reply, S.ServerMessage), reply
+                return reply
+
             async with grpc.aio.secure_channel(target, creds(device_cert, device_key), options=opts) as ch:
                 response = await coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(request)
                 assert response.devices[0].device_id >= 1
+                welcome = await first_reply(ch)  # the Session stream goes through the guard too
+                assert list(welcome.welcome.admission.accepted_device_ids) == [1]
+            async with grpc.aio.secure_channel(target, creds(admin_cert, admin_key), options=opts) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await first_reply(ch)
+                assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
     asyncio.run(main())
 
