@@ -39,7 +39,8 @@ from coordinator.errors import (
 )
 from coordinator.events import HubClosed, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
-from coordinator.service import ActionResult, Coordinator, Recommendation
+from coordinator.operator_actions import ActionResult, Recommendation
+from coordinator.service import Coordinator
 from coordinator.servicer import abort
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.protocol import RETRY_PUSHBACK_KEY

@@ -18,7 +18,8 @@ In-process callers (the admin) relay queries to a device over its stream:
 
     answer = await coordinator.request_top_k(device_id, k, exclude_seen=True, timeout_s=10)
 
-The admin servicer (coordinator/admin_servicer.py) also calls:
+The admin servicer (coordinator/admin_servicer.py) also calls (the
+methods of coordinator/operator_actions.py, mixed in):
 
     coordinator.live_state()                        -> LiveState (admin_service.proto)
     coordinator.events.watch()                      the event stream (coordinator/events.py)
@@ -39,38 +40,25 @@ import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime
 
 import grpc
 import numpy as np
 
 from coordinator.errors import (
-    DeviceAnswerError,
     DeviceNotConnected,
     DeviceRequestError,
-    DeviceTimeout,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
     ProtocolViolation,
     Unavailable,
     UnknownDevice,
 )
 from coordinator.events import EventHub
-from coordinator.live_state import (
-    RoundTimeline,
-    device_counts,
-    live_round,
-    live_state,
-    privacy_budget,
-    stage_changed,
-)
+from coordinator.live_state import RoundTimeline, device_counts, stage_changed
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
+from coordinator.operator_actions import OperatorActions, top_k_status
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
@@ -90,11 +78,8 @@ from coordinator.rounds import (
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import (
-    AuditEntry,
-    DeviceRecord,
     DeviceStatus,
     NewModelVersion,
-    NotFoundError,
     RoundRecord,
     RoundState,
     Store,
@@ -113,46 +98,9 @@ SILENT_INTERVALS = 3
 BUDGET_EXHAUSTED = reason_name(common_pb2.ABORT_REASON_BUDGET_EXHAUSTED)
 #: Device counts are re-published at most this often (seconds).
 COUNTS_INTERVAL_S = 0.25
-MAX_OPERATOR_CHARS = 128
-MAX_REASON_CHARS = 1024
 
 
-@dataclass(frozen=True, slots=True)
-class ActionResult:
-    """What an operator action did: whether it changed anything, its audit
-    entry, and (rollback) the new model version."""
-
-    changed: bool
-    audit: AuditEntry
-    new_model_version: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    """A relayed top-k answer with what the admin shows beside it."""
-
-    answer: TopKAnswer
-    device_id: int
-    handle: str
-    latency_s: float
-    recommendation_id: str
-
-
-def check_operator(operator: str, reason: str) -> None:
-    """InvalidArgument unless `operator` is 1..128 printable characters and
-    `reason` at most 1024."""
-    if not operator or len(operator) > MAX_OPERATOR_CHARS or not operator.isprintable():
-        raise InvalidArgument(f"operator must be 1..{MAX_OPERATOR_CHARS} printable characters")
-    if len(reason) > MAX_REASON_CHARS:
-        raise InvalidArgument(f"reason must be at most {MAX_REASON_CHARS} characters")
-
-
-#: DeviceErrorCode suffix -> the error the admin sees (and its top-k metric status).
-_DEVICE_CODE_STATUS = {"refused": "refused", "not_ready": "not_ready", "invalid_argument": "invalid_argument",
-                       "unknown_device": "unavailable"}
-
-
-class Coordinator:
+class Coordinator(OperatorActions):
     """See the module doc."""
 
     def __init__(
@@ -777,179 +725,4 @@ class Coordinator:
         self._round_over(r, summary.id)
 
 
-    # ================================================================== admin
-
-    def live_state(self) -> admin_service_pb2.LiveState:
-        """What the coordinator is doing now (GetLiveState); Unavailable
-        while starting or shutting down."""
-        self._check_running()
-        enrolled, revoked, connected, available = self.device_counts()
-        r = self.round
-        current = None
-        if r is not None:
-            current = live_round(r, self._timeline, base_version=self._round_base,
-                                 started_at=self._round_started_at or self._wall(),
-                                 secure=not self.settings.debug.insecure_plaintext)
-        return live_state(
-            model_name=self.model.name, model_version=self.model_version, paused=self.paused,
-            privacy=privacy_budget(spent=self.epsilon_spent, budget=self.ledger.budget, delta=self.settings.dp.delta,
-                                   exhausted=self.budget_exhausted, mode=self.settings.dp.mode),
-            devices=device_counts(enrolled=enrolled, revoked=revoked, connected=connected, available=available),
-            round_=current, as_of=self._wall(), last_sequence=self.events.sequence,
-            committed=self.rounds_committed, aborted=self.rounds_aborted,
-        )
-
-    async def _audit(self, operator: str, action: str, outcome: str, **details: object) -> AuditEntry:
-        return await asyncio.to_thread(self.store.append_audit, operator=operator, action=action, outcome=outcome,
-                                       details={k: v for k, v in details.items() if v not in (None, "")})
-
-    def _announce(self, action: str, operator: str) -> None:
-        self.metrics.paused.set(1 if self.paused else 0)
-        self.events.publish(federation_changed=admin_service_pb2.FederationChanged(
-            paused=self.paused, budget_exhausted=self.budget_exhausted, model_version=self.model_version or 0,
-            action=action, operator=operator))
-
-    async def pause(self, operator: str, reason: str = "") -> ActionResult:
-        """No new round opens until `resume` (a running round finishes)."""
-        check_operator(operator, reason)
-        self._check_running()
-        changed = not self.paused
-        self.paused = True
-        self._held.set()
-        entry = await self._audit(operator, "pause", "ok" if changed else "ok: already paused", reason=reason)
-        if changed:
-            log_event("paused", operator=operator)
-            self._announce("pause", operator)
-        return ActionResult(changed, entry)
-
-    async def resume(self, operator: str, reason: str = "") -> ActionResult:
-        check_operator(operator, reason)
-        self._check_running()
-        changed = self.paused
-        self.paused = False
-        self._held.set()
-        self._changed.set()
-        entry = await self._audit(operator, "resume", "ok" if changed else "ok: not paused", reason=reason)
-        if changed:
-            log_event("resumed", operator=operator)
-            self._announce("resume", operator)
-        return ActionResult(changed, entry)
-
-    async def abort_round(self, operator: str, reason: str = "") -> ActionResult:
-        """Abort the collecting round with AbortReason CANCELLED;
-        FailedPrecondition when none is collecting (audited as refused)."""
-        check_operator(operator, reason)
-        self._check_running()
-        r = self.round
-        if r is None or not r.phase.is_collecting:
-            await self._audit(operator, "abort_round", "refused: no round is collecting", reason=reason)
-            raise FailedPrecondition("no round is collecting (nothing to abort)")
-        detail = f"cancelled by operator {operator}" + (f": {reason}" if reason else "")
-        self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, detail[:500], self._clock()))
-        self._round_event.set()
-        log_event("round_cancelled", round=r.number, operator=operator)
-        entry = await self._audit(operator, "abort_round", "ok", round=r.number, reason=reason)
-        self._announce("abort_round", operator)
-        return ActionResult(True, entry)
-
-    async def rollback(self, version: int, operator: str, reason: str = "") -> ActionResult:
-        """Store a new model version whose parameters equal `version`'s
-        (hyperparameters["rollback_of"] = version) and make it current; a
-        collecting round is aborted first (CANCELLED). InvalidArgument
-        (version 0, parameters that do not fit the model), NotFound (no
-        such version of this model); refusals are audited."""
-        check_operator(operator, reason)
-        self._check_running()
-        if version < 1:
-            raise InvalidArgument("version must be >= 1")
-        try:
-            old = await asyncio.to_thread(self.store.get_model_version, version)
-        except NotFoundError:
-            old = None
-        if old is None or old.model_name != self.model.name:
-            await self._audit(operator, "rollback", "refused: no such version of this model", version=version,
-                              reason=reason)
-            raise NotFound(f"model version {version} of {self.model.name!r} does not exist")
-        params = unpack_parameters(old.parameters)
-        if {k: tuple(v.shape) for k, v in params.items()} != self.model.parameter_shapes():
-            await self._audit(operator, "rollback", "refused: parameters do not fit the model", version=version,
-                              reason=reason)
-            raise InvalidArgument(f"model version {version} has parameters that do not fit the configured model")
-        self._rollbacks += 1  # no round opens until the new version is current
-        try:
-            r = self.round
-            if r is not None and r.phase.is_collecting:
-                self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, f"rollback to version {version} by {operator}",
-                                     self._clock()))
-                self._round_event.set()
-            async with self._model_lock:  # after a commit in progress, never during it
-                summary = await asyncio.to_thread(self.store.add_model_version, NewModelVersion(
-                    model_name=old.model_name, parameters=old.parameters,
-                    hyperparameters={**old.hyperparameters, "rollback_of": version},
-                ))
-                self._params, self._params_proto = params, None
-                self.model_version = summary.id
-                self._step = int(old.hyperparameters.get("step", 0))
-        finally:
-            self._rollbacks -= 1
-            self._held.set()
-        log_event("rolled_back", version=version, new_version=summary.id, operator=operator)
-        entry = await self._audit(operator, "rollback", "ok", version=version, new_version=summary.id, reason=reason)
-        self._announce("rollback", operator)
-        return ActionResult(True, entry, summary.id)
-
-    async def device_of_handle(self, handle: str) -> int:
-        """The device id of a user handle (its enrolment local_id); NotFound."""
-        if not handle:
-            raise InvalidArgument("empty user handle")
-        for rec in self.registry.devices.values():
-            if rec.local_id == handle:
-                return rec.id
-        found: DeviceRecord | None = await asyncio.to_thread(self.store.get_device_by_local_id, handle)
-        if found is None:
-            raise NotFound("no device has this user handle")
-        return found.id
-
-    async def recommend(self, *, device_id: int | None = None, handle: str | None = None, k: int,
-                        exclude_seen: bool = True, timeout_s: float | None = None) -> Recommendation:
-        """`request_top_k` for a device named by id or by user handle (one of
-        them), with its latency and a fresh recommendation id. Raises as
-        `request_top_k`, plus NotFound (unknown handle)."""
-        self._check_running()
-        if (device_id is None) == (handle is None):
-            raise InvalidArgument("name the device by id or by user handle (one of them)")
-        limit = self.settings.admin.top_k_timeout_s
-        timeout = limit if timeout_s is None else timeout_s
-        if not 0 < timeout <= limit:
-            raise InvalidArgument(f"timeout must be in (0, {limit:g}] s")
-        if handle is not None:
-            try:
-                device_id = await self.device_of_handle(handle)
-            except NotFound:
-                self.metrics.top_k("not_found", 0.0)
-                raise
-        assert device_id is not None
-        t0 = self._clock()
-        answer = await self.request_top_k(device_id, k, exclude_seen=exclude_seen, timeout_s=timeout)
-        rec = self.registry.devices.get(device_id)
-        return Recommendation(answer=answer, device_id=device_id, handle=rec.local_id if rec is not None else "",
-                              latency_s=self._clock() - t0, recommendation_id=uuid.uuid4().hex)
-
-
-def top_k_status(exc: BaseException) -> str:
-    """The fedmask_topk_requests_total status label of a failed request."""
-    if isinstance(exc, UnknownDevice):
-        return "not_found"
-    if isinstance(exc, DeviceNotConnected):
-        return "unavailable"
-    if isinstance(exc, DeviceTimeout):
-        return "timeout"
-    if isinstance(exc, DeviceAnswerError):
-        return _DEVICE_CODE_STATUS.get(exc.code, "device_error")
-    if isinstance(exc, InvalidArgument):
-        return "invalid_argument"
-    return "error"
-
-
-__all__ = ["ActionResult", "ClientSession", "Coordinator", "Recommendation", "StreamEnd", "TopKAnswer",
-           "check_operator", "top_k_status"]
+__all__ = ["ClientSession", "Coordinator", "StreamEnd", "TopKAnswer"]
