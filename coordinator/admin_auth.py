@@ -2,9 +2,10 @@
 
 The admin listener (settings.admin, D40) accepts only an admin credential:
   token  "authorization: Bearer <admin token>": the SHA-256 of the presented
-         token is compared in constant time with the configured digest; the
-         token itself is never kept (`admin_token_digest` hashes it at start)
-         nor logged. Anything else: UNAUTHENTICATED.
+         token is compared in constant time with the configured digests; the
+         token itself is never kept (`admin_token_digests` hashes it at
+         start, or each token of admin.token_file as it re-reads the file on
+         a change) nor logged. Anything else: UNAUTHENTICATED.
   mtls   a client certificate of the federation CA whose role is admin:
          ADMIN_ROLE among the subject's organizational units
          (`fedmask certs issue-admin`). A device certificate (no such role):
@@ -21,15 +22,15 @@ import functools
 import hashlib
 import hmac
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from coordinator.auth import AUTHORIZATION_KEY, BEARER_PREFIX, HEALTH_SERVICE_PREFIX, denying_handler
-from coordinator.settings import AdminSettings
+from coordinator.auth import AUTHORIZATION_KEY, BEARER_PREFIX, HEALTH_SERVICE_PREFIX, TokenFile, denying_handler
+from coordinator.settings import MIN_TOKEN_LENGTH, AdminSettings
 
 #: The organizational unit (OU) of an admin client certificate's subject.
 ADMIN_ROLE = "admin"
@@ -44,27 +45,26 @@ def token_digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-def read_token_file(path: Any) -> str:
-    """The first line of `path` that is neither blank nor a "#" comment."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            text = line.strip()
-            if text and not text.startswith("#"):
-                return text
-    raise ValueError(f"admin token file {path} holds no token")
+Digests = Callable[[], Sequence[bytes]]
 
 
-def admin_token_digest(admin: AdminSettings) -> bytes | None:
-    """SHA-256 of the admin token (from admin.token, admin.token_file or
-    admin.token_sha256); None when the admin listener is not in token mode."""
+def admin_token_digests(admin: AdminSettings) -> Digests | None:
+    """The SHA-256 digests of the accepted admin tokens now: fixed for
+    admin.token and admin.token_sha256; for admin.token_file one token per
+    line (blank and "#" lines ignored, at least MIN_TOKEN_LENGTH
+    characters), re-read when the file changes so the admin token rotates
+    without a restart (as the device tokens do, D30), and kept only as
+    digests. None when the admin listener is not in token mode."""
     if admin.auth != "token":
         return None
     if admin.token_sha256 is not None:
-        return bytes.fromhex(admin.token_sha256)
+        fixed = (bytes.fromhex(admin.token_sha256),)
+        return lambda: fixed
     if admin.token is not None:
-        return token_digest(admin.token.get_secret_value().encode())
+        digest = (token_digest(admin.token.get_secret_value().encode()),)
+        return lambda: digest
     if admin.token_file is not None:
-        return token_digest(read_token_file(admin.token_file).encode())
+        return TokenFile(admin.token_file, min_length=MIN_TOKEN_LENGTH, transform=token_digest)
     return None
 
 
@@ -78,9 +78,14 @@ def presented_token(metadata: Any) -> bytes | None:
     return None
 
 
-def digest_matches(token: bytes | None, digest: bytes) -> bool:
-    """Constant-time comparison of the token's SHA-256 with `digest`."""
-    return hmac.compare_digest(token_digest(token or b""), digest) and token is not None
+def digest_matches(token: bytes | None, digests: Sequence[bytes]) -> bool:
+    """Whether the token's SHA-256 is one of `digests`: compared in constant
+    time with every one of them (no early exit)."""
+    presented = token_digest(token or b"")
+    ok = False
+    for digest in digests:
+        ok |= hmac.compare_digest(presented, digest)
+    return ok and token is not None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -139,11 +144,11 @@ class AdminListenerAuth(grpc.aio.ServerInterceptor):
     mode the digest, in mTLS mode the certificate's admin role; mode "none"
     (loopback only) checks nothing."""
 
-    def __init__(self, mode: str, digest: bytes | None) -> None:
-        if mode == "token" and digest is None:
+    def __init__(self, mode: str, digests: Digests | None) -> None:
+        if mode == "token" and digests is None:
             raise ValueError("admin token mode needs the token's digest")
         self._mode = mode
-        self._digest = digest
+        self._digests = digests
 
     async def intercept_service(
         self,
@@ -155,8 +160,8 @@ class AdminListenerAuth(grpc.aio.ServerInterceptor):
         if handler is None or method.startswith(HEALTH_SERVICE_PREFIX) or self._mode == "none":
             return handler
         if self._mode == "token":
-            assert self._digest is not None
-            if digest_matches(presented_token(details.invocation_metadata), self._digest):
+            assert self._digests is not None
+            if digest_matches(presented_token(details.invocation_metadata), self._digests()):
                 return handler
             return denying_handler(handler, method)
         return _checked(handler, lambda ctx: ADMIN_ROLE in (peer_roles(ctx) or ()), ADMIN_ONLY)
@@ -166,10 +171,10 @@ class DeviceListenerGuard(grpc.aio.ServerInterceptor):
     """Refuses admin credentials on the device listener (PERMISSION_DENIED):
     the admin bearer token (by digest) and admin-role client certificates."""
 
-    def __init__(self, admin_digest: bytes | None, *, check_certificates: bool) -> None:
+    def __init__(self, admin_digests: Digests | None, *, check_certificates: bool) -> None:
         """`check_certificates`: the listener verifies client certificates
         (tls.client_ca), so an admin-role one can show up."""
-        self._digest = admin_digest
+        self._digests = admin_digests
         self._certs = check_certificates
 
     async def intercept_service(
@@ -181,14 +186,14 @@ class DeviceListenerGuard(grpc.aio.ServerInterceptor):
         method = details.method or ""
         if handler is None or method.startswith(HEALTH_SERVICE_PREFIX):
             return handler
-        if self._digest is not None:
+        if self._digests is not None:
             token = presented_token(details.invocation_metadata)
-            if token is not None and digest_matches(token, self._digest):
+            if token is not None and digest_matches(token, self._digests()):
                 return denying_handler(handler, method, grpc.StatusCode.PERMISSION_DENIED, NOT_FOR_DEVICES)
         if not self._certs:
             return handler
         return _checked(handler, lambda ctx: ADMIN_ROLE not in (peer_roles(ctx) or ()), NOT_FOR_DEVICES)
 
 
-__all__ = ["ADMIN_ROLE", "AdminListenerAuth", "DeviceListenerGuard", "admin_token_digest", "certificate_roles",
-           "peer_roles", "presented_token", "read_token_file", "token_digest"]
+__all__ = ["ADMIN_ROLE", "AdminListenerAuth", "DeviceListenerGuard", "admin_token_digests", "certificate_roles",
+           "digest_matches", "peer_roles", "presented_token", "token_digest"]

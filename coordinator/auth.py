@@ -50,9 +50,13 @@ class TokenFile:
     no valid token is ignored with a warning (the last good set stays)."""
 
     def __init__(self, path: Path, *, min_length: int, interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 transform: Callable[[bytes], bytes] | None = None) -> None:
+        """`transform` (e.g. a hash) is applied to every token read; only
+        its results are kept and returned."""
         self._path = path
         self._min = min_length
+        self._transform = transform
         self._interval = interval_s
         self._clock = clock
         self._stamp: tuple[int, int] | None = None
@@ -74,6 +78,8 @@ class TokenFile:
             return
         tokens = tuple(ln.strip().encode() for ln in lines
                        if ln.strip() and not ln.strip().startswith("#") and len(ln.strip()) >= self._min)
+        if self._transform is not None:
+            tokens = tuple(self._transform(t) for t in tokens)
         self._stamp = stamp
         if not tokens:
             log_event("token_file_ignored", logging.WARNING, path=str(self._path), why="no valid token in it")

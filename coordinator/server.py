@@ -27,7 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.admin_auth import AdminListenerAuth, DeviceListenerGuard, admin_token_digest
+from coordinator.admin_auth import AdminListenerAuth, DeviceListenerGuard, admin_token_digests
 from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
 from coordinator.admin_servicer import add_admin_to_server
 from coordinator.auth import TokenAuthInterceptor, TokenFile
@@ -139,7 +139,7 @@ def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) ->
 async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
     interceptors: list[grpc.aio.ServerInterceptor] = [
-        DeviceListenerGuard(admin_token_digest(settings.admin) if settings.admin.listen is not None else None,
+        DeviceListenerGuard(admin_token_digests(settings.admin) if settings.admin.listen is not None else None,
                             check_certificates=settings.tls.client_ca is not None),
     ]
     if settings.auth.mode == "token":
@@ -178,7 +178,7 @@ async def build_admin_server(coordinator: Coordinator,
     grpc.health.v1 and reflection, behind `AdminListenerAuth`."""
     admin = settings.admin
     assert admin.listen is not None
-    auth = AdminListenerAuth(admin.auth, admin_token_digest(admin))
+    auth = AdminListenerAuth(admin.auth, admin_token_digests(admin))
     server = grpc.aio.server(interceptors=[auth], options=[
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),

@@ -299,7 +299,9 @@ class AdminSettings(_Group):
     #: none: no credential, loopback only (tests).
     auth: Literal["token", "mtls", "none"] = "token"
     token: SecretStr | None = None
-    #: A file whose first non-blank, non-"#" line is the admin token.
+    #: A file of accepted admin tokens, one per line (blank and "#" lines
+    #: ignored), re-read when it changes: the admin token rotates without a
+    #: restart (add the new one, move the admin service, remove the old).
     token_file: FilePath | None = None
     #: Hex SHA-256 of the admin token (the token itself need not be here).
     token_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None

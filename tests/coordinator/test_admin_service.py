@@ -124,6 +124,15 @@ async def until(predicate: Any, timeout: float = 10.0) -> None:
     await asyncio.wait_for(loop(), timeout)
 
 
+async def until_async(probe: Any, want: Any, timeout: float = 10.0) -> None:
+    """Wait until `await probe()` returns `want`."""
+    async def loop() -> None:
+        while await probe() != want:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(loop(), timeout)
+
+
 def admin_stub(channel: grpc.aio.Channel) -> admin_service_pb2_grpc.CoordinatorAdminAsyncStub:
     return admin_service_pb2_grpc.CoordinatorAdminStub(channel)
 
@@ -158,6 +167,22 @@ def test_token_credentials_stay_on_their_own_listener(tmp_path: Path) -> None:
                     with pytest.raises(grpc.aio.AioRpcError) as info:
                         await admin.GetLiveState(A.GetLiveStateRequest(), metadata=md)
                     assert info.value.code() is grpc.StatusCode.UNAUTHENTICATED
+                # rotation without a restart: the file is re-read when it changes
+                new_token = "rotated-admin-token-" + "z" * 20
+                token_file.write_text(f"{new_token}\n")
+                await asyncio.sleep(1.1)
+
+                async def code(token: str) -> grpc.StatusCode:
+                    try:
+                        await admin.GetLiveState(A.GetLiveStateRequest(), metadata=bearer(token))
+                        return grpc.StatusCode.OK
+                    except grpc.aio.AioRpcError as exc:
+                        return exc.code()
+
+                await until_async(lambda: code(new_token), grpc.StatusCode.OK)
+                assert await code(ADMIN_TOKEN) is grpc.StatusCode.UNAUTHENTICATED
+                token_file.write_text(f"{new_token}\n{ADMIN_TOKEN}\n")  # back, for the device-listener checks
+                await until_async(lambda: code(ADMIN_TOKEN), grpc.StatusCode.OK)
             async with grpc.aio.insecure_channel(r.target) as ch:
                 device = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch)
                 request = enrollment_pb2.EnrollRequest(client_name="c", devices=[
