@@ -57,6 +57,10 @@ class _RoundStageEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RoundStage
     """the model step and the commit"""
     ROUND_STAGE_COMMITTED: _RoundStage.ValueType  # 7
     ROUND_STAGE_ABORTED: _RoundStage.ValueType  # 8
+    ROUND_STAGE_SHARE_CHECK: _RoundStage.ValueType  # 9
+    """Devices open the relayed shares and report undecryptable ones, between
+    SHARE_KEYS and MASKED_INPUT (coordinators that run the share check).
+    """
 
 class RoundStage(_RoundStage, metaclass=_RoundStageEnumTypeWrapper):
     """------------------------------------------------------------------ state
@@ -76,6 +80,10 @@ ROUND_STAGE_AGGREGATING: RoundStage.ValueType  # 6
 """the model step and the commit"""
 ROUND_STAGE_COMMITTED: RoundStage.ValueType  # 7
 ROUND_STAGE_ABORTED: RoundStage.ValueType  # 8
+ROUND_STAGE_SHARE_CHECK: RoundStage.ValueType  # 9
+"""Devices open the relayed shares and report undecryptable ones, between
+SHARE_KEYS and MASKED_INPUT (coordinators that run the share check).
+"""
 Global___RoundStage: _TypeAlias = RoundStage  # noqa: Y015
 
 @_typing.final
