@@ -25,6 +25,7 @@ from wire.round_task import seconds_to_duration
 STAGE: dict[str, A.RoundStage.ValueType] = {
     "advertise_keys": A.ROUND_STAGE_ADVERTISE_KEYS,
     "share_keys": A.ROUND_STAGE_SHARE_KEYS,
+    "share_check": A.ROUND_STAGE_SHARE_CHECK,
     "masked_input": A.ROUND_STAGE_MASKED_INPUT,
     "consistency_check": A.ROUND_STAGE_CONSISTENCY_CHECK,
     "unmasking": A.ROUND_STAGE_UNMASKING,

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.live_state import STAGE
 from coordinator.model_host import build_server_model
+from coordinator.rounds import RoundPhase
 from coordinator.server import build_admin_server, build_server, set_serving, start_metrics_server
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
@@ -29,11 +31,14 @@ from coordinator.store.blobs import unpack_parameters
 from fedmask_proto.v1 import admin_service_pb2 as A
 from fedmask_proto.v1 import admin_service_pb2_grpc, common_pb2, coordinator_service_pb2_grpc, enrollment_pb2
 from fedmask_proto.v1 import session_pb2 as S
+from wire.protocol import PROTOCOL_VERSION
 
 from coordinator.model_host import SyntheticModel
 from coordinator_fakes import FakeClient, FakeDevice, enroll
 
 L = 16
+#: The collecting stages of a round of these tests, in order (no consistency check: no signatures).
+ROUND_STAGES = [p for p in RoundPhase if p.is_collecting and p is not RoundPhase.CONSISTENCY_CHECK]
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 DEVICE_TOKEN = "device-token-0123456789abcdef"
 
@@ -234,7 +239,7 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(request)
                 assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
-            hello = S.ClientMessage(hello=S.Hello(client_name="c", protocol_version="fedmask.v1",
+            hello = S.ClientMessage(hello=S.Hello(client_name="c", protocol_version=PROTOCOL_VERSION,
                                                   available_device_ids=[1]))
 
             async def first_reply(channel: grpc.aio.Channel) -> S.ServerMessage:
@@ -310,13 +315,12 @@ def test_events_deliver_every_stage_in_order_and_live_state_follows() -> None:
                 assert events[0].sequence == seqs[0] - 1
                 stages = [(e.stage_changed.round_number, A.RoundStage.Name(e.stage_changed.stage))
                           for e in events if e.WhichOneof("event") == "stage_changed"]
-                order = ["ROUND_STAGE_ADVERTISE_KEYS", "ROUND_STAGE_SHARE_KEYS", "ROUND_STAGE_MASKED_INPUT",
-                         "ROUND_STAGE_UNMASKING", "ROUND_STAGE_AGGREGATING"]
+                order = [A.RoundStage.Name(STAGE[p.value]) for p in ROUND_STAGES] + ["ROUND_STAGE_AGGREGATING"]
                 assert stages == [(1, s) for s in order] + [(2, s) for s in order]
                 changed = [e.stage_changed for e in events if e.WhichOneof("event") == "stage_changed"]
                 assert all(c.threshold == 2 and c.cohort_size == 3 for c in changed)
                 closed = [c.closed for c in changed if c.HasField("closed")]
-                assert [c.survivors for c in closed[:4]] == [3, 3, 3, 3]
+                assert [c.survivors for c in closed[:len(ROUND_STAGES)]] == [3] * len(ROUND_STAGES)
                 done = [e.round_committed for e in events if e.WhichOneof("event") == "round_committed"]
                 assert [(d.round_number, d.contributors, d.new_model_version) for d in done] == [(1, 3, 2), (2, 3, 3)]
                 counts = [e.device_counts for e in events if e.WhichOneof("event") == "device_counts"]
@@ -344,9 +348,9 @@ def test_live_state_shows_the_open_stage_with_its_deadline_and_survivors() -> No
             live = state.round
             assert (live.number, A.RoundStage.Name(live.stage), live.cohort_size, live.threshold) == (
                 1, "ROUND_STAGE_MASKED_INPUT", 3, 2)
-            assert [A.RoundStage.Name(s.stage) for s in live.stages] == [
-                "ROUND_STAGE_ADVERTISE_KEYS", "ROUND_STAGE_SHARE_KEYS", "ROUND_STAGE_MASKED_INPUT"]
-            assert [s.survivors for s in live.stages[:2]] == [3, 3]
+            before = ROUND_STAGES[:ROUND_STAGES.index(RoundPhase.MASKED_INPUT)]
+            assert [s.stage for s in live.stages] == [STAGE[p.value] for p in (*before, RoundPhase.MASKED_INPUT)]
+            assert [s.survivors for s in live.stages[:len(before)]] == [3] * len(before)
             open_stage = live.stages[-1]
             assert open_stage.pending == 3 and open_stage.HasField("deadline")
             remaining = open_stage.deadline.ToDatetime().timestamp() - state.as_of.ToDatetime().timestamp()
