@@ -50,9 +50,13 @@ class TokenFile:
     no valid token is ignored with a warning (the last good set stays)."""
 
     def __init__(self, path: Path, *, min_length: int, interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 transform: Callable[[bytes], bytes] | None = None) -> None:
+        """`transform` (e.g. a hash) is applied to every token read; only
+        its results are kept and returned."""
         self._path = path
         self._min = min_length
+        self._transform = transform
         self._interval = interval_s
         self._clock = clock
         self._stamp: tuple[int, int] | None = None
@@ -74,6 +78,8 @@ class TokenFile:
             return
         tokens = tuple(ln.strip().encode() for ln in lines
                        if ln.strip() and not ln.strip().startswith("#") and len(ln.strip()) >= self._min)
+        if self._transform is not None:
+            tokens = tuple(self._transform(t) for t in tokens)
         self._stamp = stamp
         if not tokens:
             log_event("token_file_ignored", logging.WARNING, path=str(self._path), why="no valid token in it")
@@ -133,24 +139,27 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._authorized(handler_call_details.invocation_metadata):
             return handler
-        return _denying_handler(handler, method)
+        return denying_handler(handler, method)
 
 
-def _denier(method: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
+def _denier(method: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
+            detail: str = UNAUTHENTICATED_DETAILS) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[None]]:
     async def _deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
         # one log line per refused call (never the presented token)
-        log_event("unauthenticated", logging.WARNING, method=method, peer=context.peer())
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_DETAILS)
+        log_event(code.name.lower(), logging.WARNING, method=method, peer=context.peer())
+        await context.abort(code, detail)
 
     return _deny
 
 
-def _denying_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], method: str = "") -> grpc.RpcMethodHandler[_Req, _Resp]:
+def denying_handler(handler: grpc.RpcMethodHandler[_Req, _Resp], method: str = "",
+                    code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,
+                    detail: str = UNAUTHENTICATED_DETAILS) -> grpc.RpcMethodHandler[_Req, _Resp]:
     """A handler of the same streaming kind as `handler` that aborts at once
-    (matching the kind keeps the server from waiting on a request message a
-    streaming client may not have sent)."""
+    with `code` and `detail` (matching the kind keeps the server from
+    waiting on a request message a streaming client may not have sent)."""
     decode, encode = handler.request_deserializer, handler.response_serializer
-    deny = _denier(method)
+    deny = _denier(method, code, detail)
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny, decode, encode)
     if handler.request_streaming:

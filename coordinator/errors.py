@@ -24,10 +24,20 @@ class Unavailable(CoordinatorError):
     """The coordinator is starting or shutting down (UNAVAILABLE)."""
 
 
+class NotFound(CoordinatorError):
+    """An operator named something that does not exist: a model version, a
+    user handle (NOT_FOUND)."""
+
+
+class FailedPrecondition(CoordinatorError):
+    """The operator action does not apply to the state now, e.g. no round to
+    abort (FAILED_PRECONDITION)."""
+
+
 # ---------------------------------------------------------------- device requests
 # Raised by `Coordinator.request_top_k` (the relay of DeviceRequests over the
-# session stream, coordinator/relay.py) to its in-process callers (the admin
-# service). No RPC maps them to status codes yet.
+# session stream, coordinator/relay.py); the admin servicer
+# (coordinator/admin_servicer.py) maps them to status codes.
 
 
 class DeviceRequestError(CoordinatorError):

@@ -84,6 +84,10 @@ class PlaintextRoundMachine(RoundMachine):
         """No shares, no reports."""
         return {}
 
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending) if self.phase.is_collecting else 0
+
     def survivors(self) -> dict[str, list[int]]:
         return {RoundPhase.MASKED_INPUT.value: sorted(self._counted)}
 

@@ -45,18 +45,25 @@ MAX_TIMEOUT_S = 300.0
 #: Requests in flight at once, over all sessions; more are refused (Unavailable).
 MAX_PENDING = 10_000
 _CORRELATION_BYTES = 16
+#: Longest dataset item id or title a device may send back.
+MAX_ITEM_TEXT = 512
 
 
 @dataclass(frozen=True, slots=True)
 class TopKAnswer:
     """A device's top-k recommendation: item ids (dense, 0-based, as in the
     model's item table) with their scores, best first, and the global model
-    version the device's model was last updated from."""
+    version the device's model was last updated from. `dataset_item_ids`
+    and `titles` are what the device mapped its dense ids to (the dataset's
+    own ids; titles "" where the dataset ships none): empty, or one per
+    item."""
 
     device_id: int
     item_ids: tuple[int, ...]
     scores: tuple[float, ...]
     model_version: int
+    dataset_item_ids: tuple[str, ...] = ()
+    titles: tuple[str, ...] = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -207,7 +214,16 @@ def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int) 
         raise InvalidDeviceAnswer(device, f"item ids must be distinct and below {n_items}")
     if any(math.isnan(s) for s in scores) or any(a < b for a, b in zip(scores, scores[1:], strict=False)):
         raise InvalidDeviceAnswer(device, "scores are not in descending order")
-    return TopKAnswer(device_id=device, item_ids=items, scores=scores, model_version=int(r.model_version))
+    dataset_ids, titles = tuple(r.dataset_item_ids), tuple(r.titles)
+    for name, values in (("dataset_item_ids", dataset_ids), ("titles", titles)):
+        if values and len(values) != len(items):
+            raise InvalidDeviceAnswer(device, f"{len(values)} {name} for {len(items)} items")
+        if any(len(v) > MAX_ITEM_TEXT for v in values):
+            raise InvalidDeviceAnswer(device, f"{name} longer than {MAX_ITEM_TEXT} characters")
+    if titles and not dataset_ids:
+        raise InvalidDeviceAnswer(device, "titles without dataset_item_ids")
+    return TopKAnswer(device_id=device, item_ids=items, scores=scores, model_version=int(r.model_version),
+                      dataset_item_ids=dataset_ids, titles=titles)
 
 
 __all__ = [

@@ -121,7 +121,12 @@ class PrivacyLedger:
     the ledger stores that effective multiplier. The cumulative epsilon
     composes every committed round exactly, each at its own (z, q): the
     running composition is built from the store's ledger once, and extended
-    by `committed` only after the store has committed the round."""
+    by `committed` only after the store has committed the round.
+
+    The budget (dp.epsilon_budget, D42): `epsilon_after(cohort, counted)`
+    prices one more round; the coordinator asks it with counted = the
+    round's Shamir threshold (the fewest devices a committed round can
+    count, so the largest epsilon it can cost) before opening a round."""
 
     def __init__(self, dp: DpSettings, store: Store) -> None:
         self._dp = dp
@@ -137,7 +142,7 @@ class PrivacyLedger:
         (reads the store the first time): call it from a worker thread."""
         if not self.enabled:
             return None
-        from models.privacy import Composition, composed_epsilon, distributed_noise_multiplier
+        from models.privacy import composed_epsilon, distributed_noise_multiplier
 
         dp = self._dp
         q = 1.0  # no amplification by sampling (see the class doc)
@@ -145,14 +150,44 @@ class PrivacyLedger:
         if dp.mode == "distributed":
             assert r.result is not None
             z = distributed_noise_multiplier(z, planned=len(r.cohort), counted=len(r.result.counted))
-        if self._composition is None:
-            history = [(e.noise_multiplier, e.sampling_rate) for e in self._store.privacy_ledger()]
-            self._composition = Composition(history, delta=dp.delta, accountant=dp.accountant)
         return PrivacyEntry(
             round_number=r.number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
             delta=dp.delta, noise_multiplier=z, sampling_rate=q,
-            cumulative_epsilon=self._composition.epsilon_with(z, q),
+            cumulative_epsilon=self._loaded().epsilon_with(z, q),
         )
+
+    def _loaded(self) -> Composition:
+        """The composition of the stored ledger (read once; blocking)."""
+        from models.privacy import Composition
+
+        if self._composition is None:
+            history = [(e.noise_multiplier, e.sampling_rate) for e in self._store.privacy_ledger()]
+            self._composition = Composition(history, delta=self._dp.delta, accountant=self._dp.accountant)
+        return self._composition
+
+    @property
+    def budget(self) -> float | None:
+        return self._dp.epsilon_budget
+
+    def spent(self) -> float:
+        """Cumulative epsilon of the committed rounds (0 without DP).
+        Blocking the first time (reads the store)."""
+        if not self.enabled:
+            return 0.0
+        return self._loaded().epsilon()
+
+    def epsilon_after(self, *, cohort: int, counted: int) -> float:
+        """The cumulative epsilon if one more round with `counted` of
+        `cohort` devices in its sum were committed (the multiplier as in
+        `entry_for`). Blocking the first time."""
+        if not self.enabled:
+            return 0.0
+        from models.privacy import distributed_noise_multiplier
+
+        z = self._dp.noise_multiplier
+        if self._dp.mode == "distributed":
+            z = distributed_noise_multiplier(z, planned=cohort, counted=counted)
+        return self._loaded().epsilon_with(z, 1.0)
 
     def committed(self, entry: PrivacyEntry | None) -> None:
         """The store committed the round of `entry`: extend the composition."""

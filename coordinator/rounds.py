@@ -231,6 +231,11 @@ class RoundMachine:
         """The current stage has nothing left to wait for."""
         return self.phase.is_collecting and not self._server.pending
 
+    @property
+    def pending_count(self) -> int:
+        """Devices the open stage still waits for (0 outside the stages)."""
+        return len(self._server.pending) if self.phase.is_collecting else 0
+
     def live_devices(self) -> list[int]:
         return [d for d in self.cohort if d not in self._out]
 

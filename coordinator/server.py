@@ -7,7 +7,10 @@
 the model, recover, serve CoordinatorService + grpc.health.v1 + reflection,
 run rounds, and on SIGINT/SIGTERM shut down gracefully (ServerShutdown to
 clients, the running round aborted with COORDINATOR_SHUTDOWN, the health
-status NOT_SERVING, the store closed).
+status NOT_SERVING, the store closed). With `admin.listen` it also serves
+CoordinatorAdmin (+ health) on that second listener with the admin
+credential (`build_admin_server`, coordinator/admin_auth.py, D40); with
+`metrics.listen` the Prometheus endpoint (GET /metrics) on a third.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import logging
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coordinator.admin_auth import AdminListenerAuth, DeviceListenerGuard, admin_token_digests
+from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
+from coordinator.admin_servicer import add_admin_to_server
 from coordinator.auth import TokenAuthInterceptor, TokenFile
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
@@ -99,17 +105,20 @@ class CertificateFiles:
         return config
 
 
-def server_credentials(settings: CoordinatorSettings) -> grpc.ServerCredentials | None:
+def server_credentials(settings: CoordinatorSettings, *, admin: bool = False) -> grpc.ServerCredentials | None:
     """TLS credentials from tls.cert / tls.key (/ tls.client_ca), re-read
-    when the files change (`CertificateFiles`); None without TLS."""
+    when the files change (`CertificateFiles`); None without TLS. For the
+    admin listener (`admin`), client certificates are required in
+    admin.auth "mtls" and not asked for otherwise."""
     tls = settings.tls
     if tls.cert is None or tls.key is None:  # TLS off (the settings give both or neither)
         return None
-    files = CertificateFiles(tls.cert, tls.key, tls.client_ca)
+    mtls = settings.admin.auth == "mtls" if admin else tls.require_client_cert
+    files = CertificateFiles(tls.cert, tls.key, tls.client_ca if (mtls or not admin) else None)
     # gRPC's contract: the fetcher returns None when nothing changed (the
     # type stubs omit the None)
     fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], files.fetch)
-    return grpc.dynamic_ssl_server_credentials(files.initial, fetch, require_client_authentication=tls.require_client_cert)
+    return grpc.dynamic_ssl_server_credentials(files.initial, fetch, require_client_authentication=mtls)
 
 
 def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) -> int:
@@ -129,7 +138,10 @@ def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) ->
 
 async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """A bound grpc.aio server (not started): (server, port, health servicer)."""
-    interceptors = []
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        DeviceListenerGuard(admin_token_digests(settings.admin) if settings.admin.listen is not None else None,
+                            check_certificates=settings.tls.client_ca is not None),
+    ]
     if settings.auth.mode == "token":
         token, token_file = settings.auth.token, settings.auth.token_file
         if token_file is not None:
@@ -160,10 +172,47 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     return server, port, health_servicer
 
 
-async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+async def build_admin_server(coordinator: Coordinator,
+                             settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """The admin listener on admin.listen (bound, not started): CoordinatorAdmin,
+    grpc.health.v1 and reflection, behind `AdminListenerAuth`."""
+    admin = settings.admin
+    assert admin.listen is not None
+    auth = AdminListenerAuth(admin.auth, admin_token_digests(admin))
+    server = grpc.aio.server(interceptors=[auth], options=[
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+    ])
+    add_admin_to_server(coordinator, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (ADMIN_SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server)
+    creds = server_credentials(settings, admin=True)
+    port = server.add_secure_port(admin.listen, creds) if creds is not None else server.add_insecure_port(admin.listen)
+    if port == 0:
+        raise OSError(f"cannot listen on {admin.listen}")
+    return server, port, health_servicer
+
+
+def start_metrics_server(coordinator: Coordinator, address: str) -> tuple[Any, int]:
+    """Serve GET /metrics of the coordinator's registry on `address` (a
+    daemon thread); returns (the HTTP server, its port)."""
+    from prometheus_client import start_http_server
+
+    from coordinator.settings import split_host_port
+
+    host, port = split_host_port(address)
+    httpd, _thread = start_http_server(port, addr=host, registry=coordinator.metrics.registry)
+    return httpd, int(httpd.server_address[1])
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool, name: str = SERVICE_NAME) -> None:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, status)
+    for service in ("", name):
+        await health_servicer.set(service, status)
 
 
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
@@ -172,19 +221,32 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     """Run the coordinator until `settings.rounds` are done or a signal
     (or `stop`) arrives. Returns the exit code. Once serving, `on_ready` gets
     the Coordinator and the bound port (in-process callers of its API, such
-    as `request_top_k`, and tests), then `ready` is set."""
+    as `request_top_k`, and tests; the admin and metrics ports are in
+    `coordinator.ports`), then `ready` is set."""
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     own_store = store is None
     store = store if store is not None else open_store(settings.database_url)
     coordinator = Coordinator(settings, store=store, model=model)
-    server = None
+    server = admin_server = httpd = None
     try:
         await coordinator.start()
         server, port, health_servicer = await build_server(coordinator, settings)
         await server.start()
         await set_serving(health_servicer, True)
+        coordinator.ports["device"] = port
         log_event("listening", address=settings.listen_address, port=port, model=model.name,
                   update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
+        if settings.admin.listen is not None:
+            admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
+            await admin_server.start()
+            await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
+            coordinator.ports["admin"] = admin_port
+            log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
+                      tls=settings.tls.enabled)
+        if settings.metrics.listen is not None:
+            httpd, metrics_port = start_metrics_server(coordinator, settings.metrics.listen)
+            coordinator.ports["metrics"] = metrics_port
+            log_event("metrics_listening", address=settings.metrics.listen, port=metrics_port)
         if settings.token_in_clear:
             log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
                       why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
@@ -205,6 +267,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(rounds, timeout=grace + 30)
         stopper.cancel()
+        if admin_server is not None:
+            await admin_server.stop(1.0)
         await server.stop(grace)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -213,6 +277,11 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     finally:
         if server is not None:
             await server.stop(0)
+        if admin_server is not None:
+            await admin_server.stop(0)
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
         if own_store:
             store.close()
         log_event("stopped")

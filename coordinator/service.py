@@ -17,6 +17,19 @@ stream with a status). Errors are `coordinator.errors` exceptions.
 In-process callers (the admin) relay queries to a device over its stream:
 
     answer = await coordinator.request_top_k(device_id, k, exclude_seen=True, timeout_s=10)
+
+The admin servicer (coordinator/admin_servicer.py) also calls (the
+methods of coordinator/operator_actions.py, mixed in):
+
+    coordinator.live_state()                        -> LiveState (admin_service.proto)
+    coordinator.events.watch()                      the event stream (coordinator/events.py)
+    await coordinator.recommend(device_id=..., handle=..., k=..., ...)  -> Recommendation
+    await coordinator.pause(operator, reason) / resume / abort_round    -> ActionResult
+    await coordinator.rollback(version, operator, reason)               -> ActionResult
+
+Operator actions are written to the store's audit log (refusals too).
+Pause holds the round loop before it selects (a running round finishes);
+the epsilon budget holds it for good once a round could exceed it (D42).
 """
 
 from __future__ import annotations
@@ -40,9 +53,13 @@ from coordinator.errors import (
     Unavailable,
     UnknownDevice,
 )
+from coordinator.events import EventHub
+from coordinator.live_state import RoundTimeline, device_counts, stage_changed
 from coordinator.logs import log_event
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
 from coordinator.peer_reports import PeerReports, ReportPolicy
+from coordinator.operator_actions import OperatorActions, top_k_status
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
@@ -61,9 +78,16 @@ from coordinator.rounds import (
 )
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import NewModelVersion, RoundRecord, RoundState, Store, utc_now
+from coordinator.store import (
+    DeviceStatus,
+    NewModelVersion,
+    RoundRecord,
+    RoundState,
+    Store,
+    utc_now,
+)
 from coordinator.store.blobs import pack_parameters, unpack_parameters
-from fedmask_proto.v1 import common_pb2, enrollment_pb2, session_pb2
+from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.errors import SecAggConfigError
 from wire import build_round_task, params_to_proto
 from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
@@ -71,9 +95,13 @@ from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort, reason_name
 
 SILENT_INTERVALS = 3
+#: abort_reason of the round record the epsilon budget leaves (D42).
+BUDGET_EXHAUSTED = reason_name(common_pb2.ABORT_REASON_BUDGET_EXHAUSTED)
+#: Device counts are re-published at most this often (seconds).
+COUNTS_INTERVAL_S = 0.25
 
 
-class Coordinator:
+class Coordinator(OperatorActions):
     """See the module doc."""
 
     def __init__(
@@ -86,6 +114,7 @@ class Coordinator:
         wall_clock: Callable[[], datetime] = utc_now,
         rng: random.Random | None = None,
         token_source: Callable[[int], bytes] = os.urandom,
+        metrics: CoordinatorMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -99,7 +128,7 @@ class Coordinator:
         self._round_event = asyncio.Event()
         self.registry = DeviceRegistry(
             store, heartbeat_interval=settings.heartbeat_interval, clock=clock, wall_clock=wall_clock,
-            on_device_left=self._device_left_round, on_changed=self._changed.set,
+            on_device_left=self._device_left_round, on_changed=self._registry_changed,
             lookup_interval_s=settings.limits.device_lookup_interval_s,
             max_lookups=settings.limits.max_device_lookups,
         )
@@ -123,6 +152,24 @@ class Coordinator:
         self.rounds_run = 0
         self._reaper: asyncio.Task[None] | None = None
         self._requests = PendingRequests(token=token_source)
+        admin = settings.admin
+        self.events = EventHub(queue_size=admin.watcher_queue, max_watchers=admin.max_watchers, wall_clock=wall_clock)
+        self.metrics = metrics if metrics is not None else CoordinatorMetrics()
+        self.paused = False
+        self.budget_exhausted = False
+        self._held = asyncio.Event()  # set when paused / budget_exhausted may have changed
+        self._timeline = RoundTimeline()
+        self._model_lock = asyncio.Lock()  # a commit and a rollback never interleave
+        self.rounds_committed = 0
+        self.rounds_aborted = 0
+        self.epsilon_spent = 0.0
+        self._counts_dirty = asyncio.Event()
+        self._counts: tuple[int, int, int, int] | None = None
+        self._counter: asyncio.Task[None] | None = None
+        #: bound ports by listener ("device", "admin", "metrics"), set by server.serve
+        self.ports: dict[str, int] = {}
+        self._round_base: int | None = None  # the model version the running round started from
+        self._rollbacks = 0  # rollbacks in progress: the loop opens no round meanwhile
 
     # ================================================================== lifecycle
 
@@ -158,8 +205,23 @@ class Coordinator:
             self._step = int(latest.hyperparameters.get("step", 0))
             log_event("model_resumed", model=self.model.name, version=latest.id, step=self._step)
         await self.registry.load()
+        await self._load_budget()
         self._started = True
         self._reaper = asyncio.create_task(self._reap_silent_sessions(), name="fedmask-session-reaper")
+        self._counter = asyncio.create_task(self._publish_counts(), name="fedmask-device-counts")
+        self._counts_dirty.set()
+
+    async def _load_budget(self) -> None:
+        """The epsilon spent so far (from the store's ledger) and whether the
+        budget is exhausted already: when even a round with every device
+        counted would exceed it (a restart never resets the budget)."""
+        ledger = self.ledger
+        self.epsilon_spent = await asyncio.to_thread(ledger.spent)
+        if ledger.budget is not None:
+            best = await asyncio.to_thread(ledger.epsilon_after, cohort=1, counted=1)
+            if best > ledger.budget:
+                await self._exhaust_budget(best)
+        self.metrics.privacy(spent=self.epsilon_spent, budget=ledger.budget, exhausted=self.budget_exhausted)
 
     async def shutdown(self, reason: str = "coordinator shutting down", retry_after: float = 5.0) -> None:
         """Abort a running round (COORDINATOR_SHUTDOWN), tell every client
@@ -177,6 +239,10 @@ class Coordinator:
         self._round_event.set()
         if self._reaper is not None:
             self._reaper.cancel()
+        if self._counter is not None:
+            self._counter.cancel()
+        self._held.set()
+        self.events.close()
         self._requests.fail_all("coordinator shutting down")
         self.registry.end_all(session_pb2.ServerMessage(
             shutdown=session_pb2.ServerShutdown(reason=reason, retry_after=seconds_to_duration(retry_after))
@@ -208,6 +274,35 @@ class Coordinator:
             return
         failed = self._requests.fail_session(session.sid, why)
         log_event("session_closed", session=session.sid, why=why, **({"pending_requests_failed": failed} if failed else {}))
+
+    def _registry_changed(self) -> None:
+        self._changed.set()
+        self._counts_dirty.set()
+
+    def device_counts(self) -> tuple[int, int, int, int]:
+        """(enrolled, revoked, connected, available) now."""
+        reg = self.registry
+        revoked = sum(1 for rec in reg.devices.values() if rec.status is not DeviceStatus.ACTIVE)
+        open_sessions = [s for s in reg.sessions.values() if not s.closed]
+        return (len(reg.devices), revoked, sum(len(s.devices) for s in open_sessions),
+                sum(len(s.available) for s in open_sessions))
+
+    async def _publish_counts(self) -> None:
+        """Publish the device counts when they changed, at most every COUNTS_INTERVAL_S."""
+        try:
+            while not self._stopping:
+                await self._counts_dirty.wait()
+                self._counts_dirty.clear()
+                counts = self.device_counts()
+                if counts != self._counts:
+                    self._counts = counts
+                    enrolled, revoked, connected, available = counts
+                    self.metrics.devices(enrolled=enrolled, connected=connected, available=available)
+                    self.events.publish(device_counts=device_counts(
+                        enrolled=enrolled, revoked=revoked, connected=connected, available=available))
+                await asyncio.sleep(COUNTS_INTERVAL_S)
+        except asyncio.CancelledError:
+            pass
 
     def _device_left_round(self, device_id: int, why: str) -> None:
         r = self.round
@@ -264,6 +359,8 @@ class Coordinator:
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
                           why="no round is running")
                 continue
+            if isinstance(m, secagg_pb2.MaskedInput):
+                self.metrics.update_bytes.inc(m.ByteSize())
             self._apply(r.handle(device_id, m, self._clock()))
         if r is not None and r.wants_close:
             self._round_event.set()
@@ -308,7 +405,7 @@ class Coordinator:
             raise DeviceNotConnected(device_id) if device_id in self.registry.devices else UnknownDevice(device_id)
         pending = self._requests.open(session.sid, device_id, "top_k")
         t0 = self._clock()
-        outcome = "ok"
+        outcome, status = "ok", "ok"
         try:
             session.send(top_k_request(pending.correlation_id, device_id, k=k, exclude_seen=exclude_seen,
                                        timeout_s=timeout_s))
@@ -316,13 +413,16 @@ class Coordinator:
             return top_k_answer(response, k=k, n_items=n_items)
         except DeviceRequestError as exc:
             outcome = type(exc).__name__
+            status = top_k_status(exc)
             raise
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            outcome = status = "cancelled"
             raise
         finally:
+            seconds = self._clock() - t0
+            self.metrics.top_k(status, seconds)
             log_event("device_request", session=session.sid, device=device_id, kind="top_k", k=k,
-                      exclude_seen=exclude_seen, outcome=outcome, seconds=f"{self._clock() - t0:.3f}")
+                      exclude_seen=exclude_seen, outcome=outcome, seconds=f"{seconds:.3f}")
 
     # ================================================================== actions
 
@@ -341,7 +441,10 @@ class Coordinator:
                         owner.send(a.message)
             elif isinstance(a, LogEvent):
                 log_event(a.event, **a.fields)
-            elif isinstance(a, PhaseChanged | AggregateReady | RoundEnded):
+            elif isinstance(a, PhaseChanged):
+                self._phase_changed(a.phase)
+                self._round_event.set()
+            elif isinstance(a, AggregateReady | RoundEnded):
                 self._round_event.set()
 
     # ================================================================== the round loop
@@ -370,10 +473,15 @@ class Coordinator:
             await self.start()
         limit = self.settings.rounds
         while not self._stopping and (limit is None or self.rounds_run < limit):
+            await self._hold()
+            if self._stopping:
+                break
             try:
                 cohort = await self._select()
                 if self._stopping:
                     break
+                if self.paused or self._rollbacks:  # paused / rolled back during selection: open nothing
+                    continue
                 if cohort is not None:
                     await self._run_round(cohort)
             except Exception as exc:  # a store outage, a bug: log it, back off, go on
@@ -384,6 +492,11 @@ class Coordinator:
             if self.settings.cohort.pause > 0 and not self._stopping:
                 await self._wait(self._stop_event, self.settings.cohort.pause)
         log_event("round_loop_stopped", rounds=self.rounds_run)
+
+    async def _hold(self) -> None:
+        """Wait while an operator paused the federation or the budget is exhausted."""
+        while not self._stopping and (self.paused or self.budget_exhausted or self._rollbacks):
+            await self._wait(self._held, 1.0)
 
     async def _select(self) -> list[int] | None:
         c = self.settings.cohort
@@ -412,15 +525,41 @@ class Coordinator:
         )
         await asyncio.to_thread(self.store.abort_round, rec)
         log_event("round_aborted", logging.WARNING, round=number, reason=reason_name(reason), detail=detail)
+        self.rounds_aborted += 1
+        self.metrics.round_ended(committed=False, reason=reason_name(reason), duration_s=0.0, timings={}, dropouts={})
+        self.events.publish(round_aborted=admin_service_pb2.RoundAbortedEvent(
+            round_number=number, reason=common_pb2.AbortReason.ValueType(reason), detail=detail[:500]))
+
+    async def _exhaust_budget(self, epsilon_after: float, cohort_size: int = 0) -> None:
+        """The next round could exceed dp.epsilon_budget: hold the loop for
+        good, say so (event, metric), and leave one aborted round record
+        with reason budget_exhausted (not another one if the latest round
+        already says so: a restart does not add records)."""
+        budget = self.ledger.budget
+        first = not self.budget_exhausted
+        self.budget_exhausted = True
+        self._held.set()
+        if not first:
+            return
+        detail = f"epsilon after the next round could reach {epsilon_after:.4g} > budget {budget:g}"
+        log_event("budget_exhausted", logging.WARNING, spent=f"{self.epsilon_spent:.4g}", budget=budget,
+                  next=f"{epsilon_after:.4g}")
+        self.metrics.privacy(spent=self.epsilon_spent, budget=budget, exhausted=True)
+        self.events.publish(federation_changed=admin_service_pb2.FederationChanged(
+            paused=self.paused, budget_exhausted=True, model_version=self.model_version or 0, action="budget"))
+        latest = (await asyncio.to_thread(self.store.list_rounds, limit=1)).items
+        if latest and latest[0].abort_reason == BUDGET_EXHAUSTED:
+            return
+        number = await asyncio.to_thread(self.store.next_round_number)
+        await self._record_abort_only(number, common_pb2.ABORT_REASON_BUDGET_EXHAUSTED, detail, cohort_size)
 
     def _record(self, r: RoundMachine, state: RoundState, *, ended: bool = False,
                 metrics: Mapping[str, float] | None = None, timings: Mapping[str, float] | None = None) -> RoundRecord:
         return round_record(r, state, started_at=self._round_started_at or self._wall(),
-                            ended_at=self._wall() if ended else None, base_model_version=self.model_version,
+                            ended_at=self._wall() if ended else None, base_model_version=self._round_base,
                             metrics=metrics, timings=timings)
 
     async def _run_round(self, cohort: list[int]) -> None:
-        number = await asyncio.to_thread(self.store.next_round_number)
         session_id = self._token(16)
         plaintext = self.settings.debug.insecure_plaintext
         try:
@@ -430,8 +569,16 @@ class Coordinator:
                                  enabled=self.settings.round_metrics),
             )
         except SecAggConfigError as exc:
+            number = await asyncio.to_thread(self.store.next_round_number)
             await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))
             return
+        budget = self.ledger.budget
+        if budget is not None:  # priced at the fewest devices a committed round can count
+            worst = await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(cohort), counted=config.threshold)
+            if worst > budget:
+                await self._exhaust_budget(worst, len(cohort))
+                return
+        number = await asyncio.to_thread(self.store.next_round_number)
         identity = None
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
@@ -441,6 +588,8 @@ class Coordinator:
                     metrics=metrics)
         self.round = r
         self._round_started_at = self._wall()
+        self._round_base = self.model_version
+        self._timeline = RoundTimeline()
         log_event("round_started", round=number, cohort=len(cohort), config=config.describe(),
                   model=self.model.name, version=self.model_version,
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
@@ -464,11 +613,13 @@ class Coordinator:
                 await self._commit(r)
             if r.phase is RoundPhase.ABORTED:
                 await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
+                self._round_over(r)
         except Exception:
             if not r.phase.is_terminal:  # tell the cohort; try to leave a record
                 self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, "internal coordinator error", self._clock()))
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
+                self._round_over(r)
             raise
         finally:
             self._last_round_number = max(self._last_round_number, number)
@@ -479,7 +630,41 @@ class Coordinator:
                           reports=";".join(f"{k}:{','.join(map(str, v))}" for k, v in reports.items()),
                           quarantined=",".join(map(str, started)))
             self.round = None
+            self.metrics.live_round(survivors=0, threshold=0, cohort=0)
             self._changed.set()
+
+    def _phase_changed(self, phase: RoundPhase) -> None:
+        """The running round entered `phase`: its timeline, the stage event
+        (collecting stages and aggregating; the end has its own events) and
+        the live gauges."""
+        r = self.round
+        if r is None or r.phase is not phase:
+            return
+        closed = self._timeline.open(phase.value, at=self._wall(), deadline_in=r.deadline - self._clock())
+        self.metrics.live_round(survivors=len(r.live_devices()), threshold=r.config.threshold, cohort=len(r.cohort))
+        if not phase.is_terminal:
+            self.events.publish(stage_changed=stage_changed(r, self._timeline, closed))
+
+    def _round_over(self, r: RoundMachine, new_version: int | None = None) -> None:
+        """Count, measure and announce the end of round `r`."""
+        started = self._round_started_at or self._wall()
+        duration = (self._wall() - started).total_seconds()
+        committed = r.phase is RoundPhase.COMMITTED
+        reason = reason_name(r.abort_reason) if r.abort_reason is not None else None
+        self.metrics.round_ended(committed=committed, reason=reason, duration_s=duration, timings=r.timings,
+                                 dropouts={k: len(v) for k, v in r.dropouts.items()})
+        span = seconds_to_duration(max(0.0, duration))
+        if committed:
+            self.rounds_committed += 1
+            self.events.publish(round_committed=admin_service_pb2.RoundCommittedEvent(
+                round_number=r.number, new_model_version=new_version or 0,
+                contributors=len(r.result.counted) if r.result is not None else 0, cohort_size=len(r.cohort),
+                duration=span, epsilon_spent=self.epsilon_spent))
+        else:
+            self.rounds_aborted += 1
+            self.events.publish(round_aborted=admin_service_pb2.RoundAbortedEvent(
+                round_number=r.number, reason=common_pb2.AbortReason.ValueType(r.abort_reason or 0),
+                detail=r.abort_detail[:500], duration=span))
 
     def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float], *, plaintext: bool) -> None:
         if self._params_proto is None:
@@ -509,32 +694,42 @@ class Coordinator:
         result = r.result
         assert result is not None
         t0 = self._clock()
-        try:
-            new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean, self._step)
+        async with self._model_lock:  # a rollback waits for the commit, or the commit sees it
+            if self.model_version != self._round_base:
+                log_event("commit_failed", logging.WARNING, round=r.number, error="the model was rolled back")
+                self._apply(r.commit_failed("the model was rolled back during the round", self._clock()))
+                return
             try:
-                metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
-            except Exception as exc:  # a report must never fail a commit: commit without metrics
-                log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
-                metrics = {}
-            privacy = await asyncio.to_thread(self.ledger.entry_for, r)
-            timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
-            record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
-            version = NewModelVersion(
-                model_name=self.model.name,
-                parameters=pack_parameters(new_params),
-                hyperparameters={**self.model.hyperparameters(), "step": self._step + 1},
-            )
-            summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
-        except Exception as exc:  # the model step or the store failed: the round is lost, not the service
-            log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
-            self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
-            return
+                new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean,
+                                                     self._step)
+                try:
+                    metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
+                except Exception as exc:  # a report must never fail a commit: commit without metrics
+                    log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
+                    metrics = {}
+                privacy = await asyncio.to_thread(self.ledger.entry_for, r)
+                timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
+                record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
+                version = NewModelVersion(
+                    model_name=self.model.name,
+                    parameters=pack_parameters(new_params),
+                    hyperparameters={**self.model.hyperparameters(), "step": self._step + 1},
+                )
+                summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
+                self._params, self._params_proto = new_params, None
+                self.model_version = summary.id
+                self._step += 1
+            except Exception as exc:  # the model step or the store failed: the round is lost, not the service
+                log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
+                self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
+                return
         self.ledger.committed(privacy)
-        self._params, self._params_proto = new_params, None
-        self.model_version = summary.id
-        self._step += 1
+        if privacy is not None:
+            self.epsilon_spent = privacy.cumulative_epsilon
+            self.metrics.privacy(spent=self.epsilon_spent, budget=self.ledger.budget, exhausted=self.budget_exhausted)
         self._previous_contributors = frozenset(result.counted)
         self._apply(r.committed(summary.id, self._clock()))
+        self._round_over(r, summary.id)
 
 
 __all__ = ["ClientSession", "Coordinator", "StreamEnd", "TopKAnswer"]

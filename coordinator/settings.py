@@ -8,7 +8,8 @@ Sources, highest precedence first (nested groups are merged key by key):
                 (FEDMASK_MODEL__HYPERPARAMETERS='{"lr": 0.05}')
   3. file       a TOML file: `config_file`, else $FEDMASK_CONFIG; top-level
                 keys and [cohort], [deadlines], [secagg], [dp], [tls], [auth],
-                [limits], [debug], [model] / [model.hyperparameters] tables
+                [limits], [admin], [metrics], [debug], [model] /
+                [model.hyperparameters] tables
   4. defaults   below
 
 Every problem is reported at once as a `SettingsError` naming the dotted
@@ -193,6 +194,17 @@ class DpSettings(_Group):
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
     #: dp_accounting accountant used for epsilon (models.privacy.epsilon).
     accountant: Literal["rdp", "pld"] = "rdp"
+    #: Total epsilon (at `delta`) the federation may spend; None: no limit.
+    #: The coordinator refuses to open a round whose epsilon after the round
+    #: could exceed it (with distributed noise: if only the threshold of
+    #: the cohort were counted) and reports the budget exhausted (D42).
+    epsilon_budget: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _budget_needs_noise(self) -> DpSettings:
+        if self.epsilon_budget is not None and (self.mode == "none" or self.noise_multiplier == 0):
+            raise ValueError("dp.epsilon_budget needs DP noise (dp.mode local or distributed, noise_multiplier > 0)")
+        return self
 
 
 class TlsSettings(_Group):
@@ -283,6 +295,70 @@ class LimitsSettings(_Group):
     max_device_lookups: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
+class AdminSettings(_Group):
+    """The admin gRPC listener (fedmask.v1.CoordinatorAdmin: live state,
+    events, operator actions, the top-k relay), separate from the devices'
+    listener so a network policy can keep devices away from it (D40).
+    Its credential is never a flag: `token` only from the environment
+    (FEDMASK_ADMIN__TOKEN) or the TOML file, or `token_file`, or just the
+    token's SHA-256 (`token_sha256`); the coordinator keeps only the hash."""
+
+    #: HOST:PORT of the admin listener; None (default): no admin listener.
+    listen: str | None = None
+    #: token: "authorization: Bearer <admin token>"; mtls: a client
+    #: certificate of the federation CA whose role (subject OU) is "admin"
+    #: (`fedmask certs issue-admin`), over the coordinator's tls.* files;
+    #: none: no credential, loopback only (tests).
+    auth: Literal["token", "mtls", "none"] = "token"
+    token: SecretStr | None = None
+    #: A file of accepted admin tokens, one per line (blank and "#" lines
+    #: ignored), re-read when it changes: the admin token rotates without a
+    #: restart (add the new one, move the admin service, remove the old).
+    token_file: FilePath | None = None
+    #: Hex SHA-256 of the admin token (the token itself need not be here).
+    token_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+    #: Events a watcher may fall behind before it is dropped.
+    watcher_queue: Annotated[int, Field(ge=1, le=100_000)] = 1024
+    #: Concurrent WatchEvents streams.
+    max_watchers: Annotated[int, Field(ge=1, le=10_000)] = 64
+    #: Default and largest wait for a device's top-k answer, in seconds.
+    top_k_timeout_s: Annotated[float, Field(gt=0.0, le=300.0)] = 10.0
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> AdminSettings:
+        given = [n for n in ("token", "token_file", "token_sha256") if getattr(self, n) is not None]
+        if self.auth == "token":
+            if self.listen is not None and len(given) != 1:
+                raise ValueError("admin.auth 'token' needs exactly one of admin.token (env FEDMASK_ADMIN__TOKEN), "
+                                 f"admin.token_file, admin.token_sha256; got {given or 'none'}")
+            if self.token is not None and len(self.token.get_secret_value()) < MIN_TOKEN_LENGTH:
+                raise ValueError(f"admin.token must be at least {MIN_TOKEN_LENGTH} characters")
+        elif given:
+            raise ValueError(f"{', '.join('admin.' + g for g in given)} set but admin.auth is {self.auth!r}")
+        if self.auth == "none" and self.listen is not None and not is_loopback(split_host_port(self.listen)[0]):
+            raise ValueError(f"admin.auth 'none' is only allowed on a loopback admin.listen, not {self.listen!r}")
+        return self
+
+
+class MetricsSettings(_Group):
+    #: HOST:PORT of the Prometheus endpoint (GET /metrics); None: off.
+    listen: str | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
+        return value
+
+
 class DebugSettings(_Group):
     #: DEBUG ONLY. Write each round's decoded sum (first `sum_coordinates`
     #: coordinates, its L1/L2 norms and an exact checksum of the encoded
@@ -325,6 +401,8 @@ class CoordinatorSettings(BaseSettings):
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     #: Ask the devices for round metrics (totals through the secure sum, D35);
     #: off: no metric leaves a device, and rounds record only contributors
@@ -375,6 +453,15 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError(
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"
             )
+        if self.admin.listen is not None:
+            if self.admin.listen == self.listen_address and split_host_port(self.listen_address)[1] != 0:
+                raise ValueError("admin.listen must differ from listen_address (the admin listener is its own port)")
+            if self.admin.auth == "mtls" and not (self.tls.enabled and self.tls.client_ca is not None):
+                raise ValueError("admin.auth 'mtls' needs tls.cert, tls.key and tls.client_ca")
+            if (self.admin.auth == "token" and not self.tls.enabled
+                    and not is_loopback(split_host_port(self.admin.listen)[0])):
+                raise ValueError(f"admin.auth 'token' without TLS on the non-loopback admin.listen {self.admin.listen!r} "
+                                 "would send the admin token in clear: set tls.cert and tls.key")
         if self.token_in_clear and not self.auth.allow_insecure_token:
             raise ValueError(
                 f"auth.mode 'token' without TLS on the non-loopback listen_address {self.listen_address!r} would "

@@ -83,6 +83,8 @@ class ClientConfig:
     allow_insecure_plaintext: bool = False
     #: The smallest cohort and threshold this client's devices join.
     cohort_floor: CohortFloor = field(default_factory=CohortFloor)
+    #: False: the devices refuse top-k requests (DEVICE_ERROR_CODE_REFUSED).
+    serve_recommendations: bool = True
 
 
 class EdgeClient:
@@ -177,6 +179,7 @@ class EdgeClient:
             on_round_end=self._on_round_end,
             debug_inputs_dir=(self.store.root / "debug" / "inputs") if self.config.debug_record_inputs and self.store else None,
             allow_insecure_plaintext=self.config.allow_insecure_plaintext,
+            serve_recommendations=self.config.serve_recommendations,
             cohort_floor=self.config.cohort_floor,
         )
 

@@ -5,11 +5,15 @@
 is top-k: the device scores every item with `model.score` from the latest
 global model it trained from (`Trainer.latest`) and its own private state,
 and returns the k best item ids with their scores, descending (its seen
-items left out on request). Nothing private leaves the device but those ids
-and scores. Errors are answered, never raised: UNKNOWN_DEVICE (not hosted
-here), UNSUPPORTED (another request kind), INVALID_ARGUMENT (k outside
-1..n_items), NOT_READY (no model yet, or the device never trained it),
-INTERNAL (anything else; logged). Blocking (torch): run it in a thread.
+items left out on request), each also as the dataset's own item id and
+title (`item_catalogue`: MovieLens' movie id and its `u.item` title; ""
+where the dataset ships no titles). Nothing private leaves the device but
+those items and scores. Errors are answered, never raised: UNKNOWN_DEVICE
+(not hosted here), REFUSED (the client runs with
+--no-serve-recommendations), UNSUPPORTED (another request kind),
+INVALID_ARGUMENT (k outside 1..n_items), NOT_READY (no model yet, or the
+device never trained it), INTERNAL (anything else; logged). Blocking
+(torch): run it in a thread.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -68,8 +73,21 @@ def top_k(trainer: Trainer, number: int, k: int, *, exclude_seen: bool) -> tuple
     )
 
 
-def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], trainer: Trainer) -> session_pb2.DeviceResponse:
-    """The response to `req`; `devices` maps device id -> hosted device."""
+def item_catalogue(interactions: Any) -> tuple[list[str], list[str]]:
+    """(dataset item id, title) per dense item index of the loaded dataset
+    (titles "" where it ships none)."""
+    raw = getattr(interactions, "raw_item_ids", None)
+    n = int(interactions.n_items)
+    ids = [str(v) for v in raw.tolist()] if raw is not None else [str(i) for i in range(n)]
+    titles_arr = getattr(interactions, "item_titles", None)
+    titles = [str(t) if t is not None else "" for t in titles_arr.tolist()] if titles_arr is not None else [""] * n
+    return ids, titles
+
+
+def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], trainer: Trainer, *,
+           serve_recommendations: bool = True) -> session_pb2.DeviceResponse:
+    """The response to `req`; `devices` maps device id -> hosted device.
+    `serve_recommendations` False answers every top-k with REFUSED."""
     resp = session_pb2.DeviceResponse(correlation_id=req.correlation_id, device_id=req.device_id)
     dev = devices.get(req.device_id)
     kind = req.WhichOneof("request")
@@ -82,6 +100,9 @@ def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], traine
         return error(session_pb2.DEVICE_ERROR_CODE_UNKNOWN_DEVICE, "device not hosted by this client")
     if kind != "top_k":
         return error(session_pb2.DEVICE_ERROR_CODE_UNSUPPORTED, f"request {kind or 'empty'} not supported")
+    if not serve_recommendations:
+        return error(session_pb2.DEVICE_ERROR_CODE_REFUSED,
+                     "this device does not serve recommendations (--no-serve-recommendations)")
     if req.top_k.k < 1 or req.top_k.k > trainer.n_items:
         return error(session_pb2.DEVICE_ERROR_CODE_INVALID_ARGUMENT, f"k must be in 1..{trainer.n_items}")
     try:
@@ -91,5 +112,9 @@ def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], traine
     except Exception as e:  # noqa: BLE001 - answered, logged; the process stays up
         log.exception("top-k for %s failed", dev.local_id)
         return error(session_pb2.DEVICE_ERROR_CODE_INTERNAL, type(e).__name__)
-    resp.top_k.CopyFrom(session_pb2.TopKResult(item_ids=items, scores=scores, model_version=version))
+    ids, titles = item_catalogue(trainer.x)
+    resp.top_k.CopyFrom(session_pb2.TopKResult(
+        item_ids=items, scores=scores, model_version=version,
+        dataset_item_ids=[ids[i] for i in items], titles=[titles[i] for i in items],
+    ))
     return resp

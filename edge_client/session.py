@@ -80,8 +80,11 @@ class SessionDriver:
         debug_inputs_dir: Path | None = None,
         allow_insecure_plaintext: bool = False,
         cohort_floor: CohortFloor | None = None,
+        serve_recommendations: bool = True,
     ) -> None:
         self.cohort_floor = cohort_floor or CohortFloor()
+        #: False: every top-k request is answered REFUSED (--no-serve-recommendations).
+        self.serve_recommendations = serve_recommendations
         self.client_name = client_name
         self.client_version = client_version
         self.devices: dict[int, Device] = {d.device_id: d for d in devices}
@@ -372,5 +375,6 @@ class SessionDriver:
     # ------------------------------------------------------------ device requests
     async def _on_device_request(self, req: session_pb2.DeviceRequest) -> None:
         outbox = self.outbox  # answer on the stream that asked, never on a later one
-        resp = await asyncio.to_thread(queries.answer, req, dict(self.devices), self.trainer)
+        resp = await asyncio.to_thread(queries.answer, req, dict(self.devices), self.trainer,
+                                       serve_recommendations=self.serve_recommendations)
         outbox.put_nowait(session_pb2.ClientMessage(device_response=resp))

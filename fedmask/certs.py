@@ -13,6 +13,11 @@ Layout written by `init_pki(DIR, ...)`:
     DIR/ca.pem  DIR/ca.key                       the federation CA
     DIR/coordinator.pem  DIR/coordinator.key     server cert (serverAuth)
     DIR/devices/device-0001.pem  .key ...        client certs (clientAuth), CN = file stem
+Written by `issue_admin(DIR, NAME)` (`fedmask certs issue-admin`):
+    DIR/admins/NAME.pem  .key                    admin client cert: CN = NAME, OU = ADMIN_ROLE
+The coordinator's admin listener (admin.auth "mtls") accepts only client
+certificates whose subject OU is ADMIN_ROLE, and its device listener
+refuses them (coordinator/admin_auth.py).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ORGANIZATION = "fedmask"
+#: The subject OU of admin client certificates (coordinator.admin_auth.ADMIN_ROLE).
+ADMIN_ROLE = "admin"
 CA_VALIDITY = timedelta(days=3650)
 LEAF_VALIDITY = timedelta(days=825)
 CLOCK_SKEW = timedelta(minutes=5)
@@ -40,11 +47,11 @@ def generate_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-    ])
+def _name(common_name: str, role: str | None = None) -> x509.Name:
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION)]
+    if role is not None:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role))
+    return x509.Name([*attributes, x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
 def _san_entries(hosts: Iterable[str]) -> list[x509.GeneralName]:
@@ -90,10 +97,12 @@ def issue_leaf(
     common_name: str,
     server_hosts: Sequence[str] = (),
     client: bool = False,
+    role: str | None = None,
     now: datetime | None = None,
 ) -> x509.Certificate:
     """A leaf certificate signed by the CA: a server certificate when
-    `server_hosts` is given (SAN = those hosts), a client one when `client`."""
+    `server_hosts` is given (SAN = those hosts), a client one when `client`;
+    `role` becomes the subject's OU (ADMIN_ROLE for admin certificates)."""
     if not server_hosts and not client:
         raise ValueError("a leaf certificate must be for a server, a client or both")
     now = now or datetime.now(UTC)
@@ -102,7 +111,7 @@ def issue_leaf(
     )
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(common_name))
+        .subject_name(_name(common_name, role))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -193,6 +202,14 @@ class PkiLayout:
     def devices_dir(self) -> Path:
         return self.root / "devices"
 
+    @property
+    def admins_dir(self) -> Path:
+        return self.root / "admins"
+
+    def admin(self, name: str) -> tuple[Path, Path]:
+        """(certificate, key) of the admin client `name`."""
+        return self.admins_dir / f"{name}.pem", self.admins_dir / f"{name}.key"
+
     def device(self, index: int) -> tuple[Path, Path]:
         """(certificate, key) of device number `index` (1-based)."""
         stem = device_name(index)
@@ -271,3 +288,23 @@ def init_pki(
         write_certificate(cert_path, cert)
         report.created += [cert_path, key_path]
     return report
+
+
+def issue_admin(directory: Path, name: str, *, now: datetime | None = None) -> tuple[Path, Path]:
+    """Issue (or re-issue) the admin client certificate `name` with the CA of
+    the PKI in `directory` (made by `init_pki`): CN = name, OU = ADMIN_ROLE.
+    Returns (certificate, key) paths. ValueError for a bad name or a
+    directory without a CA."""
+    if not name or len(name) > 64 or not all(c.isalnum() or c in "-_." for c in name) or name.startswith("."):
+        raise ValueError("admin name: 1..64 letters, digits, '-', '_' or '.', not starting with '.'")
+    layout = PkiLayout(Path(directory))
+    if not (layout.ca_cert.exists() and layout.ca_key.exists()):
+        raise ValueError(f"{directory} holds no CA (run `fedmask certs init {directory}` first)")
+    ca_key, ca_cert = load_private_key(layout.ca_key), load_certificate(layout.ca_cert)
+    layout.admins_dir.mkdir(mode=0o700, exist_ok=True)
+    key = generate_key()
+    cert = issue_leaf(ca_cert, ca_key, key, common_name=name, client=True, role=ADMIN_ROLE, now=now)
+    cert_path, key_path = layout.admin(name)
+    write_private_key(key_path, key)
+    write_certificate(cert_path, cert)
+    return cert_path, key_path

@@ -1,5 +1,6 @@
 """`fedmask certs init DIR`: create the federation's CA, the coordinator's
-server certificate and device client certificates (see fedmask.certs)."""
+server certificate and device client certificates; `fedmask certs
+issue-admin DIR NAME`: an admin client certificate (see fedmask.certs)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,23 @@ def init(
         f"  FEDMASK_TLS__CLIENT_CA={layout.ca_cert} FEDMASK_TLS__REQUIRE_CLIENT_CERT=true FEDMASK_AUTH__MODE=mtls\n"
         f"edge client N: {layout.devices_dir}/device-NNNN.pem + .key, trusting {layout.ca_cert}"
     )
+
+
+@certs_app.command("issue-admin")
+def issue_admin_cmd(
+    directory: Annotated[Path, typer.Argument(help="The PKI directory of `fedmask certs init`.")],
+    name: Annotated[str, typer.Argument(help="The admin's name: the certificate's CN (letters, digits, - _ .).")],
+) -> None:
+    """Issue a client certificate with the admin role (subject OU "admin")
+    for the coordinator's admin listener (--admin-auth mtls). The device
+    listener refuses it, and the admin listener refuses device certificates."""
+    from fedmask.certs import issue_admin
+
+    try:
+        cert, key = issue_admin(directory, name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(f"created  {cert}\ncreated  {key}")
 
 
 def register(app: typer.Typer) -> None:

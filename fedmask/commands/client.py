@@ -115,6 +115,11 @@ def client(
     ] = None,
     min_cohort: Annotated[int, typer.Option(help="The devices withdraw from a round whose cohort is smaller (a cohort of two reveals each input to the other).", rich_help_panel="Security")] = 3,
     min_threshold: Annotated[float, typer.Option(help="The devices withdraw from a round whose Shamir threshold is not above this fraction of the group its shares go to (0.5 = at least a strict majority; e.g. 0.66 in active mode).", rich_help_panel="Security")] = 0.5,
+    serve_recommendations: Annotated[bool, typer.Option(
+        "--serve-recommendations/--no-serve-recommendations",
+        help="Answer the coordinator's top-k requests for the hosted devices' users (computed on the device). "
+             "With --no-serve-recommendations every such request is refused with DEVICE_ERROR_CODE_REFUSED "
+             "(the admin API answers 403).", rich_help_panel="Security")] = True,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
     debug_record_inputs: Annotated[
         bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
@@ -181,7 +186,7 @@ def client(
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor,
+        cohort_floor=floor, serve_recommendations=serve_recommendations,
     )
     code = run_client(config)
     if code:

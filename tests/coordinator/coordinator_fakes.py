@@ -177,6 +177,8 @@ class FakeClient:
         self._task: asyncio.Task | None = None
         self.welcome = asyncio.Event()
         self.channel: grpc.aio.Channel | None = None
+        #: Answers DeviceRequests when set (None: the request is left unanswered).
+        self.on_device_request: Callable[[session_pb2.DeviceRequest], session_pb2.DeviceResponse | None] | None = None
 
     async def start(self) -> None:
         self.channel = grpc.aio.insecure_channel(
@@ -231,6 +233,11 @@ class FakeClient:
         if kind == "round_committed":
             self.committed.append(msg.round_committed)
             return
+        if kind == "device_request":
+            answer = self.on_device_request(msg.device_request) if self.on_device_request is not None else None
+            if answer is not None:
+                self.send(session_pb2.ClientMessage(device_response=answer))
+            return
         if kind == "abort":
             inner = msg.abort
             targets = [inner.device_id] if inner.device_id else list(self.devices)
@@ -272,7 +279,7 @@ async def enroll(target: str, n: int, *, seed: int = 0, metadata: tuple = ()) ->
             enrollment_pb2.EnrollRequest(
                 client_name="fake",
                 devices=[
-                    enrollment_pb2.DeviceEnrollment(local_id=f"user-{i}", identity_public_key=identity.public_bytes(k))
+                    enrollment_pb2.DeviceEnrollment(local_id=f"user-{seed}-{i}", identity_public_key=identity.public_bytes(k))
                     for i, k in enumerate(keys)
                 ],
             ),

@@ -104,6 +104,27 @@ def test_cli_command(tmp_path: Path) -> None:
     assert "created" in result.output and "FEDMASK_TLS__CLIENT_CA" in result.output
 
 
+def test_issue_admin_gives_an_admin_role_certificate(tmp_path: Path) -> None:
+    from coordinator.admin_auth import ADMIN_ROLE, certificate_roles
+
+    app = typer.Typer()
+    certs_cmd.register(app)
+    result = CliRunner().invoke(app, ["certs", "issue-admin", str(tmp_path / "pki"), "ops"])
+    flat = " ".join(result.output.replace("│", " ").split())  # rich boxes and wraps the message
+    assert result.exit_code == 2 and "holds no CA" in flat  # needs `certs init` first
+    assert CliRunner().invoke(app, ["certs", "init", str(tmp_path / "pki"), "--devices", "1"]).exit_code == 0
+    result = CliRunner().invoke(app, ["certs", "issue-admin", str(tmp_path / "pki"), "ops"])
+    assert result.exit_code == 0, result.output
+    pki = PkiLayout(tmp_path / "pki")
+    cert_path, key_path = pki.admin("ops")
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    assert certificate_roles(cert_path.read_bytes()) == {ADMIN_ROLE}
+    assert certificate_roles(pki.device(1)[0].read_bytes()) == frozenset()  # a device has no role
+    assert load_certificate(cert_path).subject.rfc4514_string().startswith("CN=ops")
+    bad = CliRunner().invoke(app, ["certs", "issue-admin", str(tmp_path / "pki"), "../evil"])
+    assert bad.exit_code != 0
+
+
 # -------------------------------------------------------------------- mTLS
 def _mtls_server_credentials(pki: PkiLayout) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials(

@@ -234,6 +234,12 @@ def test_top_k_answer_raises_the_devices_error_code() -> None:
     (top_k_response("c", 7, [1, 1], [0.5, 0.4]), "distinct"),
     (top_k_response("c", 7, [1, 2], [0.4, 0.5]), "descending"),
     (top_k_response("c", 7, [1, 2], [float("nan"), 0.5]), "descending"),
+    (S.DeviceResponse(correlation_id="c", device_id=7, top_k=S.TopKResult(
+        item_ids=[1, 2], scores=[0.5, 0.4], dataset_item_ids=["11"])), "1 dataset_item_ids for 2 items"),
+    (S.DeviceResponse(correlation_id="c", device_id=7, top_k=S.TopKResult(
+        item_ids=[1], scores=[0.5], titles=["A"])), "titles without dataset_item_ids"),
+    (S.DeviceResponse(correlation_id="c", device_id=7, top_k=S.TopKResult(
+        item_ids=[1], scores=[0.5], dataset_item_ids=["x" * 513])), "longer than 512"),
 ])
 def test_top_k_answer_refuses_a_broken_contract(response, why) -> None:
     with pytest.raises(InvalidDeviceAnswer, match=why):

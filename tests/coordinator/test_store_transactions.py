@@ -241,7 +241,8 @@ def test_postgresql_real_deadlock_is_retried(pg_store: SqlStore, postgresql_url:
     import psycopg
 
     a, b = b"a" * 32, b"b" * 32
-    insert = "INSERT INTO devices (identity_public_key, local_id, enrolled_at, status) VALUES (%s, 'f', now(), 'active')"
+    # (distinct local ids: a non-empty local_id is a unique user handle, migration 0003)
+    insert = "INSERT INTO devices (identity_public_key, local_id, enrolled_at, status) VALUES (%s, %s, now(), 'active')"
     caplog.set_level(logging.INFO, logger="fedmask.coordinator.store")
     results: list[list[tuple[int, bool]]] = []
     errors: list[BaseException] = []
@@ -254,11 +255,11 @@ def test_postgresql_real_deadlock_is_retried(pg_store: SqlStore, postgresql_url:
 
     with psycopg.connect(postgresql_url.replace("postgresql+psycopg://", "postgresql://")) as foreign:
         foreign.execute("SET deadlock_timeout = '20s'")  # the store's side (1 s) detects the cycle
-        foreign.execute(insert, (b,))
+        foreign.execute(insert, (b, "f-b"))
         t = threading.Thread(target=store_side)
         t.start()
         time.sleep(0.5)  # the store's attempt holds a and waits for b
-        foreign.execute(insert, (a,))  # waits for a until PostgreSQL rolls the store's attempt back
+        foreign.execute(insert, (a, "f-a"))  # waits for a until PostgreSQL rolls the store's attempt back
         foreign.commit()
         t.join(30)
     assert errors == [] and not t.is_alive()

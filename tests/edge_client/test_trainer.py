@@ -145,6 +145,38 @@ def test_top_k_on_the_device(trainer: Trainer) -> None:
     assert len(all_items) == trainer.n_items
 
 
+def test_answer_maps_items_to_the_dataset_and_may_refuse(trainer: Trainer) -> None:
+    from edge_client.queries import answer
+    from fedmask_proto.v1 import session_pb2 as S
+
+    spec, _ = _task(trainer, "fedrap", HYPER, version=7)
+    trainer.train(spec, NUMBERS)
+    devices = {100 + n: d for n, d in trainer.devices.items()}
+    req = S.DeviceRequest(correlation_id="c-1", device_id=105, top_k=S.TopKQuery(k=4, exclude_seen=True))
+    resp = answer(req, devices, trainer)
+    assert resp.WhichOneof("response") == "top_k", resp
+    items, _, _ = top_k(trainer, 5, 4, exclude_seen=True)
+    raw = trainer.x.raw_item_ids
+    assert list(resp.top_k.item_ids) == items
+    assert list(resp.top_k.dataset_item_ids) == [str(raw[i]) for i in items]
+    titles = trainer.x.item_titles
+    assert titles is not None and list(resp.top_k.titles) == [str(titles[i]) for i in items]
+    refused = answer(req, devices, trainer, serve_recommendations=False)
+    assert refused.WhichOneof("response") == "error"
+    assert refused.error.code == S.DEVICE_ERROR_CODE_REFUSED and "--no-serve-recommendations" in refused.error.message
+
+
+def test_item_catalogue_carries_movielens_titles() -> None:
+    from edge_client.queries import item_catalogue
+    from models.data.types import Interactions
+
+    empty = np.zeros(0, np.int64)
+    x = Interactions(name="ml-100k", user=empty, item=empty, rating=np.zeros(0, np.float32), timestamp=empty,
+                     n_users=0, n_items=2, raw_user_ids=empty, raw_item_ids=np.array([1, 50]),
+                     item_titles=np.array(["Toy Story (1995)", "Star Wars (1977)"], dtype=object))
+    assert item_catalogue(x) == (["1", "50"], ["Toy Story (1995)", "Star Wars (1977)"])
+
+
 def test_restart_reads_the_persisted_split_and_state(tmp_path: Path, interactions) -> None:
     with ClientStore(tmp_path) as store:
         d1 = LocalData(interactions, [Device(n, store.device(local_id_of(n))) for n in (1, 2)])
