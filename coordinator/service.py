@@ -58,8 +58,8 @@ from coordinator.live_state import RoundTimeline, device_counts, stage_changed
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
-from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.operator_actions import OperatorActions, top_k_status
+from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request

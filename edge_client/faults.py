@@ -19,6 +19,9 @@
 - Garbage metrics (`--fault-garbage-metrics`, a hostile device): every
   device of the process puts 2^32 - 1 in each of its metric coordinates
   instead of its limbs (D35); its update is left as it is.
+- Garbage shares (`--fault-garbage-shares`, a hostile device): every
+  device of the process replaces the sealed shares of its ShareKeys with
+  random bytes of the same length, so no peer can open them (D37).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class FaultPlan:
     crash_after_round: int | None = None
     delay_ms: float = 0.0
     garbage_metrics: bool = False
+    garbage_shares: bool = False
     exit: Callable[[int], None] = os._exit
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ starts, so `over` is the one test of "is this still the current round".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -130,6 +131,8 @@ class RoundRun:
             return
         view = self.view
         for m in out:
+            if isinstance(m, sm.ShareKeys) and self.io.faults.garbage_shares:  # fault injection: a hostile device
+                m = dataclasses.replace(m, shares=tuple((u, os.urandom(len(b))) for u, b in m.shares))
             detail = ""
             if isinstance(m, sm.ClientAbort) and isinstance(dr.state, ClientAborted):
                 detail = dr.state.detail

@@ -102,6 +102,37 @@ def connections(
     _run_and_report(lambda log: run_connections_bench(cfg, log=log))
 
 
+@bench_app.command("hostile")
+def hostile(
+    seconds: Annotated[float, typer.Option(min=1.0, help="How long the hostile traffic runs against live rounds.")] = 120.0,
+    honest_devices: Annotated[int, typer.Option(min=2, help="Honest devices (they alone must reach the threshold).")] = 12,
+    honest_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the honest devices.")] = 2,
+    dim: Annotated[int, typer.Option(min=1, help="Length of the synthetic model's update.")] = 1000,
+    rate: Annotated[float, typer.Option(min=0.1, help="Attacks per second of each kind.")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Seed of the devices and the attacks.")] = 0,
+    keep: Annotated[Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.",
+                                              show_default=False)] = None,
+) -> None:
+    """Run live secure rounds under hostile traffic and check nothing breaks.
+
+    Two hostile client processes sit in the cohorts (devices that seal
+    garbage shares; devices that send garbage metric coordinates) while the
+    bench sends random bytes, malformed and oversized messages,
+    out-of-order stage messages and enrolment floods to the coordinator.
+    Last stdout line: JSON with ok, coordinator_crashes, rounds_committed,
+    rounds_aborted, aggregates_exact and honest_devices_dropped (target: no
+    crash, every round commits exactly, no honest device dropped).
+    """
+    from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
+
+    try:
+        cfg = HostileBenchConfig(seconds=seconds, honest_devices=honest_devices, honest_processes=honest_processes,
+                                 dim=dim, rate=rate, seed=seed, keep=keep)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _run_and_report(lambda log: run_hostile_bench(cfg, log=log))
+
+
 def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:
     """Run `bench(log)` (progress to stderr), print its result as the last
     stdout line (JSON; {"ok": false, "error": ...} when a process failed),

@@ -98,6 +98,11 @@ def client(
                            "its metric coordinates. The coordinator can only mark the round's metrics "
                            "unavailable.")
     ] = False,
+    fault_garbage_shares: Annotated[
+        bool, typer.Option("--fault-garbage-shares", help="Fault injection (a hostile device, for tests and "
+                           "benchmarks): every device of this process seals random bytes instead of its shares, "
+                           "so no peer can open them. Its peers report it at the share check (D37).")
+    ] = False,
     crash_after_round: Annotated[
         int | None, typer.Option(help="Fault injection: exit abruptly (os._exit, code 75) once round R (or a later "
                                  "one) this process took part in has ended, its private state committed.",
@@ -179,7 +184,7 @@ def client(
         raise typer.BadParameter(str(e)) from None
     faults = FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed,
                        crash_after_round=crash_after_round, delay_ms=delay_ms,
-                       garbage_metrics=fault_garbage_metrics)
+                       garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares)
     config = ClientConfig(
         coordinator=coordinator, users=users, state_dir=state_dir, dataset=dataset,
         data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,

@@ -1,6 +1,6 @@
 """Smoke runs of the commands that start federations themselves:
 `fedmask bench round` (secure and INSECURE plaintext rounds, both checked
-bit for bit), `fedmask bench connections` and `fedmask demo` (tiny sizes;
+bit for bit), `fedmask bench hostile`, `fedmask bench connections` and `fedmask demo` (tiny sizes;
 the synthetic dataset, so no download is needed)."""
 
 from __future__ import annotations
@@ -45,6 +45,24 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
     assert all(d["metric_devices"] == d["counted"] for d in r["secure_detail"])
     assert all(d["metric_devices"] is None for d in r["plaintext_detail"])
     assert _fedmask_processes() <= before  # the benchmark cleaned up after itself
+
+
+def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
+    """Issue 15 over real processes: garbage shares and metrics inside the
+    cohorts, random bytes, malformed, oversized and out-of-order messages
+    and enrolment floods at the port; the rounds go on, exact."""
+    before = _fedmask_processes()
+    p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "8", "--dim", "64",
+                                      "--rate", "5"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["coordinator_crashes"] == 0 and r["rounds_aborted"] == 0
+    assert r["rounds_committed"] >= 1 and r["aggregates_exact"] is True and r["honest_devices_dropped"] == 0
+    assert all(n > 0 for n in r["attacks"].values())
+    first = r["rounds"][0]
+    assert len(first["dropped"]) == 2  # the garbage-share devices, reported at the share check
+    assert first["metrics_unavailable"] is True  # the garbage-metric devices cost only the metrics
+    assert _fedmask_processes() <= before
 
 
 def test_bench_connections(procs: Processes) -> None:

@@ -1,0 +1,301 @@
+"""`fedmask bench hostile`: a coordinator with live rounds under hostile traffic.
+
+One coordinator (SQLite in a temp folder, the `synthetic` model) runs secure
+rounds for `seconds` with H honest devices in P edge-client processes and
+two hostile client processes inside the cohorts:
+
+- `hostile-shares` (`--fault-garbage-shares`): its devices seal random
+  bytes instead of their shares (issue 15, A2; reported at the share check);
+- `hostile-metrics` (`--fault-garbage-metrics`): its devices put 2^32 - 1
+  in every metric coordinate of their masked input (A1/D).
+
+Meanwhile the bench process itself sends, each kind at `rate` per second:
+
+- `random_bytes`: TCP connections to the gRPC port that send random bytes;
+- `malformed`: Session streams whose first message is empty or undecodable,
+  and Enroll calls with keys of the wrong length;
+- `oversized`: a Hello whose protocol version is 4 MiB;
+- `out_of_order`: Session streams that say Hello for no device, then send
+  masked inputs, unmasking responses and share receipts of rounds they are
+  not in;
+- `enrol_flood`: Enroll calls of 50 fresh devices each (no proof of a key
+  the sender does not hold is needed to *try*; the coordinator's limits and
+  checks decide).
+
+Result (last stdout line, JSON): `ok`, `coordinator_crashes` (the
+coordinator exited before the bench stopped it), `rounds_committed`,
+`rounds_aborted` (rounds aborted for any reason but the bench's own stop),
+`aggregates_exact` (every committed round's sum equals, bit for bit, the
+sum of its counted devices' encoded inputs as they recorded them),
+`honest_devices_dropped` (honest devices dropped from any round), the
+attack counts and the per-round table. `ok` = no crash, at least one round
+committed, none aborted, every aggregate exact and no honest device dropped.
+Every round has enough honest devices by construction (H >= the threshold of
+the full cohort), so each one must commit.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from fedmask.bench.federation import _exact, _read_rounds
+from fedmask.bench.processes import (
+    LOOPBACK,
+    ProcessFailed,
+    ProcessGroup,
+    flags,
+    free_port,
+    health_serving,
+    split_users,
+    wait_until,
+    write_user_csv,
+)
+
+ATTACKS = ("random_bytes", "malformed", "oversized", "out_of_order", "enrol_flood")
+HOSTILE_DEVICES = 2  # per hostile client process
+_SESSION = "/fedmask.v1.CoordinatorService/Session"
+_ENROLL = "/fedmask.v1.CoordinatorService/Enroll"
+
+
+@dataclass(frozen=True)
+class HostileBenchConfig:
+    seconds: float = 120.0
+    honest_devices: int = 12
+    honest_processes: int = 2
+    dim: int = 1000
+    rate: float = 10.0  # attacks per second, per kind
+    seed: int = 0
+    keep: Path | None = None  # keep the work folder here (logs, database)
+
+    def __post_init__(self) -> None:
+        if self.seconds <= 0 or self.rate <= 0:
+            raise ValueError("--seconds and --rate must be positive")
+        if self.honest_devices < math.ceil(2 * (self.honest_devices + 2 * HOSTILE_DEVICES) / 3):
+            raise ValueError("--honest-devices must reach the cohort's two-thirds threshold on their own")
+
+
+# ------------------------------------------------------------------ the attacks (each one attempt)
+
+
+def _random_bytes(port: int, rng: random.Random) -> None:
+    with socket.create_connection((LOOPBACK, port), timeout=2) as s:
+        s.sendall(rng.randbytes(rng.randint(1, 4096)))
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def _stream(channel: grpc.Channel, messages: list[bytes], timeout: float = 2.0) -> None:
+    """Send raw serialized ClientMessages on a Session stream, read until it ends."""
+    call = channel.stream_stream(_SESSION, request_serializer=_identity, response_deserializer=_identity)
+    try:
+        for _ in call(iter(messages), timeout=timeout):
+            pass
+    except grpc.RpcError:
+        pass
+
+
+def _malformed(channel: grpc.Channel, rng: random.Random) -> None:
+    from fedmask_proto.v1 import enrollment_pb2, session_pb2
+
+    choice = rng.randrange(3)
+    if choice == 0:
+        _stream(channel, [session_pb2.ClientMessage().SerializeToString()])
+    elif choice == 1:
+        _stream(channel, [rng.randbytes(rng.randint(1, 512))])
+    else:
+        req = enrollment_pb2.EnrollRequest(client_name="hostile", devices=[
+            enrollment_pb2.DeviceEnrollment(local_id="x", identity_public_key=rng.randbytes(5))])
+        enroll = channel.unary_unary(_ENROLL, request_serializer=_identity, response_deserializer=_identity)
+        try:
+            enroll(req.SerializeToString(), timeout=2)
+        except grpc.RpcError:
+            pass
+
+
+def _oversized(channel: grpc.Channel, rng: random.Random) -> None:
+    from fedmask_proto.v1 import session_pb2
+
+    hello = session_pb2.Hello(client_name="hostile", protocol_version="v" * (4 << 20))
+    _stream(channel, [session_pb2.ClientMessage(hello=hello).SerializeToString()])
+
+
+def _out_of_order(channel: grpc.Channel, rng: random.Random) -> None:
+    from fedmask_proto.v1 import secagg_pb2, session_pb2
+    from wire.protocol import PROTOCOL_VERSION
+
+    header = {"session_id": rng.randbytes(16), "round_number": rng.randint(1, 50), "device_id": rng.randint(1, 20)}
+    msgs = [
+        session_pb2.ClientMessage(hello=session_pb2.Hello(client_name="hostile", protocol_version=PROTOCOL_VERSION)),
+        session_pb2.ClientMessage(masked_input=secagg_pb2.MaskedInput(**header, masked_vector=b"\0" * 16, length=4,
+                                                                       modulus_bits=32)),
+        session_pb2.ClientMessage(unmasking_response=secagg_pb2.UnmaskingResponse(**header)),
+        session_pb2.ClientMessage(share_receipt=secagg_pb2.ShareReceipt(**header, undecryptable=[1, 2, 3])),
+    ]
+    _stream(channel, [m.SerializeToString() for m in msgs])
+
+
+def _enrol_flood(channel: grpc.Channel, rng: random.Random) -> None:
+    from fedmask_proto.v1 import enrollment_pb2
+
+    tag = rng.getrandbits(48)
+    req = enrollment_pb2.EnrollRequest(client_name="flood", devices=[
+        enrollment_pb2.DeviceEnrollment(local_id=f"flood-{tag}-{i}", identity_public_key=rng.randbytes(32))
+        for i in range(50)
+    ])
+    enroll = channel.unary_unary(_ENROLL, request_serializer=_identity, response_deserializer=_identity)
+    try:
+        enroll(req.SerializeToString(), timeout=2)
+    except grpc.RpcError:
+        pass
+
+
+def _attacker(kind: str, port: int, rate: float, seed: int, stop: threading.Event,
+              counts: dict[str, int]) -> Callable[[], None]:
+    def run() -> None:
+        rng = random.Random(f"{seed}-{kind}")
+        options = [("grpc.max_send_message_length", 8 << 20), ("grpc.enable_retries", 0)]
+        with grpc.insecure_channel(f"{LOOPBACK}:{port}", options=options) as channel:
+            step = 1.0 / rate
+            nxt = time.monotonic()
+            while not stop.is_set():
+                try:
+                    if kind == "random_bytes":
+                        _random_bytes(port, rng)
+                    else:
+                        {"malformed": _malformed, "oversized": _oversized, "out_of_order": _out_of_order,
+                         "enrol_flood": _enrol_flood}[kind](channel, rng)
+                except OSError:
+                    pass  # a refused or reset connection is an answer too
+                counts[kind] += 1
+                nxt += step
+                stop.wait(max(0.0, nxt - time.monotonic()))
+    return run
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _honest_ids(db: Path, honest_users: int) -> set[int]:
+    from coordinator.store import open_store
+    from edge_client.devices import local_id_of
+
+    honest = {local_id_of(n) for n in range(1, honest_users + 1)}
+    store = open_store(f"sqlite:///{db}", migrate=False)
+    try:
+        return {d.id for d in store.list_devices() if d.local_id in honest}
+    finally:
+        store.close()
+
+
+def run_hostile_bench(cfg: HostileBenchConfig, log: Any = print) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-hostile-"))
+    try:
+        return _run(cfg, root, log)
+    finally:
+        if cfg.keep is not None:
+            shutil.copytree(root, cfg.keep, dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
+    total = cfg.honest_devices + 2 * HOSTILE_DEVICES
+    csv = write_user_csv(work / "users.csv", total, seed=cfg.seed)
+    db = work / "coordinator.db"
+    port = free_port()
+    coord_flags = {
+        "database_url": f"sqlite:///{db}", "listen": f"{LOOPBACK}:{port}", "model": "synthetic",
+        "model_params": {"vector_length": cfg.dim}, "cohort_size": total, "cohort_minimum": cfg.honest_devices,
+        "over_selection": 0.0, "allow_consecutive": True, "seed": cfg.seed, "selection_deadline": 2,
+        "training_deadline": 5, "advertise_keys_deadline": 10, "share_keys_deadline": 10,
+        "share_check_deadline": 10, "masked_input_deadline": 10, "unmasking_deadline": 10,
+        "deadline_floor": 1.0, "secagg_graph": "full", "dp_mode": "none", "debug_record_sums": True,
+        "log_level": "INFO",
+    }
+    honest_parts = split_users(1, cfg.honest_devices, cfg.honest_processes)
+    first_hostile = cfg.honest_devices + 1
+    roles = [(f"honest-{i}", users, {}) for i, users in enumerate(honest_parts)] + [
+        ("hostile-shares", f"{first_hostile}-{first_hostile + HOSTILE_DEVICES - 1}", {"fault_garbage_shares": True}),
+        ("hostile-metrics", f"{first_hostile + HOSTILE_DEVICES}-{total}", {"fault_garbage_metrics": True}),
+    ]
+    state_dirs = [work / name for name, _, _ in roles]
+    counts = dict.fromkeys(ATTACKS, 0)
+    stop = threading.Event()
+    crashed = False
+    with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
+        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
+        wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
+        for (name, users, extra), state in zip(roles, state_dirs, strict=True):
+            client_flags = {"dataset": str(csv), "seed": cfg.seed, "debug_record_inputs": True, "threads": 1,
+                            "log_level": "warning", **extra}
+            group.start(name, ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state, *flags(client_flags)])
+        log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "
+            f"({cfg.honest_devices} honest devices, {2 * HOSTILE_DEVICES} hostile); attacks for {cfg.seconds:.0f} s")
+        attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts), daemon=True,
+                                      name=f"attack-{k}") for k in ATTACKS]
+        for t in attackers:
+            t.start()
+        t_end = time.monotonic() + cfg.seconds
+        last = time.monotonic()
+        while time.monotonic() < t_end:
+            if not coord.alive():
+                crashed = True
+                break
+            time.sleep(0.5)
+            if time.monotonic() - last >= 15:
+                last = time.monotonic()
+                log(f"{t_end - last:5.0f} s left; attacks so far {sum(counts.values())}")
+        stop.set()
+        for t in attackers:
+            t.join(10)
+        if not crashed:
+            group.stop(coord, grace=15.0)
+    if not db.exists():
+        raise ProcessFailed("the coordinator left no database")
+    honest = _honest_ids(db, cfg.honest_devices)
+    records = [r for r in _read_rounds(db) if r.state.is_terminal]
+    per_round = []
+    committed = aborted = 0
+    exact_all = True
+    honest_dropped: set[int] = set()
+    for r in records:
+        if r.state.value == "aborted" and r.abort_reason == "coordinator_shutdown":
+            continue  # the bench's own stop
+        dropped = {d for ids in r.dropouts.values() for d in ids}
+        honest_dropped |= dropped & honest
+        exact = r.state.value == "committed" and _exact(r, state_dirs)
+        committed += r.state.value == "committed"
+        aborted += r.state.value == "aborted"
+        exact_all = exact_all and (r.state.value != "committed" or exact)
+        seconds = (r.ended_at - r.started_at).total_seconds() if r.ended_at else None
+        per_round.append({"round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
+                          "seconds": seconds, "counted": len(r.survivors.get("masked_input", [])), "exact": exact,
+                          "dropped": sorted(dropped), "metrics_unavailable": bool(r.metrics.get("metrics_unavailable"))})
+    ok = not crashed and committed >= 1 and aborted == 0 and exact_all and not honest_dropped
+    return {
+        "ok": ok,
+        "coordinator_crashes": int(crashed),
+        "rounds_committed": committed,
+        "rounds_aborted": aborted,
+        "aggregates_exact": exact_all,
+        "honest_devices_dropped": len(honest_dropped),
+        "attacks": counts,
+        "seconds": cfg.seconds,
+        "rounds": per_round,
+    }
+
+
+__all__ = ["ATTACKS", "HostileBenchConfig", "run_hostile_bench"]
