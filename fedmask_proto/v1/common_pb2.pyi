@@ -97,6 +97,8 @@ class _AbortReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AbortReas
     """The device cannot run the round's model name/version."""
     ABORT_REASON_DEADLINE_MISSED: _AbortReason.ValueType  # 14
     """The device missed a stage deadline and was excluded from the round."""
+    ABORT_REASON_BUDGET_EXHAUSTED: _AbortReason.ValueType  # 15
+    """The round was not opened: its epsilon could exceed dp.epsilon_budget."""
 
 class AbortReason(_AbortReason, metaclass=_AbortReasonEnumTypeWrapper):
     """Why a round (or one device's part in it) was aborted.
@@ -132,6 +134,8 @@ ABORT_REASON_MODEL_MISMATCH: AbortReason.ValueType  # 13
 """The device cannot run the round's model name/version."""
 ABORT_REASON_DEADLINE_MISSED: AbortReason.ValueType  # 14
 """The device missed a stage deadline and was excluded from the round."""
+ABORT_REASON_BUDGET_EXHAUSTED: AbortReason.ValueType  # 15
+"""The round was not opened: its epsilon could exceed dp.epsilon_budget."""
 Global___AbortReason: _TypeAlias = AbortReason  # noqa: Y015
 
 @_typing.final

@@ -35,6 +35,9 @@ class DeviceEnrollment(_message.Message):
     local_id: _builtins.str
     """The client's own name for the device (e.g. "user-42" of a dataset);
     unique within the request, echoed back, stored for operators. Not secret.
+    It is also the device's user handle (CoordinatorAdmin.RecommendTopK):
+    unique within the federation; a handle another device holds is refused
+    (PERMISSION_DENIED).
     """
     identity_public_key: _builtins.bytes
     """Raw 32-byte Ed25519 public key (RFC 8032 encoding) of the device's

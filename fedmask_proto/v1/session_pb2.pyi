@@ -130,6 +130,8 @@ class _DeviceErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Devic
     DEVICE_ERROR_CODE_UNSUPPORTED: _DeviceErrorCode.ValueType  # 4
     """request kind not implemented"""
     DEVICE_ERROR_CODE_INTERNAL: _DeviceErrorCode.ValueType  # 5
+    DEVICE_ERROR_CODE_REFUSED: _DeviceErrorCode.ValueType  # 6
+    """the device does not serve this request kind (its owner's choice)"""
 
 class DeviceErrorCode(_DeviceErrorCode, metaclass=_DeviceErrorCodeEnumTypeWrapper):
     """Why a device could not answer a DeviceRequest."""
@@ -143,6 +145,8 @@ DEVICE_ERROR_CODE_INVALID_ARGUMENT: DeviceErrorCode.ValueType  # 3
 DEVICE_ERROR_CODE_UNSUPPORTED: DeviceErrorCode.ValueType  # 4
 """request kind not implemented"""
 DEVICE_ERROR_CODE_INTERNAL: DeviceErrorCode.ValueType  # 5
+DEVICE_ERROR_CODE_REFUSED: DeviceErrorCode.ValueType  # 6
+"""the device does not serve this request kind (its owner's choice)"""
 Global___DeviceErrorCode: _TypeAlias = DeviceErrorCode  # noqa: Y015
 
 @_typing.final
@@ -774,7 +778,9 @@ Global___TopKQuery: _TypeAlias = TopKQuery  # noqa: Y015
 class TopKResult(_message.Message):
     """Contract: item_ids and scores have the same length <= k, scores
     descending; model_version is the global version the device's model was
-    last updated from.
+    last updated from. item_ids are the model's dense item indices;
+    dataset_item_ids (the dataset's own ids) and titles, when set, have the
+    same length and order (a title is "" where the dataset ships none).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -782,21 +788,29 @@ class TopKResult(_message.Message):
     ITEM_IDS_FIELD_NUMBER: _builtins.int
     SCORES_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    DATASET_ITEM_IDS_FIELD_NUMBER: _builtins.int
+    TITLES_FIELD_NUMBER: _builtins.int
     model_version: _builtins.int
     @_builtins.property
     def item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def scores(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def dataset_item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def titles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         item_ids: _abc.Iterable[_builtins.int] | None = ...,
         scores: _abc.Iterable[_builtins.float] | None = ...,
         model_version: _builtins.int = ...,
+        dataset_item_ids: _abc.Iterable[_builtins.str] | None = ...,
+        titles: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["item_ids", b"item_ids", "model_version", b"model_version", "scores", b"scores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_item_ids", b"dataset_item_ids", "item_ids", b"item_ids", "model_version", b"model_version", "scores", b"scores", "titles", b"titles"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
