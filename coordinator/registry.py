@@ -213,7 +213,8 @@ class DeviceRegistry:
                 )
             except EnrollmentConflictError as exc:  # say no more than the caller already knows
                 shown = devices[exc.index].local_id[:64]
-                what = "is revoked" if exc.reason == exc.REVOKED else "is not yours to enrol"
+                what = {exc.REVOKED: "is revoked", exc.HANDLE_TAKEN: "is a user handle another device holds"}.get(
+                    exc.reason, "is not yours to enrol")
                 raise PermissionDenied(f"device {shown!r} {what}") from None
 
         results = await asyncio.to_thread(work)

@@ -1,5 +1,5 @@
 """Persistence of the coordinator: devices, model versions, rounds and the
-privacy ledger, behind one interface (`Store`) with an in-memory and a SQL
+privacy ledger and the operators' audit log, behind one interface (`Store`) with an in-memory and a SQL
 implementation (SQLite file by default, PostgreSQL by URL; Alembic
 migrations applied from code).
 
@@ -24,6 +24,7 @@ from coordinator.store.interface import Store
 from coordinator.store.memory import InMemoryStore
 from coordinator.store.records import (
     COORDINATOR_RESTART,
+    AuditEntry,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -40,7 +41,7 @@ from coordinator.store.records import (
 MEMORY_URL = "memory://"
 
 __all__ = [
-    "COORDINATOR_RESTART", "MEMORY_URL", "ConflictError", "CorruptBlobError", "DeviceRecord",
+    "COORDINATOR_RESTART", "MEMORY_URL", "AuditEntry", "ConflictError", "CorruptBlobError", "DeviceRecord",
     "DeviceStatus", "EnrollmentConflictError", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
     "NewModelVersion", "NotFoundError", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord",
     "RoundState", "Store", "StoreError", "open_store",

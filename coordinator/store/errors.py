@@ -42,14 +42,18 @@ class EnrollmentConflictError(ConflictError):
     """`Store.enroll_devices` refused the whole batch (nothing was written)
     because one of its identity keys is already enrolled and may not be
     enrolled by this caller: the device is revoked (`reason` REVOKED) or it
-    belongs to another client id (`reason` OTHER_CLIENT). `index` is the
-    position of that device in the batch, `device_id` its stored id."""
+    belongs to another client id (`reason` OTHER_CLIENT); or a new device's
+    local_id (its user handle) is held by another device (`reason`
+    HANDLE_TAKEN). `index` is the position of that device in the batch,
+    `device_id` the stored id of the device in the way."""
 
     REVOKED = "revoked"
     OTHER_CLIENT = "other_client"
+    HANDLE_TAKEN = "handle_taken"
 
     def __init__(self, index: int, device_id: int, reason: str) -> None:
-        what = "is revoked" if reason == self.REVOKED else "is enrolled by another client"
+        what = {self.REVOKED: "is revoked", self.HANDLE_TAKEN: "has a local_id another device holds"}.get(
+            reason, "is enrolled by another client")
         super().__init__(f"device {index} of the batch (id {device_id}) {what}")
         self.index = index
         self.device_id = device_id

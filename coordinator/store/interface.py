@@ -23,11 +23,12 @@ Contract (all implementations):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from coordinator.store.records import (
+    AuditEntry,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -53,10 +54,14 @@ class Store(Protocol):
         an enrolled key returns its existing record (newly_enrolled False;
         its local_id/client_id are not changed), also when a concurrent
         call enrolled it first.
-        Raises InvalidRecordError (an empty key, a key listed twice) and
-        EnrollmentConflictError when an already-enrolled key is revoked or
-        belongs to another client id (both ids known and different): then
-        no device of the batch is written. An empty batch returns []."""
+        A non-empty local_id is the device's user handle, unique in the
+        store: a new key whose local_id another device holds is refused.
+        Raises InvalidRecordError (an empty key, a key or non-empty local_id
+        listed twice) and EnrollmentConflictError when an already-enrolled
+        key is revoked or belongs to another client id (both ids known and
+        different), or a new key's local_id is taken (HANDLE_TAKEN, also
+        when a concurrent call took it first): then no device of the batch
+        is written. An empty batch returns []."""
         ...
 
     def enroll_device(
@@ -66,6 +71,11 @@ class Store(Protocol):
         ...
 
     def get_device(self, device_id: int) -> DeviceRecord | None: ...
+
+    def get_device_by_local_id(self, local_id: str) -> DeviceRecord | None:
+        """The device whose user handle (local_id) is `local_id`; None for
+        an empty or unknown one."""
+        ...
 
     def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
         """All devices (optionally of one status), ascending id."""
@@ -158,6 +168,22 @@ class Store(Protocol):
         ...
 
     def privacy_summary(self) -> PrivacySummary: ...
+
+    # ----------------------------------------------------------- audit log
+    def append_audit(
+        self, *, operator: str, action: str, outcome: str,
+        details: Mapping[str, Any] | None = None, at: datetime | None = None,
+    ) -> AuditEntry:
+        """Append one operator action to the audit log (`at` defaults to the
+        store clock); returns it with its id (ascending, never reused).
+        Raises InvalidRecordError for an empty or over-long operator,
+        action or outcome (records.check_audit_fields) or details that are
+        not a JSON object."""
+        ...
+
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+        """Newest first; `before` is an exclusive entry id."""
+        ...
 
     def close(self) -> None:
         """Release connections; the store is unusable afterwards."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from coordinator.store.errors import (
     ConflictError,
@@ -22,6 +23,7 @@ from coordinator.store.errors import (
 )
 from coordinator.store.records import (
     COORDINATOR_RESTART,
+    AuditEntry,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -33,9 +35,11 @@ from coordinator.store.records import (
     RoundRecord,
     RoundState,
     sha256_hex,
+    check_audit_fields,
     utc_now,
 )
 from coordinator.store.summaries import (
+    check_audit_details,
     check_commit_args,
     check_enrollment_batch,
     enrollment_refusal,
@@ -53,10 +57,12 @@ class _State:
     ledger: dict[int, PrivacyEntry]
     #: the last number next_round_number handed out
     last_round_number: int = 0
+    audit: list[AuditEntry] = field(default_factory=list)
 
     def copy(self) -> _State:
         return _State(
-            dict(self.devices), dict(self.models), dict(self.rounds), dict(self.ledger), self.last_round_number
+            dict(self.devices), dict(self.models), dict(self.rounds), dict(self.ledger), self.last_round_number,
+            list(self.audit),
         )
 
 
@@ -81,6 +87,11 @@ class InMemoryStore:
                     reason = enrollment_refusal(found.status, found.client_id, client_id)
                     if reason is not None:
                         raise EnrollmentConflictError(i, found.id, reason)
+            by_handle = {d.local_id: d for d in self._state.devices.values() if d.local_id}
+            for i, (key, (_, local_id)) in enumerate(zip(keys, devices, strict=True)):
+                holder = by_handle.get(local_id) if local_id and key not in by_key else None
+                if holder is not None:
+                    raise EnrollmentConflictError(i, holder.id, EnrollmentConflictError.HANDLE_TAKEN)
             staged = self._state.copy()
             enrolled_at = self._clock()
             out: list[tuple[DeviceRecord, bool]] = []
@@ -109,6 +120,12 @@ class InMemoryStore:
     def get_device(self, device_id: int) -> DeviceRecord | None:
         with self._lock:
             return self._state.devices.get(device_id)
+
+    def get_device_by_local_id(self, local_id: str) -> DeviceRecord | None:
+        if not local_id:
+            return None
+        with self._lock:
+            return next((d for d in self._state.devices.values() if d.local_id == local_id), None)
 
     def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
         with self._lock:
@@ -263,6 +280,28 @@ class InMemoryStore:
 
     def privacy_summary(self) -> PrivacySummary:
         return summarize_privacy(self.privacy_ledger())
+
+    # ----------------------------------------------------------- audit log
+    def append_audit(
+        self, *, operator: str, action: str, outcome: str,
+        details: Mapping[str, Any] | None = None, at: datetime | None = None,
+    ) -> AuditEntry:
+        check_audit_fields(operator, action, outcome)
+        clean = check_audit_details(details)
+        with self._lock:
+            staged = self._state.copy()
+            entry = AuditEntry(id=len(staged.audit) + 1, at=at or self._clock(), operator=operator, action=action,
+                               outcome=outcome, details=clean)
+            staged.audit.append(entry)
+            self._state = staged
+            return replace(entry)
+
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+        validate_limit(limit)
+        with self._lock:
+            newest = [e for e in reversed(self._state.audit) if before is None or e.id < before]
+            items = tuple(replace(e) for e in newest[: limit + 1])
+        return page_of(items, limit, key=lambda e: e.id)
 
     def close(self) -> None:
         """Nothing to release."""

@@ -22,11 +22,13 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    Index,
     Integer,
     LargeBinary,
     MetaData,
     String,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -76,8 +78,16 @@ class Base(DeclarativeBase):
     }
 
 
+#: A non-empty local_id (the user handle) is unique (migration 0003).
+HANDLE_INDEX = "uq_devices_local_id_handle"
+
+
 class DeviceRow(Base):
     __tablename__ = "devices"
+    __table_args__ = (
+        Index(HANDLE_INDEX, "local_id", unique=True,
+              sqlite_where=text("local_id <> ''"), postgresql_where=text("local_id <> ''")),
+    )
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     local_id: Mapped[str] = mapped_column(String(255), default="")
@@ -141,3 +151,16 @@ class PrivacyLedgerRow(Base):
     noise_multiplier: Mapped[float]
     sampling_rate: Mapped[float]
     cumulative_epsilon: Mapped[float]
+
+
+class AuditRow(Base):
+    """The operator audit log (migration 0003): append-only."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    operator: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    outcome: Mapped[str] = mapped_column(String(1024))
+    details: Mapped[dict[str, Any]]

@@ -211,6 +211,41 @@ class PrivacySummary:
     epsilon_sum: float
 
 
+#: Longest operator name / action name / outcome an audit entry keeps.
+MAX_AUDIT_OPERATOR = 128
+MAX_AUDIT_ACTION = 64
+MAX_AUDIT_OUTCOME = 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditEntry:
+    """One operator action (pause, resume, abort_round, rollback, ...):
+    who did what, when, and how it ended. `details` holds the action's
+    arguments and results (e.g. {"version": 3, "new_version": 7}); JSON
+    values only. `outcome` is "ok", or "refused: <why>" / "failed: <why>"."""
+
+    id: int
+    at: datetime
+    operator: str
+    action: str
+    outcome: str
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_audit_fields(self.operator, self.action, self.outcome)
+        _normalize_times(self, "at")
+        object.__setattr__(self, "details", dict(self.details))
+
+
+def check_audit_fields(operator: str, action: str, outcome: str) -> None:
+    """InvalidRecordError unless operator, action and outcome are
+    non-empty and within their length limits."""
+    for name, value, limit in (("operator", operator, MAX_AUDIT_OPERATOR), ("action", action, MAX_AUDIT_ACTION),
+                               ("outcome", outcome, MAX_AUDIT_OUTCOME)):
+        if not isinstance(value, str) or not value or len(value) > limit:
+            raise InvalidRecordError(f"audit {name} must be 1..{limit} characters, got {value!r:.80}")
+
+
 T = TypeVar("T")
 
 

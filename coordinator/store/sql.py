@@ -32,9 +32,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -49,9 +49,10 @@ from coordinator.store.errors import (
     NotFoundError,
     StoreError,
 )
-from coordinator.store.orm import DeviceRow, ModelVersionRow, PrivacyLedgerRow, RoundCounterRow, RoundRow
+from coordinator.store.orm import AuditRow, DeviceRow, ModelVersionRow, PrivacyLedgerRow, RoundCounterRow, RoundRow
 from coordinator.store.records import (
     COORDINATOR_RESTART,
+    AuditEntry,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -62,11 +63,13 @@ from coordinator.store.records import (
     PrivacySummary,
     RoundRecord,
     RoundState,
+    check_audit_fields,
     sha256_hex,
     utc_now,
 )
 from coordinator.store.retry import RetryPolicy, run_with_retries
 from coordinator.store.summaries import (
+    check_audit_details,
     check_commit_args,
     check_enrollment_batch,
     enrollment_refusal,
@@ -161,6 +164,13 @@ class SqlStore:
                     reason = enrollment_refusal(DeviceStatus(row.status), row.client_id, client_id)
                     if reason is not None:
                         raise EnrollmentConflictError(i, row.id, reason)
+            # User handles of the new keys: taken ones refuse the batch (the
+            # unique index catches a concurrent taker; the retry then lands here).
+            wanted = {devices[i][1]: i for i, k in enumerate(keys) if k not in found and devices[i][1]}
+            if wanted:
+                for holder in s.scalars(select(DeviceRow).where(DeviceRow.local_id.in_(list(wanted)))):
+                    raise EnrollmentConflictError(wanted[holder.local_id], holder.id,
+                                                  EnrollmentConflictError.HANDLE_TAKEN)
             enrolled_at = self._clock()
             new: dict[bytes, DeviceRow] = {}
             # Inserted in key order: concurrent batches lock the unique index in one order.
@@ -192,6 +202,12 @@ class SqlStore:
             return None if row is None else _device(row)
 
         return self._read(body)
+
+    def get_device_by_local_id(self, local_id: str) -> DeviceRecord | None:
+        if not local_id:
+            return None
+        query = select(DeviceRow).where(DeviceRow.local_id == local_id).limit(1)
+        return self._read(lambda s: next((_device(r) for r in s.scalars(query)), None))
 
     def list_devices(self, *, status: DeviceStatus | None = None) -> list[DeviceRecord]:
         query = select(DeviceRow).order_by(DeviceRow.id)
@@ -398,6 +414,30 @@ class SqlStore:
     def privacy_summary(self) -> PrivacySummary:
         return summarize_privacy(self.privacy_ledger())
 
+    # ----------------------------------------------------------- audit log
+    def append_audit(
+        self, *, operator: str, action: str, outcome: str,
+        details: Mapping[str, Any] | None = None, at: datetime | None = None,
+    ) -> AuditEntry:
+        check_audit_fields(operator, action, outcome)
+        clean = check_audit_details(details)
+
+        def body(s: Session) -> AuditEntry:
+            row = AuditRow(at=at or self._clock(), operator=operator, action=action, outcome=outcome, details=clean)
+            s.add(row)
+            s.flush()
+            return _audit(row)
+
+        return self._write(body)
+
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+        validate_limit(limit)
+        query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit + 1)
+        if before is not None:
+            query = query.where(AuditRow.id < before)
+        items = self._read(lambda s: tuple(_audit(r) for r in s.scalars(query)))
+        return page_of(items, limit, lambda e: e.id)
+
     def close(self) -> None:
         self._engine.dispose()
 
@@ -413,6 +453,11 @@ def _device(row: DeviceRow) -> DeviceRecord:
         local_id=row.local_id,
         client_id=row.client_id,
     )
+
+
+def _audit(row: AuditRow) -> AuditEntry:
+    return AuditEntry(id=row.id, at=row.at, operator=row.operator, action=row.action, outcome=row.outcome,
+                      details=dict(row.details))
 
 
 def _round(row: RoundRow) -> RoundRecord:

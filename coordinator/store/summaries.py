@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from coordinator.store.errors import EnrollmentConflictError, InvalidRecordError
 from coordinator.store.records import DeviceStatus, Page, PrivacyEntry, PrivacySummary, RoundRecord, RoundState
@@ -23,16 +24,34 @@ def check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
 
 def check_enrollment_batch(devices: Sequence[tuple[bytes, str]]) -> list[bytes]:
     """The identity keys of an `enroll_devices` batch, in order; raises
-    InvalidRecordError for an empty key or a key listed twice."""
+    InvalidRecordError for an empty key, a key listed twice or a non-empty
+    local_id (user handle) listed twice."""
     keys = [bytes(key) for key, _local_id in devices]
     seen: set[bytes] = set()
-    for i, key in enumerate(keys):
+    handles: set[str] = set()
+    for i, (key, (_, local_id)) in enumerate(zip(keys, devices, strict=True)):
         if not key:
             raise InvalidRecordError(f"device {i} of the batch has an empty identity key")
         if key in seen:
             raise InvalidRecordError(f"device {i} of the batch repeats an identity key")
+        if local_id and local_id in handles:
+            raise InvalidRecordError(f"device {i} of the batch repeats the local_id {local_id[:64]!r}")
         seen.add(key)
+        handles.add(local_id)
     return keys
+
+
+def check_audit_details(details: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of an audit entry's details, refused (InvalidRecordError)
+    unless it is a JSON object."""
+    if details is None:
+        return {}
+    if not isinstance(details, Mapping) or not all(isinstance(k, str) for k in details):
+        raise InvalidRecordError("audit details must be a mapping with string keys")
+    try:
+        return dict(json.loads(json.dumps(dict(details), allow_nan=False)))
+    except (TypeError, ValueError) as exc:
+        raise InvalidRecordError(f"audit details must be JSON values: {exc}") from None
 
 
 def enrollment_refusal(status: DeviceStatus, stored_client: str | None, client_id: str | None) -> str | None:

@@ -254,7 +254,7 @@ async def enroll(target: str, n: int, *, seed: int = 0, metadata: tuple = ()) ->
             enrollment_pb2.EnrollRequest(
                 client_name="fake",
                 devices=[
-                    enrollment_pb2.DeviceEnrollment(local_id=f"user-{i}", identity_public_key=identity.public_bytes(k))
+                    enrollment_pb2.DeviceEnrollment(local_id=f"user-{seed}-{i}", identity_public_key=identity.public_bytes(k))
                     for i, k in enumerate(keys)
                 ],
             ),

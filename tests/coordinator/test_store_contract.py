@@ -119,6 +119,57 @@ def test_enroll_devices_refuses_the_whole_batch(backend: Backend) -> None:
     assert s.enroll_devices([(b"T" * 32, "t")])[0] == (theirs, False)
 
 
+def test_user_handles_are_unique(backend: Backend) -> None:
+    """A non-empty local_id is a user handle: a new device may not take one
+    another device holds (the whole batch is refused), re-enrolling the
+    holder is fine, and the handle finds the device."""
+    s = backend.store
+    alice, _ = s.enroll_device(b"A" * 32, local_id="alice", client_id="edge-1")
+    before = s.list_devices()
+    with pytest.raises(EnrollmentConflictError) as info:
+        s.enroll_devices([(b"N" * 32, "new"), (b"M" * 32, "alice")], client_id="edge-2")
+    assert (info.value.index, info.value.device_id, info.value.reason) == (
+        1, alice.id, EnrollmentConflictError.HANDLE_TAKEN)
+    with pytest.raises(InvalidRecordError):
+        s.enroll_devices([(b"N" * 32, "twice"), (b"M" * 32, "twice")])
+    assert s.list_devices() == before
+    assert s.enroll_devices([(b"A" * 32, "alice")], client_id="edge-1")[0] == (alice, False)
+    # empty local ids are not handles: any number of devices may have none
+    assert [new for _, new in s.enroll_devices([(b"E" * 32, ""), (b"F" * 32, "")])] == [True, True]
+    assert s.get_device_by_local_id("alice") == alice
+    assert s.get_device_by_local_id("nobody") is None
+    assert s.get_device_by_local_id("") is None
+
+
+def test_audit_log_appends_and_lists_newest_first(backend: Backend) -> None:
+    s = backend.store
+    assert s.list_audit().items == ()
+    first = s.append_audit(operator="ops@example", action="pause", outcome="ok", at=T0)
+    second = s.append_audit(operator="ops@example", action="rollback", outcome="ok",
+                            details={"version": 3, "new_version": 7, "reason": "bad round"},
+                            at=T0 + timedelta(seconds=5))
+    third = s.append_audit(operator="bob", action="abort_round", outcome="refused: no round is running")
+    assert first.id < second.id < third.id
+    assert (second.operator, second.action, second.outcome, dict(second.details), second.at) == (
+        "ops@example", "rollback", "ok", {"version": 3, "new_version": 7, "reason": "bad round"}, T0 + timedelta(seconds=5))
+    assert third.at.tzinfo is not None
+    page = s.list_audit(limit=2)
+    assert [e.id for e in page.items] == [third.id, second.id] and page.next_cursor == second.id
+    rest = s.list_audit(limit=2, before=page.next_cursor)
+    assert rest.items == (first,) and rest.next_cursor is None
+    for bad in ({"operator": "", "action": "pause", "outcome": "ok"},
+                {"operator": "x" * 129, "action": "pause", "outcome": "ok"},
+                {"operator": "a", "action": "", "outcome": "ok"},
+                {"operator": "a", "action": "pause", "outcome": ""},
+                {"operator": "a", "action": "pause", "outcome": "ok", "details": {"x": float("nan")}},
+                {"operator": "a", "action": "pause", "outcome": "ok", "details": {"x": object()}}):
+        with pytest.raises(InvalidRecordError):
+            s.append_audit(**bad)
+    assert len(s.list_audit(limit=10).items) == 3  # the refused appends wrote nothing
+    with pytest.raises(InvalidRecordError):
+        s.list_audit(limit=0)
+
+
 def test_enroll_devices_is_all_or_nothing_on_a_failure(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure after the new devices were written (but before the end of
     the transaction) leaves none of them."""

@@ -19,7 +19,7 @@ from coordinator.store.engine import create_store_engine, normalize_url
 from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
-TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "alembic_version"}
+TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "audit_log", "alembic_version"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
@@ -76,6 +76,29 @@ def test_round_counter_migration_continues_after_the_stored_rounds(sql_url: str)
     store = open_store(sql_url)
     try:
         assert store.next_round_number() == 8
+    finally:
+        store.close()
+
+
+def test_handle_migration_renames_duplicate_local_ids(sql_url: str) -> None:
+    """A database from before migration 0003 may hold one local_id twice:
+    the older device keeps it, the other becomes "<local_id>#<id>", and the
+    handle is unique from then on."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0002_round_counter")
+            for key in (b"A" * 32, b"B" * 32, b"C" * 32):
+                conn.execute(text(
+                    "INSERT INTO devices (local_id, identity_public_key, enrolled_at, status)"
+                    " VALUES (:lid, :key, '2025-01-01 00:00:00', 'active')"), {"lid": "user-1", "key": key})
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    store = open_store(sql_url)
+    try:
+        assert [d.local_id for d in store.list_devices()] == ["user-1", "user-1#2", "user-1#3"]
+        assert store.get_device_by_local_id("user-1") == store.get_device(1)
     finally:
         store.close()
 
