@@ -95,6 +95,27 @@ def open_store_read_only(url: str) -> Store:
     return open_store(url, migrate=False)
 
 
+async def _reject_unknown_query_parameters(request: Request) -> None:
+    """A query parameter the route does not take is a 422 (a typo such as
+    `?limt=5` never passes silently)."""
+    from fastapi.routing import APIRoute
+
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known: set[str] = set()
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        known.update(p.alias for p in dependant.query_params)
+        pending.extend(dependant.dependencies)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise ProblemError(422, f"unknown query parameter(s): {', '.join(repr(u[:40]) for u in unknown[:10])}",
+                           invalid_params=[InvalidParam(name=f"query.{u[:40]}", reason="not a parameter of this route")
+                                           for u in unknown[:10]])
+
+
 def create_app(settings: AdminSettings, *, store: Store | None = None, live: LiveLink | None = None) -> FastAPI:
     """The app; `store` and `live` default to the ones the settings name."""
     services = Services(settings=settings, store=store or open_store_read_only(settings.database_url),
@@ -108,7 +129,8 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
         await run_in_threadpool(services.store.close)
 
     app = FastAPI(
-        title="fedmask admin", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+        title="fedmask admin", version="1", lifespan=lifespan,
+        dependencies=[Depends(_reject_unknown_query_parameters)], docs_url=None, redoc_url=None, openapi_url=None,
         description="Watch the federation, read its history and privacy ledger, ask devices for top-k "
                     "recommendations (computed on the device), and operate it. Errors are "
                     "application/problem+json (RFC 9457).")
@@ -210,14 +232,15 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
             epsilon_budget=(state.privacy.epsilon_budget or None) if state is not None else None)
 
     page_size = Query(ge=1, le=settings.max_page_size, description="Items per page")
-    cursor_q = Query(max_length=200, description="The next_cursor of the previous page")
+    def cursor_q(kind: str) -> Any:
+        return Query(pattern=history.cursor_pattern(kind), description="The next_cursor of the previous page")
 
     def cursor_problem(exc: history.BadCursor) -> ProblemError:
         return ProblemError(422, str(exc), invalid_params=[InvalidParam(name="query.cursor", reason=str(exc))])
 
     @app.get("/v1/rounds", response_model=schemas.RoundPage, tags=["rounds"], responses=problem_responses(401, 403, 422, 503))
     async def rounds(_: reader, limit: Annotated[int | None, page_size] = None,
-                     cursor: Annotated[str | None, cursor_q] = None,
+                     cursor: Annotated[str | None, cursor_q("rounds")] = None,
                      outcome: Annotated[schemas.Outcome | None, Query(description="Only rounds of this outcome")] = None,
                      ) -> schemas.RoundPage:
         """Rounds, newest first. A filtered page may hold fewer than `limit` rounds and still have a cursor."""
@@ -246,7 +269,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     @app.get("/v1/models", response_model=schemas.ModelPage, tags=["models"],
              responses=problem_responses(401, 403, 422, 503))
     async def models(_: reader, limit: Annotated[int | None, page_size] = None,
-                     cursor: Annotated[str | None, cursor_q] = None) -> schemas.ModelPage:
+                     cursor: Annotated[str | None, cursor_q("models")] = None) -> schemas.ModelPage:
         """Model versions, newest first, with lineage."""
         n = limit or settings.page_size
         try:
@@ -297,7 +320,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     @app.get("/v1/audit", response_model=schemas.AuditPage, tags=["operator"],
              responses=problem_responses(401, 403, 422, 503))
     async def audit(_: reader, limit: Annotated[int | None, page_size] = None,
-                    cursor: Annotated[str | None, cursor_q] = None) -> schemas.AuditPage:
+                    cursor: Annotated[str | None, cursor_q("audit")] = None) -> schemas.AuditPage:
         """The operator audit log (who did what, when, how it ended), newest first."""
         n = limit or settings.page_size
         try:
@@ -395,7 +418,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
         return await top_k(user=user, k=k, exclude_seen=exclude_seen)
 
     # ------------------------------------------------------------- actions
-    action_errors = problem_responses(401, 403, 409, 422, 502, 503)
+    action_errors = problem_responses(400, 401, 403, 409, 422, 502, 503)
     body_t = Annotated[schemas.ActionBody | None, Body()]
 
     async def act(action: str, who: Principal, body: schemas.ActionBody | None,
@@ -423,7 +446,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
         return await act("abort_round", who, body)
 
     @app.post("/v1/models/{version}/rollback", response_model=schemas.ActionResult, tags=["operator"],
-              responses=problem_responses(401, 403, 404, 409, 422, 502, 503))
+              responses=problem_responses(400, 401, 403, 404, 409, 422, 502, 503))
     async def rollback(who: operator, version: Annotated[int, Path(ge=1, le=2**63 - 1)],
                        body: body_t = None) -> schemas.ActionResult:
         """Make an earlier version current again (stored as a new version). Audited."""

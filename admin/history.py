@@ -3,15 +3,14 @@ API's bodies.
 
 Blocking (the SQL store blocks): the routes call these from a worker thread.
 Only the store's read methods are called. Listings page with opaque cursors
-(`encode_cursor` / `decode_cursor`): the base64url of "<kind>:<number>",
-where number is the exclusive upper bound of the next page; a cursor of
-another kind, or anything else, is a `BadCursor` (422).
+(`encode_cursor` / `decode_cursor`): a letter naming the listing and the
+exclusive upper bound of the next page in hex. The OpenAPI document gives
+their pattern, so a fuzzer's schema-valid cursor is a valid one; anything
+else, or another listing's cursor, is a `BadCursor` (422).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -35,29 +34,33 @@ MAX_LINEAGE = 50
 #: The order stages are shown in.
 STAGE_ORDER = ("selected", "training", "advertise_keys", "share_keys", "masked_input", "consistency_check",
                "unmasking", "aggregating")
-_CURSOR = re.compile(r"^(rounds|models|audit):([1-9][0-9]{0,18})$")
+_PREFIX = {"rounds": "R", "models": "M", "audit": "A"}
 
 
 class BadCursor(ValueError):
     """A cursor this service did not make (or made for another listing)."""
 
 
+def cursor_pattern(kind: str) -> str:
+    """The regular expression every cursor of `kind` matches (and every
+    string matching it is a valid cursor: the API documents it)."""
+    return f"^{_PREFIX[kind]}[1-9a-f][0-9a-f]{{0,14}}$"
+
+
 def encode_cursor(kind: str, before: int) -> str:
-    return base64.urlsafe_b64encode(f"{kind}:{before}".encode()).decode().rstrip("=")
+    if not 1 <= before < 16**15:
+        raise ValueError(f"cursor bound out of range: {before}")
+    return f"{_PREFIX[kind]}{before:x}"
 
 
 def decode_cursor(kind: str, cursor: str | None) -> int | None:
     """The exclusive bound a cursor of `kind` holds (None: from the newest)."""
     if cursor is None:
         return None
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise BadCursor("the cursor is not one this API returned") from None
-    match = _CURSOR.match(text)
-    if match is None or match.group(1) != kind:
-        raise BadCursor("the cursor is not one this API returned for this listing")
-    return int(match.group(2))
+    if re.fullmatch(cursor_pattern(kind), cursor) is None:
+        raise BadCursor(f"the cursor is not one this API returned for this listing (a {kind} cursor matches "
+                        f"{cursor_pattern(kind)})")
+    return int(cursor[1:], 16)
 
 
 def outcome_of(state: RoundState) -> schemas.Outcome:

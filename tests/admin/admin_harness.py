@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeAlias
 
 import grpc
+import httpx
 import numpy as np
 import uvicorn
 from pydantic import SecretStr
@@ -130,7 +131,9 @@ def _ts(at: datetime) -> Timestamp:
 class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
     """CoordinatorAdmin over a store (see the module docstring)."""
 
-    def __init__(self, store: Store, filled: Filled) -> None:
+    def __init__(self, store: Store, filled: Filled, *, scripted_failures: bool = True) -> None:
+        #: False: devices 2-4 answer like device 1 (no 503/504/403 by design).
+        self.scripted_failures = scripted_failures
         self.store = store
         self.filled = filled
         self.paused = False
@@ -205,6 +208,8 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown device or user")
         if not 1 <= request.k <= N_ITEMS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"k must be in 1..{N_ITEMS}")
+        if not self.scripted_failures:
+            device = ANSWERS
         if device == NOT_CONNECTED:
             context.set_trailing_metadata((("grpc-retry-pushback-ms", "3000"),))
             await context.abort(grpc.StatusCode.UNAVAILABLE, "device not connected")
@@ -275,11 +280,11 @@ class Running:
 
 
 @contextmanager
-def fake_coordinator(store: Store, filled: Filled) -> Iterator[Running]:
+def fake_coordinator(store: Store, filled: Filled, *, scripted_failures: bool = True) -> Iterator[Running]:
     """The fake CoordinatorAdmin on a free port, on its own thread and loop."""
     port = free_port()
     loop = asyncio.new_event_loop()
-    servicer = FakeCoordinatorAdmin(store, filled)
+    servicer = FakeCoordinatorAdmin(store, filled, scripted_failures=scripted_failures)
     ready = threading.Event()
     stop: list[asyncio.Event] = []
 
@@ -340,10 +345,12 @@ class World:
     filled: Filled
     coordinator: Running
     base: str
+    #: One client for the whole world (a new httpx client per request costs ~0.15 s).
+    http: httpx.Client
 
 
 @contextmanager
-def world(backend: str, url: str) -> Iterator[World]:
+def world(backend: str, url: str, *, scripted_failures: bool = True) -> Iterator[World]:
     """Fill the store at `url` (migrated as the coordinator would), start the
     fake coordinator and the admin service over it."""
     from coordinator.store import open_store
@@ -351,9 +358,10 @@ def world(backend: str, url: str) -> Iterator[World]:
     store = open_store(url)
     try:
         filled = fill_store(store)
-        with fake_coordinator(store, filled) as running, \
+        with fake_coordinator(store, filled, scripted_failures=scripted_failures) as running, \
                 admin_server(admin_settings(url, running.port)) as base:
-            yield World(backend, url, store, filled, running, base)
+            with httpx.Client(base_url=base, timeout=20) as http:
+                yield World(backend, url, store, filled, running, base, http)
     finally:
         store.close()
 
