@@ -138,6 +138,8 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
         self.filled = filled
         self.paused = False
         self.round_running = True
+        #: The live round's open stage.
+        self.stage: pb.RoundStage.ValueType = pb.ROUND_STAGE_MASKED_INPUT
         self.model_version = filled.versions[-1]
         self.sequence = 0
         self.watchers: list[asyncio.Queue[pb.AdminEvent]] = []
@@ -162,16 +164,24 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
                                                   exhausted=False, mode="distributed"),
                          devices=pb.DeviceCounts(enrolled=12, revoked=1, connected=9, available=8))
         if self.round_running:
+            order = [pb.ROUND_STAGE_ADVERTISE_KEYS, pb.ROUND_STAGE_SHARE_KEYS, pb.ROUND_STAGE_MASKED_INPUT,
+                     pb.ROUND_STAGE_UNMASKING, pb.ROUND_STAGE_AGGREGATING]
+            survivors = {pb.ROUND_STAGE_ADVERTISE_KEYS: 10, pb.ROUND_STAGE_SHARE_KEYS: 9}
+            stages = []
+            for stage in order[:order.index(self.stage) + 1]:
+                if stage == self.stage:  # the open stage
+                    stages.append(pb.StageProgress(stage=stage, survivors=4, dropouts=0, pending=5, started_at=_ts(T0),
+                                                   deadline=_ts(T0 + timedelta(seconds=5))))
+                else:
+                    stages.append(pb.StageProgress(stage=stage, survivors=survivors.get(stage, 9),
+                                                   dropouts=1 if stage == pb.ROUND_STAGE_SHARE_KEYS else 0,
+                                                   started_at=_ts(T0),
+                                                   duration=Duration(seconds=1) if stage == order[0]
+                                                   else Duration(nanos=500_000_000)))
             s.round.CopyFrom(pb.LiveRound(
-                number=self.filled.running, stage=pb.ROUND_STAGE_MASKED_INPUT, cohort_size=10, threshold=7,
+                number=self.filled.running, stage=self.stage, cohort_size=10, threshold=7,
                 neighbour_count=9, live_devices=9, base_model_version=self.model_version,
-                started_at=_ts(T0), secure=True,
-                stages=[pb.StageProgress(stage=pb.ROUND_STAGE_ADVERTISE_KEYS, survivors=10, dropouts=0,
-                                         started_at=_ts(T0), duration=Duration(seconds=1)),
-                        pb.StageProgress(stage=pb.ROUND_STAGE_SHARE_KEYS, survivors=9, dropouts=1,
-                                         started_at=_ts(T0), duration=Duration(nanos=500_000_000)),
-                        pb.StageProgress(stage=pb.ROUND_STAGE_MASKED_INPUT, survivors=4, dropouts=0, pending=5,
-                                         started_at=_ts(T0), deadline=_ts(T0 + timedelta(seconds=5)))]))
+                started_at=_ts(T0), secure=True, stages=stages))
         return s
 
     def publish(self, event: pb.AdminEvent) -> None:
@@ -277,6 +287,15 @@ class Running:
     def publish(self, event: pb.AdminEvent) -> None:
         """Publish `event` from the fake's own loop."""
         self.loop.call_soon_threadsafe(self.servicer.publish, event)
+
+    def advance(self, stage: pb.RoundStage.ValueType) -> None:
+        """The live round moves to `stage`: the state says so and a StageChanged goes out."""
+        def move() -> None:
+            self.servicer.stage = stage
+            self.servicer.publish(pb.AdminEvent(stage_changed=pb.StageChanged(
+                round_number=self.servicer.filled.running, stage=stage, cohort_size=10, threshold=7,
+                live_devices=9)))
+        self.loop.call_soon_threadsafe(move)
 
 
 @contextmanager
