@@ -77,7 +77,7 @@ def test_pause_resume_abort_and_rollback_are_relayed_and_audited(w: World) -> No
 
 
 #: Bodies that are not an ActionBody: wrong type, not JSON, too long, not an object, not UTF-8.
-GARBAGE = ['{"reason": 5}', "not json", '{"reason": "' + "x" * 1025 + '"}', "[1, 2]", b"\xff\xfe"]
+GARBAGE: list[str | bytes] = ['{"reason": 5}', "not json", '{"reason": "' + "x" * 1025 + '"}', "[1, 2]", b"\xff\xfe"]
 
 
 def test_a_garbage_body_is_a_4xx_problem_and_nothing_happens(w: World) -> None:
