@@ -9,83 +9,35 @@ table grow when a round commits, submits the top-k form and sees the
 device's items, and pauses the federation.
 
 When chromium is missing the test FAILS under CI (env CI set) and skips
-with the reason otherwise, like the PostgreSQL fixture.
+with the reason otherwise (tests/chromium_driver.py).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from admin_harness import T0, TOKENS, World, database, world
+from chromium_driver import chromium, wait_for
 
 from admin.settings import Role
 from coordinator.store import NewModelVersion, RoundRecord, RoundState
 from fedmask_proto.v1 import admin_service_pb2 as pb
 
-CHROMIUM = Path(os.environ.get("FEDMASK_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("FEDMASK_CHROMEDRIVER", "/usr/bin/chromedriver"))
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1280,1400")
-WAIT_S = 20.0
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        message = f"no {CHROMIUM} and {CHROMEDRIVER} (run .ci/ensure-chromium)"
-        if _in_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch anything
-    profile = tempfile.mkdtemp(prefix="fedmask-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture
 def w(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[World]:
     with database("sqlite", tmp_path, request) as url, world("sqlite", url) as running:
         yield running
-
-
-def wait_for(driver: Any, condition: Callable[[], Any], what: str) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    def check(_: Any) -> Any:
-        try:
-            return condition()
-        except StaleElementReferenceException:
-            return False
-
-    try:
-        return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(check)
-    except TimeoutException:
-        status = driver.find_element("id", "status-msg").text
-        raise AssertionError(f"timed out waiting for {what} (status line: {status!r})") from None
 
 
 def commit_a_round(w: World) -> int:
@@ -142,8 +94,7 @@ def test_the_dashboard_shows_the_live_federation_and_answers_top_k(w: World, bro
     d.find_element(By.ID, "pause-btn").click()
     wait_for(d, lambda: "pause done" in d.find_element(By.ID, "status-msg").text, "the pause to be confirmed")
     assert w.coordinator.servicer.paused is True
-    # FEDMASK_DASHBOARD_SCREENSHOT=docs/admin-dashboard.png regenerates the README's picture
-    shot = Path(os.environ.get("FEDMASK_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png")
+    shot = tmp_path / "dashboard.png"
     d.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
     n = commit_a_round(w)

@@ -22,33 +22,16 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from integration_harness import (
-    LOOPBACK,
-    Processes,
-    client_args,
-    coordinator_args,
-    free_port,
-    terminal_rounds,
-    wait_serving,
-    wait_until,
-)
+from admin_federation import SEED, auth, start
+from integration_harness import Processes, terminal_rounds, wait_until
 
-from admin.auth import token_hash
 from edge_client.app import ClientConfig, EdgeClient
 from edge_client.queries import top_k
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-COORDINATOR_TOKEN = "admin-listener-token-for-the-admin-service-test"
-API = {"operator": "operator-token-" + "o" * 32, "viewer": "viewer-token-" + "v" * 32,
-       "recommender": "recommender-token-" + "r" * 32}
-SEED = 3
 K = 5
 STAGES = ["advertise_keys", "share_keys", "masked_input", "unmasking", "aggregating"]
-
-
-def auth(role: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {API[role]}"}
 
 
 def read_events(base: str, frames: list[tuple[str, dict[str, Any]]], stop: threading.Event) -> None:
@@ -82,39 +65,8 @@ def first_whole_round(frames: list[tuple[str, dict[str, Any]]]) -> tuple[int, li
 
 
 def test_the_admin_service_over_a_real_federation(procs: Processes, tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'coordinator.db'}"
-    port, admin_port, http_port = free_port(), free_port(), free_port()
-    coord = procs.start("coordinator", coordinator_args(
-        port, db, model="fedrap", model_params={"n_users": 200, "n_items": 300, "k": 8, "local_epochs": 1},
-        cohort_size=4, cohort_minimum=4, over_selection=0.0, allow_consecutive=True, seed=1,
-        round_pause=1, selection_deadline=60, training_deadline=60, advertise_keys_deadline=10,
-        share_keys_deadline=10, masked_input_deadline=10, unmasking_deadline=10,
-        secagg_graph="full", secagg_threshold="majority", dp_mode="none",
-        admin_listen=f"{LOOPBACK}:{admin_port}",
-    ), env={"FEDMASK_ADMIN__TOKEN": COORDINATOR_TOKEN})
-    wait_serving(port, coord)
-    dirs = {"client-a": tmp_path / "client-a", "client-b": tmp_path / "client-b"}
-    clients = [
-        procs.start("client-a", client_args(port, "1-2", dirs["client-a"], dataset="synthetic", seed=SEED,
-                                            threads=1)),
-        procs.start("client-b", client_args(port, "3-4", dirs["client-b"], dataset="synthetic", seed=SEED,
-                                            threads=1, no_serve_recommendations=True)),
-    ]
-    tokens = [{"name": f"{role}-1", "role": role, "sha256": token_hash(t)} for role, t in API.items()]
-    admin = procs.start("admin", ["admin", "--listen", f"{LOOPBACK}:{http_port}", "--database-url", db,
-                                  "--coordinator", f"{LOOPBACK}:{admin_port}", "--log-level", "WARNING"],
-                        env={"FEDMASK_ADMIN_COORDINATOR__TOKEN": COORDINATOR_TOKEN,
-                             "FEDMASK_ADMIN_TOKENS": json.dumps(tokens)})
-    base = f"http://{LOOPBACK}:{http_port}"
-    everyone = [coord, admin, *clients]
-
-    def ready() -> bool:
-        try:
-            return httpx.get(base + "/readyz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(ready, 90, what="the admin service ready", watch=everyone, step=0.2)
+    fed = start(procs, tmp_path)
+    db, base, everyone, dirs = fed.db, fed.base, fed.everyone, fed.state_dirs
     frames: list[tuple[str, dict[str, Any]]] = []
     stop = threading.Event()
     reader = threading.Thread(target=read_events, args=(base, frames, stop), daemon=True)
@@ -169,11 +121,11 @@ def test_the_admin_service_over_a_real_federation(procs: Processes, tmp_path: Pa
         assert 'fedmask_admin_topk_requests_total{status="403"}' in metrics
 
 
-    for c in clients:
+    for c in fed.clients:
         assert c.stop() == 0
     # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal: -15 is its clean exit
-    assert admin.stop() in (0, -15)
-    assert coord.stop() == 0
+    assert fed.admin.stop() in (0, -15)
+    assert fed.coordinator.stop() == 0
 
     # the same top-k from the device's own state on disk, mapped to the dataset's ids and titles
     client = EdgeClient(ClientConfig(coordinator="127.0.0.1:1", users="1-2", state_dir=dirs["client-a"],
