@@ -62,6 +62,7 @@ class Services:
     live: LiveLink
     tokens: TokenTable
     metrics: AdminMetrics
+    rounds: history.RoundCounter
 
     async def read(self, fn: Callable[[], T]) -> T:
         """Run a blocking store read in a worker thread; StoreError -> 503."""
@@ -120,7 +121,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     """The app; `store` and `live` default to the ones the settings name."""
     services = Services(settings=settings, store=store or open_store_read_only(settings.database_url),
                         live=live or LiveLink(settings.coordinator), tokens=TokenTable(settings.tokens),
-                        metrics=AdminMetrics())
+                        metrics=AdminMetrics(), rounds=history.RoundCounter())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -212,7 +213,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
             latest = services.store.list_model_versions(limit=1).items
             devices = services.store.list_devices()
             revoked = sum(1 for d in devices if d.status.value == "revoked")
-            return history.round_counts(services.store), latest[0] if latest else None, len(devices), revoked
+            return services.rounds.counts(services.store), latest[0] if latest else None, len(devices), revoked
 
         counts, latest, enrolled, revoked = await services.read(read)
         spent = await services.read(lambda: services.store.privacy_summary().cumulative_epsilon)

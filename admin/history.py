@@ -12,6 +12,7 @@ else, or another listing's cursor, is a `BadCursor` (422).
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -180,17 +181,44 @@ def get_round(store: Store, number: int) -> schemas.RoundDetail | None:
     return round_detail(r, produced=produced, ledger=Ledger.read(store))
 
 
-def round_counts(store: Store) -> dict[schemas.Outcome, int]:
-    """Rounds per outcome (reads every round, page by page)."""
-    counts: dict[schemas.Outcome, int] = {"committed": 0, "aborted": 0, "running": 0}
-    before: int | None = None
-    while True:
-        page = store.list_rounds(limit=500, before=before)
-        for r in page.items:
-            counts[outcome_of(r.state)] += 1
-        if page.next_cursor is None:
+class RoundCounter:
+    """Rounds per outcome, read incrementally. A terminal round is never
+    written again (the store's contract), so the counts of the oldest run of
+    terminal rounds are kept and each call reads only the rounds newer than
+    it: a derived cache of immutable rows, not state (any instance computes
+    the same). Thread-safe."""
+
+    def __init__(self, *, page: int = 500) -> None:
+        self._page = page
+        self._lock = threading.Lock()
+        #: Every round numbered <= settled is terminal and counted in _base.
+        self._settled = 0
+        self._base: dict[schemas.Outcome, int] = {"committed": 0, "aborted": 0, "running": 0}
+
+    def counts(self, store: Store) -> dict[schemas.Outcome, int]:
+        with self._lock:
+            newer: list[RoundRecord] = []  # newest first
+            before: int | None = None
+            done = False
+            while not done:
+                page = store.list_rounds(limit=self._page, before=before)
+                for r in page.items:
+                    if r.number <= self._settled:
+                        done = True
+                        break
+                    newer.append(r)
+                if page.next_cursor is None:
+                    done = True
+                before = page.next_cursor
+            counts = dict(self._base)
+            for r in newer:
+                counts[outcome_of(r.state)] += 1
+            for r in reversed(newer):  # oldest first: settle the run of terminal rounds
+                if not r.state.is_terminal:
+                    break
+                self._base[outcome_of(r.state)] += 1
+                self._settled = r.number
             return counts
-        before = page.next_cursor
 
 
 def _parent(store: Store, v: ModelVersionSummary) -> int | None:
