@@ -31,6 +31,7 @@ from fastapi import Body, Depends, FastAPI, Path, Query, Request, Security
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from admin import history, live_views, schemas
@@ -376,7 +377,8 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
                 task.cancel()
                 services.metrics.event_streams.dec()
 
-        return StreamingResponse(frames(), media_type="text/event-stream",
+        # the background task ends the relay also when the client left before the first frame was sent
+        return StreamingResponse(frames(), media_type="text/event-stream", background=BackgroundTask(task.cancel),
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     # --------------------------------------------------------------- top-k
