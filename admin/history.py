@@ -33,8 +33,8 @@ MAX_SCAN_PAGES = 20
 #: Lineage shown per model version.
 MAX_LINEAGE = 50
 #: The order stages are shown in.
-STAGE_ORDER = ("selected", "training", "advertise_keys", "share_keys", "masked_input", "consistency_check",
-               "unmasking", "aggregating")
+STAGE_ORDER = ("selected", "training", "advertise_keys", "share_keys", "share_check", "masked_input",
+               "consistency_check", "unmasking", "aggregating")
 _PREFIX = {"rounds": "R", "models": "M", "audit": "A"}
 
 

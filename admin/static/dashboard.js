@@ -5,8 +5,12 @@
 "use strict";
 
 const KEY = "fedmask-admin-token";
-const STAGES = ["advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking", "aggregating"];
-const LABELS = { advertise_keys: "advertise keys", share_keys: "share keys", masked_input: "masked input",
+const STAGES = ["advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check", "unmasking",
+                "aggregating"];
+// Stages a round runs only in some modes: shown as skipped unless the round opened them.
+const OPTIONAL = ["share_check", "consistency_check"];
+const LABELS = { advertise_keys: "advertise keys", share_keys: "share keys", share_check: "share check",
+                 masked_input: "masked input",
                  consistency_check: "consistency", unmasking: "unmasking", aggregating: "aggregating" };
 let token = sessionStorage.getItem(KEY);
 let live = null;          // the live round as /v1/rounds/current gives it (updated by events)
@@ -77,8 +81,7 @@ function renderLive() {
   for (const [i, stage] of STAGES.entries()) {
     const li = el("li", LABELS[stage]);
     li.dataset.stage = stage;
-    // consistency_check runs only in active-adversary mode: done only when the round opened it
-    const skipped = stage === "consistency_check" && !byStage[stage];
+    const skipped = OPTIONAL.includes(stage) && !byStage[stage];
     if (round && i < current) li.classList.add(skipped ? "skipped" : "done");
     if (round && i === current) li.classList.add("active");
     const s = byStage[stage];

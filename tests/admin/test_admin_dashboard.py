@@ -79,7 +79,9 @@ def test_the_dashboard_shows_the_live_federation_and_answers_top_k(w: World, bro
     w.coordinator.advance(pb.ROUND_STAGE_AGGREGATING)
     wait_for(d, lambda: active() == "aggregating", "the stage to change to aggregating")
     done = [li.get_attribute("data-stage") for li in d.find_elements(By.CSS_SELECTOR, "#stage-strip li.done")]
-    assert done == ["advertise_keys", "share_keys", "masked_input", "unmasking"]  # no consistency check here
+    assert done == ["advertise_keys", "share_keys", "masked_input", "unmasking"]  # no share or consistency check
+    skipped = [li.get_attribute("data-stage") for li in d.find_elements(By.CSS_SELECTOR, "#stage-strip li.skipped")]
+    assert skipped == ["share_check", "consistency_check"]
 
     d.find_element(By.ID, "topk-user").send_keys("alice")
     k = d.find_element(By.ID, "topk-k")

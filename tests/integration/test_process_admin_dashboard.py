@@ -54,7 +54,7 @@ def test_the_dashboard_over_a_real_federation(procs: Processes, tmp_path: Path, 
     wait_for(d, lambda: len(stages()) >= 3, "the live stage to change at least twice", timeout=150)
     seen = stages()
     assert all(a != b for a, b in zip(seen, seen[1:], strict=False))
-    assert set(seen) <= {"advertise_keys", "share_keys", "masked_input", "unmasking", "aggregating"}
+    assert set(seen) <= {"advertise_keys", "share_keys", "share_check", "masked_input", "unmasking", "aggregating"}
     wait_for(d, lambda: any(r.get_attribute("data-round") for r in rows()), "a round in the table", timeout=150)
     before = {r.get_attribute("data-round") for r in rows()}
     wait_for(d, lambda: {r.get_attribute("data-round") for r in rows()} - before, "the rounds table to grow",
