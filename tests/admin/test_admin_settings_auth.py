@@ -93,3 +93,13 @@ def test_admin_token_command_prints_a_usable_entry() -> None:
     assert short.exit_code == 2 and "at least 32" in short.output
     bad_role = CliRunner().invoke(cli, ["admin-token", "ops", "king"])
     assert bad_role.exit_code != 0
+
+
+def test_fedmask_admin_refuses_bad_settings_and_a_missing_store(tmp_path: Path) -> None:
+    missing = CliRunner().invoke(cli, ["admin", "--database-url", f"sqlite:///{tmp_path / 'absent.db'}"])
+    assert missing.exit_code == 2 and "cannot open the store" in missing.output
+    assert not (tmp_path / "absent.db").exists()
+    bad = CliRunner().invoke(cli, ["admin", "--listen", "nowhere", "--coordinator", "x"])
+    assert bad.exit_code == 2 and "listen_address" in bad.output and "coordinator.address" in bad.output
+    helped = CliRunner().invoke(cli, ["admin", "--help"])
+    assert helped.exit_code == 0 and "FEDMASK_ADMIN_COORDINATOR__TOKEN" in helped.output
