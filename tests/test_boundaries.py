@@ -55,3 +55,25 @@ def test_import_linter_contracts_hold() -> None:
         assert lint_imports() == 0, "import-linter contracts are broken (run `.venv/bin/lint-imports`)"
     finally:
         os.chdir(cwd)
+
+
+def test_admin_reaches_the_coordinator_only_through_its_store() -> None:
+    """The admin service is stateless over the coordinator's store and its
+    gRPC admin listener: of `coordinator` it imports only `coordinator.store`
+    (interface, records, errors, blobs), never the runtime (import-linter's
+    forbidden contract cannot say "all but one subpackage")."""
+    offenders: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "admin").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module] + ([f"{node.module}.{a.name}" for a in node.names] if node.module == "coordinator" else [])
+            bad = [n for n in names if n.split(".")[0] == "coordinator" and not n.startswith("coordinator.store")
+                   and n != "coordinator"]
+            bad += [n for n in names if n == "coordinator" and isinstance(node, ast.Import)]
+            if bad:
+                offenders.setdefault(str(path.relative_to(ROOT)), []).extend(bad)
+    assert (ROOT / "admin").is_dir()
+    assert not offenders, f"admin imports coordinator runtime modules: {offenders}"

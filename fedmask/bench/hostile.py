@@ -137,13 +137,15 @@ def _out_of_order(channel: grpc.Channel, rng: random.Random) -> None:
     from fedmask_proto.v1 import secagg_pb2, session_pb2
     from wire.protocol import PROTOCOL_VERSION
 
-    header = {"session_id": rng.randbytes(16), "round_number": rng.randint(1, 50), "device_id": rng.randint(1, 20)}
+    sid, number, device = rng.randbytes(16), rng.randint(1, 50), rng.randint(1, 20)
     msgs = [
         session_pb2.ClientMessage(hello=session_pb2.Hello(client_name="hostile", protocol_version=PROTOCOL_VERSION)),
-        session_pb2.ClientMessage(masked_input=secagg_pb2.MaskedInput(**header, masked_vector=b"\0" * 16, length=4,
-                                                                       modulus_bits=32)),
-        session_pb2.ClientMessage(unmasking_response=secagg_pb2.UnmaskingResponse(**header)),
-        session_pb2.ClientMessage(share_receipt=secagg_pb2.ShareReceipt(**header, undecryptable=[1, 2, 3])),
+        session_pb2.ClientMessage(masked_input=secagg_pb2.MaskedInput(
+            session_id=sid, round_number=number, device_id=device, masked_vector=b"\0" * 16, length=4, modulus_bits=32)),
+        session_pb2.ClientMessage(unmasking_response=secagg_pb2.UnmaskingResponse(
+            session_id=sid, round_number=number, device_id=device)),
+        session_pb2.ClientMessage(share_receipt=secagg_pb2.ShareReceipt(
+            session_id=sid, round_number=number, device_id=device, undecryptable=[1, 2, 3])),
     ]
     _stream(channel, [m.SerializeToString() for m in msgs])
 
@@ -227,7 +229,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     }
     honest_parts = split_users(1, cfg.honest_devices, cfg.honest_processes)
     first_hostile = cfg.honest_devices + 1
-    roles = [(f"honest-{i}", users, {}) for i, users in enumerate(honest_parts)] + [
+    roles: list[tuple[str, str, dict[str, Any]]] = [(f"honest-{i}", users, {}) for i, users in enumerate(honest_parts)] + [
         ("hostile-shares", f"{first_hostile}-{first_hostile + HOSTILE_DEVICES - 1}", {"fault_garbage_shares": True}),
         ("hostile-metrics", f"{first_hostile + HOSTILE_DEVICES}-{total}", {"fault_garbage_metrics": True}),
     ]

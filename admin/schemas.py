@@ -1,0 +1,242 @@
+"""The REST API's response bodies (pydantic), so the OpenAPI document
+describes every answer. Times are ISO 8601 in UTC; durations in seconds.
+Device ids appear only in operator views of a round; no response carries a
+device's private data (top-k answers are computed and chosen by the device)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Outcome = Literal["committed", "aborted", "running"]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(BaseModel):
+    ready: bool
+    store: bool = Field(description="The coordinator's store answered a read")
+    coordinator: bool = Field(description="The coordinator's admin listener answered GetLiveState")
+    detail: list[str] = Field(default_factory=list, description="What is not reachable, and why")
+
+
+# ------------------------------------------------------------------ live
+
+
+class StageProgress(BaseModel):
+    stage: str = Field(description="advertise_keys, share_keys, share_check, masked_input, consistency_check, unmasking, "
+                                   "aggregating, committed or aborted")
+    survivors: int
+    dropouts: int
+    pending: int = Field(description="Devices the open stage still waits for")
+    started_at: datetime | None
+    deadline: datetime | None = Field(description="When an open stage closes at the latest")
+    seconds: float | None = Field(description="Duration, once the stage is closed")
+
+
+class LiveRound(BaseModel):
+    number: int
+    stage: str
+    cohort_size: int
+    threshold: int = Field(description="Shamir threshold t: the round aborts when fewer devices survive")
+    neighbour_count: int
+    live_devices: int
+    base_model_version: int
+    started_at: datetime | None
+    secure: bool
+    stages: list[StageProgress]
+
+
+class DeviceCounts(BaseModel):
+    enrolled: int
+    revoked: int
+    connected: int
+    available: int
+
+
+class Budget(BaseModel):
+    epsilon_spent: float
+    epsilon_budget: float | None = Field(description="None when no budget is configured")
+    delta: float | None
+    exhausted: bool
+    mode: str = Field(description="DP mode of the rounds: none, local or distributed")
+
+
+class LiveState(BaseModel):
+    model_name: str
+    model_version: int
+    paused: bool
+    budget_exhausted: bool
+    privacy: Budget
+    devices: DeviceCounts
+    round: LiveRound | None = Field(description="The running round; None between rounds")
+    as_of: datetime | None
+    last_event_sequence: int
+
+
+class CurrentRound(BaseModel):
+    round: LiveRound | None
+    paused: bool
+    budget_exhausted: bool
+    as_of: datetime | None
+
+
+# ------------------------------------------------------------- federation
+
+
+class Federation(BaseModel):
+    model_name: str | None = Field(description="None before the first model version is stored")
+    current_version: int | None
+    rounds_committed: int
+    rounds_aborted: int
+    rounds_running: int
+    devices_enrolled: int
+    devices_revoked: int
+    devices_connected: int | None = Field(description="None when the coordinator is not reachable")
+    phase: str | None = Field(description="The live round's stage, 'idle', 'paused', 'budget_exhausted', "
+                                          "or None when the coordinator is not reachable")
+    coordinator_reachable: bool
+    epsilon_spent: float
+    epsilon_budget: float | None
+
+
+# ----------------------------------------------------------------- rounds
+
+
+class StageReport(BaseModel):
+    stage: str
+    survivors: int | None = Field(description="Devices that completed the stage (None: not recorded)")
+    dropouts: int = Field(description="Devices that left the round at this stage")
+    seconds: float | None
+
+
+class RoundSummary(BaseModel):
+    number: int
+    state: str
+    outcome: Outcome
+    started_at: datetime
+    ended_at: datetime | None
+    seconds: float | None = Field(description="ended_at - started_at")
+    cohort_size: int
+    contributors: int | None = Field(description="Devices counted in the aggregate (committed rounds)")
+    abort_reason: str | None
+    base_model_version: int | None
+    model_version: int | None = Field(description="The model version the round produced")
+    epsilon: float | None = Field(description="Cumulative epsilon after the round (None without DP)")
+    validation: dict[str, float] = Field(description="Federated validation metrics (secure sums' means)")
+
+
+class RoundDetail(RoundSummary):
+    threshold: int | None = Field(description="Shamir threshold t, when recorded")
+    stages: list[StageReport]
+    dropout_ids: dict[str, list[int]] = Field(description="Stage -> device ids that dropped there")
+    metrics: dict[str, float] = Field(description="Every aggregated metric stored with the round")
+    epsilon_round: float | None = Field(description="The round's own epsilon at delta")
+    noise_multiplier: float | None
+
+
+class RoundPage(BaseModel):
+    items: list[RoundSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for older rounds; None at the end")
+
+
+# ----------------------------------------------------------------- models
+
+
+class ModelSummary(BaseModel):
+    version: int
+    model_name: str
+    round_number: int | None = Field(description="The round that produced it; None for an initial or imported one")
+    parent_version: int | None = Field(description="The version it was trained from (lineage)")
+    created_at: datetime
+    sha256: str
+    size_bytes: int
+    hyperparameters: dict[str, object]
+
+
+class ModelDetail(ModelSummary):
+    lineage: list[int] = Field(description="This version, its parent, grandparent, ... (at most 50)")
+    parameters_url: str = Field(description="Where to download the public global parameters (.npz)")
+
+
+class ModelPage(BaseModel):
+    items: list[ModelSummary]
+    next_cursor: str | None
+
+
+# ---------------------------------------------------------------- privacy
+
+
+class LedgerEntry(BaseModel):
+    round_number: int
+    noise_multiplier: float = Field(description="Effective multiplier of the round's sum")
+    sampling_rate: float
+    counted_devices: int | None = Field(description="Devices whose noise is in the sum")
+    epsilon_round: float
+    epsilon_cumulative: float
+    delta: float
+
+
+class Privacy(BaseModel):
+    rounds_accounted: int
+    epsilon_spent: float
+    delta: float | None
+    epsilon_budget: float | None = Field(description="From the running coordinator; None when unknown or unset")
+    epsilon_remaining: float | None
+    exhausted: bool | None = Field(description="None when the coordinator is not reachable")
+    ledger: list[LedgerEntry]
+
+
+# ------------------------------------------------------------------ top-k
+
+
+class RecommendedItem(BaseModel):
+    item_id: str = Field(description="The dataset's own item id")
+    title: str | None = Field(description="The dataset's title, when it ships one")
+    score: float
+    rank: int = Field(ge=1)
+    item_index: int = Field(description="The model's dense item index")
+
+
+class Recommendations(BaseModel):
+    device_id: int
+    user: str = Field(description="The handle the device registered at enrolment")
+    items: list[RecommendedItem]
+    model_version: int = Field(description="The global version the device's model was last updated from")
+    computed_on: Literal["device"] = "device"
+    latency_ms: float = Field(description="From the coordinator's request to the device's answer")
+    total_ms: float = Field(description="As measured by the admin service, including the relay")
+    recommendation_id: str
+
+
+# ---------------------------------------------------------------- actions
+
+
+class ActionBody(BaseModel):
+    reason: str = Field("", max_length=1024, description="Why, for the audit log")
+
+
+class ActionResult(BaseModel):
+    action: str
+    changed: bool
+    audit_id: int
+    new_model_version: int | None
+    state: LiveState
+
+
+class AuditEntry(BaseModel):
+    id: int
+    at: datetime
+    operator: str = Field(description="Who acted (the API token's name, as the admin service passes it)")
+    action: str = Field(description="pause, resume, abort_round, rollback, ...")
+    outcome: str = Field(description="ok, or 'refused: <why>' / 'failed: <why>'")
+    details: dict[str, object] = Field(description="The action's arguments and results")
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEntry]
+    next_cursor: str | None

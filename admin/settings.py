@@ -1,0 +1,293 @@
+"""Admin-service configuration: `AdminSettings.load(...)`.
+
+Sources, highest precedence first (nested groups merged key by key), in the
+style of the coordinator's settings:
+  1. flags      `overrides` mapping, dotted keys ({"coordinator.address": x});
+                None values mean "flag not given" and are dropped. Secrets
+                are refused here (SECRET_KEYS): a flag shows in `ps` and in
+                shell history.
+  2. env        FEDMASK_ADMIN_<FIELD>, nested with "__":
+                FEDMASK_ADMIN_COORDINATOR__TOKEN=...,
+                FEDMASK_ADMIN_TOKENS='[{"name": "ops", "role": "operator",
+                "sha256": "..."}]'
+  3. file       a TOML file: `config_file`, else $FEDMASK_ADMIN_CONFIG;
+                top-level keys, [coordinator], [[tokens]]
+  4. defaults   below
+
+The API's bearer tokens are stored only as their SHA-256 (`fedmask
+admin-token` prints the entry for a new token); see admin/auth.py for why a
+fast hash is the right one for random tokens (D45). Every problem is
+reported at once as a `SettingsError` naming the dotted field and its env
+variable; secret values are never echoed. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FilePath,
+    PositiveFloat,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from wire.protocol import is_loopback
+
+ENV_PREFIX = "FEDMASK_ADMIN_"
+CONFIG_ENV = "FEDMASK_ADMIN_CONFIG"
+#: Settings that may come from env or file only, never from a flag.
+SECRET_KEYS = frozenset({"coordinator.token", "tokens"})
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message lists every problem."""
+
+
+class Role(StrEnum):
+    """What a bearer token may do (admin/auth.py has the route rules)."""
+
+    #: Read the federation's state and history, and /metrics.
+    VIEWER = "viewer"
+    #: Ask for top-k recommendations, nothing else.
+    RECOMMENDER = "recommender"
+    #: Everything: reads, top-k and operator actions.
+    OPERATOR = "operator"
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TokenEntry(_Group):
+    """One accepted API token, by its hash."""
+
+    #: Who holds it; recorded as the actor of operator actions. Never the token.
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@\-]{0,63}$")]
+    role: Role
+    #: Lower-case hex SHA-256 of the token's UTF-8 bytes.
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class CoordinatorLink(_Group):
+    """How the admin service reaches the coordinator's gRPC admin listener."""
+
+    #: HOST:PORT of the admin listener (not the devices' listener).
+    address: str = "127.0.0.1:50052"
+    #: The admin service's own credential on that listener (bearer token).
+    #: Env or file only.
+    token: SecretStr | None = None
+    #: CA bundle (PEM) the listener's certificate must chain to; enables TLS.
+    tls_ca: FilePath | None = None
+    #: Client certificate and key (PEM) for mTLS with an admin role.
+    tls_cert: FilePath | None = None
+    tls_key: FilePath | None = None
+    #: Seconds a status or action call may take.
+    call_timeout_s: PositiveFloat = 5.0
+    #: Seconds the coordinator waits for a device's top-k answer.
+    topk_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        split_host_port(value)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CoordinatorLink:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("coordinator.tls_cert and coordinator.tls_key must be given together")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("coordinator.tls_cert needs coordinator.tls_ca (mTLS needs TLS)")
+        host = split_host_port(self.address)[0]
+        if self.token is not None and self.tls_ca is None and not is_loopback(host):
+            raise ValueError(f"coordinator.token without coordinator.tls_ca to the non-loopback {self.address!r} "
+                             "would send the admin credential in clear: set coordinator.tls_ca")
+        return self
+
+
+_CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_admin_config_data", default=None)
+
+
+class AdminSettings(BaseSettings):
+    """All admin-service settings (see the module docstring for the sources)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    #: HTTP listen address HOST:PORT.
+    listen_address: str = "127.0.0.1:8080"
+    #: The coordinator's store, read only: sqlite:///FILE or postgresql+psycopg://...
+    database_url: str = "sqlite:///./fedmask.db"
+    coordinator: CoordinatorLink = Field(default_factory=CoordinatorLink)
+    #: Accepted API tokens (hashed). Env or file only.
+    tokens: list[TokenEntry] = Field(default_factory=list)
+    #: Default and largest page of a listing.
+    page_size: Annotated[int, Field(ge=1, le=1000)] = 50
+    max_page_size: Annotated[int, Field(ge=1, le=10_000)] = 500
+    #: Seconds between SSE keep-alive comments on a quiet event stream.
+    sse_keepalive_s: PositiveFloat = 15.0
+    #: Seconds a 503 answer tells the client to wait (Retry-After).
+    retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 5
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_listen_address(cls, value: str) -> str:
+        split_host_port(value)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if value == "memory://":
+            return value
+        from coordinator.store.engine import normalize_url
+        from coordinator.store.errors import StoreError
+
+        try:
+            return normalize_url(value).render_as_string(hide_password=False)
+        except StoreError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("tokens")
+    @classmethod
+    def _unique_tokens(cls, value: list[TokenEntry]) -> list[TokenEntry]:
+        names = [t.name for t in value]
+        hashes = [t.sha256 for t in value]
+        if len(set(names)) != len(names):
+            raise ValueError("token names must be unique (they name the actor in the audit log)")
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("the same token is listed twice")
+        return value
+
+    @model_validator(mode="after")
+    def _page_sizes(self) -> AdminSettings:
+        if self.page_size > self.max_page_size:
+            raise ValueError(f"page_size ({self.page_size}) must be <= max_page_size ({self.max_page_size})")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        data = _CONFIG_DATA.get()
+        if data:
+            sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
+        return tuple(sources)
+
+    @classmethod
+    def load(
+        cls, *, config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
+    ) -> AdminSettings:
+        """Build the settings from flags (`overrides`), env, file, defaults.
+        Raises SettingsError with every problem listed; a secret among the
+        overrides is refused (secrets come from env or file only)."""
+        given = {k for k, v in (overrides or {}).items() if v is not None}
+        secret = sorted(k for k in given if k in SECRET_KEYS or any(k.startswith(s + ".") for s in SECRET_KEYS))
+        if secret:
+            raise SettingsError(f"{', '.join(secret)}: secrets are read from the environment or the config file, "
+                                "never from a flag")
+        path = config_file if config_file is not None else os.environ.get(CONFIG_ENV) or None
+        file_data = read_config_file(Path(path)) if path is not None else {}
+        with _config_data(file_data):
+            try:
+                return cls(**unflatten(overrides or {}))
+            except ValidationError as exc:
+                raise SettingsError(format_validation_error(exc, source=path)) from None
+
+
+@contextmanager
+def _config_data(data: dict[str, Any]) -> Iterator[None]:
+    token = _CONFIG_DATA.set(data)
+    try:
+        yield
+    finally:
+        _CONFIG_DATA.reset(token)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The parsed TOML file; SettingsError if missing or malformed."""
+    if path.suffix.lower() not in (".toml", ""):
+        raise SettingsError(f"config file {path}: only TOML is supported (got {path.suffix})")
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SettingsError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"coordinator.address": x} -> {"coordinator": {"address": x}}; None dropped."""
+    nested: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        if value is None:
+            continue
+        *parents, leaf = dotted.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise SettingsError(f"override {dotted!r} conflicts with a scalar override of {part!r}")
+        node[leaf] = value
+    return nested
+
+
+def format_validation_error(exc: ValidationError, *, source: str | Path | None = None) -> str:
+    """One line per problem: dotted field, its env variable, message and,
+    unless it is a secret, the offending value."""
+    lines: list[str] = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        path = ".".join(loc)
+        top = ".".join(p for p in loc if not p.isdigit())
+        secret = any(top == s or top.startswith(s + ".") for s in SECRET_KEYS)
+        env = f"{ENV_PREFIX}{(loc[0] if loc else '').upper()}" + ("".join(f"__{p.upper()}" for p in loc[1:2])
+                                                                 if loc and loc[0] == "coordinator" else "")
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        value = err.get("input")
+        shown = "" if secret or isinstance(value, dict | list) or err["type"] == "extra_forbidden" else f" [got {value!r}]"
+        lines.append(f"  - {path or 'settings'} (env {env}): {msg}{shown}")
+    head = f"invalid admin settings ({len(lines)} problem(s)):"
+    tail = [f"  (config file: {source})"] if source is not None else []
+    return "\n".join([head, *lines, *tail])
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"address must be HOST:PORT, got {address!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 0..65535")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ValueError(f"malformed IPv6 address in {address!r}")
+        host = host[1:-1]
+    return host, port

@@ -1,0 +1,65 @@
+"""Pure history helpers over an in-memory store filled through the store
+API: the incremental round counter and the cursors."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from admin_harness import T0, fill_store
+
+from admin.history import BadCursor, RoundCounter, cursor_pattern, decode_cursor, encode_cursor
+from coordinator.store import InMemoryStore, Page, RoundRecord, RoundState
+
+
+class CountingStore(InMemoryStore):
+    """Records the `before` of every list_rounds call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int | None] = []
+
+    def list_rounds(self, *, limit: int = 50, before: int | None = None) -> Page[RoundRecord]:
+        self.reads.append(before)
+        return super().list_rounds(limit=limit, before=before)
+
+
+def test_round_counter_reads_only_unsettled_rounds_and_stays_exact() -> None:
+    store = CountingStore()
+    filled = fill_store(store)
+    counter = RoundCounter(page=2)
+    first = counter.counts(store)
+    assert len(store.reads) == 4  # 8 rounds, 2 a page
+    assert first == {"committed": len(filled.committed), "aborted": len(filled.aborted), "running": 1}
+
+    store.reads.clear()
+    # the running round ends, and a new one is aborted
+    running = store.get_round(filled.running)
+    assert running is not None
+    store.abort_round(RoundRecord(number=running.number, state=RoundState.ABORTED, abort_reason="cancelled",
+                                  started_at=running.started_at, ended_at=running.started_at + timedelta(seconds=1),
+                                  cohort_size=10))
+    n = store.next_round_number()
+    store.abort_round(RoundRecord(number=n, state=RoundState.ABORTED, abort_reason="cancelled",
+                                  started_at=T0 + timedelta(hours=3), cohort_size=10))
+    again = counter.counts(store)
+    assert again == {"committed": len(filled.committed), "aborted": len(filled.aborted) + 2, "running": 0}
+    assert store.reads == [None, n - 1]  # two pages (rounds n, n-1 = the old running one; then a settled one)
+    assert counter.counts(store) == again
+
+
+@pytest.mark.parametrize("kind", ["rounds", "models", "audit"])
+def test_cursors_round_trip_and_refuse_anything_else(kind: str) -> None:
+    import re
+
+    for bound in (1, 9, 16, 255, 16**15 - 1):
+        cursor = encode_cursor(kind, bound)
+        assert re.fullmatch(cursor_pattern(kind), cursor)
+        assert decode_cursor(kind, cursor) == bound
+    assert decode_cursor(kind, None) is None
+    other = "models" if kind != "models" else "rounds"
+    for bad in ("", "R0", "R01", encode_cursor(other, 5), "R" + "1" * 16, "r5", " R5"):
+        with pytest.raises(BadCursor):
+            decode_cursor(kind, bad)
+    with pytest.raises(ValueError):
+        encode_cursor(kind, 0)
