@@ -31,7 +31,8 @@ from secagg.stages import Stage
 _WHEN = {
     Stage.ADVERTISE_KEYS: "never advertised keys",
     Stage.SHARE_KEYS: "advertised, never shared keys",
-    Stage.MASKED_INPUT: "shared keys, no masked input",
+    Stage.SHARE_CHECK: "shared keys, never answered the share check",
+    Stage.MASKED_INPUT: "checked the shares, no masked input",
     Stage.CONSISTENCY_CHECK: "no consistency signature",
     Stage.UNMASKING: "masked input sent, no unmasking",
 }
