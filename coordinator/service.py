@@ -6,8 +6,11 @@ the device-request relay (`relay.py`).
 Everything here runs on one event loop; store calls (blocking SQL) and the
 model step go to worker threads. The gRPC servicer only calls:
 
+    coordinator.enroll_challenge()                             -> EnrollChallengeResponse
     await coordinator.enroll(request, client_id=...)          -> EnrollResponse
-    session = await coordinator.open_session(hello, client_id=..., peer=...)
+    coordinator.check_hello(hello)                             (before the SessionChallenge)
+    coordinator.session_nonce()                                -> the stream's challenge nonce
+    session = await coordinator.open_session(hello, nonce=..., proofs=..., client_id=..., peer=...)
     await coordinator.handle(session, client_message)          (per message)
     coordinator.close_session(session, why)                    (stream ended)
 
@@ -65,6 +68,7 @@ from coordinator.store.blobs import pack_parameters, unpack_parameters
 from fedmask_proto.v1 import common_pb2, enrollment_pb2, session_pb2
 from secagg.errors import SecAggConfigError
 from wire import WireError, build_round_task, params_to_proto
+from wire.possession import SESSION_NONCE_BYTES
 from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort, reason_name
@@ -185,14 +189,29 @@ class Coordinator:
 
     # ================================================================== devices and sessions
 
+    def enroll_challenge(self) -> enrollment_pb2.EnrollChallengeResponse:
+        self._check_running()
+        return self.registry.enroll_challenge()
+
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
         self._check_running()
         return await self.registry.enroll(request, client_id=client_id)
 
-    async def open_session(self, hello: session_pb2.Hello, *, client_id: str | None, peer: str = "") -> ClientSession:
-        """A new stream sent its Hello (see DeviceRegistry.open)."""
+    def check_hello(self, hello: session_pb2.Hello) -> None:
+        """Refuse a Hello before its challenge (version rule; see DeviceRegistry.check_hello)."""
         self._check_running()
-        return await self.registry.open(hello, client_id=client_id, peer=peer)
+        self.registry.check_hello(hello)
+
+    def session_nonce(self) -> bytes:
+        """A fresh SessionChallenge nonce (from the coordinator's randomness)."""
+        return self._token(SESSION_NONCE_BYTES)
+
+    async def open_session(self, hello: session_pb2.Hello, *, nonce: bytes,
+                           proofs: Iterable[session_pb2.DeviceProof] = (),
+                           client_id: str | None, peer: str = "") -> ClientSession:
+        """A new stream sent its Hello and its proofs to `nonce` (see DeviceRegistry.open)."""
+        self._check_running()
+        return await self.registry.open(hello, nonce=nonce, proofs=proofs, client_id=client_id, peer=peer)
 
     def close_session(self, session: ClientSession, why: str = "stream ended") -> None:
         """The stream ended (either side): its devices drop out of any round,
@@ -217,6 +236,8 @@ class Coordinator:
             raise ProtocolViolation("empty ClientMessage")
         if kind == "hello":
             raise ProtocolViolation("a second Hello on the stream")
+        if kind == "proof":
+            raise ProtocolViolation("DeviceProofs only answer the SessionChallenge (later proofs travel in CheckIn)")
         if kind == "heartbeat":
             session.send(
                 session_pb2.ServerMessage(
@@ -225,7 +246,8 @@ class Coordinator:
             )
             return
         if kind == "check_in":
-            admission = await self.registry.admit(session, message.check_in.available_device_ids)
+            admission = await self.registry.admit(session, message.check_in.available_device_ids,
+                                                  message.check_in.proofs)
             session.send(session_pb2.ServerMessage(check_in_ack=admission))
             self._changed.set()
             return

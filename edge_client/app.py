@@ -154,7 +154,7 @@ class EdgeClient:
         if todo:
             got = await enroll(
                 stub, self.transport, client_name=self.name,
-                devices=[(lid, by_local[lid].identity_public) for lid in todo],
+                devices=[(lid, by_local[lid].require_identity_key()) for lid in todo],
             )
             self.store.save_enrolled(self.config.coordinator, got)
             known.update(got)

@@ -51,8 +51,10 @@ from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
 from edge_client.trainer import Trainer, TrainingError, TrainOutput, UnreadablePrivateState
 from fedmask_proto.v1 import common_pb2, session_pb2
+from secagg import identity
 from secagg.stages import Stage
 from wire import secagg_codec
+from wire.possession import session_payload
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE, coordinator_refusal
 
 log = logging.getLogger("edge_client.session")
@@ -95,6 +97,9 @@ class SessionDriver:
         self.allow_insecure_plaintext = allow_insecure_plaintext
         self.outbox: asyncio.Queue[session_pb2.ClientMessage] = asyncio.Queue()
         self.accepted: set[int] = set()
+        #: This stream's SessionChallenge nonce and the devices proven on it.
+        self.nonce: bytes = b""
+        self.proven: set[int] = set()
         self.last_rejections: list[session_pb2.DeviceRejection] = []
         self.heartbeat_interval = DEFAULT_HEARTBEAT_S
         self.retry_after: float | None = None
@@ -119,8 +124,33 @@ class SessionDriver:
         )
 
     def check_in_message(self, available: Iterable[int] | None = None) -> session_pb2.ClientMessage:
+        """A CheckIn announcing `available` (default: every hosted device),
+        with proofs for the devices not proven on this stream yet."""
         ids = sorted(self.devices if available is None else available)
-        return session_pb2.ClientMessage(check_in=session_pb2.CheckIn(available_device_ids=ids))
+        return session_pb2.ClientMessage(check_in=session_pb2.CheckIn(
+            available_device_ids=ids, proofs=self._proofs([d for d in ids if d not in self.proven])))
+
+    def _proofs(self, ids: Iterable[int]) -> list[session_pb2.DeviceProof]:
+        """Each device's signature over this stream's nonce (none before the
+        challenge); the devices count as proven on this stream from now."""
+        if not self.nonce:
+            return []
+        out = []
+        for d in ids:
+            dev = self.devices.get(d)
+            if dev is None or dev.identity_key is None:
+                continue
+            out.append(session_pb2.DeviceProof(
+                device_id=d, signature=identity.sign(dev.identity_key, session_payload(self.nonce, d))))
+            self.proven.add(d)
+        return out
+
+    def on_challenge(self, c: session_pb2.SessionChallenge) -> None:
+        """The coordinator's SessionChallenge: every hosted device proves
+        possession of its identity key over the stream's nonce."""
+        self.nonce = bytes(c.nonce)
+        self.proven = set()
+        self.send(proof=session_pb2.DeviceProofs(proofs=self._proofs(sorted(self.devices))))
 
     def heartbeat_message(self) -> session_pb2.ClientMessage:
         self.heartbeats_sent += 1
@@ -132,6 +162,8 @@ class SessionDriver:
         """A fresh stream: a new outbox (nothing stale is sent on it)."""
         self.outbox = asyncio.Queue()
         self.retry_after = None
+        self.nonce = b""
+        self.proven = set()
 
     # ------------------------------------------------------------ welcome
     def on_welcome(self, w: session_pb2.Welcome) -> None:
@@ -165,6 +197,8 @@ class SessionDriver:
         kind = msg.WhichOneof("message")
         if kind is None:
             log.warning("empty ServerMessage ignored")
+        elif kind == "challenge":
+            self.on_challenge(msg.challenge)
         elif kind == "welcome":
             self.on_welcome(msg.welcome)
         elif kind == "check_in_ack":

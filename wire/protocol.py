@@ -38,9 +38,11 @@ from secagg.stages import Stage
 
 # --------------------------------------------------------------------------- versions
 
-#: The version this code speaks.
-PROTOCOL_VERSION = "fedmask.v1"
-#: Client versions the coordinator serves (the current one first).
+#: The version this code speaks. 1.1: devices prove possession of their
+#: identity key at enrolment and on every Session stream (D32).
+PROTOCOL_VERSION = "fedmask.v1.1"
+#: Client versions the coordinator serves (the current one first). A 1.0
+#: client cannot prove possession, so it is refused with the upgrade advice.
 SERVED_CLIENT_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 #: Printed and logged versions are cut to this many characters.
 MAX_VERSION_CHARS = 64

@@ -24,37 +24,37 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64mask/v1/secagg.proto\x12\nfedmask.v1\"{\n\rAdvertiseKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x04 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"i\n\x08PeerKeys\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x02 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13identity_public_key\x18\x05 \x01(\x0c\"r\n\x0e\x41\x64vertisedKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12#\n\x05peers\x18\x04 \x03(\x0b\x32\x14.fedmask.v1.PeerKeys\"F\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\x04\x12\x10\n\x08receiver\x18\x02 \x01(\x04\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"t\n\tShareKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"z\n\x0f\x46orwardedShares\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"\x9e\x01\n\x0bMaskedInput\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rmasked_vector\x18\x04 \x01(\x0c\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x14\n\x0cmodulus_bits\x18\x06 \x01(\r\x12\x15\n\rundecryptable\x18\x07 \x03(\x04\"i\n\x17\x43onsistencyCheckRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsurvivors\x18\x04 \x03(\x04\"b\n\x10\x43onsistencyCheck\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"<\n\x14\x43onsistencySignature\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\xa5\x01\n\x10UnmaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05\x61live\x18\x04 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x05 \x03(\x04\x12\x34\n\nsignatures\x18\x06 \x03(\x0b\x32 .fedmask.v1.ConsistencySignature\"+\n\x0bSecretShare\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\r\n\x05share\x18\x02 \x01(\x0c\"\xa9\x01\n\x11UnmaskingResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12)\n\x08\x62_shares\x18\x04 \x03(\x0b\x32\x17.fedmask.v1.SecretShare\x12,\n\x0bs_sk_shares\x18\x05 \x03(\x0b\x32\x17.fedmask.v1.SecretShareb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64mask/v1/secagg.proto\x12\nfedmask.v1\"\x99\x01\n\rAdvertiseKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x04 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\x12\x1c\n\x14identity_certificate\x18\x07 \x01(\x0c\"\x87\x01\n\x08PeerKeys\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x02 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13identity_public_key\x18\x05 \x01(\x0c\x12\x1c\n\x14identity_certificate\x18\x06 \x01(\x0c\"r\n\x0e\x41\x64vertisedKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12#\n\x05peers\x18\x04 \x03(\x0b\x32\x14.fedmask.v1.PeerKeys\"F\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\x04\x12\x10\n\x08receiver\x18\x02 \x01(\x04\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"t\n\tShareKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"z\n\x0f\x46orwardedShares\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"\x9e\x01\n\x0bMaskedInput\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rmasked_vector\x18\x04 \x01(\x0c\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x14\n\x0cmodulus_bits\x18\x06 \x01(\r\x12\x15\n\rundecryptable\x18\x07 \x03(\x04\"i\n\x17\x43onsistencyCheckRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsurvivors\x18\x04 \x03(\x04\"b\n\x10\x43onsistencyCheck\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"<\n\x14\x43onsistencySignature\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\xa5\x01\n\x10UnmaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05\x61live\x18\x04 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x05 \x03(\x04\x12\x34\n\nsignatures\x18\x06 \x03(\x0b\x32 .fedmask.v1.ConsistencySignature\"+\n\x0bSecretShare\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\r\n\x05share\x18\x02 \x01(\x0c\"\xa9\x01\n\x11UnmaskingResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12)\n\x08\x62_shares\x18\x04 \x03(\x0b\x32\x17.fedmask.v1.SecretShare\x12,\n\x0bs_sk_shares\x18\x05 \x03(\x0b\x32\x17.fedmask.v1.SecretShareb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedmask_proto.v1.secagg_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADVERTISEKEYS']._serialized_start=39
-  _globals['_ADVERTISEKEYS']._serialized_end=162
-  _globals['_PEERKEYS']._serialized_start=164
-  _globals['_PEERKEYS']._serialized_end=269
-  _globals['_ADVERTISEDKEYS']._serialized_start=271
-  _globals['_ADVERTISEDKEYS']._serialized_end=385
-  _globals['_ENCRYPTEDSHARE']._serialized_start=387
-  _globals['_ENCRYPTEDSHARE']._serialized_end=457
-  _globals['_SHAREKEYS']._serialized_start=459
-  _globals['_SHAREKEYS']._serialized_end=575
-  _globals['_FORWARDEDSHARES']._serialized_start=577
-  _globals['_FORWARDEDSHARES']._serialized_end=699
-  _globals['_MASKEDINPUT']._serialized_start=702
-  _globals['_MASKEDINPUT']._serialized_end=860
-  _globals['_CONSISTENCYCHECKREQUEST']._serialized_start=862
-  _globals['_CONSISTENCYCHECKREQUEST']._serialized_end=967
-  _globals['_CONSISTENCYCHECK']._serialized_start=969
-  _globals['_CONSISTENCYCHECK']._serialized_end=1067
-  _globals['_CONSISTENCYSIGNATURE']._serialized_start=1069
-  _globals['_CONSISTENCYSIGNATURE']._serialized_end=1129
-  _globals['_UNMASKINGREQUEST']._serialized_start=1132
-  _globals['_UNMASKINGREQUEST']._serialized_end=1297
-  _globals['_SECRETSHARE']._serialized_start=1299
-  _globals['_SECRETSHARE']._serialized_end=1342
-  _globals['_UNMASKINGRESPONSE']._serialized_start=1345
-  _globals['_UNMASKINGRESPONSE']._serialized_end=1514
+  _globals['_ADVERTISEKEYS']._serialized_start=40
+  _globals['_ADVERTISEKEYS']._serialized_end=193
+  _globals['_PEERKEYS']._serialized_start=196
+  _globals['_PEERKEYS']._serialized_end=331
+  _globals['_ADVERTISEDKEYS']._serialized_start=333
+  _globals['_ADVERTISEDKEYS']._serialized_end=447
+  _globals['_ENCRYPTEDSHARE']._serialized_start=449
+  _globals['_ENCRYPTEDSHARE']._serialized_end=519
+  _globals['_SHAREKEYS']._serialized_start=521
+  _globals['_SHAREKEYS']._serialized_end=637
+  _globals['_FORWARDEDSHARES']._serialized_start=639
+  _globals['_FORWARDEDSHARES']._serialized_end=761
+  _globals['_MASKEDINPUT']._serialized_start=764
+  _globals['_MASKEDINPUT']._serialized_end=922
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_start=924
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_end=1029
+  _globals['_CONSISTENCYCHECK']._serialized_start=1031
+  _globals['_CONSISTENCYCHECK']._serialized_end=1129
+  _globals['_CONSISTENCYSIGNATURE']._serialized_start=1131
+  _globals['_CONSISTENCYSIGNATURE']._serialized_end=1191
+  _globals['_UNMASKINGREQUEST']._serialized_start=1194
+  _globals['_UNMASKINGREQUEST']._serialized_end=1359
+  _globals['_SECRETSHARE']._serialized_start=1361
+  _globals['_SECRETSHARE']._serialized_end=1404
+  _globals['_UNMASKINGRESPONSE']._serialized_start=1407
+  _globals['_UNMASKINGRESPONSE']._serialized_end=1576
 # @@protoc_insertion_point(module_scope)

@@ -17,6 +17,7 @@ from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
 from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
 from models.engine import build_model
 from secagg.stages import Stage
+from wire.protocol import PROTOCOL_VERSION
 
 N = 6  # devices hosted by the client (users 1-6 -> device ids 1..6)
 
@@ -36,7 +37,7 @@ def test_several_devices_complete_a_synthetic_round_exactly(tmp_path: Path) -> N
         async with FakeCoordinator() as fake, RunningClient(fake, tmp_path) as rc:
             s = await fake.wait_stream()
             assert s.device_ids == list(range(1, N + 1))
-            assert "synthetic" in s.hello.supported_models and s.hello.protocol_version == "fedmask.v1"
+            assert "synthetic" in s.hello.supported_models and s.hello.protocol_version == PROTOCOL_VERSION
             res = await fake.run_round(s, vector_length=32, hyperparameters={"seed": 5}, clip=1.0)
             assert res.ok and res.counted_devices == list(range(1, N + 1))
             want = synthetic_updates(res.counted_devices, round_number=1, vector_length=32, seed=5, scale=1.0).sum(0)
