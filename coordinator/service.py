@@ -65,7 +65,8 @@ from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import NewModelVersion, RoundRecord, RoundState, Store, utc_now
 from coordinator.store.blobs import pack_parameters, unpack_parameters
-from fedmask_proto.v1 import common_pb2, enrollment_pb2, session_pb2
+from fedmask_proto.v1 import common_pb2, enrollment_pb2, secagg_pb2, session_pb2
+from secagg.device_certificates import MAX_CERTIFICATE_BYTES
 from secagg.errors import SecAggConfigError
 from wire import WireError, build_round_task, params_to_proto
 from wire.possession import SESSION_NONCE_BYTES
@@ -120,6 +121,9 @@ class Coordinator:
         self.rounds_run = 0
         self._reaper: asyncio.Task[None] | None = None
         self._requests = PendingRequests(token=token_source)
+        #: Identity certificates the running round's devices sent with their
+        #: AdvertiseKeys (device id -> DER), relayed unread in PeerKeys (D33).
+        self._certificates: dict[int, bytes] = {}
 
     # ================================================================== lifecycle
 
@@ -282,6 +286,8 @@ class Coordinator:
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
                           why="no round is running")
                 continue
+            if isinstance(m, secagg_pb2.AdvertiseKeys) and m.identity_certificate and r.ids.has_device(device_id):
+                self._certificates.setdefault(device_id, bytes(m.identity_certificate[:MAX_CERTIFICATE_BYTES]))
             self._apply(r.handle(device_id, m, self._clock()))
         if r is not None and r.wants_close:
             self._round_event.set()
@@ -359,6 +365,9 @@ class Coordinator:
             if isinstance(a, Send):
                 owner = self.registry.owner(a.device_id)
                 if owner is not None:
+                    if a.message.WhichOneof("message") == "advertised_keys":
+                        for peer in a.message.advertised_keys.peers:  # relayed as sent (D33)
+                            peer.identity_certificate = self._certificates.get(peer.device_id, b"")
                     owner.send(a.message)
             elif isinstance(a, Broadcast):
                 seen: set[int] = set()
@@ -455,6 +464,7 @@ class Coordinator:
             await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))
             return
         identity = None
+        self._certificates = {}
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         plaintext = self.settings.debug.insecure_plaintext

@@ -40,6 +40,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from google.protobuf import timestamp_pb2
 
 import wire
@@ -81,8 +82,12 @@ class SessionDriver:
         debug_inputs_dir: Path | None = None,
         allow_insecure_plaintext: bool = False,
         cohort_floor: CohortFloor | None = None,
+        device_ca: x509.Certificate | None = None,
     ) -> None:
         self.cohort_floor = cohort_floor or CohortFloor()
+        #: The device CA this client trusts for its peers' identity keys
+        #: (D33); with one, rounds without signatures are refused.
+        self.device_ca = device_ca
         self.client_name = client_name
         self.client_version = client_version
         self.devices: dict[int, Device] = {d.device_id: d for d in devices}
@@ -244,6 +249,7 @@ class SessionDriver:
         return RoundIO(
             send=self.send, spawn=self._spawn, faults=self.faults, secure_random=self.secure_random,
             secure_numpy_rng=self.trainer.secure_numpy_rng, debug_inputs_dir=self.debug_inputs_dir,
+            device_ca=self.device_ca,
         )
 
     async def _on_round_task(self, task: session_pb2.RoundTask) -> None:
@@ -272,6 +278,9 @@ class SessionDriver:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
             return
         refusal = self.cohort_floor.refusal(view.config)
+        if refusal is None and self.device_ca is not None and not view.config.active_adversary:
+            # without signatures no identity key is checked, so the device CA would protect nothing
+            refusal = "the round has no identity signatures, and this client requires them (--device-ca)"
         if refusal is not None:
             log.error("round %d: %s; this client's devices withdraw", view.round_number, refusal)
             self._abort_run(run, common_pb2.ABORT_REASON_CLIENT_ERROR, refusal)

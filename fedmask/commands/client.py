@@ -109,6 +109,7 @@ def client(
     ] = None,
     min_cohort: Annotated[int, typer.Option(help="The devices withdraw from a round whose cohort is smaller (a cohort of two reveals each input to the other).", rich_help_panel="Security")] = 3,
     min_threshold: Annotated[float, typer.Option(help="The devices withdraw from a round whose Shamir threshold is not above this fraction of the group its shares go to (0.5 = at least a strict majority; e.g. 0.66 in active mode).", rich_help_panel="Security")] = 0.5,
+    device_ca: Annotated[Path | None, typer.Option(help="The federation's device CA certificate (PEM; `fedmask certs init` writes device-ca.pem), kept apart from the coordinator: the devices join only active-mode rounds, and only with peers whose identity certificates this CA issued. Devices without a certificate write a request to sign (fedmask certs issue-device).", rich_help_panel="Security", show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
     debug_record_inputs: Annotated[
         bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
@@ -174,7 +175,7 @@ def client(
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor,
+        cohort_floor=floor, device_ca=device_ca,
     )
     code = run_client(config)
     if code:

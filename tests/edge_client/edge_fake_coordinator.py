@@ -34,7 +34,7 @@ import wire
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.rounds import Action, Broadcast, RoundMachine, RoundPhase, Send
-from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.stages import Stage
 from wire import secagg_codec
@@ -311,14 +311,22 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         )
         if task_tamper is not None:
             task_tamper(task)
+        certs: dict[int, bytes] = {}  # identity certificates from AdvertiseKeys, relayed in PeerKeys (D33)
+
+        def relay(inner: Any) -> Any:
+            if isinstance(inner, secagg_pb2.AdvertisedKeys):
+                for peer in inner.peers:
+                    peer.identity_certificate = certs.get(peer.device_id, b"")
+            return tamper(inner) if tamper is not None else inner
+
         s.send(round_task=task)
         aborts: list = []
         loop = asyncio.get_running_loop()
-        self._apply(s, m.start(loop.time()), tamper)
+        self._apply(s, m.start(loop.time()), relay)
         while m.phase.is_collecting:
             now = loop.time()
             if m.wants_close or now >= m.deadline:
-                self._apply(s, m.tick(now), tamper)
+                self._apply(s, m.tick(now), relay)
                 continue
             try:
                 p = await asyncio.wait_for(s.inbox.get(), m.deadline - now)
@@ -331,10 +339,12 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
                                           if p.device_id == 0 else [p])
             else:
                 notices = [p]
+            if isinstance(p, secagg_pb2.AdvertiseKeys):
+                certs.setdefault(int(p.device_id), bytes(p.identity_certificate))
             for q in notices:
-                self._apply(s, m.handle(int(q.device_id), q, loop.time()), tamper)
+                self._apply(s, m.handle(int(q.device_id), q, loop.time()), relay)
         if m.phase is RoundPhase.AGGREGATING and commit:
-            self._apply(s, m.committed(r + 1, loop.time()), tamper)
+            self._apply(s, m.committed(r + 1, loop.time()), relay)
         counted = list(m.result.counted) if m.result is not None else []
         return RoundResult(m, counted, aborts, task)
 
