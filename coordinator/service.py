@@ -35,6 +35,7 @@ from datetime import datetime
 
 import grpc
 import numpy as np
+from cryptography import x509
 
 from coordinator.errors import (
     DeviceNotConnected,
@@ -66,7 +67,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.store import NewModelVersion, RoundRecord, RoundState, Store, utc_now
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from fedmask_proto.v1 import common_pb2, enrollment_pb2, secagg_pb2, session_pb2
-from secagg.device_certificates import MAX_CERTIFICATE_BYTES
+from secagg.device_certificates import MAX_CERTIFICATE_BYTES, certificate_refusal
 from secagg.errors import SecAggConfigError
 from wire import WireError, build_round_task, params_to_proto
 from wire.possession import SESSION_NONCE_BYTES
@@ -124,6 +125,8 @@ class Coordinator:
         #: Identity certificates the running round's devices sent with their
         #: AdvertiseKeys (device id -> DER), relayed unread in PeerKeys (D33).
         self._certificates: dict[int, bytes] = {}
+        self._device_ca = (x509.load_pem_x509_certificate(settings.secagg.device_ca.read_bytes())
+                           if settings.secagg.device_ca is not None else None)
 
     # ================================================================== lifecycle
 
@@ -286,8 +289,18 @@ class Coordinator:
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
                           why="no round is running")
                 continue
-            if isinstance(m, secagg_pb2.AdvertiseKeys) and m.identity_certificate and r.ids.has_device(device_id):
-                self._certificates.setdefault(device_id, bytes(m.identity_certificate[:MAX_CERTIFICATE_BYTES]))
+            if isinstance(m, secagg_pb2.AdvertiseKeys) and r.ids.has_device(device_id):
+                if self._device_ca is not None and r.config.active_adversary and device_id not in self._certificates:
+                    why = certificate_refusal(bytes(m.identity_certificate), self._device_ca,
+                                              self.registry.devices[device_id].identity_public_key, device_id,
+                                              now=self._wall())
+                    if why is not None:  # a protocol violation of that device only (D33)
+                        log_event("identity_certificate_refused", logging.WARNING, round=r.number,
+                                  device=device_id, why=why)
+                        self._apply(r.device_lost(device_id, self._clock(), f"identity certificate: {why}"))
+                        continue
+                if m.identity_certificate:
+                    self._certificates.setdefault(device_id, bytes(m.identity_certificate[:MAX_CERTIFICATE_BYTES]))
             self._apply(r.handle(device_id, m, self._clock()))
         if r is not None and r.wants_close:
             self._round_event.set()

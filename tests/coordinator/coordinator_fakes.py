@@ -71,11 +71,15 @@ class FakeDevice:
     update: np.ndarray | None = None
     aborted: list[int] = field(default_factory=list)  # proto reasons received
     silent: bool = False
+    certificate: bytes = b""  # identity certificate (DER) sent with AdvertiseKeys (D33)
+    advertised: list[Any] = field(default_factory=list)  # AdvertisedKeys received
 
     def _out(self, msgs) -> list[Any]:
         out = []
         for m in msgs:
             p = codec.client_to_proto(m, self.view.ids, modulus_bits=self.view.config.encoding.modulus_bits)
+            if isinstance(p, secagg_pb2.AdvertiseKeys):
+                p.identity_certificate = self.certificate
             if self.tamper is not None:
                 p = self.tamper(self.device_id, p)
                 if p is None:
@@ -120,6 +124,7 @@ class FakeDevice:
             self.silent = True
             return []
         if isinstance(inner, secagg_pb2.AdvertisedKeys):
+            self.advertised.append(inner)
             own_pub = identity.public_bytes(self.identity_key) if self.identity_key is not None else None
             msg, ident = codec.key_list_from_proto(inner, self.view.ids, self.own, own_identity_public_key=own_pub)
             self.peer_identity.update(ident)
