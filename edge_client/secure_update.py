@@ -159,7 +159,9 @@ def own_certificate_refusal(dev: Device, ca: x509.Certificate) -> str | None:
         der = dev.store.load_identity_certificate()
     except StateCorruptError as e:
         return str(e)
-    return certificate_refusal(der or b"", ca, dev.identity_public, dev.device_id, now=datetime.now(UTC))
+    if der is None:
+        return "no identity certificate yet"
+    return certificate_refusal(der, ca, dev.identity_public, dev.device_id, now=datetime.now(UTC))
 
 
 def write_certificate_request(dev: Device) -> Path:
