@@ -249,6 +249,8 @@ class CoordinatorServicer:
         except DecodeError:
             log_event("session_refused", logging.WARNING, peer=peer, why="malformed ClientMessage")
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
+        except Exception as exc:  # the client went away before its proofs
+            await abort(context, grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
         if second is grpc.aio.EOF:
             await abort(context, grpc.StatusCode.CANCELLED, "the client closed the stream before its proofs")
         if second.WhichOneof("message") != "proof":

@@ -42,12 +42,14 @@ class Stream:
     after the challenge)."""
 
     def __init__(self, stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
-                 *first: session_pb2.ClientMessage, keys: dict[int, Any] | None = None) -> None:
+                 *first: session_pb2.ClientMessage, keys: dict[int, Any] | None = None,
+                 answer_challenge: bool = True) -> None:
         self.queue: asyncio.Queue[session_pb2.ClientMessage | None] = asyncio.Queue()
         if first:
             self.queue.put_nowait(first[0])
         self.after_challenge = list(first[1:])
         self.keys = keys or {}
+        self.answer_challenge = answer_challenge
         self.nonce = b""
         self.received: list[session_pb2.ServerMessage] = []
         self.first = asyncio.Event()
@@ -63,6 +65,8 @@ class Stream:
             async for m in self.call:
                 if m.WhichOneof("message") == "challenge":
                     self.nonce = nonce = bytes(m.challenge.nonce)
+                    if not self.answer_challenge:
+                        continue
                     self.send(session_pb2.ClientMessage(proof=session_pb2.DeviceProofs(proofs=[
                         session_pb2.DeviceProof(device_id=d, signature=identity.sign(k, session_payload(nonce, d)))
                         for d, k in self.keys.items()])))
@@ -134,6 +138,11 @@ def test_a_stream_without_hello_is_ended_and_frees_its_slot():
                 assert await ok.welcomed()
                 ok.close()
                 assert (await ok.result())[0] == grpc.StatusCode.OK
+                # the SessionChallenge shares the Hello's deadline: no proofs in time, no session
+                mute = Stream(stub, hello(dev), answer_challenge=False)
+                code, details, _, got = await mute.result(5)
+                assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "no DeviceProofs within 0.3 s" in details
+                assert got == []
             assert not rounds.done()
 
     asyncio.run(main())
