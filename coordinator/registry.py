@@ -4,14 +4,22 @@
 and which open Session stream hosts which device:
 
     await registry.load()                          devices from the store
-    await registry.enroll(request, client_id)      -> EnrollResponse
-    session = await registry.open(hello, ...)      Hello -> admitted, Welcome queued
-    await registry.admit(session, announced)       CheckIn -> DeviceAdmission
+    registry.enroll_challenge()                    -> EnrollChallengeResponse
+    await registry.enroll(request, client_id)      -> EnrollResponse (proofs checked)
+    registry.check_hello(hello)                    version rule, before the challenge
+    session = await registry.open(hello, nonce=, proofs=, ...)
+                                                   Hello + proofs -> admitted, Welcome queued
+    await registry.admit(session, announced, proofs)  CheckIn -> DeviceAdmission
     registry.close(session, why)                   the stream ended
     registry.owner(device_id) / available(model)   for the round loop and the relay
 
-A device is hosted by at most one stream: a newer stream that announces it
-displaces the older one (which is ended once it hosts nothing). Devices
+Proof of possession (fedmask.v1.1, D32): an Enroll is accepted only with
+every device's signature over a challenge this coordinator issued
+(`coordinator.possession`), and a stream admits a device only once it
+signed the stream's nonce with the enrolled identity key; an unproven claim
+is rejected NOT_PROVEN and changes nothing else. A device is hosted by at
+most one stream: a newer stream that announces AND proves it displaces the
+older one (which is ended once it hosts nothing). Devices
 that leave (displaced, unannounced, stream closed) are reported through
 `on_device_left(device_id, why)` so the running round counts them as
 dropouts; any change of availability calls `on_changed()`.
@@ -35,9 +43,11 @@ from google.protobuf import timestamp_pb2
 from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation
 from coordinator.limits import Throttle
 from coordinator.logs import log_event
+from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.store import DeviceRecord, DeviceStatus, EnrollmentConflictError, Store
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
 from wire.protocol import IDENTITY_KEY_BYTES, PROTOCOL_VERSION, version_refusal
+from wire.possession import SESSION_NONCE_BYTES
 from wire.round_task import seconds_to_duration
 
 COORDINATOR_VERSION = "0.1.0"
@@ -67,6 +77,10 @@ class ClientSession:
     peer: str
     supported_models: frozenset[str]
     last_seen: float
+    #: This stream's challenge nonce (SessionChallenge); proofs sign it.
+    nonce: bytes = b""
+    #: Devices that proved possession of their identity key on this stream.
+    proven: set[int] = field(default_factory=set)
     devices: set[int] = field(default_factory=set)  # accepted, owned by this stream
     available: set[int] = field(default_factory=set)  # subset of devices, selectable now
     outbox: asyncio.Queue[session_pb2.ServerMessage | StreamEnd] = field(default_factory=asyncio.Queue)
@@ -129,6 +143,7 @@ class DeviceRegistry:
         on_changed: Callable[[], None],
         lookup_interval_s: float = DEFAULT_LOOKUP_INTERVAL_S,
         max_lookups: int = DEFAULT_MAX_LOOKUPS,
+        challenges: EnrollChallenges | None = None,
     ) -> None:
         """`lookup_interval_s` / `max_lookups`: announced ids missing from the
         cache are looked up in the store (`get_device`, one by one in a
@@ -151,6 +166,7 @@ class DeviceRegistry:
         self.lookups = 0
         self._lookups = Throttle(lookup_interval_s, clock)
         self._max_lookups = max_lookups
+        self.challenges = challenges or EnrollChallenges(clock=clock)
 
     # ------------------------------------------------------------------ queries
 
@@ -201,9 +217,24 @@ class DeviceRegistry:
             self._on_changed()
         return newly
 
+    def enroll_challenge(self) -> enrollment_pb2.EnrollChallengeResponse:
+        """A fresh enrolment challenge (valid `challenges.ttl_s`)."""
+        return enrollment_pb2.EnrollChallengeResponse(
+            challenge=self.challenges.issue(), valid_for=seconds_to_duration(self.challenges.ttl_s))
+
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
+        """Enrol every device of the request or none. Before anything is
+        stored: the request's shape, the challenge (ProtocolViolation when
+        missing, foreign or expired) and every device's possession signature
+        (PermissionDenied naming only the caller's own local id)."""
         check_enroll_request(request)
+        refusal = self.challenges.refusal(bytes(request.challenge))
+        if refusal is not None:
+            raise ProtocolViolation(refusal)
         devices = request.devices
+        bad = await asyncio.to_thread(enrollment_refusal, request)
+        if bad is not None:
+            raise PermissionDenied(f"device {devices[bad].local_id[:64]!r} did not prove possession of its identity key")
 
         def work() -> list[tuple[DeviceRecord, bool]]:
             # One store transaction for the whole request: all devices or none (D23).
@@ -228,14 +259,22 @@ class DeviceRegistry:
 
     # ------------------------------------------------------------------ sessions
 
-    async def open(self, hello: session_pb2.Hello, *, client_id: str | None, peer: str = "") -> ClientSession:
-        """A new stream sent its Hello: check its protocol version, admit its
-        devices (displacing older streams that hosted them) and queue the
-        Welcome. ProtocolViolation (FAILED_PRECONDITION) for a version this
+    @staticmethod
+    def check_hello(hello: session_pb2.Hello) -> None:
+        """ProtocolViolation (FAILED_PRECONDITION) for a protocol version this
         coordinator does not serve, with a message that says to upgrade."""
         refusal = version_refusal(hello.protocol_version)
         if refusal is not None:
             raise ProtocolViolation(refusal)
+
+    async def open(self, hello: session_pb2.Hello, *, nonce: bytes, proofs: Iterable[session_pb2.DeviceProof],
+                   client_id: str | None, peer: str = "") -> ClientSession:
+        """A new stream sent its Hello and, to the challenge `nonce`, its
+        proofs: check the version, admit the proven devices (displacing
+        older streams that hosted them) and queue the Welcome."""
+        self.check_hello(hello)
+        if len(nonce) != SESSION_NONCE_BYTES:
+            raise ValueError(f"the session nonce must be {SESSION_NONCE_BYTES} bytes")
         session = ClientSession(
             sid=next(self._sid),
             client_name=hello.client_name[:MAX_CLIENT_NAME_CHARS],
@@ -243,8 +282,9 @@ class DeviceRegistry:
             peer=peer,
             supported_models=frozenset(hello.supported_models),
             last_seen=self._clock(),
+            nonce=nonce,
         )
-        admission = await self.admit(session, hello.available_device_ids)
+        admission = await self.admit(session, hello.available_device_ids, proofs)
         self.sessions[session.sid] = session
         session.send(
             session_pb2.ServerMessage(
@@ -262,9 +302,14 @@ class DeviceRegistry:
         self._on_changed()
         return session
 
-    async def admit(self, session: ClientSession, announced: Iterable[int]) -> session_pb2.DeviceAdmission:
+    async def admit(self, session: ClientSession, announced: Iterable[int],
+                    proofs: Iterable[session_pb2.DeviceProof] = ()) -> session_pb2.DeviceAdmission:
         """The stream announces the devices it hosts and that are available
-        now (Hello or CheckIn): the accepted list replaces its available set."""
+        now (Hello or CheckIn), with proofs for those not yet proven on it:
+        the accepted list replaces its available set. An announced device
+        without a valid proof on this stream is rejected NOT_PROVEN (before
+        ownership and revocation are looked at, so neither is revealed) and
+        neither displaces nor disturbs the stream that hosts it."""
         ids = list(announced)
         if len(ids) > MAX_ANNOUNCED_DEVICES:
             raise ProtocolViolation(f"{len(ids)} devices announced (at most {MAX_ANNOUNCED_DEVICES})")
@@ -273,6 +318,11 @@ class DeviceRegistry:
         unknown = [d for d in ids if d not in self.devices]  # enrolled since start by another path, or never
         if unknown:
             await self._look_up(unknown)
+        to_prove = [d for d in ids if d not in session.proven and d in self.devices]
+        if to_prove:
+            keys = {d: self.devices[d].identity_public_key for d in to_prove}
+            proofs = list(proofs)
+            session.proven |= await asyncio.to_thread(proven_devices, session.nonce, proofs, to_prove, keys)
         admission = session_pb2.DeviceAdmission()
         accepted: list[int] = []
         R = session_pb2
@@ -280,6 +330,8 @@ class DeviceRegistry:
             rec = self.devices.get(d)
             if rec is None:
                 admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
+            elif d not in session.proven:
+                admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_NOT_PROVEN)
             elif rec.client_id and session.client_id and rec.client_id != session.client_id:
                 # before REVOKED: another client's device's status is not this client's business
                 admission.rejected.add(device_id=d, reason=R.DEVICE_REJECTION_REASON_NOT_OWNED)

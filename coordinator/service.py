@@ -6,8 +6,11 @@ the device-request relay (`relay.py`).
 Everything here runs on one event loop; store calls (blocking SQL) and the
 model step go to worker threads. The gRPC servicer only calls:
 
+    coordinator.enroll_challenge()                             -> EnrollChallengeResponse
     await coordinator.enroll(request, client_id=...)          -> EnrollResponse
-    session = await coordinator.open_session(hello, client_id=..., peer=...)
+    coordinator.check_hello(hello)                             (before the SessionChallenge)
+    coordinator.session_nonce()                                -> the stream's challenge nonce
+    session = await coordinator.open_session(hello, nonce=..., proofs=..., client_id=..., peer=...)
     await coordinator.handle(session, client_message)          (per message)
     coordinator.close_session(session, why)                    (stream ended)
 
@@ -45,6 +48,7 @@ from datetime import datetime
 
 import grpc
 import numpy as np
+from cryptography import x509
 
 from coordinator.errors import (
     DeviceNotConnected,
@@ -88,8 +92,10 @@ from coordinator.store import (
 )
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
+from secagg.device_certificates import MAX_CERTIFICATE_BYTES, certificate_refusal
 from secagg.errors import SecAggConfigError
-from wire import build_round_task, params_to_proto
+from wire import WireError, build_round_task, params_to_proto
+from wire.possession import SESSION_NONCE_BYTES
 from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort, reason_name
@@ -170,6 +176,11 @@ class Coordinator(OperatorActions):
         self.ports: dict[str, int] = {}
         self._round_base: int | None = None  # the model version the running round started from
         self._rollbacks = 0  # rollbacks in progress: the loop opens no round meanwhile
+        #: Identity certificates the running round's devices sent with their
+        #: AdvertiseKeys (device id -> DER), relayed unread in PeerKeys (D33).
+        self._certificates: dict[int, bytes] = {}
+        self._device_ca = (x509.load_pem_x509_certificate(settings.secagg.device_ca.read_bytes())
+                           if settings.secagg.device_ca is not None else None)
 
     # ================================================================== lifecycle
 
@@ -258,14 +269,29 @@ class Coordinator(OperatorActions):
 
     # ================================================================== devices and sessions
 
+    def enroll_challenge(self) -> enrollment_pb2.EnrollChallengeResponse:
+        self._check_running()
+        return self.registry.enroll_challenge()
+
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
         self._check_running()
         return await self.registry.enroll(request, client_id=client_id)
 
-    async def open_session(self, hello: session_pb2.Hello, *, client_id: str | None, peer: str = "") -> ClientSession:
-        """A new stream sent its Hello (see DeviceRegistry.open)."""
+    def check_hello(self, hello: session_pb2.Hello) -> None:
+        """Refuse a Hello before its challenge (version rule; see DeviceRegistry.check_hello)."""
         self._check_running()
-        return await self.registry.open(hello, client_id=client_id, peer=peer)
+        self.registry.check_hello(hello)
+
+    def session_nonce(self) -> bytes:
+        """A fresh SessionChallenge nonce (from the coordinator's randomness)."""
+        return self._token(SESSION_NONCE_BYTES)
+
+    async def open_session(self, hello: session_pb2.Hello, *, nonce: bytes,
+                           proofs: Iterable[session_pb2.DeviceProof] = (),
+                           client_id: str | None, peer: str = "") -> ClientSession:
+        """A new stream sent its Hello and its proofs to `nonce` (see DeviceRegistry.open)."""
+        self._check_running()
+        return await self.registry.open(hello, nonce=nonce, proofs=proofs, client_id=client_id, peer=peer)
 
     def close_session(self, session: ClientSession, why: str = "stream ended") -> None:
         """The stream ended (either side): its devices drop out of any round,
@@ -319,6 +345,8 @@ class Coordinator(OperatorActions):
             raise ProtocolViolation("empty ClientMessage, or a kind this coordinator does not accept")
         if kind == "hello":
             raise ProtocolViolation("a second Hello on the stream")
+        if kind == "proof":
+            raise ProtocolViolation("DeviceProofs only answer the SessionChallenge (later proofs travel in CheckIn)")
         if kind == "heartbeat":
             session.send(
                 session_pb2.ServerMessage(
@@ -327,7 +355,8 @@ class Coordinator(OperatorActions):
             )
             return
         if kind == "check_in":
-            admission = await self.registry.admit(session, message.check_in.available_device_ids)
+            admission = await self.registry.admit(session, message.check_in.available_device_ids,
+                                                  message.check_in.proofs)
             session.send(session_pb2.ServerMessage(check_in_ack=admission))
             self._changed.set()
             return
@@ -359,6 +388,18 @@ class Coordinator(OperatorActions):
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
                           why="no round is running")
                 continue
+            if isinstance(m, secagg_pb2.AdvertiseKeys) and r.ids.has_device(device_id):
+                if self._device_ca is not None and r.config.active_adversary and device_id not in self._certificates:
+                    why = certificate_refusal(bytes(m.identity_certificate), self._device_ca,
+                                              self.registry.devices[device_id].identity_public_key, device_id,
+                                              now=self._wall())
+                    if why is not None:  # a protocol violation of that device only (D33)
+                        log_event("identity_certificate_refused", logging.WARNING, round=r.number,
+                                  device=device_id, why=why)
+                        self._apply(r.device_lost(device_id, self._clock(), f"identity certificate: {why}"))
+                        continue
+                if m.identity_certificate:
+                    self._certificates.setdefault(device_id, bytes(m.identity_certificate[:MAX_CERTIFICATE_BYTES]))
             if isinstance(m, secagg_pb2.MaskedInput):
                 self.metrics.update_bytes.inc(m.ByteSize())
             self._apply(r.handle(device_id, m, self._clock()))
@@ -431,6 +472,9 @@ class Coordinator(OperatorActions):
             if isinstance(a, Send):
                 owner = self.registry.owner(a.device_id)
                 if owner is not None:
+                    if a.message.WhichOneof("message") == "advertised_keys":
+                        for peer in a.message.advertised_keys.peers:  # relayed as sent (D33)
+                            peer.identity_certificate = self._certificates.get(peer.device_id, b"")
                     owner.send(a.message)
             elif isinstance(a, Broadcast):
                 seen: set[int] = set()
@@ -580,6 +624,7 @@ class Coordinator(OperatorActions):
                 return
         number = await asyncio.to_thread(self.store.next_round_number)
         identity = None
+        self._certificates = {}
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary)

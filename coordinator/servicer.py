@@ -11,10 +11,13 @@ transport with RESOURCE_EXHAUSTED before they reach the coordinator.
 
 Limits (`settings.limits`, coordinator/limits.py, D24), checked before the
 Coordinator is called:
-    Enroll      per-peer rate                        RESOURCE_EXHAUSTED + retry hint
+    Enroll, EnrollChallenge
+                per-peer rate (one bucket for both)   RESOURCE_EXHAUSTED + retry hint
     Session     per-peer rate of new streams         RESOURCE_EXHAUSTED + retry hint
                 open streams (all / per peer)        RESOURCE_EXHAUSTED + retry hint
-                no Hello within hello_timeout_s      DEADLINE_EXCEEDED
+                no Hello, or no DeviceProofs after the
+                SessionChallenge, within hello_timeout_s
+                (one deadline for both)              DEADLINE_EXCEEDED
                 Hello / CheckIn announcing more than
                 max_announced_devices                RESOURCE_EXHAUSTED
                 Heartbeat / CheckIn
@@ -31,6 +34,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
@@ -58,6 +62,14 @@ def status_of(exc: CoordinatorError) -> grpc.StatusCode:
         if isinstance(exc, cls):
             return code
     return grpc.StatusCode.INTERNAL
+
+
+@dataclass(frozen=True)
+class _Proofs:
+    """A stream's challenge nonce and the DeviceProofs it answered with."""
+
+    nonce: bytes
+    proofs: list[session_pb2.DeviceProof]
 
 
 #: Messages a stream may send at most `limits.message_rate` per second of.
@@ -110,16 +122,28 @@ class CoordinatorServicer:
         extra = {"suppressed": suppressed} if suppressed else {}
         log_event(event, logging.WARNING, why=why, **fields, **extra)
 
-    async def Enroll(
-        self, request: enrollment_pb2.EnrollRequest, context: grpc.aio.ServicerContext
-    ) -> enrollment_pb2.EnrollResponse:
-        client_id = peer_common_name(context)
-        wait = self._enroll_rate.take(peer_key(context.peer(), client_id))
+    async def EnrollChallenge(
+        self, request: enrollment_pb2.EnrollChallengeRequest, context: grpc.aio.ServicerContext
+    ) -> enrollment_pb2.EnrollChallengeResponse:
+        await self._enroll_rate_check(context)
+        try:
+            return self.coordinator.enroll_challenge()
+        except CoordinatorError as exc:
+            await abort(context, status_of(exc), str(exc))
+
+    async def _enroll_rate_check(self, context: grpc.aio.ServicerContext) -> None:
+        wait = self._enroll_rate.take(peer_key(context.peer(), peer_common_name(context)))
         if wait > 0:
             self._log_refusal("enroll_refused", "enroll rate limit", peer=context.peer())
             hint, trailer = retry_hint(wait)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         f"too many Enroll calls from this peer (limits.enroll_rate){hint}", trailer)
+
+    async def Enroll(
+        self, request: enrollment_pb2.EnrollRequest, context: grpc.aio.ServicerContext
+    ) -> enrollment_pb2.EnrollResponse:
+        client_id = peer_common_name(context)
+        await self._enroll_rate_check(context)
         try:
             return await self.coordinator.enroll(request, client_id=client_id)
         except CoordinatorError as exc:
@@ -153,6 +177,7 @@ class CoordinatorServicer:
 
     async def _session(self, context: grpc.aio.ServicerContext, peer: str) -> None:
         coord = self.coordinator
+        deadline = self._clock() + self.limits.hello_timeout_s
         try:
             first = await asyncio.wait_for(context.read(), self.limits.hello_timeout_s)
         except TimeoutError:
@@ -173,8 +198,10 @@ class CoordinatorServicer:
         if too_many is not None:
             log_event("session_refused", logging.WARNING, peer=peer, why=too_many)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
+        proofs = await self._challenge(context, peer, first.hello, deadline)
         try:
-            session = await coord.open_session(first.hello, client_id=peer_common_name(context), peer=peer)
+            session = await coord.open_session(first.hello, nonce=proofs.nonce, proofs=proofs.proofs,
+                                               client_id=peer_common_name(context), peer=peer)
         except CoordinatorError as exc:
             log_event("session_refused", logging.WARNING, peer=peer, why=str(exc))
             await abort(context, status_of(exc), str(exc))
@@ -199,6 +226,42 @@ class CoordinatorServicer:
             coord.close_session(session, end.detail or end.code.name.lower())
         if end.code is not grpc.StatusCode.OK:
             await abort(context, end.code, end.detail, tuple(trailer))
+
+    async def _challenge(self, context: grpc.aio.ServicerContext, peer: str, hello: session_pb2.Hello,
+                         deadline: float) -> _Proofs:
+        """Send the stream's SessionChallenge and read its DeviceProofs (by
+        `deadline`, the Hello's): the nonce and the proofs, else the stream
+        is refused (an unserved version before any challenge)."""
+        try:
+            self.coordinator.check_hello(hello)
+        except CoordinatorError as exc:
+            log_event("session_refused", logging.WARNING, peer=peer, why=str(exc))
+            await abort(context, status_of(exc), str(exc))
+        nonce = self.coordinator.session_nonce()
+        await context.write(session_pb2.ServerMessage(challenge=session_pb2.SessionChallenge(nonce=nonce)))
+        try:
+            second = await asyncio.wait_for(context.read(), max(0.0, deadline - self._clock()))
+        except TimeoutError:
+            self._log_refusal("session_refused", "no proof in time", peer=peer)
+            await abort(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"no DeviceProofs within {self.limits.hello_timeout_s:g} s of the stream's start "
+                        "(limits.hello_timeout_s)")
+        except DecodeError:
+            log_event("session_refused", logging.WARNING, peer=peer, why="malformed ClientMessage")
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
+        except Exception as exc:  # the client went away before its proofs
+            await abort(context, grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
+        if second is grpc.aio.EOF:
+            await abort(context, grpc.StatusCode.CANCELLED, "the client closed the stream before its proofs")
+        if second.WhichOneof("message") != "proof":
+            log_event("session_refused", logging.WARNING, peer=peer, why="second message is not proof")
+            await abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                        "the second ClientMessage must be proof (the answer to the SessionChallenge, fedmask.v1.1)")
+        too_many = announced_refusal(len(second.proof.proofs), self.limits.max_announced_devices)
+        if too_many is not None:
+            log_event("session_refused", logging.WARNING, peer=peer, why=too_many)
+            await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
+        return _Proofs(nonce, list(second.proof.proofs))
 
     async def _read(self, session: ClientSession, context: grpc.aio.ServicerContext,
                     trailer: list[tuple[str, str]]) -> None:
@@ -232,7 +295,8 @@ class CoordinatorServicer:
                                     f"too many {kind} messages on this stream (limits.message_rate){hint}")
                         return
                 if kind == "check_in":
-                    too_many = announced_refusal(len(msg.check_in.available_device_ids), limits.max_announced_devices)
+                    too_many = announced_refusal(max(len(msg.check_in.available_device_ids), len(msg.check_in.proofs)),
+                                                 limits.max_announced_devices)
                     if too_many is not None:
                         log_event("session_violation", logging.WARNING, session=session.sid, why=too_many)
                         session.end(grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
@@ -272,6 +336,11 @@ def add_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> Coordina
             servicer.Enroll,
             request_deserializer=enrollment_pb2.EnrollRequest.FromString,
             response_serializer=enrollment_pb2.EnrollResponse.SerializeToString,
+        ),
+        "EnrollChallenge": grpc.unary_unary_rpc_method_handler(
+            servicer.EnrollChallenge,
+            request_deserializer=enrollment_pb2.EnrollChallengeRequest.FromString,
+            response_serializer=enrollment_pb2.EnrollChallengeResponse.SerializeToString,
         ),
         "Session": grpc.stream_stream_rpc_method_handler(
             servicer.Session,

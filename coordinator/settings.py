@@ -143,6 +143,12 @@ class SecaggSettings(_Group):
     signatures: bool = False
     #: Run the consistency-check stage (needs signatures).
     consistency_check: bool = False
+    #: The device CA certificate (PEM; never its key), with signatures on:
+    #: a device whose AdvertiseKeys carries no identity certificate of this
+    #: CA for its enrolled key and id is dropped from the round as a
+    #: protocol violation, so honest peers (which check the same against
+    #: their own copy of the CA, D33) never see it and need not withdraw.
+    device_ca: FilePath | None = None
     #: Dropout rate the sparse ("auto") graph is sized for.
     expected_dropout: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.1
     #: Share-decryption reports (coordinator/peer_reports.py, D37): a device
@@ -167,6 +173,8 @@ class SecaggSettings(_Group):
             raise ValueError("secagg.consistency_check requires secagg.signatures = true")
         if self.report_window < self.report_rounds:
             raise ValueError("secagg.report_window must be at least secagg.report_rounds")
+        if self.device_ca is not None and not self.signatures:
+            raise ValueError("secagg.device_ca requires secagg.signatures = true (identity keys are checked there)")
         return self
 
     def threshold_for(self, group_size: int) -> int:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_client.backoff import Backoff, retry_pushback_s
@@ -29,7 +30,7 @@ from edge_client.faults import FaultPlan
 from edge_client.devices import Device, local_id_of
 from edge_client.local_data import DatasetError, LocalData, load_interactions
 from edge_client.round_run import RoundEvent
-from edge_client.secure_update import decline_unfinished_rounds
+from edge_client.secure_update import decline_unfinished_rounds, own_certificate_refusal, write_certificate_request
 from edge_client.session import FatalSessionError, SessionDriver
 from edge_client.state import ClientStore, StateError
 from edge_client.trainer import Trainer
@@ -85,6 +86,10 @@ class ClientConfig:
     cohort_floor: CohortFloor = field(default_factory=CohortFloor)
     #: False: the devices refuse top-k requests (DEVICE_ERROR_CODE_REFUSED).
     serve_recommendations: bool = True
+    #: The federation's device CA certificate (PEM), kept apart from the
+    #: coordinator (D33): devices join only active-mode rounds, and only with
+    #: peers whose identity certificates it issued.
+    device_ca: Path | None = None
 
 
 class EdgeClient:
@@ -99,6 +104,7 @@ class EdgeClient:
         self.events: list[RoundEvent] = []
         self._stop: asyncio.Event | None = None  # created in run()
         self.name = config.name or f"edge-{socket.gethostname()}-{os.getpid()}"
+        self.device_ca: x509.Certificate | None = None
 
     # ------------------------------------------------------------ set-up
     def prepare(self) -> EdgeClient:
@@ -114,6 +120,11 @@ class EdgeClient:
         if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not is_loopback_target(cfg.coordinator):
             raise ClientError("--debug-record-inputs and --debug-allow-insecure-plaintext are for tests and "
                               "benchmarks against a loopback coordinator only")
+        if cfg.device_ca is not None:
+            try:
+                self.device_ca = x509.load_pem_x509_certificate(Path(cfg.device_ca).read_bytes())
+            except (OSError, ValueError) as e:
+                raise ClientError(f"--device-ca {cfg.device_ca}: not a readable PEM certificate ({e})") from None
         if cfg.threads:
             import torch
 
@@ -156,7 +167,7 @@ class EdgeClient:
         if todo:
             got = await enroll(
                 stub, self.transport, client_name=self.name,
-                devices=[(lid, by_local[lid].identity_public) for lid in todo],
+                devices=[(lid, by_local[lid].require_identity_key()) for lid in todo],
             )
             self.store.save_enrolled(self.config.coordinator, got)
             known.update(got)
@@ -167,6 +178,8 @@ class EdgeClient:
         assert self.trainer is not None
         for h in self.hosted:
             h.device_id = ids[h.local_id]
+        if self.device_ca is not None:
+            self._request_certificates()
         declined = decline_unfinished_rounds(self.hosted)
         if declined:
             log.warning("%d device(s) had an unfinished round from before the restart: declined", declined)
@@ -181,7 +194,22 @@ class EdgeClient:
             allow_insecure_plaintext=self.config.allow_insecure_plaintext,
             serve_recommendations=self.config.serve_recommendations,
             cohort_floor=self.config.cohort_floor,
+            device_ca=self.device_ca,
         )
+
+    def _request_certificates(self) -> None:
+        """Device CA mode: every device without a valid identity certificate
+        for its current device id writes a certificate request for the
+        operator (`fedmask certs issue-device`); it takes part once the
+        certificate is in place (read at each round)."""
+        assert self.device_ca is not None
+        for h in self.hosted:
+            why = own_certificate_refusal(h, self.device_ca)
+            if why is None:
+                continue
+            path = write_certificate_request(h)
+            log.warning("%s: %s; certificate request written to %s: sign it with the device CA "
+                        "(fedmask certs issue-device --device-ca-dir DIR %s)", h.local_id, why, path, path)
 
     def _on_round_end(self, event: RoundEvent) -> None:
         self.events.append(event)

@@ -44,6 +44,12 @@ class Device:
     def local_id(self) -> str:
         return self.store.local_id
 
+    def require_identity_key(self) -> Ed25519PrivateKey:
+        """The identity key; ValueError before it is loaded."""
+        if self.identity_key is None:
+            raise ValueError(f"{self.local_id} has no identity key loaded")
+        return self.identity_key
+
     @property
     def identity_public(self) -> bytes:
         """The raw Ed25519 public key (32 bytes); ValueError before the key is loaded."""

@@ -35,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography import x509
 
 import wire
 from edge_client.devices import Device
 from edge_client.faults import FaultPlan
 from edge_client.trainer import TrainOutput
+from fedmask_proto.v1 import secagg_pb2, session_pb2
 from secagg import messages as sm
 from secagg.client import ClientAborted, ClientState
 from secagg.stages import Stage
@@ -57,6 +59,9 @@ class RoundIO:
     secure_random: Callable[[int], bytes]  # round secrets
     secure_numpy_rng: Callable[[], np.random.Generator]  # stochastic rounding of the encoding
     debug_inputs_dir: Path | None = None  # DEBUG ONLY: record every encoded input here
+    #: The device CA this client was configured with (D33): in active mode
+    #: every peer's identity certificate must verify against it.
+    device_ca: x509.Certificate | None = None
 
 
 @dataclass(eq=False)
@@ -71,6 +76,7 @@ class DeviceRound:
     sent_masked: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     row: int | None = None  # row in the trained batch
+    certificate: bytes = b""  # the device's identity certificate (DER), sent with its AdvertiseKeys
 
 
 @dataclass
@@ -137,6 +143,8 @@ class RoundRun:
             if isinstance(m, sm.ClientAbort) and isinstance(dr.state, ClientAborted):
                 detail = dr.state.detail
             p = wire.client_to_proto(m, view.ids, modulus_bits=view.config.encoding.modulus_bits, detail=detail)
+            if isinstance(p, secagg_pb2.AdvertiseKeys) and view.config.active_adversary:
+                p.identity_certificate = dr.certificate
             self.io.send(**{wire.CLIENT_FIELDS[type(p)]: p})
             if isinstance(m, sm.MaskedInput):
                 dr.sent_masked = True

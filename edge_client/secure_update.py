@@ -6,6 +6,14 @@ its secagg client states.
   32-byte round secret is written to the device's state dir *before* its
   `ClientAdvertiseKeys.start()` (the secret seeds the DRBG from which secagg
   draws every per-round secret of the device), and its AdvertiseKeys is sent.
+- With a device CA (`--device-ca`, active mode only, D33): the device's own
+  identity certificate goes out with its AdvertiseKeys, and every peer in
+  its AdvertisedKeys must carry a certificate that verifies against the
+  device's own copy of the device CA, for the relayed identity key and the
+  peer's device id (`secagg.device_certificates`). One that does not means
+  the coordinator relayed a key no device CA vouches for: the device
+  withdraws before it shares anything (AbortNotice INVALID_SIGNATURE), so
+  its secrets and input never reach a substituted key.
 - `answer_stage(run, dr, field, message)`: one server stage message for the
   device (ServerMessage oneof `field`, a key of `wire.protocol.SERVER_FIELD_STAGE`)
   is converted by `wire`, handed to the device's secagg state, and the reply
@@ -24,15 +32,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 import wire
 from edge_client.devices import Device
 from edge_client.round_run import DeviceRound, RoundRun
 from edge_client.state import RoundSecret, StateCorruptError
+from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm
+from secagg.device_certificates import certificate_refusal, certificate_request
 from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted
 from secagg.errors import AbortReason
 from secagg.randomness import DeterministicRandom
@@ -60,6 +74,19 @@ async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray
         active = view.config.active_adversary
         if active:
             dr.identity[dr.secagg_id] = dev.identity_public
+            if run.io.device_ca is not None:
+                why = await asyncio.to_thread(own_certificate_refusal, dev, run.io.device_ca)
+                if why is not None:  # its peers would refuse it: it does not take part
+                    log.error("round %d, %s: %s; the device does not take part (have the device CA sign %s: "
+                              "fedmask certs issue-device)", view.round_number, dev.local_id, why,
+                              dev.store.certificate_request_path)
+                    run.io.send(abort=common_pb2.AbortNotice(
+                        session_id=view.session_id, round_number=view.round_number, device_id=dev.device_id,
+                        reason=common_pb2.ABORT_REASON_CLIENT_ERROR, detail="no valid identity certificate"))
+                    run.finish_device(dr)
+                    return
+                certificate = await asyncio.to_thread(dev.store.load_identity_certificate)
+                dr.certificate = certificate or b""
         state = ClientAdvertiseKeys(
             view.config,
             dr.secagg_id,
@@ -95,6 +122,15 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
                     own_identity_public_key=dr.device.identity_public if view.config.active_adversary else None,
                 )
                 dr.identity.update(ident)
+                refusal = peer_certificates_refusal(run, p)
+                if refusal is not None:
+                    log.error("round %d, %s: %s; the device withdraws (a key no device CA vouches for)",
+                              view.round_number, dr.device.local_id, refusal)
+                    state, out = dr.state.abort(AbortReason.INVALID_SIGNATURE, refusal)
+                    dr.state = state
+                    await run.reply(dr, out, delay=False)
+                    run.finish_device(dr)
+                    return
             else:
                 msg = wire.server_from_proto(p, view.ids)
         except wire.WireError as e:
@@ -114,6 +150,43 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
             run.finish_device(dr)
         elif isinstance(state, ClientCompleted):
             run.finish_device(dr)
+
+
+def own_certificate_refusal(dev: Device, ca: x509.Certificate) -> str | None:
+    """None when the device's stored identity certificate verifies against
+    `ca` for its identity key and device id; otherwise why not."""
+    try:
+        der = dev.store.load_identity_certificate()
+    except StateCorruptError as e:
+        return str(e)
+    if der is None:
+        return "no identity certificate yet"
+    return certificate_refusal(der, ca, dev.identity_public, dev.device_id, now=datetime.now(UTC))
+
+
+def write_certificate_request(dev: Device) -> Path:
+    """Write the device's certificate request (CN = its device id, signed by
+    its identity key) for the operator to sign; returns its path."""
+    csr = certificate_request(dev.require_identity_key(), dev.device_id)
+    dev.store.save_certificate_request(csr.public_bytes(serialization.Encoding.PEM))
+    return dev.store.certificate_request_path
+
+
+def peer_certificates_refusal(run: RoundRun, keys: secagg_pb2.AdvertisedKeys) -> str | None:
+    """None when no device CA is configured, the round is not in active
+    mode, or every relayed peer's certificate verifies against the device's
+    own device CA for the relayed identity key and the peer's device id;
+    otherwise why not (the first failing peer)."""
+    ca = run.io.device_ca
+    if ca is None or not run.view.config.active_adversary:
+        return None
+    now = datetime.now(UTC)
+    for peer in keys.peers:
+        why = certificate_refusal(bytes(peer.identity_certificate), ca, bytes(peer.identity_public_key),
+                                  int(peer.device_id), now=now)
+        if why is not None:
+            return why
+    return None
 
 
 def decline_unfinished_rounds(devices: Iterable[Device]) -> int:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from google.protobuf import timestamp_pb2
 
 import wire
@@ -52,8 +53,10 @@ from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
 from edge_client.trainer import Trainer, TrainingError, TrainOutput, UnreadablePrivateState
 from fedmask_proto.v1 import common_pb2, session_pb2
+from secagg import identity
 from secagg.stages import Stage
 from wire import secagg_codec
+from wire.possession import session_payload
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE, coordinator_refusal
 
 log = logging.getLogger("edge_client.session")
@@ -81,10 +84,14 @@ class SessionDriver:
         allow_insecure_plaintext: bool = False,
         cohort_floor: CohortFloor | None = None,
         serve_recommendations: bool = True,
+        device_ca: x509.Certificate | None = None,
     ) -> None:
         self.cohort_floor = cohort_floor or CohortFloor()
         #: False: every top-k request is answered REFUSED (--no-serve-recommendations).
         self.serve_recommendations = serve_recommendations
+        #: The device CA this client trusts for its peers' identity keys
+        #: (D33); with one, rounds without signatures are refused.
+        self.device_ca = device_ca
         self.client_name = client_name
         self.client_version = client_version
         self.devices: dict[int, Device] = {d.device_id: d for d in devices}
@@ -99,6 +106,9 @@ class SessionDriver:
         self.allow_insecure_plaintext = allow_insecure_plaintext
         self.outbox: asyncio.Queue[session_pb2.ClientMessage] = asyncio.Queue()
         self.accepted: set[int] = set()
+        #: This stream's SessionChallenge nonce and the devices proven on it.
+        self.nonce: bytes = b""
+        self.proven: set[int] = set()
         self.last_rejections: list[session_pb2.DeviceRejection] = []
         self.heartbeat_interval = DEFAULT_HEARTBEAT_S
         self.retry_after: float | None = None
@@ -123,8 +133,33 @@ class SessionDriver:
         )
 
     def check_in_message(self, available: Iterable[int] | None = None) -> session_pb2.ClientMessage:
+        """A CheckIn announcing `available` (default: every hosted device),
+        with proofs for the devices not proven on this stream yet."""
         ids = sorted(self.devices if available is None else available)
-        return session_pb2.ClientMessage(check_in=session_pb2.CheckIn(available_device_ids=ids))
+        return session_pb2.ClientMessage(check_in=session_pb2.CheckIn(
+            available_device_ids=ids, proofs=self._proofs([d for d in ids if d not in self.proven])))
+
+    def _proofs(self, ids: Iterable[int]) -> list[session_pb2.DeviceProof]:
+        """Each device's signature over this stream's nonce (none before the
+        challenge); the devices count as proven on this stream from now."""
+        if not self.nonce:
+            return []
+        out = []
+        for d in ids:
+            dev = self.devices.get(d)
+            if dev is None or dev.identity_key is None:
+                continue
+            out.append(session_pb2.DeviceProof(
+                device_id=d, signature=identity.sign(dev.identity_key, session_payload(self.nonce, d))))
+            self.proven.add(d)
+        return out
+
+    def on_challenge(self, c: session_pb2.SessionChallenge) -> None:
+        """The coordinator's SessionChallenge: every hosted device proves
+        possession of its identity key over the stream's nonce."""
+        self.nonce = bytes(c.nonce)
+        self.proven = set()
+        self.send(proof=session_pb2.DeviceProofs(proofs=self._proofs(sorted(self.devices))))
 
     def heartbeat_message(self) -> session_pb2.ClientMessage:
         self.heartbeats_sent += 1
@@ -136,6 +171,8 @@ class SessionDriver:
         """A fresh stream: a new outbox (nothing stale is sent on it)."""
         self.outbox = asyncio.Queue()
         self.retry_after = None
+        self.nonce = b""
+        self.proven = set()
 
     # ------------------------------------------------------------ welcome
     def on_welcome(self, w: session_pb2.Welcome) -> None:
@@ -169,6 +206,8 @@ class SessionDriver:
         kind = msg.WhichOneof("message")
         if kind is None:
             log.warning("empty ServerMessage ignored")
+        elif kind == "challenge":
+            self.on_challenge(msg.challenge)
         elif kind == "welcome":
             self.on_welcome(msg.welcome)
         elif kind == "check_in_ack":
@@ -214,6 +253,7 @@ class SessionDriver:
         return RoundIO(
             send=self.send, spawn=self._spawn, faults=self.faults, secure_random=self.secure_random,
             secure_numpy_rng=self.trainer.secure_numpy_rng, debug_inputs_dir=self.debug_inputs_dir,
+            device_ca=self.device_ca,
         )
 
     async def _on_round_task(self, task: session_pb2.RoundTask) -> None:
@@ -242,6 +282,9 @@ class SessionDriver:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
             return
         refusal = self.cohort_floor.refusal(view.config)
+        if refusal is None and self.device_ca is not None and not view.config.active_adversary:
+            # without signatures no identity key is checked, so the device CA would protect nothing
+            refusal = "the round has no identity signatures, and this client requires them (--device-ca)"
         if refusal is not None:
             log.error("round %d: %s; this client's devices withdraw", view.round_number, refusal)
             self._abort_run(run, common_pb2.ABORT_REASON_CLIENT_ERROR, refusal)

@@ -14,12 +14,15 @@ Layout under `--state-dir`:
     client.json                        client name, dataset, split seed (checked on restart)
     enrollment.json                    per coordinator address: local_id -> device_id
     devices/<local_id>/identity.fms    Ed25519 identity key (private, 0600)
+    devices/<local_id>/identity-csr.pem  its certificate request for the device CA (--device-ca, D33)
+    devices/<local_id>/identity-cert.pem the device CA's certificate for it (put there by the operator)
     devices/<local_id>/data.fms        the device's local ratings split
     devices/<local_id>/model-<name>.fms  private model state (u_i, D_i, p_u, mask model...)
                                           plus the global version it was trained from
     devices/<local_id>/round.fms       the running round's secret seed (deleted at round end)
 
-Nothing here is ever sent to the coordinator.
+Nothing here is ever sent to the coordinator, except the (public) identity
+certificate, which goes out with the AdvertiseKeys of active-mode rounds.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 MAGIC = b"FMSTATE1"
 _HEADER = len(MAGIC) + 32
@@ -242,6 +247,33 @@ class DeviceStore:
             self.identity_path, {"ed25519_private": np.frombuffer(raw, dtype=np.uint8)}, {"kind": "identity"}
         )
         return raw
+
+    # identity certificate (device CA mode, D33) --------------------------
+    @property
+    def certificate_path(self) -> Path:
+        """The device CA's certificate for this device's identity key (PEM),
+        put here by the operator (`fedmask certs issue-device`)."""
+        return self.folder / "identity-cert.pem"
+
+    @property
+    def certificate_request_path(self) -> Path:
+        """The device's request for that certificate (PEM CSR), written by the client."""
+        return self.folder / "identity-csr.pem"
+
+    def load_identity_certificate(self) -> bytes | None:
+        """The identity certificate as DER, None when there is none yet;
+        StateCorruptError when the file is no PEM certificate."""
+        try:
+            pem = self.certificate_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+        except ValueError:
+            raise StateCorruptError(self.certificate_path, "not a PEM certificate") from None
+
+    def save_certificate_request(self, pem: bytes) -> None:
+        atomic_write(self.certificate_request_path, pem)
 
     # local data --------------------------------------------------------
     @property

@@ -8,7 +8,13 @@ Credentials (the coordinator's `auth.mode`, docs/decisions.md D8):
   coordinator only allows that on loopback);
 - neither: a plaintext channel (coordinator auth mode `none`, loopback only).
 
-The stream: `run_session` sends Hello, waits for Welcome, then runs three
+Proof of possession (fedmask.v1.1): `enroll` asks for an EnrollChallenge
+and signs it with each device's identity key; on the stream the Hello is
+answered by a SessionChallenge, which the driver answers with one
+signature per device (DeviceProofs), and then comes the Welcome.
+
+The stream: `run_session` sends Hello, answers the challenge, waits for
+Welcome, then runs three
 loops until the stream ends: reading (each ServerMessage to the driver),
 writing (the driver's outbox, in order, one write at a time as grpc.aio
 requires) and heartbeats (every Welcome.heartbeat_interval).
@@ -24,8 +30,12 @@ from pathlib import Path
 
 import grpc
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from edge_client.session import FatalSessionError, SessionDriver
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+from secagg import identity
+from wire.possession import MAX_CHALLENGE_BYTES, enrollment_payload
 
 log = logging.getLogger("edge_client.transport")
 
@@ -118,18 +128,32 @@ def describe_rpc_error(e: grpc.aio.AioRpcError, cfg: TransportConfig) -> str:
     return text
 
 
+def signed_enroll_request(challenge: bytes, client_name: str,
+                          devices: Sequence[tuple[str, Ed25519PrivateKey]]) -> enrollment_pb2.EnrollRequest:
+    """The EnrollRequest for (local_id, identity key) pairs, each device's
+    possession signature over `challenge` included (wire.possession)."""
+    entries = []
+    for lid, key in devices:
+        pk = identity.public_bytes(key)
+        entries.append(enrollment_pb2.DeviceEnrollment(
+            local_id=lid, identity_public_key=pk,
+            possession_signature=identity.sign(key, enrollment_payload(challenge, client_name, lid, pk)),
+        ))
+    return enrollment_pb2.EnrollRequest(client_name=client_name, devices=entries, challenge=challenge)
+
+
 async def enroll(
     stub: coordinator_service_pb2_grpc.CoordinatorServiceAsyncStub,
     cfg: TransportConfig,
     *,
     client_name: str,
-    devices: Sequence[tuple[str, bytes]],
+    devices: Sequence[tuple[str, Ed25519PrivateKey]],
 ) -> dict[str, int]:
-    """Enroll (local_id, identity public key) pairs; returns local_id -> device_id."""
-    req = enrollment_pb2.EnrollRequest(
-        client_name=client_name,
-        devices=[enrollment_pb2.DeviceEnrollment(local_id=lid, identity_public_key=pk) for lid, pk in devices],
-    )
+    """Enroll (local_id, identity key) pairs, proving possession of each key
+    over a fresh EnrollChallenge; returns local_id -> device_id."""
+    issued = await stub.EnrollChallenge(enrollment_pb2.EnrollChallengeRequest(), metadata=cfg.metadata(),
+                                     timeout=ENROLL_TIMEOUT_S)
+    req = signed_enroll_request(bytes(issued.challenge)[:MAX_CHALLENGE_BYTES], client_name, devices)
     resp = await stub.Enroll(req, metadata=cfg.metadata(), timeout=ENROLL_TIMEOUT_S)
     if len(resp.devices) != len(devices):
         raise FatalSessionError(f"Enroll answered {len(resp.devices)} devices for {len(devices)} asked")
@@ -177,6 +201,15 @@ async def run_session(
             welcome_read.cancel()
             raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
         first = welcome_read.result()
+        if first is not None and first.WhichOneof("message") == "challenge":
+            await driver.handle(first)  # queues the DeviceProofs
+            await call.write(driver.outbox.get_nowait())
+            welcome_read = asyncio.ensure_future(_next_message(call))
+            done, _ = await asyncio.wait([welcome_read], timeout=WELCOME_TIMEOUT_S)
+            if not done:
+                welcome_read.cancel()
+                raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
+            first = welcome_read.result()
         if first is None:
             await call.wait_for_connection()
             code = await call.code()

@@ -13,6 +13,17 @@ Layout written by `init_pki(DIR, ...)`:
     DIR/ca.pem  DIR/ca.key                       the federation CA
     DIR/coordinator.pem  DIR/coordinator.key     server cert (serverAuth)
     DIR/devices/device-0001.pem  .key ...        client certs (clientAuth), CN = file stem
+    DIR/device-ca.pem  DIR/device-ca.key         the DEVICE CA (D33): signs device identity
+                                                 certificates; keep device-ca.key away from
+                                                 the coordinator (`init --device-ca-only` on
+                                                 another machine creates only this pair)
+
+`issue_device_certificates(DIR, csr_paths)` signs devices' certificate
+requests with the device CA (`fedmask certs issue-device`): each request
+must be self-signed by an Ed25519 identity key and name
+"fedmask-device-<id>"; the certificate is written next to it as
+identity-cert.pem, where the edge client reads it.
+
 Written by `issue_admin(DIR, NAME)` (`fedmask certs issue-admin`):
     DIR/admins/NAME.pem  .key                    admin client cert: CN = NAME, OU = ADMIN_ROLE
 The coordinator's admin listener (admin.auth "mtls") accepts only client
@@ -32,7 +43,10 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from secagg.device_certificates import device_id_of_request, issue_device_certificate
 
 ORGANIZATION = "fedmask"
 #: The subject OU of admin client certificates (coordinator.admin_auth.ADMIN_ROLE).
@@ -199,6 +213,14 @@ class PkiLayout:
         return self.root / "coordinator.key"
 
     @property
+    def device_ca_cert(self) -> Path:
+        return self.root / "device-ca.pem"
+
+    @property
+    def device_ca_key(self) -> Path:
+        return self.root / "device-ca.key"
+
+    @property
     def devices_dir(self) -> Path:
         return self.root / "devices"
 
@@ -227,6 +249,44 @@ class InitReport:
     kept: list[Path] = field(default_factory=list)
 
 
+def init_device_ca(layout: PkiLayout, report: InitReport, *, force: bool = False,
+                   now: datetime | None = None) -> None:
+    """Create the device CA in `layout` unless it exists (or `force`)."""
+    if not layout.root.exists():
+        layout.root.mkdir(mode=0o700, parents=True)
+    if not force and layout.device_ca_cert.exists() and layout.device_ca_key.exists():
+        report.kept += [layout.device_ca_cert, layout.device_ca_key]
+        return
+    key = generate_key()
+    write_private_key(layout.device_ca_key, key)
+    write_certificate(layout.device_ca_cert, make_ca(key, common_name="fedmask device CA", now=now))
+    report.created += [layout.device_ca_cert, layout.device_ca_key]
+
+
+def issue_device_certificates(directory: Path, requests: Sequence[Path], *,
+                              now: datetime | None = None) -> list[tuple[Path, int]]:
+    """Sign each certificate request (PEM CSR) with the device CA of
+    `directory`; the certificate goes next to the request as
+    identity-cert.pem. Returns (certificate path, device id) per request.
+    ValueError naming the file for a request that is not a device's."""
+    layout = PkiLayout(Path(directory))
+    ca_key, ca_cert = load_private_key(layout.device_ca_key), load_certificate(layout.device_ca_cert)
+    out: list[tuple[Path, int]] = []
+    for path in requests:
+        try:
+            csr = x509.load_pem_x509_csr(Path(path).read_bytes())
+            device_id = device_id_of_request(csr)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+        identity_public = csr.public_key()
+        assert isinstance(identity_public, Ed25519PublicKey)  # device_id_of_request checked it
+        cert = issue_device_certificate(ca_cert, ca_key, identity_public, device_id, now=now or datetime.now(UTC))
+        target = Path(path).with_name("identity-cert.pem")
+        write_certificate(target, cert)
+        out.append((target, device_id))
+    return out
+
+
 def init_pki(
     directory: Path,
     *,
@@ -234,6 +294,7 @@ def init_pki(
     coordinator_host: str = "localhost",
     force: bool = False,
     now: datetime | None = None,
+    device_ca: bool = True,
 ) -> InitReport:
     """Create (or complete) a federation PKI in `directory`.
 
@@ -287,6 +348,8 @@ def init_pki(
         write_private_key(key_path, key)
         write_certificate(cert_path, cert)
         report.created += [cert_path, key_path]
+    if device_ca:
+        init_device_ca(layout, report, force=force, now=now)
     return report
 
 

@@ -41,10 +41,11 @@ from secagg.stages import Stage
 #: The version this code speaks.
 PROTOCOL_VERSION = "fedmask.v1.1"
 #: Client versions the coordinator serves (the current one first). 1.1
-#: added the share check (ShareReceipt, MaskingRequest) and changed what a
-#: device's masked input holds (metric coordinates after the
-#: update, RoundTask.metric_names) and removed RoundMetrics, so a 1.0 client
-#: cannot take part in a round and is refused at Hello.
+#: added the share check (ShareReceipt, MaskingRequest), changed what a
+#: device's masked input holds (metric coordinates after the update,
+#: RoundTask.metric_names), removed RoundMetrics and made devices prove
+#: possession of their identity key at enrolment and on every Session stream
+#: (D32), so a 1.0 client cannot take part in a round and is refused at Hello.
 SERVED_CLIENT_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 #: Printed and logged versions are cut to this many characters.
 MAX_VERSION_CHARS = 64

@@ -9,7 +9,8 @@ two hostile client processes inside the cohorts:
 - `hostile-metrics` (`--fault-garbage-metrics`): its devices put 2^32 - 1
   in every metric coordinate of their masked input (A1/D).
 
-Meanwhile the bench process itself sends, each kind at `rate` per second:
+Once the first round has committed, the bench process itself sends for
+`seconds`, each kind at `rate` per second:
 
 - `random_bytes`: TCP connections to the gRPC port that send random bytes;
 - `malformed`: Session streams whose first message is empty or undecodable,
@@ -18,9 +19,9 @@ Meanwhile the bench process itself sends, each kind at `rate` per second:
 - `out_of_order`: Session streams that say Hello for no device, then send
   masked inputs, unmasking responses and share receipts of rounds they are
   not in;
-- `enrol_flood`: Enroll calls of 50 fresh devices each (no proof of a key
-  the sender does not hold is needed to *try*; the coordinator's limits and
-  checks decide).
+- `enrol_flood`: Enroll calls of 50 fresh devices each, half of them
+  signed over a fresh challenge (keys the sender holds), half with forged
+  possession signatures; the coordinator's limits and checks decide.
 
 Result (last stdout line, JSON): `ok`, `coordinator_crashes` (the
 coordinator exited before the bench stopped it), `rounds_committed`,
@@ -151,15 +152,26 @@ def _out_of_order(channel: grpc.Channel, rng: random.Random) -> None:
 
 
 def _enrol_flood(channel: grpc.Channel, rng: random.Random) -> None:
+    """50 fresh devices per call: every other call properly signed over a
+    fresh challenge (a token holder enrolling keys it holds), the others
+    with forged possession signatures."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from edge_client.transport import signed_enroll_request
     from fedmask_proto.v1 import enrollment_pb2
 
     tag = rng.getrandbits(48)
-    req = enrollment_pb2.EnrollRequest(client_name="flood", devices=[
-        enrollment_pb2.DeviceEnrollment(local_id=f"flood-{tag}-{i}", identity_public_key=rng.randbytes(32))
-        for i in range(50)
-    ])
+    challenge_call = channel.unary_unary("/fedmask.v1.CoordinatorService/EnrollChallenge",
+                                         request_serializer=_identity, response_deserializer=_identity)
     enroll = channel.unary_unary(_ENROLL, request_serializer=_identity, response_deserializer=_identity)
     try:
+        raw = challenge_call(enrollment_pb2.EnrollChallengeRequest().SerializeToString(), timeout=2)
+        challenge = enrollment_pb2.EnrollChallengeResponse.FromString(raw).challenge
+        req = signed_enroll_request(challenge, "flood", [(f"flood-{tag}-{i}", Ed25519PrivateKey.generate())
+                                                         for i in range(50)])
+        if rng.random() < 0.5:
+            for d in req.devices:
+                d.possession_signature = rng.randbytes(len(d.possession_signature))
         enroll(req.SerializeToString(), timeout=2)
     except grpc.RpcError:
         pass
@@ -189,6 +201,16 @@ def _attacker(kind: str, port: int, rate: float, seed: int, stop: threading.Even
 
 
 # ------------------------------------------------------------------ the run
+
+
+def _committed(db: Path) -> int:
+    """Rounds committed so far (0 while the database is not there yet)."""
+    if not db.exists():
+        return 0
+    try:
+        return sum(r.state.value == "committed" for r in _read_rounds(db))
+    except Exception:  # a schema not yet migrated, a busy database: ask again
+        return 0
 
 
 def _honest_ids(db: Path, honest_users: int) -> set[int]:
@@ -245,7 +267,15 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
                             "log_level": "warning", **extra}
             group.start(name, ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state, *flags(client_flags)])
         log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "
-            f"({cfg.honest_devices} honest devices, {2 * HOSTILE_DEVICES} hostile); attacks for {cfg.seconds:.0f} s")
+            f"({cfg.honest_devices} honest devices, {2 * HOSTILE_DEVICES} hostile)")
+        # The attacks target a running federation: they start once the first
+        # round has committed (every device enrolled and connected). All
+        # traffic here comes from 127.0.0.1, one peer for the per-peer limits,
+        # so a flood started earlier would also throttle the honest clients'
+        # own enrolment, which on a real network comes from other addresses.
+        wait_until(lambda: _committed(db) >= 1, 120, what="the first round to commit", watch=group.children,
+                   step=0.5)
+        log(f"first round committed; attacks for {cfg.seconds:.0f} s")
         attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts), daemon=True,
                                       name=f"attack-{k}") for k in ATTACKS]
         for t in attackers:

@@ -21,12 +21,24 @@ def init(
         str, typer.Option(help="Extra DNS name or IP of the coordinator for the server certificate SAN.")
     ] = "localhost",
     force: Annotated[bool, typer.Option(help="Regenerate everything, including a new CA.")] = False,
+    device_ca: Annotated[bool, typer.Option(help="Also create the device CA (device-ca.pem/.key), which signs device identity certificates.")] = True,
+    device_ca_only: Annotated[bool, typer.Option("--device-ca-only", help="Create only the device CA (for an operator who keeps it on another machine than the coordinator's CA).")] = False,
 ) -> None:
-    """Create (or complete) a CA, a coordinator certificate and N device
-    certificates. Existing files are kept unless --force."""
-    from fedmask.certs import init_pki
+    """Create (or complete) a CA, a coordinator certificate, N device TLS
+    certificates and the device CA. Existing files are kept unless --force."""
+    from fedmask.certs import InitReport, PkiLayout, init_device_ca, init_pki
 
-    report = init_pki(directory, devices=devices, coordinator_host=coordinator_host, force=force)
+    if device_ca_only:
+        report = InitReport(PkiLayout(directory))
+        init_device_ca(report.layout, report, force=force)
+        for path in report.created:
+            typer.echo(f"created  {path}")
+        for path in report.kept:
+            typer.echo(f"kept     {path}")
+        typer.echo(f"\nedge clients: --device-ca {report.layout.device_ca_cert} (never give them device-ca.key)")
+        return
+    report = init_pki(directory, devices=devices, coordinator_host=coordinator_host, force=force,
+                      device_ca=device_ca)
     for path in report.created:
         typer.echo(f"created  {path}")
     for path in report.kept:
@@ -37,6 +49,8 @@ def init(
         f"  FEDMASK_TLS__CERT={layout.server_cert} FEDMASK_TLS__KEY={layout.server_key}\n"
         f"  FEDMASK_TLS__CLIENT_CA={layout.ca_cert} FEDMASK_TLS__REQUIRE_CLIENT_CERT=true FEDMASK_AUTH__MODE=mtls\n"
         f"edge client N: {layout.devices_dir}/device-NNNN.pem + .key, trusting {layout.ca_cert}"
+        + (f"\nedge clients (active mode): --device-ca {layout.device_ca_cert}; keep device-ca.key off the "
+           "coordinator's machine" if device_ca else "")
     )
 
 
@@ -55,6 +69,25 @@ def issue_admin_cmd(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     typer.echo(f"created  {cert}\ncreated  {key}")
+
+
+@certs_app.command("issue-device")
+def issue_device(
+    requests: Annotated[list[Path], typer.Argument(help="Certificate requests the edge client wrote (STATE_DIR/devices/*/identity-csr.pem).")],
+    device_ca_dir: Annotated[Path, typer.Option(help="Directory holding device-ca.pem and device-ca.key.")],
+) -> None:
+    """Sign device identity certificates with the device CA: each request
+    must be signed by the device's Ed25519 identity key and name its device
+    id; the certificate is written next to it (identity-cert.pem), where the
+    edge client reads it at its next round."""
+    from fedmask.certs import issue_device_certificates
+
+    try:
+        issued = issue_device_certificates(device_ca_dir, requests)
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(str(e)) from None
+    for path, device_id in issued:
+        typer.echo(f"issued   {path}  (device {device_id})")
 
 
 def register(app: typer.Typer) -> None:

@@ -125,6 +125,7 @@ def client(
         help="Answer the coordinator's top-k requests for the hosted devices' users (computed on the device). "
              "With --no-serve-recommendations every such request is refused with DEVICE_ERROR_CODE_REFUSED "
              "(the admin API answers 403).", rich_help_panel="Security")] = True,
+    device_ca: Annotated[Path | None, typer.Option(help="The federation's device CA certificate (PEM; `fedmask certs init` writes device-ca.pem), kept apart from the coordinator: the devices join only active-mode rounds, and only with peers whose identity certificates this CA issued. Devices without a certificate write a request to sign (fedmask certs issue-device).", rich_help_panel="Security", show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
     debug_record_inputs: Annotated[
         bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
@@ -191,7 +192,7 @@ def client(
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor, serve_recommendations=serve_recommendations,
+        cohort_floor=floor, serve_recommendations=serve_recommendations, device_ca=device_ca,
     )
     code = run_client(config)
     if code:

@@ -26,7 +26,7 @@ from fedmask_proto.v1 import enrollment_pb2 as fedmask_dot_v1_dot_enrollment__pb
 from fedmask_proto.v1 import session_pb2 as fedmask_dot_v1_dot_session__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$fedmask/v1/coordinator_service.proto\x12\nfedmask.v1\x1a\x1b\x66\x65\x64mask/v1/enrollment.proto\x1a\x18\x66\x65\x64mask/v1/session.proto2\x9a\x01\n\x12\x43oordinatorService\x12?\n\x06\x45nroll\x12\x19.fedmask.v1.EnrollRequest\x1a\x1a.fedmask.v1.EnrollResponse\x12\x43\n\x07Session\x12\x19.fedmask.v1.ClientMessage\x1a\x19.fedmask.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$fedmask/v1/coordinator_service.proto\x12\nfedmask.v1\x1a\x1b\x66\x65\x64mask/v1/enrollment.proto\x1a\x18\x66\x65\x64mask/v1/session.proto2\xf6\x01\n\x12\x43oordinatorService\x12?\n\x06\x45nroll\x12\x19.fedmask.v1.EnrollRequest\x1a\x1a.fedmask.v1.EnrollResponse\x12Z\n\x0f\x45nrollChallenge\x12\".fedmask.v1.EnrollChallengeRequest\x1a#.fedmask.v1.EnrollChallengeResponse\x12\x43\n\x07Session\x12\x19.fedmask.v1.ClientMessage\x1a\x19.fedmask.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedmask_proto.v1.coordinato
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COORDINATORSERVICE']._serialized_start=108
-  _globals['_COORDINATORSERVICE']._serialized_end=262
+  _globals['_COORDINATORSERVICE']._serialized_end=354
 # @@protoc_insertion_point(module_scope)

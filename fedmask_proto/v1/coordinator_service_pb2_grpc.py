@@ -42,6 +42,11 @@ class CoordinatorServiceStub:
                 request_serializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollRequest.SerializeToString,
                 response_deserializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollResponse.FromString,
                 _registered_method=True)
+        self.EnrollChallenge = channel.unary_unary(
+                '/fedmask.v1.CoordinatorService/EnrollChallenge',
+                request_serializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeRequest.SerializeToString,
+                response_deserializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/fedmask.v1.CoordinatorService/Session',
                 request_serializer=fedmask_dot_v1_dot_session__pb2.ClientMessage.SerializeToString,
@@ -58,6 +63,14 @@ class CoordinatorServiceServicer:
         """Register the devices a client hosts; idempotent per identity key.
         Errors: INVALID_ARGUMENT (malformed request), PERMISSION_DENIED (revoked
         device), UNAUTHENTICATED (transport credentials missing or wrong).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EnrollChallenge(self, request, context):
+        """A fresh enrolment challenge, to be signed by every device of the next
+        EnrollRequest (fedmask.v1.1). Rate-limited with Enroll.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -80,6 +93,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.Enroll,
                     request_deserializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollRequest.FromString,
                     response_serializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollResponse.SerializeToString,
+            ),
+            'EnrollChallenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnrollChallenge,
+                    request_deserializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeRequest.FromString,
+                    response_serializer=fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -116,6 +134,33 @@ class CoordinatorService:
             '/fedmask.v1.CoordinatorService/Enroll',
             fedmask_dot_v1_dot_enrollment__pb2.EnrollRequest.SerializeToString,
             fedmask_dot_v1_dot_enrollment__pb2.EnrollResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnrollChallenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedmask.v1.CoordinatorService/EnrollChallenge',
+            fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeRequest.SerializeToString,
+            fedmask_dot_v1_dot_enrollment__pb2.EnrollChallengeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,10 @@ class CoordinatorServiceStub:
     Errors: INVALID_ARGUMENT (malformed request), PERMISSION_DENIED (revoked
     device), UNAUTHENTICATED (transport credentials missing or wrong).
     """
+    EnrollChallenge: _grpc.UnaryUnaryMultiCallable[_enrollment_pb2.EnrollChallengeRequest, _enrollment_pb2.EnrollChallengeResponse]
+    """A fresh enrolment challenge, to be signed by every device of the next
+    EnrollRequest (fedmask.v1.1). Rate-limited with Enroll.
+    """
     Session: _grpc.StreamStreamMultiCallable[_session_pb2.ClientMessage, _session_pb2.ServerMessage]
     """One long-lived bidirectional stream per edge-client process; see
     session.proto for the message contract. Ends with OK on a graceful
@@ -61,6 +65,10 @@ class CoordinatorServiceAsyncStub(CoordinatorServiceStub):
     """Register the devices a client hosts; idempotent per identity key.
     Errors: INVALID_ARGUMENT (malformed request), PERMISSION_DENIED (revoked
     device), UNAUTHENTICATED (transport credentials missing or wrong).
+    """
+    EnrollChallenge: _aio.UnaryUnaryMultiCallable[_enrollment_pb2.EnrollChallengeRequest, _enrollment_pb2.EnrollChallengeResponse]  # type: ignore[assignment]
+    """A fresh enrolment challenge, to be signed by every device of the next
+    EnrollRequest (fedmask.v1.1). Rate-limited with Enroll.
     """
     Session: _aio.StreamStreamMultiCallable[_session_pb2.ClientMessage, _session_pb2.ServerMessage]  # type: ignore[assignment]
     """One long-lived bidirectional stream per edge-client process; see
@@ -83,6 +91,16 @@ class CoordinatorServiceServicer(metaclass=_abc_1.ABCMeta):
         """Register the devices a client hosts; idempotent per identity key.
         Errors: INVALID_ARGUMENT (malformed request), PERMISSION_DENIED (revoked
         device), UNAUTHENTICATED (transport credentials missing or wrong).
+        """
+
+    @_abc_1.abstractmethod
+    def EnrollChallenge(
+        self,
+        request: _enrollment_pb2.EnrollChallengeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_enrollment_pb2.EnrollChallengeResponse, _abc.Awaitable[_enrollment_pb2.EnrollChallengeResponse]]:
+        """A fresh enrolment challenge, to be signed by every device of the next
+        EnrollRequest (fedmask.v1.1). Rate-limited with Enroll.
         """
 
     @_abc_1.abstractmethod

@@ -22,21 +22,26 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64mask/v1/enrollment.proto\x12\nfedmask.v1\"A\n\x10\x44\x65viceEnrollment\x12\x10\n\x08local_id\x18\x01 \x01(\t\x12\x1b\n\x13identity_public_key\x18\x02 \x01(\x0c\"S\n\rEnrollRequest\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12-\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x1c.fedmask.v1.DeviceEnrollment\"M\n\x0e\x45nrolledDevice\x12\x10\n\x08local_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\x04\x12\x16\n\x0enewly_enrolled\x18\x03 \x01(\x08\"t\n\x0e\x45nrollResponse\x12+\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1a.fedmask.v1.EnrolledDevice\x12\x18\n\x10protocol_version\x18\x02 \x01(\t\x12\x1b\n\x13\x63oordinator_version\x18\x03 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66\x65\x64mask/v1/enrollment.proto\x12\nfedmask.v1\x1a\x1egoogle/protobuf/duration.proto\"_\n\x10\x44\x65viceEnrollment\x12\x10\n\x08local_id\x18\x01 \x01(\t\x12\x1b\n\x13identity_public_key\x18\x02 \x01(\x0c\x12\x1c\n\x14possession_signature\x18\x03 \x01(\x0c\"f\n\rEnrollRequest\x12\x13\n\x0b\x63lient_name\x18\x01 \x01(\t\x12-\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x1c.fedmask.v1.DeviceEnrollment\x12\x11\n\tchallenge\x18\x03 \x01(\x0c\"\x18\n\x16\x45nrollChallengeRequest\"Z\n\x17\x45nrollChallengeResponse\x12\x11\n\tchallenge\x18\x01 \x01(\x0c\x12,\n\tvalid_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"M\n\x0e\x45nrolledDevice\x12\x10\n\x08local_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\x04\x12\x16\n\x0enewly_enrolled\x18\x03 \x01(\x08\"t\n\x0e\x45nrollResponse\x12+\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x1a.fedmask.v1.EnrolledDevice\x12\x18\n\x10protocol_version\x18\x02 \x01(\t\x12\x1b\n\x13\x63oordinator_version\x18\x03 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedmask_proto.v1.enrollment_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DEVICEENROLLMENT']._serialized_start=43
-  _globals['_DEVICEENROLLMENT']._serialized_end=108
-  _globals['_ENROLLREQUEST']._serialized_start=110
-  _globals['_ENROLLREQUEST']._serialized_end=193
-  _globals['_ENROLLEDDEVICE']._serialized_start=195
-  _globals['_ENROLLEDDEVICE']._serialized_end=272
-  _globals['_ENROLLRESPONSE']._serialized_start=274
-  _globals['_ENROLLRESPONSE']._serialized_end=390
+  _globals['_DEVICEENROLLMENT']._serialized_start=75
+  _globals['_DEVICEENROLLMENT']._serialized_end=170
+  _globals['_ENROLLREQUEST']._serialized_start=172
+  _globals['_ENROLLREQUEST']._serialized_end=274
+  _globals['_ENROLLCHALLENGEREQUEST']._serialized_start=276
+  _globals['_ENROLLCHALLENGEREQUEST']._serialized_end=300
+  _globals['_ENROLLCHALLENGERESPONSE']._serialized_start=302
+  _globals['_ENROLLCHALLENGERESPONSE']._serialized_end=392
+  _globals['_ENROLLEDDEVICE']._serialized_start=394
+  _globals['_ENROLLEDDEVICE']._serialized_end=471
+  _globals['_ENROLLRESPONSE']._serialized_start=473
+  _globals['_ENROLLRESPONSE']._serialized_end=589
 # @@protoc_insertion_point(module_scope)

@@ -11,6 +11,7 @@ federation CA); token mode: gRPC metadata "authorization: Bearer <token>".
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
@@ -32,6 +33,7 @@ class DeviceEnrollment(_message.Message):
 
     LOCAL_ID_FIELD_NUMBER: _builtins.int
     IDENTITY_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    POSSESSION_SIGNATURE_FIELD_NUMBER: _builtins.int
     local_id: _builtins.str
     """The client's own name for the device (e.g. "user-42" of a dataset);
     unique within the request, echoed back, stored for operators. Not secret.
@@ -45,15 +47,23 @@ class DeviceEnrollment(_message.Message):
     AdvertiseKeys and ConsistencyCheck with the matching private key, which
     never leaves the device.
     """
+    possession_signature: _builtins.bytes
+    """Proof of possession (fedmask.v1.1): Ed25519 signature by this identity
+    key over wire.possession.enrollment_payload(EnrollRequest.challenge,
+    client_name, local_id, identity_public_key). A request with a missing or
+    wrong signature enrols nothing, so a token holder cannot enrol (or get
+    back the id of) a key it does not hold.
+    """
     def __init__(
         self,
         *,
         local_id: _builtins.str = ...,
         identity_public_key: _builtins.bytes = ...,
+        possession_signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["identity_public_key", b"identity_public_key", "local_id", b"local_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["identity_public_key", b"identity_public_key", "local_id", b"local_id", "possession_signature", b"possession_signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -63,15 +73,23 @@ Global___DeviceEnrollment: _TypeAlias = DeviceEnrollment  # noqa: Y015
 class EnrollRequest(_message.Message):
     """Unary request: enrol (or re-enrol) the devices hosted by one client.
     Contract: idempotent per identity key: presenting an already enrolled
-    identity_public_key returns that device's existing device_id.
+    identity_public_key (with a valid possession_signature) returns that
+    device's existing device_id.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CLIENT_NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    CHALLENGE_FIELD_NUMBER: _builtins.int
     client_name: _builtins.str
-    """Name of the edge-client process, for logs only."""
+    """Name of the edge-client process, for logs only (and signed)."""
+    challenge: _builtins.bytes
+    """The coordinator's EnrollChallengeResponse.challenge, unchanged; it binds
+    every possession_signature to this coordinator and a short validity.
+    Missing (a fedmask.v1 client): FAILED_PRECONDITION, upgrade the client.
+    Expired or not issued by this coordinator: FAILED_PRECONDITION, ask again.
+    """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceEnrollment]: ...
     def __init__(
@@ -79,14 +97,59 @@ class EnrollRequest(_message.Message):
         *,
         client_name: _builtins.str = ...,
         devices: _abc.Iterable[Global___DeviceEnrollment] | None = ...,
+        challenge: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_name", b"client_name", "devices", b"devices"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenge", b"challenge", "client_name", b"client_name", "devices", b"devices"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EnrollRequest: _TypeAlias = EnrollRequest  # noqa: Y015
+
+@_typing.final
+class EnrollChallengeRequest(_message.Message):
+    """Unary request for an enrolment challenge (fedmask.v1.1)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrollChallengeRequest: _TypeAlias = EnrollChallengeRequest  # noqa: Y015
+
+@_typing.final
+class EnrollChallengeResponse(_message.Message):
+    """Contract: `challenge` is opaque to the client (at most 64 bytes), issued
+    by this coordinator and accepted in one EnrollRequest for `valid_for`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHALLENGE_FIELD_NUMBER: _builtins.int
+    VALID_FOR_FIELD_NUMBER: _builtins.int
+    challenge: _builtins.bytes
+    @_builtins.property
+    def valid_for(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        challenge: _builtins.bytes = ...,
+        valid_for: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["valid_for", b"valid_for"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["challenge", b"challenge", "valid_for", b"valid_for"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnrollChallengeResponse: _TypeAlias = EnrollChallengeResponse  # noqa: Y015
 
 @_typing.final
 class EnrolledDevice(_message.Message):
@@ -121,7 +184,8 @@ Global___EnrolledDevice: _TypeAlias = EnrolledDevice  # noqa: Y015
 class EnrollResponse(_message.Message):
     """Contract: `devices` has one entry per request device, in request order.
     An invalid request (empty or duplicate local_id, key not 32 bytes, revoked
-    device) fails the whole call with INVALID_ARGUMENT / PERMISSION_DENIED.
+    device, a possession_signature that does not verify) fails the whole call
+    with INVALID_ARGUMENT / PERMISSION_DENIED; nothing is enrolled.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -130,7 +194,7 @@ class EnrollResponse(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _builtins.int
     COORDINATOR_VERSION_FIELD_NUMBER: _builtins.int
     protocol_version: _builtins.str
-    """The wire package the coordinator speaks, "fedmask.v1"."""
+    """The wire package the coordinator speaks, e.g. "fedmask.v1.1"."""
     coordinator_version: _builtins.str
     """Software version of the coordinator, for logs."""
     @_builtins.property

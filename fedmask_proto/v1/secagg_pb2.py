@@ -24,41 +24,41 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64mask/v1/secagg.proto\x12\nfedmask.v1\"{\n\rAdvertiseKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x04 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"i\n\x08PeerKeys\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x02 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13identity_public_key\x18\x05 \x01(\x0c\"r\n\x0e\x41\x64vertisedKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12#\n\x05peers\x18\x04 \x03(\x0b\x32\x14.fedmask.v1.PeerKeys\"F\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\x04\x12\x10\n\x08receiver\x18\x02 \x01(\x04\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"t\n\tShareKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"z\n\x0f\x46orwardedShares\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"b\n\x0cShareReceipt\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rundecryptable\x18\x04 \x03(\x04\"\\\n\x0eMaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05peers\x18\x04 \x03(\x04\"\x9c\x01\n\x0bMaskedInput\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rmasked_vector\x18\x04 \x01(\x0c\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x14\n\x0cmodulus_bits\x18\x06 \x01(\rJ\x04\x08\x07\x10\x08R\rundecryptable\"i\n\x17\x43onsistencyCheckRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsurvivors\x18\x04 \x03(\x04\"b\n\x10\x43onsistencyCheck\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"<\n\x14\x43onsistencySignature\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\xa5\x01\n\x10UnmaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05\x61live\x18\x04 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x05 \x03(\x04\x12\x34\n\nsignatures\x18\x06 \x03(\x0b\x32 .fedmask.v1.ConsistencySignature\"+\n\x0bSecretShare\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\r\n\x05share\x18\x02 \x01(\x0c\"\xa9\x01\n\x11UnmaskingResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12)\n\x08\x62_shares\x18\x04 \x03(\x0b\x32\x17.fedmask.v1.SecretShare\x12,\n\x0bs_sk_shares\x18\x05 \x03(\x0b\x32\x17.fedmask.v1.SecretShareb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x65\x64mask/v1/secagg.proto\x12\nfedmask.v1\"\x99\x01\n\rAdvertiseKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x04 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\x12\x1c\n\x14identity_certificate\x18\x07 \x01(\x0c\"\x87\x01\n\x08PeerKeys\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63_pk\x18\x02 \x01(\x0c\x12\x0c\n\x04s_pk\x18\x03 \x01(\x0c\x12\x11\n\tsignature\x18\x04 \x01(\x0c\x12\x1b\n\x13identity_public_key\x18\x05 \x01(\x0c\x12\x1c\n\x14identity_certificate\x18\x06 \x01(\x0c\"r\n\x0e\x41\x64vertisedKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12#\n\x05peers\x18\x04 \x03(\x0b\x32\x14.fedmask.v1.PeerKeys\"F\n\x0e\x45ncryptedShare\x12\x0e\n\x06sender\x18\x01 \x01(\x04\x12\x10\n\x08receiver\x18\x02 \x01(\x04\x12\x12\n\nciphertext\x18\x03 \x01(\x0c\"t\n\tShareKeys\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"z\n\x0f\x46orwardedShares\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12*\n\x06shares\x18\x04 \x03(\x0b\x32\x1a.fedmask.v1.EncryptedShare\"b\n\x0cShareReceipt\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rundecryptable\x18\x04 \x03(\x04\"\\\n\x0eMaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05peers\x18\x04 \x03(\x04\"\x9c\x01\n\x0bMaskedInput\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x15\n\rmasked_vector\x18\x04 \x01(\x0c\x12\x0e\n\x06length\x18\x05 \x01(\r\x12\x14\n\x0cmodulus_bits\x18\x06 \x01(\rJ\x04\x08\x07\x10\x08R\rundecryptable\"i\n\x17\x43onsistencyCheckRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsurvivors\x18\x04 \x03(\x04\"b\n\x10\x43onsistencyCheck\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\x11\n\tsignature\x18\x04 \x01(\x0c\"<\n\x14\x43onsistencySignature\x12\x11\n\tdevice_id\x18\x01 \x01(\x04\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\xa5\x01\n\x10UnmaskingRequest\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12\r\n\x05\x61live\x18\x04 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x05 \x03(\x04\x12\x34\n\nsignatures\x18\x06 \x03(\x0b\x32 .fedmask.v1.ConsistencySignature\"+\n\x0bSecretShare\x12\r\n\x05owner\x18\x01 \x01(\x04\x12\r\n\x05share\x18\x02 \x01(\x0c\"\xa9\x01\n\x11UnmaskingResponse\x12\x12\n\nsession_id\x18\x01 \x01(\x0c\x12\x14\n\x0cround_number\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\x04\x12)\n\x08\x62_shares\x18\x04 \x03(\x0b\x32\x17.fedmask.v1.SecretShare\x12,\n\x0bs_sk_shares\x18\x05 \x03(\x0b\x32\x17.fedmask.v1.SecretShareb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedmask_proto.v1.secagg_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ADVERTISEKEYS']._serialized_start=39
-  _globals['_ADVERTISEKEYS']._serialized_end=162
-  _globals['_PEERKEYS']._serialized_start=164
-  _globals['_PEERKEYS']._serialized_end=269
-  _globals['_ADVERTISEDKEYS']._serialized_start=271
-  _globals['_ADVERTISEDKEYS']._serialized_end=385
-  _globals['_ENCRYPTEDSHARE']._serialized_start=387
-  _globals['_ENCRYPTEDSHARE']._serialized_end=457
-  _globals['_SHAREKEYS']._serialized_start=459
-  _globals['_SHAREKEYS']._serialized_end=575
-  _globals['_FORWARDEDSHARES']._serialized_start=577
-  _globals['_FORWARDEDSHARES']._serialized_end=699
-  _globals['_SHARERECEIPT']._serialized_start=701
-  _globals['_SHARERECEIPT']._serialized_end=799
-  _globals['_MASKINGREQUEST']._serialized_start=801
-  _globals['_MASKINGREQUEST']._serialized_end=893
-  _globals['_MASKEDINPUT']._serialized_start=896
-  _globals['_MASKEDINPUT']._serialized_end=1052
-  _globals['_CONSISTENCYCHECKREQUEST']._serialized_start=1054
-  _globals['_CONSISTENCYCHECKREQUEST']._serialized_end=1159
-  _globals['_CONSISTENCYCHECK']._serialized_start=1161
-  _globals['_CONSISTENCYCHECK']._serialized_end=1259
-  _globals['_CONSISTENCYSIGNATURE']._serialized_start=1261
-  _globals['_CONSISTENCYSIGNATURE']._serialized_end=1321
-  _globals['_UNMASKINGREQUEST']._serialized_start=1324
-  _globals['_UNMASKINGREQUEST']._serialized_end=1489
-  _globals['_SECRETSHARE']._serialized_start=1491
-  _globals['_SECRETSHARE']._serialized_end=1534
-  _globals['_UNMASKINGRESPONSE']._serialized_start=1537
-  _globals['_UNMASKINGRESPONSE']._serialized_end=1706
+  _globals['_ADVERTISEKEYS']._serialized_start=40
+  _globals['_ADVERTISEKEYS']._serialized_end=193
+  _globals['_PEERKEYS']._serialized_start=196
+  _globals['_PEERKEYS']._serialized_end=331
+  _globals['_ADVERTISEDKEYS']._serialized_start=333
+  _globals['_ADVERTISEDKEYS']._serialized_end=447
+  _globals['_ENCRYPTEDSHARE']._serialized_start=449
+  _globals['_ENCRYPTEDSHARE']._serialized_end=519
+  _globals['_SHAREKEYS']._serialized_start=521
+  _globals['_SHAREKEYS']._serialized_end=637
+  _globals['_FORWARDEDSHARES']._serialized_start=639
+  _globals['_FORWARDEDSHARES']._serialized_end=761
+  _globals['_SHARERECEIPT']._serialized_start=763
+  _globals['_SHARERECEIPT']._serialized_end=861
+  _globals['_MASKINGREQUEST']._serialized_start=863
+  _globals['_MASKINGREQUEST']._serialized_end=955
+  _globals['_MASKEDINPUT']._serialized_start=958
+  _globals['_MASKEDINPUT']._serialized_end=1114
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_start=1116
+  _globals['_CONSISTENCYCHECKREQUEST']._serialized_end=1221
+  _globals['_CONSISTENCYCHECK']._serialized_start=1223
+  _globals['_CONSISTENCYCHECK']._serialized_end=1321
+  _globals['_CONSISTENCYSIGNATURE']._serialized_start=1323
+  _globals['_CONSISTENCYSIGNATURE']._serialized_end=1383
+  _globals['_UNMASKINGREQUEST']._serialized_start=1386
+  _globals['_UNMASKINGREQUEST']._serialized_end=1551
+  _globals['_SECRETSHARE']._serialized_start=1553
+  _globals['_SECRETSHARE']._serialized_end=1596
+  _globals['_UNMASKINGRESPONSE']._serialized_start=1599
+  _globals['_UNMASKINGRESPONSE']._serialized_end=1768
 # @@protoc_insertion_point(module_scope)

@@ -55,6 +55,7 @@ class AdvertiseKeys(_message.Message):
     C_PK_FIELD_NUMBER: _builtins.int
     S_PK_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    IDENTITY_CERTIFICATE_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     device_id: _builtins.int
@@ -67,6 +68,12 @@ class AdvertiseKeys(_message.Message):
     transcript of (session_id, round_number, device_id, c_pk, s_pk).
     Required iff SecaggSettings.signatures; empty otherwise.
     """
+    identity_certificate: _builtins.bytes
+    """The device's identity certificate (DER X.509 issued by the federation's
+    device CA, whose subject key is the identity key and whose CN names
+    device_id; fedmask.v1.1), relayed to the peers in PeerKeys. Sent when
+    signatures are on and the device has one; empty otherwise.
+    """
     def __init__(
         self,
         *,
@@ -76,10 +83,11 @@ class AdvertiseKeys(_message.Message):
         c_pk: _builtins.bytes = ...,
         s_pk: _builtins.bytes = ...,
         signature: _builtins.bytes = ...,
+        identity_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_pk", b"c_pk", "device_id", b"device_id", "round_number", b"round_number", "s_pk", b"s_pk", "session_id", b"session_id", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_pk", b"c_pk", "device_id", b"device_id", "identity_certificate", b"identity_certificate", "round_number", b"round_number", "s_pk", b"s_pk", "session_id", b"session_id", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -96,6 +104,7 @@ class PeerKeys(_message.Message):
     S_PK_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
     IDENTITY_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    IDENTITY_CERTIFICATE_FIELD_NUMBER: _builtins.int
     device_id: _builtins.int
     c_pk: _builtins.bytes
     s_pk: _builtins.bytes
@@ -105,6 +114,12 @@ class PeerKeys(_message.Message):
     """The peer's enrolled Ed25519 identity key, to verify `signature`; empty
     unless signatures are on.
     """
+    identity_certificate: _builtins.bytes
+    """The peer's identity certificate as it sent it in AdvertiseKeys (empty if
+    none). A device configured with a device CA verifies it against that CA
+    (its own copy, never one from the coordinator): issued by the CA, its key
+    equal to identity_public_key, its CN naming device_id.
+    """
     def __init__(
         self,
         *,
@@ -113,10 +128,11 @@ class PeerKeys(_message.Message):
         s_pk: _builtins.bytes = ...,
         signature: _builtins.bytes = ...,
         identity_public_key: _builtins.bytes = ...,
+        identity_certificate: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_pk", b"c_pk", "device_id", b"device_id", "identity_public_key", b"identity_public_key", "s_pk", b"s_pk", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["c_pk", b"c_pk", "device_id", b"device_id", "identity_certificate", b"identity_certificate", "identity_public_key", b"identity_public_key", "s_pk", b"s_pk", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

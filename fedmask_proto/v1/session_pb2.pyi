@@ -6,16 +6,21 @@ coordinator: CoordinatorService.Session carries ClientMessage upstream and
 ServerMessage downstream, for every device the process hosts.
 
 Stream contract:
-  * The client's first message is `hello`; the server answers `welcome`
-    and sends nothing else before it. Any other first message fails the
+  * The client's first message is `hello`; the server answers `challenge`
+    (a fresh nonce), the client answers `proof` (one signature per device
+    it announced), and the server answers `welcome`, admitting only the
+    devices whose signature verifies under their enrolled identity key
+    (fedmask.v1.1). The server sends nothing else before the welcome. Any
+    other first message, or anything but `proof` second, fails the
     stream with FAILED_PRECONDITION.
   * The client sends `heartbeat` every Welcome.heartbeat_interval; the
     server echoes each one. A session silent for 3 intervals is closed and
     its devices count as dropped from any running round.
   * Round-scoped messages follow the rules in secagg.proto (session_id,
     round_number, device_id; stale pairs are discarded).
-  * One stream per process: a second Session naming an already connected
-    device displaces the older stream for that device.
+  * One stream per process: a second Session that PROVES an already
+    connected device displaces the older stream for that device; an
+    unproven claim is rejected (NOT_PROVEN) and displaces nothing.
 """
 
 from collections import abc as _abc
@@ -51,6 +56,10 @@ class _DeviceRejectionReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[
     """enrolment revoked"""
     DEVICE_REJECTION_REASON_NOT_OWNED: _DeviceRejectionReason.ValueType  # 3
     """enrolled by another client identity"""
+    DEVICE_REJECTION_REASON_NOT_PROVEN: _DeviceRejectionReason.ValueType  # 4
+    """No valid proof of possession of the device's identity key on this
+    stream (fedmask.v1.1); also answered for a device the client does not own.
+    """
 
 class DeviceRejectionReason(_DeviceRejectionReason, metaclass=_DeviceRejectionReasonEnumTypeWrapper):
     """Why the server refuses a device on this stream."""
@@ -62,6 +71,10 @@ DEVICE_REJECTION_REASON_REVOKED: DeviceRejectionReason.ValueType  # 2
 """enrolment revoked"""
 DEVICE_REJECTION_REASON_NOT_OWNED: DeviceRejectionReason.ValueType  # 3
 """enrolled by another client identity"""
+DEVICE_REJECTION_REASON_NOT_PROVEN: DeviceRejectionReason.ValueType  # 4
+"""No valid proof of possession of the device's identity key on this
+stream (fedmask.v1.1); also answered for a device the client does not own.
+"""
 Global___DeviceRejectionReason: _TypeAlias = DeviceRejectionReason  # noqa: Y015
 
 class _GraphKind:
@@ -288,6 +301,80 @@ class Welcome(_message.Message):
 Global___Welcome: _TypeAlias = Welcome  # noqa: Y015
 
 @_typing.final
+class SessionChallenge(_message.Message):
+    """Server -> client, the answer to Hello (fedmask.v1.1): a fresh random
+    nonce for this stream. Every device the client announces on the stream
+    proves possession of its identity key by signing
+    wire.possession.session_payload(nonce, device_id).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NONCE_FIELD_NUMBER: _builtins.int
+    nonce: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        nonce: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nonce", b"nonce"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SessionChallenge: _TypeAlias = SessionChallenge  # noqa: Y015
+
+@_typing.final
+class DeviceProof(_message.Message):
+    """One device's proof of possession on this stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICE_ID_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
+    device_id: _builtins.int
+    signature: _builtins.bytes
+    """Ed25519 signature (64 bytes) by the device's enrolled identity key."""
+    def __init__(
+        self,
+        *,
+        device_id: _builtins.int = ...,
+        signature: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "signature", b"signature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceProof: _TypeAlias = DeviceProof  # noqa: Y015
+
+@_typing.final
+class DeviceProofs(_message.Message):
+    """Client -> server, the answer to SessionChallenge: one proof per device
+    announced in the Hello (others are ignored).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROOFS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def proofs(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceProof]: ...
+    def __init__(
+        self,
+        *,
+        proofs: _abc.Iterable[Global___DeviceProof] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["proofs", b"proofs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeviceProofs: _TypeAlias = DeviceProofs  # noqa: Y015
+
+@_typing.final
 class CheckIn(_message.Message):
     """Client update of availability after Hello. Contract: the list REPLACES the
     previous available set (not a delta); a device leaving the set while in a
@@ -297,16 +384,24 @@ class CheckIn(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     AVAILABLE_DEVICE_IDS_FIELD_NUMBER: _builtins.int
+    PROOFS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def available_device_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def proofs(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceProof]:
+        """Proofs (over this stream's challenge nonce) for announced devices not
+        proven on this stream before, e.g. re-enrolled under a new id.
+        """
+
     def __init__(
         self,
         *,
         available_device_ids: _abc.Iterable[_builtins.int] | None = ...,
+        proofs: _abc.Iterable[Global___DeviceProof] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_device_ids", b"available_device_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_device_ids", b"available_device_ids", "proofs", b"proofs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -866,6 +961,7 @@ class ClientMessage(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     CHECK_IN_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
+    PROOF_FIELD_NUMBER: _builtins.int
     ADVERTISE_KEYS_FIELD_NUMBER: _builtins.int
     SHARE_KEYS_FIELD_NUMBER: _builtins.int
     MASKED_INPUT_FIELD_NUMBER: _builtins.int
@@ -880,6 +976,8 @@ class ClientMessage(_message.Message):
     def check_in(self) -> Global___CheckIn: ...
     @_builtins.property
     def heartbeat(self) -> Global___Heartbeat: ...
+    @_builtins.property
+    def proof(self) -> Global___DeviceProofs: ...
     @_builtins.property
     def advertise_keys(self) -> _secagg_pb2.AdvertiseKeys: ...
     @_builtins.property
@@ -904,6 +1002,7 @@ class ClientMessage(_message.Message):
         hello: Global___Hello | None = ...,
         check_in: Global___CheckIn | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
+        proof: Global___DeviceProofs | None = ...,
         advertise_keys: _secagg_pb2.AdvertiseKeys | None = ...,
         share_keys: _secagg_pb2.ShareKeys | None = ...,
         masked_input: _secagg_pb2.MaskedInput | None = ...,
@@ -913,11 +1012,11 @@ class ClientMessage(_message.Message):
         share_receipt: _secagg_pb2.ShareReceipt | None = ...,
         device_response: Global___DeviceResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "proof", b"proof", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertise_keys", b"advertise_keys", "check_in", b"check_in", "consistency_check", b"consistency_check", "device_response", b"device_response", "heartbeat", b"heartbeat", "hello", b"hello", "masked_input", b"masked_input", "message", b"message", "proof", b"proof", "share_keys", b"share_keys", "share_receipt", b"share_receipt", "unmasking_response", b"unmasking_response"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "share_receipt", "device_response"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["hello", "check_in", "heartbeat", "proof", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking_response", "abort", "share_receipt", "device_response"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 
@@ -935,6 +1034,7 @@ class ServerMessage(_message.Message):
     CHECK_IN_ACK_FIELD_NUMBER: _builtins.int
     HEARTBEAT_FIELD_NUMBER: _builtins.int
     SHUTDOWN_FIELD_NUMBER: _builtins.int
+    CHALLENGE_FIELD_NUMBER: _builtins.int
     ROUND_TASK_FIELD_NUMBER: _builtins.int
     ADVERTISED_KEYS_FIELD_NUMBER: _builtins.int
     FORWARDED_SHARES_FIELD_NUMBER: _builtins.int
@@ -952,6 +1052,8 @@ class ServerMessage(_message.Message):
     def heartbeat(self) -> Global___Heartbeat: ...
     @_builtins.property
     def shutdown(self) -> Global___ServerShutdown: ...
+    @_builtins.property
+    def challenge(self) -> Global___SessionChallenge: ...
     @_builtins.property
     def round_task(self) -> Global___RoundTask: ...
     @_builtins.property
@@ -979,6 +1081,7 @@ class ServerMessage(_message.Message):
         check_in_ack: Global___DeviceAdmission | None = ...,
         heartbeat: Global___Heartbeat | None = ...,
         shutdown: Global___ServerShutdown | None = ...,
+        challenge: Global___SessionChallenge | None = ...,
         round_task: Global___RoundTask | None = ...,
         advertised_keys: _secagg_pb2.AdvertisedKeys | None = ...,
         forwarded_shares: _secagg_pb2.ForwardedShares | None = ...,
@@ -989,11 +1092,11 @@ class ServerMessage(_message.Message):
         masking_request: _secagg_pb2.MaskingRequest | None = ...,
         device_request: Global___DeviceRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "challenge", b"challenge", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort", b"abort", "advertised_keys", b"advertised_keys", "challenge", b"challenge", "check_in_ack", b"check_in_ack", "consistency_check_request", b"consistency_check_request", "device_request", b"device_request", "forwarded_shares", b"forwarded_shares", "heartbeat", b"heartbeat", "masking_request", b"masking_request", "message", b"message", "round_committed", b"round_committed", "round_task", b"round_task", "shutdown", b"shutdown", "unmasking_request", b"unmasking_request", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "check_in_ack", "heartbeat", "shutdown", "round_task", "advertised_keys", "forwarded_shares", "consistency_check_request", "unmasking_request", "abort", "round_committed", "masking_request", "device_request"]  # noqa: Y015
+    _WhichOneofReturnType_message: _TypeAlias = _typing.Literal["welcome", "check_in_ack", "heartbeat", "shutdown", "challenge", "round_task", "advertised_keys", "forwarded_shares", "consistency_check_request", "unmasking_request", "abort", "round_committed", "masking_request", "device_request"]  # noqa: Y015
     _WhichOneofArgType_message: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_message) -> _WhichOneofReturnType_message | None: ...
 

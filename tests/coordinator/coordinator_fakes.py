@@ -1,8 +1,9 @@
 """Fake devices and a fake edge client for the coordinator tests.
 
 `FakeDevice` is one honest device: real secagg client states, the `wire`
-codec, a random update. `FakeClient` hosts several devices on one real
-gRPC Session stream (written only with the stubs, secagg and wire, as the
+codec, a random update, and its identity key (which proves possession at
+enrolment and on every stream, fedmask.v1.1). `FakeClient` hosts several
+devices on one real gRPC Session stream (written only with the stubs, secagg and wire, as the
 edge client must be). Both can be told to go silent at a stage or to
 tamper with their messages.
 """
@@ -30,6 +31,7 @@ from secagg.messages import AdvertiseKeys
 from secagg.randomness import DeterministicRandom
 from wire import RoundTaskView, parse_round_task
 from wire import secagg_codec as codec
+from wire.possession import enrollment_payload, session_payload
 from wire.protocol import PROTOCOL_VERSION
 
 # The server message that asks a device for each stage's message.
@@ -92,11 +94,15 @@ class FakeDevice:
     update: np.ndarray | None = None
     aborted: list[int] = field(default_factory=list)  # proto reasons received
     silent: bool = False
+    certificate: bytes = b""  # identity certificate (DER) sent with AdvertiseKeys (D33)
+    advertised: list[Any] = field(default_factory=list)  # AdvertisedKeys received
 
     def _out(self, msgs) -> list[Any]:
         out = []
         for m in msgs:
             p = codec.client_to_proto(m, self.view.ids, modulus_bits=self.view.config.encoding.modulus_bits)
+            if isinstance(p, secagg_pb2.AdvertiseKeys):
+                p.identity_certificate = self.certificate
             if self.tamper is not None:
                 p = self.tamper(self.device_id, p)
                 if p is None:
@@ -145,6 +151,7 @@ class FakeDevice:
             self.silent = True
             return []
         if isinstance(inner, secagg_pb2.AdvertisedKeys):
+            self.advertised.append(inner)
             own_pub = identity.public_bytes(self.identity_key) if self.identity_key is not None else None
             msg, ident = codec.key_list_from_proto(inner, self.view.ids, self.own, own_identity_public_key=own_pub)
             self.peer_identity.update(ident)
@@ -179,6 +186,7 @@ class FakeClient:
         self.channel: grpc.aio.Channel | None = None
         #: Answers DeviceRequests when set (None: the request is left unanswered).
         self.on_device_request: Callable[[session_pb2.DeviceRequest], session_pb2.DeviceResponse | None] | None = None
+        self.nonce = b""
 
     async def start(self) -> None:
         self.channel = grpc.aio.insecure_channel(
@@ -218,8 +226,19 @@ class FakeClient:
         except asyncio.CancelledError:
             self.status = grpc.StatusCode.CANCELLED
 
+    def proofs(self, ids) -> list[session_pb2.DeviceProof]:
+        """Proofs over this stream's nonce by the devices' own identity keys
+        (a device without a key sends none)."""
+        return [session_pb2.DeviceProof(device_id=d, signature=identity.sign(
+                    self.devices[d].identity_key, session_payload(self.nonce, d)))
+                for d in sorted(ids) if self.devices[d].identity_key is not None]
+
     def _on(self, msg: session_pb2.ServerMessage) -> None:
         kind = msg.WhichOneof("message")
+        if kind == "challenge":
+            self.nonce = bytes(msg.challenge.nonce)
+            self.send(session_pb2.ClientMessage(proof=session_pb2.DeviceProofs(proofs=self.proofs(self.devices))))
+            return
         if kind == "welcome":
             self.welcome.set()
             return
@@ -270,19 +289,31 @@ class FakeClient:
             await self.channel.close()
 
 
+def signed_enroll_request(challenge: bytes, keys, *, client_name: str = "fake",
+                          local_ids=None) -> enrollment_pb2.EnrollRequest:
+    """An EnrollRequest whose devices prove possession of `keys` over `challenge`."""
+    lids = local_ids or [f"user-{i}" for i in range(len(keys))]
+    return enrollment_pb2.EnrollRequest(client_name=client_name, challenge=challenge, devices=[
+        enrollment_pb2.DeviceEnrollment(
+            local_id=lid, identity_public_key=identity.public_bytes(k),
+            possession_signature=identity.sign(k, enrollment_payload(challenge, client_name, lid,
+                                                                     identity.public_bytes(k))))
+        for lid, k in zip(lids, keys, strict=True)])
+
+
+async def enroll_keys(stub, keys, *, metadata: tuple = (), client_name: str = "fake",
+                      local_ids=None) -> enrollment_pb2.EnrollResponse:
+    """Ask `stub` for a challenge, then enrol `keys` with their proofs."""
+    got = await stub.EnrollChallenge(enrollment_pb2.EnrollChallengeRequest(), metadata=metadata)
+    return await stub.Enroll(signed_enroll_request(got.challenge, keys, client_name=client_name,
+                                                   local_ids=local_ids), metadata=metadata)
+
+
 async def enroll(target: str, n: int, *, seed: int = 0, metadata: tuple = ()) -> list[tuple[int, Any]]:
     """Enrol n devices; returns [(device_id, identity private key)]."""
     keys = [identity_private(seed * 100_000 + i) for i in range(n)]
     async with grpc.aio.insecure_channel(target) as ch:
-        stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch)
-        resp = await stub.Enroll(
-            enrollment_pb2.EnrollRequest(
-                client_name="fake",
-                devices=[
-                    enrollment_pb2.DeviceEnrollment(local_id=f"user-{seed}-{i}", identity_public_key=identity.public_bytes(k))
-                    for i, k in enumerate(keys)
-                ],
-            ),
-            metadata=metadata,
-        )
+        # handles are unique in the federation (D41): qualify them by the seed
+        resp = await enroll_keys(coordinator_service_pb2_grpc.CoordinatorServiceStub(ch), keys, metadata=metadata,
+                                 local_ids=[f"user-{seed}-{i}" for i in range(n)])
     return [(d.device_id, k) for d, k in zip(resp.devices, keys, strict=True)]

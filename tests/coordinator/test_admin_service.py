@@ -34,7 +34,7 @@ from fedmask_proto.v1 import session_pb2 as S
 from wire.protocol import PROTOCOL_VERSION
 
 from coordinator.model_host import SyntheticModel
-from coordinator_fakes import FakeClient, FakeDevice, enroll
+from coordinator_fakes import FakeClient, FakeDevice, enroll, enroll_keys, identity_private
 
 L = 16
 #: The collecting stages of a round of these tests, in order (no consistency check: no signatures).
@@ -112,7 +112,7 @@ async def running(settings: CoordinatorSettings, store: Store | None = None, mod
 async def clients_for(target: str, n: int, *, seed: int = 0, silent_at: str | None = None,
                       groups: int = 1) -> tuple[list[FakeClient], list[FakeDevice]]:
     enrolled = await enroll(target, n, seed=seed)
-    devices = [FakeDevice(d, seed=7, silent_at=silent_at) for d, _ in enrolled]
+    devices = [FakeDevice(d, seed=7, silent_at=silent_at, identity_key=k) for d, k in enrolled]
     clients = [FakeClient(target, devices[g::groups], name=f"client-{seed}-{g}") for g in range(groups)]
     for c in clients:
         await c.start()
@@ -196,7 +196,8 @@ def test_token_credentials_stay_on_their_own_listener(tmp_path: Path) -> None:
                     await device.Enroll(request, metadata=bearer(ADMIN_TOKEN))
                 assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
                 assert "admin credential" in (info.value.details() or "")
-                assert (await device.Enroll(request, metadata=bearer(DEVICE_TOKEN))).devices[0].device_id >= 1
+                signed = await enroll_keys(device, [identity_private(1)], metadata=bearer(DEVICE_TOKEN), local_ids=["u-1"])
+                assert signed.devices[0].device_id >= 1
                 # the device listener does not serve the admin service at all
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await admin_stub(ch).GetLiveState(A.GetLiveStateRequest(), metadata=bearer(DEVICE_TOKEN))
@@ -254,10 +255,11 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
                 return reply
 
             async with grpc.aio.secure_channel(target, creds(device_cert, device_key), options=opts) as ch:
-                response = await coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(request)
+                response = await enroll_keys(coordinator_service_pb2_grpc.CoordinatorServiceStub(ch),
+                                             [identity_private(1)], local_ids=["u-1"])
                 assert response.devices[0].device_id >= 1
-                welcome = await first_reply(ch)  # the Session stream goes through the guard too
-                assert list(welcome.welcome.admission.accepted_device_ids) == [1]
+                first = await first_reply(ch)  # the Session stream goes through the guard too
+                assert first.WhichOneof("message") == "challenge"  # possession proof asked for (D32)
             async with grpc.aio.secure_channel(target, creds(admin_cert, admin_key), options=opts) as ch:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await first_reply(ch)
@@ -555,11 +557,9 @@ def test_a_taken_user_handle_is_refused_at_enrolment() -> None:
         async with running(settings) as r:
             async with grpc.aio.insecure_channel(r.target) as ch:
                 stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch)
-                await stub.Enroll(enrollment_pb2.EnrollRequest(client_name="a", devices=[
-                    enrollment_pb2.DeviceEnrollment(local_id="alice", identity_public_key=b"\x01" * 32)]))
+                await enroll_keys(stub, [identity_private(1)], client_name="a", local_ids=["alice"])
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.Enroll(enrollment_pb2.EnrollRequest(client_name="b", devices=[
-                        enrollment_pb2.DeviceEnrollment(local_id="alice", identity_public_key=b"\x02" * 32)]))
+                    await enroll_keys(stub, [identity_private(2)], client_name="b", local_ids=["alice"])
                 assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
                 assert "user handle" in (info.value.details() or "")
 

@@ -35,6 +35,10 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             protocol_version="fedmask.v1", coordinator_version=peer_common_name(context) or "anonymous"
         )
 
+    async def EnrollChallenge(self, request: enrollment_pb2.EnrollChallengeRequest,
+                              context: Any) -> enrollment_pb2.EnrollChallengeResponse:
+        return enrollment_pb2.EnrollChallengeResponse(challenge=b"c")
+
     async def Session(self, request_iterator: Any, context: Any) -> AsyncIterator[session_pb2.ServerMessage]:
         async for message in request_iterator:
             yield session_pb2.ServerMessage(heartbeat=message.heartbeat)

@@ -88,8 +88,8 @@ async def running(settings, store=None):
 
 async def _clients(target, n, groups=2, silent=None, tamper=None, seed=0, metric_limbs=None):
     enrolled = await enroll(target, n, seed=seed)
-    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper,
-                          metric_limbs=(metric_limbs or {}).get(i)) for i, (d, _) in enumerate(enrolled)]
+    devices = [FakeDevice(d, seed=7, silent_at=(silent or {}).get(i), tamper=tamper, identity_key=k,
+                          metric_limbs=(metric_limbs or {}).get(i)) for i, (d, k) in enumerate(enrolled)]
     clients = [FakeClient(target, devices[g::groups], name=f"client-{g}") for g in range(groups)]
     for c in clients:
         await c.start()
@@ -194,7 +194,7 @@ def test_bad_inputs_drop_the_device_and_the_round_goes_on():
         async with running(settings) as (coord, target, store, rounds):
             enrolled = await enroll(target, 5)
             tamper.victim = enrolled[2][0]
-            devices = [FakeDevice(d, seed=7, tamper=tamper) for d, _ in enrolled]
+            devices = [FakeDevice(d, seed=7, tamper=tamper, identity_key=k) for d, k in enrolled]
             client = FakeClient(target, devices)
             await client.start()
             await _wait_rounds(rounds)
@@ -231,10 +231,15 @@ def test_stream_contract_violations_get_clear_statuses():
                 hello = session_pb2.ClientMessage(hello=session_pb2.Hello(client_name="x", available_device_ids=[enrolled[0][0]]))
                 err = await one(hb)
                 assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "hello" in err.details()
-                err = await one(hello, session_pb2.ClientMessage())
+                no_proof = session_pb2.ClientMessage(proof=session_pb2.DeviceProofs())  # proves nothing
+                err = await one(hello, hb)  # the challenge must be answered first
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "proof" in err.details()
+                err = await one(hello, no_proof, session_pb2.ClientMessage())
                 assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "empty" in err.details()
+                err = await one(hello, no_proof, no_proof)
+                assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "SessionChallenge" in err.details()
                 foreign = session_pb2.ClientMessage(advertise_keys=secagg_pb2.AdvertiseKeys(device_id=enrolled[1][0]))
-                err = await one(hello, foreign)
+                err = await one(hello, no_proof, foreign)
                 assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "not hosted" in err.details()
                 # Garbage bytes: grpc refuses to deserialize; the coordinator never sees them.
                 raw = ch.stream_stream("/fedmask.v1.CoordinatorService/Session",
@@ -249,7 +254,7 @@ def test_stream_contract_violations_get_clear_statuses():
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in info.value.details()
                 # Oversized message: refused by the transport.
                 huge = session_pb2.ClientMessage(masked_input=secagg_pb2.MaskedInput(masked_vector=b"\0" * (6 << 20)))
-                err = await one(hello, huge)
+                err = await one(hello, no_proof, huge)
                 assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 # Enrolment errors.
                 with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -272,13 +277,14 @@ def test_displacement_and_welcome_admission():
         async with running(settings) as (coord, target, store, rounds):
             enrolled = await enroll(target, 2)
             ids = [d for d, _ in enrolled]
-            old = FakeClient(target, [FakeDevice(ids[0])], name="old")
+            key0 = enrolled[0][1]
+            old = FakeClient(target, [FakeDevice(ids[0], identity_key=key0)], name="old")
             await old.start()
             await asyncio.wait_for(old.welcome.wait(), 5)
-            new = FakeClient(target, [FakeDevice(ids[0]), FakeDevice(999_999)], name="new")
+            new = FakeClient(target, [FakeDevice(ids[0], identity_key=key0), FakeDevice(999_999)], name="new")
             await new.start()
             await asyncio.wait_for(new.welcome.wait(), 5)
-            welcome = new.received[0].welcome
+            welcome = new.received[1].welcome
             assert list(welcome.admission.accepted_device_ids) == [ids[0]]
             assert welcome.admission.rejected[0].reason == session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE
             await asyncio.wait_for(_until(lambda: old.status is not None), 5)
@@ -341,7 +347,7 @@ def test_token_auth_and_heartbeats():
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
             md = (("authorization", "Bearer " + token),)
             enrolled = await enroll(target, 1, metadata=md)
-            c = FakeClient(target, [FakeDevice(enrolled[0][0])], metadata=md)
+            c = FakeClient(target, [FakeDevice(enrolled[0][0], identity_key=enrolled[0][1])], metadata=md)
             await c.start()
             await asyncio.wait_for(c.welcome.wait(), 5)
             c.send(session_pb2.ClientMessage(heartbeat=session_pb2.Heartbeat(sequence=9)))
@@ -436,7 +442,7 @@ def test_check_in_replaces_the_available_set():
         async with running(make_settings(rounds=None, **{"cohort.minimum": 3, "cohort.size": 3})) as (coord, target, store, rounds):
             enrolled = await enroll(target, 2)
             ids = [d for d, _ in enrolled]
-            c = FakeClient(target, [FakeDevice(d) for d in ids])
+            c = FakeClient(target, [FakeDevice(d, identity_key=k) for d, k in enrolled])
             await c.start()
             await asyncio.wait_for(c.welcome.wait(), 5)
             assert coord.eligible() == ids
@@ -518,8 +524,11 @@ def test_protocol_versions_served_and_refused_with_advice():
                     raise AssertionError("stream ended without an answer")
 
                 for served in (PROTOCOL_VERSION, ""):
-                    got = await hello(served)
-                    assert isinstance(got, session_pb2.ServerMessage) and got.welcome.protocol_version == PROTOCOL_VERSION
+                    got = await hello(served)  # answered by the challenge (fedmask.v1.1), then the Welcome
+                    assert isinstance(got, session_pb2.ServerMessage) and len(got.challenge.nonce) == 32
+                v1_0 = await hello("fedmask.v1")  # cannot prove possession: told to upgrade
+                assert isinstance(v1_0, grpc.aio.AioRpcError)
+                assert v1_0.code() == grpc.StatusCode.FAILED_PRECONDITION and "upgrade the edge client" in v1_0.details()
                 old = await hello("fedmask.v0")
                 assert isinstance(old, grpc.aio.AioRpcError)
                 assert old.code() == grpc.StatusCode.FAILED_PRECONDITION and "upgrade the edge client" in old.details()
@@ -723,7 +732,7 @@ def test_a_device_sealing_garbage_costs_only_itself_and_then_sits_out():
         async with running(settings) as (coord, target, store, rounds):
             enrolled = await enroll(target, 6)
             garble.hostile = enrolled[0][0]
-            devices = [RecordingDevice(d, seed=7, tamper=garble) for d, _ in enrolled]
+            devices = [RecordingDevice(d, seed=7, tamper=garble, identity_key=k) for d, k in enrolled]
             encoded = RecordingDevice.encoded_inputs
             client = FakeClient(target, devices)
             await client.start()

@@ -12,14 +12,17 @@ import io
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
 
 import test_grpc_end_to_end as e2e
 from coordinator.store import InMemoryStore
-from coordinator_fakes import FakeClient, FakeDevice, enroll
+from coordinator_fakes import FakeClient, FakeDevice, enroll, identity_private
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+from secagg import identity
+from wire.possession import session_payload
 from wire.protocol import PROTOCOL_VERSION, RETRY_PUSHBACK_KEY
 
 RE = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -31,15 +34,23 @@ def settings(**limits: object):
 
 
 class Stream:
-    """A raw Session stream: sends `first` messages, then what `send` puts,
-    until `close()` (a half-close); `outcome` ends with (code, details,
-    trailing metadata as a dict, messages received)."""
+    """A raw Session stream: sends the first of `first` (the Hello), answers
+    the SessionChallenge with proofs by `keys` (device id -> identity key;
+    none by default, which proves nothing), then sends the rest of `first`
+    and what `send` puts, until `close()` (a half-close); `outcome` ends
+    with (code, details, trailing metadata as a dict, messages received
+    after the challenge)."""
 
     def __init__(self, stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
-                 *first: session_pb2.ClientMessage) -> None:
+                 *first: session_pb2.ClientMessage, keys: dict[int, Any] | None = None,
+                 answer_challenge: bool = True) -> None:
         self.queue: asyncio.Queue[session_pb2.ClientMessage | None] = asyncio.Queue()
-        for m in first:
-            self.queue.put_nowait(m)
+        if first:
+            self.queue.put_nowait(first[0])
+        self.after_challenge = list(first[1:])
+        self.keys = keys or {}
+        self.answer_challenge = answer_challenge
+        self.nonce = b""
         self.received: list[session_pb2.ServerMessage] = []
         self.first = asyncio.Event()
         self.call = stub.Session(self._requests())
@@ -52,6 +63,16 @@ class Stream:
     async def _run(self) -> tuple[grpc.StatusCode, str, dict[str, str], list[session_pb2.ServerMessage]]:
         try:
             async for m in self.call:
+                if m.WhichOneof("message") == "challenge":
+                    self.nonce = nonce = bytes(m.challenge.nonce)
+                    if not self.answer_challenge:
+                        continue
+                    self.send(session_pb2.ClientMessage(proof=session_pb2.DeviceProofs(proofs=[
+                        session_pb2.DeviceProof(device_id=d, signature=identity.sign(k, session_payload(nonce, d)))
+                        for d, k in self.keys.items()])))
+                    for later in self.after_challenge:
+                        self.send(later)
+                    continue
                 self.received.append(m)
                 self.first.set()
             return grpc.StatusCode.OK, "", {}, self.received
@@ -117,6 +138,11 @@ def test_a_stream_without_hello_is_ended_and_frees_its_slot():
                 assert await ok.welcomed()
                 ok.close()
                 assert (await ok.result())[0] == grpc.StatusCode.OK
+                # the SessionChallenge shares the Hello's deadline: no proofs in time, no session
+                mute = Stream(stub, hello(dev), answer_challenge=False)
+                code, details, _, got = await mute.result(5)
+                assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "no DeviceProofs within 0.3 s" in details
+                assert got == []
             assert not rounds.done()
 
     asyncio.run(main())
@@ -185,7 +211,8 @@ def test_new_streams_per_peer_are_rate_limited_with_a_retry_hint():
 
 def test_enroll_calls_per_peer_are_rate_limited_with_a_retry_hint():
     async def main():
-        async with e2e.running(settings(enroll_rate=0.5, enroll_burst=2)) as (coord, target, store, rounds):
+        # an enrolment is two calls of one bucket (EnrollChallenge, Enroll)
+        async with e2e.running(settings(enroll_rate=0.5, enroll_burst=4)) as (coord, target, store, rounds):
             await enroll(target, 1)
             await enroll(target, 1)
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -264,10 +291,10 @@ def test_unknown_ids_are_looked_up_at_most_once_per_interval_and_capped():
         store = CountingStore()
         s = settings(device_lookup_interval_s=0.5, max_device_lookups=50)
         async with e2e.running(s, store) as (coord, target, _, rounds):
-            (dev, _), = await enroll(target, 1)
+            (dev, key), = await enroll(target, 1)
             lists_at_start = store.lists
             async with stub_for(target) as stub:
-                c = Stream(stub, hello(dev, *range(10_000, 12_000)))  # 2000 unknown: one look-up of 50
+                c = Stream(stub, hello(dev, *range(10_000, 12_000)), keys={dev: key})  # 2000 unknown: one look-up of 50
                 assert await c.welcomed()
                 assert store.gets == 50 and coord.registry.lookups == 1
                 for _ in range(10):  # within the interval: no look-up at all
@@ -275,9 +302,13 @@ def test_unknown_ids_are_looked_up_at_most_once_per_interval_and_capped():
                 await _until(lambda: sum(m.WhichOneof("message") == "check_in_ack" for m in c.received) == 10)
                 assert store.gets == 50 and coord.registry.lookups == 1
                 # a device enrolled in the store by another path is found by the next allowed look-up
-                rec, _ = store.enroll_device(b"\x05" * 32, local_id="out-of-band")
+                other = identity_private(55)
+                rec, _ = store.enroll_device(identity.public_bytes(other), local_id="out-of-band")
                 await asyncio.sleep(0.55)
-                c.send(check_in(dev, rec.id))
+                c.send(session_pb2.ClientMessage(check_in=session_pb2.CheckIn(
+                    available_device_ids=[dev, rec.id],
+                    proofs=[session_pb2.DeviceProof(device_id=rec.id, signature=identity.sign(
+                        other, session_payload(c.nonce, rec.id)))])))
                 await _until(lambda: sum(m.WhichOneof("message") == "check_in_ack" for m in c.received) == 11)
                 ack = [m.check_in_ack for m in c.received if m.WhichOneof("message") == "check_in_ack"][-1]
                 assert sorted(ack.accepted_device_ids) == sorted([dev, rec.id])

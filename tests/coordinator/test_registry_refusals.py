@@ -12,29 +12,43 @@ import pytest
 from coordinator.errors import PermissionDenied
 from coordinator.registry import ClientSession, DeviceRegistry
 from coordinator.store import DeviceStatus, InMemoryStore, utc_now
+from coordinator_fakes import identity_private, signed_enroll_request
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
+from secagg import identity
+from wire.possession import session_payload
+
+REG: list[DeviceRegistry] = []
 
 
-def request(local_id: str, key: bytes) -> enrollment_pb2.EnrollRequest:
-    return enrollment_pb2.EnrollRequest(client_name="c", devices=[
-        enrollment_pb2.DeviceEnrollment(local_id=local_id, identity_public_key=key)])
+def request(local_id: str, key) -> enrollment_pb2.EnrollRequest:
+    """A signed request over a challenge of the registry under test."""
+    return signed_enroll_request(REG[-1].challenges.issue(), [key], client_name="c", local_ids=[local_id])
 
 
 def registry(store: InMemoryStore) -> DeviceRegistry:
-    return DeviceRegistry(store, heartbeat_interval=10.0, clock=time.monotonic, wall_clock=utc_now,
-                          on_device_left=lambda d, why: None, on_changed=lambda: None)
+    reg = DeviceRegistry(store, heartbeat_interval=10.0, clock=time.monotonic, wall_clock=utc_now,
+                         on_device_left=lambda d, why: None, on_changed=lambda: None)
+    REG.append(reg)
+    return reg
+
+
+NONCE = b"\x07" * 32
 
 
 def session(reg: DeviceRegistry, client_id: str) -> ClientSession:
     return ClientSession(sid=1, client_name="x", client_id=client_id, peer="", supported_models=frozenset(),
-                         last_seen=0.0)
+                         last_seen=0.0, nonce=NONCE)
+
+
+def proof(device_id: int, key) -> session_pb2.DeviceProof:
+    return session_pb2.DeviceProof(device_id=device_id, signature=identity.sign(key, session_payload(NONCE, device_id)))
 
 
 def test_enrolment_refusals_name_only_the_callers_local_id() -> None:
     async def main():
         store = InMemoryStore()
         reg = registry(store)
-        key = b"\x01" * 32
+        key = identity_private(1)
         mine = await reg.enroll(request("alice-phone", key), client_id="alice")
         device_id = mine.devices[0].device_id
         with pytest.raises(PermissionDenied) as info:
@@ -57,14 +71,18 @@ def test_admission_does_not_tell_another_client_that_a_device_is_revoked() -> No
     async def main():
         store = InMemoryStore()
         reg = registry(store)
-        mine = await reg.enroll(request("alice-phone", b"\x02" * 32), client_id="alice")
+        key = identity_private(2)
+        mine = await reg.enroll(request("alice-phone", key), client_id="alice")
         device_id = mine.devices[0].device_id
         store.set_device_status(device_id, DeviceStatus.REVOKED)
         await reg.load()
         R = session_pb2
-        theirs = await reg.admit(session(reg, "mallory"), [device_id])
+        # without the key: not proven, which says nothing of owner or status
+        unproven = await reg.admit(session(reg, "mallory"), [device_id], [proof(device_id, identity_private(9))])
+        assert [r.reason for r in unproven.rejected] == [R.DEVICE_REJECTION_REASON_NOT_PROVEN]
+        theirs = await reg.admit(session(reg, "mallory"), [device_id], [proof(device_id, key)])
         assert [r.reason for r in theirs.rejected] == [R.DEVICE_REJECTION_REASON_NOT_OWNED]
-        own = await reg.admit(session(reg, "alice"), [device_id])
+        own = await reg.admit(session(reg, "alice"), [device_id], [proof(device_id, key)])
         assert [r.reason for r in own.rejected] == [R.DEVICE_REJECTION_REASON_REVOKED]
 
     asyncio.run(main())

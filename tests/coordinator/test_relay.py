@@ -35,7 +35,10 @@ from coordinator.relay import (
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import InMemoryStore
+from coordinator_fakes import identity_private, signed_enroll_request
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
+from secagg import identity
+from wire.possession import session_payload
 from wire.protocol import PROTOCOL_VERSION
 
 S = session_pb2
@@ -268,16 +271,21 @@ def _settings() -> CoordinatorSettings:
 async def _coordinator(model=None) -> tuple[Coordinator, list[int]]:
     coord = Coordinator(_settings(), store=InMemoryStore(), model=model or CatalogueModel(4))
     await coord.start()
-    resp = await coord.enroll(enrollment_pb2.EnrollRequest(client_name="t", devices=[
-        enrollment_pb2.DeviceEnrollment(local_id=f"user-{i}", identity_public_key=bytes([i + 1]) * 32)
-        for i in range(3)
-    ]), client_id=None)
+    resp = await coord.enroll(signed_enroll_request(coord.enroll_challenge().challenge, list(KEYS.values()),
+                                                    client_name="t"), client_id=None)
     return coord, [d.device_id for d in resp.devices]
 
 
+#: Identity keys of the three enrolled devices (ids 1..3 on a fresh store).
+KEYS = {i + 1: identity_private(i) for i in range(3)}
+
+
 async def _session(coord: Coordinator, devices: list[int]):
+    nonce = coord.session_nonce()
+    proofs = [S.DeviceProof(device_id=d, signature=identity.sign(KEYS[d], session_payload(nonce, d)))
+              for d in devices if d in KEYS]
     s = await coord.open_session(S.Hello(client_name="c", protocol_version=PROTOCOL_VERSION,
-                                         available_device_ids=devices), client_id=None)
+                                         available_device_ids=devices), nonce=nonce, proofs=proofs, client_id=None)
     first = s.outbox.get_nowait()
     assert isinstance(first, S.ServerMessage) and first.WhichOneof("message") == "welcome"
     return s

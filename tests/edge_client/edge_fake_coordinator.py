@@ -6,7 +6,10 @@ or `coordinator.plaintext.PlaintextRoundMachine` for a task marked
 insecure-plaintext): the fake only carries messages between the machine and
 the one client stream, and lets the clock run (the event loop's) so that a
 stage closes when every device answered or at its deadline. What the fake
-adds of its own: enrolment, the Session handshake, and knobs for tests
+adds of its own: enrolment and the Session handshake, both with the
+coordinator's proof-of-possession checks (`coordinator.possession`: a
+signed EnrollChallenge, a SessionChallenge answered by DeviceProofs; only
+proven devices are admitted), and knobs for tests
 (tamper with server messages or the RoundTask, do not commit). It records
 every ClientMessage it receives (for the privacy test).
 
@@ -19,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +33,9 @@ from google.protobuf import duration_pb2
 
 import wire
 from coordinator.plaintext import PlaintextRoundMachine
+from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.rounds import Action, Broadcast, RoundMachine, RoundPhase, Send
-from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, session_pb2
+from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.stages import Stage
 from wire import secagg_codec
@@ -44,6 +49,9 @@ log = logging.getLogger("fake_coordinator")
 class Stream:
     context: Any
     hello: session_pb2.Hello
+    nonce: bytes = b""  # the stream's SessionChallenge nonce
+    proven: set[int] = field(default_factory=set)  # proved possession on this stream
+    announced: list[int] = field(default_factory=list)  # by the Hello, then the last CheckIn
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     inbox: asyncio.Queue = field(default_factory=asyncio.Queue)  # round-scoped client messages
     responses: dict = field(default_factory=dict)  # correlation_id -> DeviceResponse
@@ -52,7 +60,8 @@ class Stream:
 
     @property
     def device_ids(self) -> list[int]:
-        return sorted(self.hello.available_device_ids)
+        """The devices the client announced last that proved possession."""
+        return sorted(d for d in self.announced if d in self.proven)
 
     def send(self, **oneof: Any) -> None:
         self.out.put_nowait(session_pb2.ServerMessage(**oneof))
@@ -110,6 +119,8 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         self.round_number = 0
         self.reject_unknown = False
         self._returned = 0
+        self.challenges = EnrollChallenges(clock=time.monotonic)
+        self.nonces: list[bytes] = []  # each stream's SessionChallenge nonce
 
     # ------------------------------------------------------------ server
     async def start(self, *, tls: tuple[bytes, bytes, bytes] | None = None) -> int:
@@ -149,9 +160,18 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token")
 
     # ------------------------------------------------------------ RPCs
+    async def EnrollChallenge(self, request, context):
+        await self._check_auth(context)
+        return enrollment_pb2.EnrollChallengeResponse(challenge=self.challenges.issue())
+
     async def Enroll(self, request, context):
         await self._check_auth(context)
         self.enroll_calls += 1
+        refusal = self.challenges.refusal(bytes(request.challenge))
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+        if enrollment_refusal(request) is not None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "a device did not prove possession of its key")
         out = enrollment_pb2.EnrollResponse(protocol_version=PROTOCOL_VERSION, coordinator_version="fake")
         for d in request.devices:
             key = bytes(d.identity_public_key)
@@ -170,13 +190,24 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         if first is grpc.aio.EOF or first.WhichOneof("message") != "hello":
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "first message must be hello")
         self.received.append(first)
-        s = Stream(context=context, hello=first.hello)
+        nonce = os.urandom(32)
+        self.nonces.append(nonce)
+        await context.write(session_pb2.ServerMessage(challenge=session_pb2.SessionChallenge(nonce=nonce)))
+        second = await context.read()
+        if second is grpc.aio.EOF or second.WhichOneof("message") != "proof":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "second message must be proof")
+        self.received.append(second)
+        s = Stream(context=context, hello=first.hello, nonce=nonce)
+        s.proven = proven = proven_devices(nonce, second.proof.proofs, first.hello.available_device_ids, self.identity)
         admission = session_pb2.DeviceAdmission()
         for d in first.hello.available_device_ids:
-            if d in self.identity and not self.reject_unknown:
-                admission.accepted_device_ids.append(d)
-            else:
+            if d not in self.identity or self.reject_unknown:
                 admission.rejected.add(device_id=d, reason=session_pb2.DEVICE_REJECTION_REASON_UNKNOWN_DEVICE)
+            elif d not in proven:
+                admission.rejected.add(device_id=d, reason=session_pb2.DEVICE_REJECTION_REASON_NOT_PROVEN)
+            else:
+                admission.accepted_device_ids.append(d)
+        s.announced = list(first.hello.available_device_ids)
         await context.write(session_pb2.ServerMessage(welcome=session_pb2.Welcome(
             protocol_version=PROTOCOL_VERSION, coordinator_version="fake",
             heartbeat_interval=duration_pb2.Duration(seconds=int(self.heartbeat_s),
@@ -216,7 +247,12 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
             if kind == "heartbeat":
                 s.send(heartbeat=session_pb2.Heartbeat(sequence=m.heartbeat.sequence))
             elif kind == "check_in":
-                s.send(check_in_ack=session_pb2.DeviceAdmission(accepted_device_ids=m.check_in.available_device_ids))
+                ids = list(m.check_in.available_device_ids)
+                s.proven |= proven_devices(s.nonce, m.check_in.proofs, [d for d in ids if d not in s.proven],
+                                           self.identity)
+                s.announced = ids
+                accepted = [] if self.reject_unknown else s.device_ids
+                s.send(check_in_ack=session_pb2.DeviceAdmission(accepted_device_ids=accepted))
             elif kind == "device_response":
                 s.responses[m.device_response.correlation_id] = m.device_response
                 s.response_event.set()
@@ -284,14 +320,22 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         )
         if task_tamper is not None:
             task_tamper(task)
+        certs: dict[int, bytes] = {}  # identity certificates from AdvertiseKeys, relayed in PeerKeys (D33)
+
+        def relay(inner: Any) -> Any:
+            if isinstance(inner, secagg_pb2.AdvertisedKeys):
+                for peer in inner.peers:
+                    peer.identity_certificate = certs.get(peer.device_id, b"")
+            return tamper(inner) if tamper is not None else inner
+
         s.send(round_task=task)
         aborts: list = []
         loop = asyncio.get_running_loop()
-        self._apply(s, m.start(loop.time()), tamper)
+        self._apply(s, m.start(loop.time()), relay)
         while m.phase.is_collecting:
             now = loop.time()
             if m.wants_close or now >= m.deadline:
-                self._apply(s, m.tick(now), tamper)
+                self._apply(s, m.tick(now), relay)
                 continue
             try:
                 p = await asyncio.wait_for(s.inbox.get(), m.deadline - now)
@@ -304,10 +348,12 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
                                           if p.device_id == 0 else [p])
             else:
                 notices = [p]
+            if isinstance(p, secagg_pb2.AdvertiseKeys):
+                certs.setdefault(int(p.device_id), bytes(p.identity_certificate))
             for q in notices:
-                self._apply(s, m.handle(int(q.device_id), q, loop.time()), tamper)
+                self._apply(s, m.handle(int(q.device_id), q, loop.time()), relay)
         if m.phase is RoundPhase.AGGREGATING and commit:
-            self._apply(s, m.committed(r + 1, loop.time()), tamper)
+            self._apply(s, m.committed(r + 1, loop.time()), relay)
         counted = list(m.result.counted) if m.result is not None else []
         return RoundResult(m, counted, aborts, task)
 

@@ -29,7 +29,7 @@ def _fedrap_globals(k: int = 4) -> tuple[dict[str, np.ndarray], int]:
 
 
 #: Everything a client may send in a round; none of it carries a metric of one device.
-KINDS_SENT = {"hello", "check_in", "heartbeat", "advertise_keys", "share_keys", "share_receipt", "masked_input", "unmasking_response", "abort"}
+KINDS_SENT = {"hello", "proof", "check_in", "heartbeat", "advertise_keys", "share_keys", "share_receipt", "masked_input", "unmasking_response", "abort"}
 
 
 def _secret_files(state_dir: Path) -> list[Path]:

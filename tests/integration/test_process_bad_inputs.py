@@ -27,7 +27,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from edge_client.transport import signed_enroll_request
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
+from secagg import identity
+from wire.possession import session_payload
 from wire.protocol import PROTOCOL_VERSION
 from integration_harness import (
     LOOPBACK,
@@ -81,9 +84,9 @@ class ScriptedClient(fakes.FakeClient):
         super()._on(msg)
 
 
-async def _garbage_session(target: str, device_id: int) -> tuple[grpc.StatusCode, str, int]:
-    """A raw Session call with identity serializers: a valid Hello, then, once
-    the RoundTask arrived, bytes that are no ClientMessage."""
+async def _garbage_session(target: str, device_id: int, key) -> tuple[grpc.StatusCode, str, int]:
+    """A raw Session call with identity serializers: a valid Hello and proof,
+    then, once the RoundTask arrived, bytes that are no ClientMessage."""
     async with grpc.aio.insecure_channel(target) as ch:
         call = ch.stream_stream(SESSION, request_serializer=lambda b: b, response_deserializer=lambda b: b)
         queue: asyncio.Queue = asyncio.Queue()
@@ -102,6 +105,11 @@ async def _garbage_session(target: str, device_id: int) -> tuple[grpc.StatusCode
         try:
             async for raw in call(requests()):
                 msg = session_pb2.ServerMessage.FromString(raw)
+                if msg.WhichOneof("message") == "challenge":
+                    proof = session_pb2.DeviceProof(device_id=device_id, signature=identity.sign(
+                        key, session_payload(msg.challenge.nonce, device_id)))
+                    await queue.put(session_pb2.ClientMessage(proof=session_pb2.DeviceProofs(
+                        proofs=[proof])).SerializeToString())
                 if msg.WhichOneof("message") == "round_task":
                     tasks += 1
                     await queue.put(b"\xff\xfe\xfd not a protobuf \x00\x01")
@@ -169,7 +177,8 @@ def test_bad_messages_drop_only_the_offender_and_the_round_goes_on(procs: Proces
         def replay_keys(client, msg):
             client.send_inner(own_adv[replay])  # our stage-0 message again, during stage 1
 
-        devices = {d: fakes.FakeDevice(d, seed=11, tamper=tamper) for d in ids if d != garbage}
+        keys = dict(enrolled)
+        devices = {d: fakes.FakeDevice(d, seed=11, tamper=tamper, identity_key=keys[d]) for d in ids if d != garbage}
         clients = [
             fakes.FakeClient(target, [devices[wrong_len], devices[wrong_round]], name="bad-len-round"),
             fakes.FakeClient(target, [devices[later_stage]], name="later-stage"),
@@ -178,7 +187,7 @@ def test_bad_messages_drop_only_the_offender_and_the_round_goes_on(procs: Proces
         ]
         for c in clients:
             await c.start()
-        garbage_task = asyncio.create_task(_garbage_session(target, garbage))
+        garbage_task = asyncio.create_task(_garbage_session(target, garbage, keys[garbage]))
 
         def done():
             rec = round_record(db, 1)
@@ -241,10 +250,7 @@ def test_bad_messages_drop_only_the_offender_and_the_round_goes_on(procs: Proces
     # the coordinator is still up and serving
     assert health_status(port) == "SERVING"
     with grpc.insecure_channel(target) as ch:
-        resp = coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(
-            enrollment_pb2.EnrollRequest(client_name="late", devices=[
-                enrollment_pb2.DeviceEnrollment(local_id="late-1", identity_public_key=b"\x07" * 32)]),
-            timeout=10)
+        resp = _signed_enroll(coordinator_service_pb2_grpc.CoordinatorServiceStub(ch), "late")
         assert resp.devices[0].device_id > 0
     procs.check_alive(coord, real)
 
@@ -261,8 +267,16 @@ def _rpc_code(fn) -> grpc.StatusCode:
 
 
 def _enroll_request(name: str) -> enrollment_pb2.EnrollRequest:
+    """Unsigned (for calls the transport refuses before the coordinator reads them)."""
     return enrollment_pb2.EnrollRequest(client_name=name, devices=[
         enrollment_pb2.DeviceEnrollment(local_id=f"{name}-1", identity_public_key=bytes(range(32)))])
+
+
+def _signed_enroll(stub, name: str, metadata: tuple = ()) -> enrollment_pb2.EnrollResponse:
+    """Enrol one device proving possession of its key over a fresh challenge."""
+    challenge = stub.EnrollChallenge(enrollment_pb2.EnrollChallengeRequest(), timeout=10, metadata=metadata).challenge
+    key = fakes.identity_private(90_000 + sum(name.encode()))
+    return stub.Enroll(signed_enroll_request(challenge, name, [(f"{name}-1", key)]), timeout=10, metadata=metadata)
 
 
 def test_token_auth_refuses_unauthenticated_peers(procs: Processes, tmp_path: Path) -> None:
@@ -290,7 +304,7 @@ def test_token_auth_refuses_unauthenticated_peers(procs: Processes, tmp_path: Pa
                 pass
 
         assert _rpc_code(session_without_token) == grpc.StatusCode.UNAUTHENTICATED
-        ok = stub.Enroll(_enroll_request("good"), timeout=10, metadata=(("authorization", f"Bearer {TOKEN}"),))
+        ok = _signed_enroll(stub, "good", metadata=(("authorization", f"Bearer {TOKEN}"),))
         assert ok.devices[0].device_id > 0
     assert bad.wait(60) == 2  # refused credentials are fatal for an edge client
     assert "refused our credentials" in bad.log()
@@ -330,8 +344,7 @@ def test_mtls_refuses_peers_without_a_device_certificate(procs: Processes, tmp_p
     def enroll_with(creds) -> grpc.StatusCode:
         ch = grpc.secure_channel(target, creds) if creds is not None else grpc.insecure_channel(target)
         with ch:
-            return _rpc_code(lambda: coordinator_service_pb2_grpc.CoordinatorServiceStub(ch).Enroll(
-                _enroll_request("mtls"), timeout=10))
+            return _rpc_code(lambda: _signed_enroll(coordinator_service_pb2_grpc.CoordinatorServiceStub(ch), "mtls"))
 
     # no client certificate: the handshake fails before any RPC runs
     assert enroll_with(grpc.ssl_channel_credentials(root_certificates=ca)) == grpc.StatusCode.UNAVAILABLE

@@ -21,6 +21,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edge_client.transport import signed_enroll_request
 from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
 from integration_harness import (
     LOOPBACK,
@@ -45,11 +48,12 @@ CALLERS = 4
 BATCH = 40  # half of each batch is shared with the next caller's
 
 
-def identity_key(caller: int, call: int, i: int) -> tuple[str, bytes]:
-    """(local_id, key) of device i of a caller's call: keys i >= BATCH/2
+def identity_key(caller: int, call: int, i: int) -> tuple[str, Ed25519PrivateKey]:
+    """(local_id, identity key) of device i of a caller's call: keys i >= BATCH/2
     are also the first half of caller+1's same call (a race on new keys)."""
     owner, j = (caller, i) if i < BATCH // 2 else ((caller + 1) % CALLERS, i - BATCH // 2)
-    return f"c{caller}-{call}-{i}", hashlib.sha256(b"key-%d-%d-%d" % (owner, call, j)).digest()
+    seed = hashlib.sha256(b"key-%d-%d-%d" % (owner, call, j)).digest()
+    return f"c{caller}-{call}-{i}", Ed25519PrivateKey.from_private_bytes(seed)
 
 
 class Caller(threading.Thread):
@@ -71,12 +75,10 @@ class Caller(threading.Thread):
                 if self.calls % 3 != 2:
                     batch_no += 1
                 batch = [identity_key(self.index, batch_no, i) for i in range(BATCH)]
-                request = enrollment_pb2.EnrollRequest(
-                    client_name=f"enroller-{self.index}",
-                    devices=[enrollment_pb2.DeviceEnrollment(local_id=lid, identity_public_key=k) for lid, k in batch],
-                )
                 self.calls += 1
-                try:
+                try:  # each device proves possession over a fresh challenge (fedmask.v1.1)
+                    challenge = stub.EnrollChallenge(enrollment_pb2.EnrollChallengeRequest(), timeout=30).challenge
+                    request = signed_enroll_request(challenge, f"enroller-{self.index}", batch)
                     response = stub.Enroll(request, timeout=30)
                 except grpc.RpcError as exc:
                     self.failures.append(f"{exc.code()}: {exc.details()}")
@@ -85,7 +87,7 @@ class Caller(threading.Thread):
                     self.failures.append("the answer does not list the batch in order")
                     continue
                 for (_, k), d in zip(batch, response.devices, strict=True):
-                    self.ids.setdefault(k, set()).add(d.device_id)
+                    self.ids.setdefault(k.public_key().public_bytes_raw(), set()).add(d.device_id)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite", "postgresql"], indirect=True)

@@ -29,7 +29,7 @@ _counter = itertools.count(1)
 # carry (session_id, round_number).
 _NOT_ROUND_SCOPED = {
     "hello", "check_in", "heartbeat", "device_response",
-    "welcome", "check_in_ack", "shutdown", "device_request",
+    "welcome", "check_in_ack", "shutdown", "device_request", "proof", "challenge",
 }
 
 
