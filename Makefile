@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench clean images base-images wheelhouse up down
 
 setup: $(STAMP)
 
@@ -25,3 +25,61 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# ---------------------------------------------------------------- containers
+# `make images` builds the fedmask images with podman (deploy/README.md):
+# the coordinator and client images (one Containerfile, a final stage per
+# role) and, while POSTGRES_IMAGE is the local tag, a PostgreSQL image built
+# from Debian packages. BASE_IMAGE defaults to a base built here from Debian
+# packages (mmdebstrap: these machines reach no container registry); with a
+# registry, pass BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm and
+# POSTGRES_IMAGE=docker.io/library/postgres:15-bookworm. TORCH_FLAVOR=cu126
+# (for example) builds a CUDA client image from a CUDA wheelhouse.
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+PODMAN         ?= podman
+IMAGE_PREFIX   ?= localhost/
+IMAGE_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE_IMAGE     ?= localhost/fedmask-base:bookworm
+POSTGRES_IMAGE ?= localhost/fedmask-postgres:15
+TORCH_FLAVOR   ?= cpu
+CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVOR))
+DEPLOY_STATE   := deploy/.state
+IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto 2>/dev/null) \
+                  pyproject.toml constraints.txt deploy/build-wheelhouse.sh
+COMPOSE        := $(VENV)/bin/podman-compose -f deploy/compose.yaml
+COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
+                  FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
+BUILD          := $(PODMAN) build --format docker --build-arg BASE_IMAGE=$(BASE_IMAGE) -f deploy/docker/Containerfile
+
+base-images:
+	@if [ "$(BASE_IMAGE)" = localhost/fedmask-base:bookworm ]; then bash deploy/base/build-base.sh $(BASE_IMAGE); fi
+	@if [ "$(POSTGRES_IMAGE)" = localhost/fedmask-postgres:15 ]; then \
+	    bash deploy/base/build-base.sh localhost/fedmask-postgres-base:15-bookworm postgresql-15 && \
+	    $(PODMAN) build --format docker -q -f deploy/postgres/Containerfile -t $(POSTGRES_IMAGE) deploy >/dev/null && \
+	    echo "built $(POSTGRES_IMAGE)"; fi
+
+wheelhouse: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+
+$(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp: $(IMAGE_SOURCES)
+	bash deploy/build-wheelhouse.sh $(TORCH_FLAVOR)
+	@mkdir -p $(DEPLOY_STATE) && touch $@
+
+images: base-images wheelhouse
+	@if [ "$(TORCH_FLAVOR)" = cpu ]; then \
+	    $(BUILD) --target coordinator -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy; fi
+	$(BUILD) --build-arg TORCH_FLAVOR=$(TORCH_FLAVOR) --target client -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(coordinator|client|postgres):' || true
+
+# Secrets `make up` generates once and keeps (git-ignored): the PostgreSQL password.
+deploy/.secrets/postgres-password:
+	@mkdir -p deploy/.secrets && chmod 700 deploy/.secrets
+	@$(PYTHON) -c "import secrets; print(secrets.token_hex(24))" > $@ && chmod 644 $@
+	@echo "generated $@"
+
+up: setup images deploy/.secrets/postgres-password
+	$(COMPOSE_ENV) $(COMPOSE) up -d
+	@echo "coordinator: mTLS on coordinator:50051 inside the compose network; logs: $(COMPOSE) logs -f coordinator"
+	@echo "rounds: $(PODMAN) exec fedmask_postgres_1 psql -U fedmask -c 'select number, state from rounds order by number'"
+
+down: setup
+	$(COMPOSE_ENV) $(COMPOSE) down
