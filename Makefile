@@ -49,26 +49,41 @@ IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models se
 COMPOSE        := $(VENV)/bin/podman-compose -f deploy/compose.yaml
 COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
                   FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
-BUILD          := $(PODMAN) build --format docker --build-arg BASE_IMAGE=$(BASE_IMAGE) -f deploy/docker/Containerfile
+RUNTIME_IMAGE  := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-$(TORCH_FLAVOR)
+BUILD          := $(PODMAN) build --format docker
 
 base-images:
 	@if [ "$(BASE_IMAGE)" = localhost/fedmask-base:bookworm ]; then bash deploy/base/build-base.sh $(BASE_IMAGE); fi
 	@if [ "$(POSTGRES_IMAGE)" = localhost/fedmask-postgres:15 ]; then \
 	    bash deploy/base/build-base.sh localhost/fedmask-postgres-base:15-bookworm postgresql-15 && \
-	    $(PODMAN) build --format docker -q -f deploy/postgres/Containerfile -t $(POSTGRES_IMAGE) deploy >/dev/null && \
+	    $(BUILD) -q -f deploy/postgres/Containerfile -t $(POSTGRES_IMAGE) deploy >/dev/null && \
 	    echo "built $(POSTGRES_IMAGE)"; fi
 
 wheelhouse: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
 
+# The wheelhouse (and with it the fedmask wheel) is rebuilt when the code or the pins change.
 $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp: $(IMAGE_SOURCES)
 	bash deploy/build-wheelhouse.sh $(TORCH_FLAVOR)
 	@mkdir -p $(DEPLOY_STATE) && touch $@
 
+# The runtime image (base + dependencies) is rebuilt only when the pins change:
+# podman 4.3 never caches `COPY --from`, so it is built once and tagged.
+RUNTIME_STAMP := $(DEPLOY_STATE)/runtime-$(IMAGE_TAG)-$(TORCH_FLAVOR).stamp
+$(RUNTIME_STAMP): constraints.txt pyproject.toml deploy/docker/Containerfile.runtime \
+		| $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+	$(BUILD) --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TORCH_FLAVOR=$(TORCH_FLAVOR) \
+	    -f deploy/docker/Containerfile.runtime -t $(RUNTIME_IMAGE) deploy
+	@touch $@
+
 images: base-images wheelhouse
+	@$(PODMAN) image exists $(RUNTIME_IMAGE) || rm -f $(RUNTIME_STAMP)
+	@$(MAKE) --no-print-directory $(RUNTIME_STAMP)
 	@if [ "$(TORCH_FLAVOR)" = cpu ]; then \
-	    $(BUILD) --target coordinator -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy; fi
-	$(BUILD) --build-arg TORCH_FLAVOR=$(TORCH_FLAVOR) --target client -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
-	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(coordinator|client|postgres):' || true
+	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target coordinator \
+	        -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy; fi
+	$(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target client \
+	    -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|client|postgres):' || true
 
 # Secrets `make up` generates once and keeps (git-ignored): the PostgreSQL password.
 deploy/.secrets/postgres-password:

@@ -12,7 +12,8 @@
 #           (https://download.pytorch.org/whl/FLAVOR, or $FEDMASK_TORCH_INDEX),
 #           for a GPU edge-client image: make images TORCH_FLAVOR=cu126
 # Only the runtime dependencies go in (no dev tools), pinned by constraints.txt,
-# plus the fedmask wheel itself. Idempotent: pip skips wheels already there.
+# and, in deploy/.wheelhouse/project/, the fedmask wheel itself. Idempotent:
+# pip skips wheels already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLAVOR="${1:-cpu}"
@@ -30,9 +31,11 @@ if [[ "$FLAVOR" != cpu ]]; then
     sed "s/^torch==.*/torch==${torch_version}+${FLAVOR}/" constraints.txt > "$constraints"
     extra=(--extra-index-url "$index")
 fi
-# Old copies of the project wheel would make --no-index pick an arbitrary one.
-rm -f "$OUT"/fedmask-*.whl
 "$PYTHON" -m pip wheel --quiet --disable-pip-version-check --wheel-dir "$OUT" \
     -c "$constraints" "${extra[@]}" . 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
-ls "$OUT" > "$OUT/.contents"
+# The project wheel lives apart (deploy/.wheelhouse/project/): the images
+# install the dependencies in one layer and fedmask in a later one.
+mkdir -p deploy/.wheelhouse/project
+rm -f deploy/.wheelhouse/project/fedmask-*.whl
+mv "$OUT"/fedmask-*.whl deploy/.wheelhouse/project/
 echo "wheelhouse $OUT: $(ls "$OUT"/*.whl | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,7 +36,8 @@ def _grpc_check(address: str, service: str, timeout: float, tls_ca: Path | None,
     else:
         channel = grpc.insecure_channel(address)
     try:
-        stub = health_pb2_grpc.HealthStub(channel)
+        # types-grpcio-health-checking declares HealthStub without its methods.
+        stub: Any = health_pb2_grpc.HealthStub(channel)
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.RpcError as exc:
         return f"{address}: {exc.code().name}: {exc.details()}"

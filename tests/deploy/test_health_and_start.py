@@ -156,7 +156,12 @@ def test_open_store_waiting_gives_up_and_never_retries_other_errors(monkeypatch:
         asyncio.run(server_mod.open_store_waiting("postgresql+psycopg://db/x", 60, sleep=fake_sleep))
     assert len(calls) == 1
     calls.clear()
-    monkeypatch.setattr(server_mod, "open_store", lambda url: calls.append(url) or (_ for _ in ()).throw(_unreachable()))
+
+    def unreachable_counted(url: str) -> InMemoryStore:
+        calls.append(url)
+        raise _unreachable()
+
+    monkeypatch.setattr(server_mod, "open_store", unreachable_counted)
     with pytest.raises(StoreError):
         asyncio.run(server_mod.open_store_waiting("sqlite:///x.db", 60, sleep=fake_sleep))
     assert len(calls) == 1  # SQLite is a file: never waited for

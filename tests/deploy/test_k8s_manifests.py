@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,7 @@ def test_the_policy_check_catches_each_rule() -> None:
     dep = by(render("dev"), "Deployment", "fedmask-coordinator")
     assert hardening_problems(dep) == []
 
-    def broken(change) -> list[str]:  # type: ignore[no-untyped-def]
+    def broken(change: Callable[[dict[str, Any], dict[str, Any]], object]) -> list[str]:
         copy = yaml.safe_load(yaml.safe_dump(dep))
         change(pod_spec(copy), pod_spec(copy)["containers"][0])
         return hardening_problems(copy)
