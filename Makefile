@@ -46,7 +46,8 @@ CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVO
 DEPLOY_STATE   := deploy/.state
 IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto 2>/dev/null) \
                   pyproject.toml constraints.txt deploy/build-wheelhouse.sh
-COMPOSE        := $(VENV)/bin/podman-compose -f deploy/compose.yaml
+PODMAN_COMPOSE ?= $(VENV)/bin/podman-compose
+COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask
 COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
                   FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
 RUNTIME_IMAGE  := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-$(TORCH_FLAVOR)
@@ -91,10 +92,25 @@ deploy/.secrets/postgres-password:
 	@$(PYTHON) -c "import secrets; print(secrets.token_hex(24))" > $@ && chmod 644 $@
 	@echo "generated $@"
 
-up: setup images deploy/.secrets/postgres-password
-	$(COMPOSE_ENV) $(COMPOSE) up -d
-	@echo "coordinator: mTLS on coordinator:50051 inside the compose network; logs: $(COMPOSE) logs -f coordinator"
-	@echo "rounds: $(PODMAN) exec fedmask_postgres_1 psql -U fedmask -c 'select number, state from rounds order by number'"
+# podman-compose comes with the dev extras (make setup); PODMAN_COMPOSE=PATH uses another.
+$(VENV)/bin/podman-compose: | $(STAMP)
 
-down: setup
+# Containers on machines whose TLS to PyPI fails cannot fetch ML-100K: when the
+# host has fetched it (`fedmask data fetch ml-100k`), it is copied into the
+# data volume before the first start. Elsewhere the clients fetch it themselves.
+up: $(PODMAN_COMPOSE) images deploy/.secrets/postgres-password
+	@if [ -d data/ml-100k ] && ! $(PODMAN) volume exists fedmask_data; then \
+	    $(PODMAN) volume create fedmask_data >/dev/null && \
+	    $(PODMAN) run --rm --entrypoint cp -v fedmask_data:/var/lib/fedmask/data -v $(CURDIR)/data/ml-100k:/src:ro \
+	        $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) -r /src /var/lib/fedmask/data/ml-100k && \
+	    echo "copied data/ml-100k into the volume fedmask_data"; fi
+	$(COMPOSE_ENV) $(COMPOSE) up -d
+	@echo
+	@echo "fedmask is starting: PostgreSQL, certificates, the coordinator (mTLS) and two edge clients."
+	@echo "  logs:    $(COMPOSE) logs -f coordinator"
+	@echo "  health:  $(PODMAN) exec fedmask_coordinator_1 fedmask health --address 127.0.0.1:50052"
+	@echo "  rounds:  $(PODMAN) exec -e PGPASSWORD=\$$(cat deploy/.secrets/postgres-password) fedmask_postgres_1 psql -h 127.0.0.1 -U fedmask -c 'select number, state from rounds order by number'"
+	@echo "  stop:    make down   (the volumes stay; secrets in deploy/.secrets/)"
+
+down: $(PODMAN_COMPOSE)
 	$(COMPOSE_ENV) $(COMPOSE) down
