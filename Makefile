@@ -24,7 +24,7 @@ bench: setup
 	$(PY) -m secagg.bench --clients 100 --dim 53824 --neighbors all --dropout 0.1 --dropout-stage unmasking --seed 0
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache deploy/.wheelhouse deploy/.state
 
 # ---------------------------------------------------------------- containers
 # `make images` builds the fedmask images with podman (deploy/README.md):
