@@ -62,16 +62,19 @@ base-images:
 
 wheelhouse: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
 
+deploy/.wheelhouse/$(TORCH_FLAVOR).list: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+
 # The wheelhouse (and with it the fedmask wheel) is rebuilt when the code or the pins change.
 $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp: $(IMAGE_SOURCES)
 	bash deploy/build-wheelhouse.sh $(TORCH_FLAVOR)
 	@mkdir -p $(DEPLOY_STATE) && touch $@
 
-# The runtime image (base + dependencies) is rebuilt only when the pins change:
-# podman 4.3 never caches `COPY --from`, so it is built once and tagged.
+# The runtime image (base + dependencies) is rebuilt only when the set of
+# dependency wheels changes (deploy/.wheelhouse/FLAVOR.list, rewritten by the
+# wheelhouse script only then): podman 4.3 never caches `COPY --from`, so it
+# is built once and tagged.
 RUNTIME_STAMP := $(DEPLOY_STATE)/runtime-$(IMAGE_TAG)-$(TORCH_FLAVOR).stamp
-$(RUNTIME_STAMP): constraints.txt pyproject.toml deploy/docker/Containerfile.runtime \
-		| $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+$(RUNTIME_STAMP): deploy/.wheelhouse/$(TORCH_FLAVOR).list deploy/docker/Containerfile.runtime
 	$(BUILD) --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TORCH_FLAVOR=$(TORCH_FLAVOR) \
 	    -f deploy/docker/Containerfile.runtime -t $(RUNTIME_IMAGE) deploy
 	@touch $@

@@ -38,4 +38,9 @@ fi
 mkdir -p deploy/.wheelhouse/project
 rm -f deploy/.wheelhouse/project/fedmask-*.whl
 mv "$OUT"/fedmask-*.whl deploy/.wheelhouse/project/
+# The list of dependency wheels and their hashes, rewritten only when it
+# changes: the runtime image is rebuilt when this file is newer (Makefile).
+list="deploy/.wheelhouse/$FLAVOR.list"
+(cd "$OUT" && sha256sum -- *.whl) > "$list.new"
+if cmp -s "$list.new" "$list"; then rm -f "$list.new"; else mv "$list.new" "$list"; fi
 echo "wheelhouse $OUT: $(ls "$OUT"/*.whl | wc -l) wheels, $(du -sh "$OUT" | cut -f1)"
