@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench clean images base-images wheelhouse up down
 
 setup: $(STAMP)
 
@@ -24,4 +24,96 @@ bench: setup
 	$(PY) -m secagg.bench --clients 100 --dim 53824 --neighbors all --dropout 0.1 --dropout-stage unmasking --seed 0
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache deploy/.wheelhouse deploy/.state
+
+# ---------------------------------------------------------------- containers
+# `make images` builds the fedmask images with podman (deploy/README.md):
+# the coordinator and client images (one Containerfile, a final stage per
+# role) and, while POSTGRES_IMAGE is the local tag, a PostgreSQL image built
+# from Debian packages. BASE_IMAGE defaults to a base built here from Debian
+# packages (mmdebstrap: these machines reach no container registry); with a
+# registry, pass BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm and
+# POSTGRES_IMAGE=docker.io/library/postgres:15-bookworm. TORCH_FLAVOR=cu126
+# (for example) builds a CUDA client image from a CUDA wheelhouse.
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
+PODMAN         ?= podman
+IMAGE_PREFIX   ?= localhost/
+IMAGE_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BASE_IMAGE     ?= localhost/fedmask-base:bookworm
+POSTGRES_IMAGE ?= localhost/fedmask-postgres:15
+TORCH_FLAVOR   ?= cpu
+CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVOR))
+DEPLOY_STATE   := deploy/.state
+IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto 2>/dev/null) \
+                  pyproject.toml constraints.txt deploy/build-wheelhouse.sh
+PODMAN_COMPOSE ?= $(VENV)/bin/podman-compose
+COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask
+COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
+                  FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
+RUNTIME_IMAGE  := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-$(TORCH_FLAVOR)
+BUILD          := $(PODMAN) build --format docker
+
+base-images:
+	@if [ "$(BASE_IMAGE)" = localhost/fedmask-base:bookworm ]; then bash deploy/base/build-base.sh $(BASE_IMAGE); fi
+	@if [ "$(POSTGRES_IMAGE)" = localhost/fedmask-postgres:15 ]; then \
+	    bash deploy/base/build-base.sh localhost/fedmask-postgres-base:15-bookworm postgresql-15 && \
+	    $(BUILD) -q -f deploy/postgres/Containerfile -t $(POSTGRES_IMAGE) deploy >/dev/null && \
+	    echo "built $(POSTGRES_IMAGE)"; fi
+
+wheelhouse: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+
+deploy/.wheelhouse/$(TORCH_FLAVOR).list: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
+
+# The wheelhouse (and with it the fedmask wheel) is rebuilt when the code or the pins change.
+$(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp: $(IMAGE_SOURCES)
+	bash deploy/build-wheelhouse.sh $(TORCH_FLAVOR)
+	@mkdir -p $(DEPLOY_STATE) && touch $@
+
+# The runtime image (base + dependencies) is rebuilt only when the set of
+# dependency wheels changes (deploy/.wheelhouse/FLAVOR.list, rewritten by the
+# wheelhouse script only then): podman 4.3 never caches `COPY --from`, so it
+# is built once and tagged.
+RUNTIME_STAMP := $(DEPLOY_STATE)/runtime-$(IMAGE_TAG)-$(TORCH_FLAVOR).stamp
+$(RUNTIME_STAMP): deploy/.wheelhouse/$(TORCH_FLAVOR).list deploy/docker/Containerfile.runtime
+	$(BUILD) --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TORCH_FLAVOR=$(TORCH_FLAVOR) \
+	    -f deploy/docker/Containerfile.runtime -t $(RUNTIME_IMAGE) deploy
+	@touch $@
+
+images: base-images wheelhouse
+	@$(PODMAN) image exists $(RUNTIME_IMAGE) || rm -f $(RUNTIME_STAMP)
+	@$(MAKE) --no-print-directory $(RUNTIME_STAMP)
+	@if [ "$(TORCH_FLAVOR)" = cpu ]; then \
+	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target coordinator \
+	        -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy; fi
+	$(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target client \
+	    -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|client|postgres):' || true
+
+# Secrets `make up` generates once and keeps (git-ignored): the PostgreSQL password.
+deploy/.secrets/postgres-password:
+	@mkdir -p deploy/.secrets && chmod 700 deploy/.secrets
+	@$(PYTHON) -c "import secrets; print(secrets.token_hex(24))" > $@ && chmod 644 $@
+	@echo "generated $@"
+
+# podman-compose comes with the dev extras (make setup); PODMAN_COMPOSE=PATH uses another.
+$(VENV)/bin/podman-compose: | $(STAMP)
+
+# Containers on machines whose TLS to PyPI fails cannot fetch ML-100K: when the
+# host has fetched it (`fedmask data fetch ml-100k`), it is copied into the
+# data volume before the first start. Elsewhere the clients fetch it themselves.
+up: $(PODMAN_COMPOSE) images deploy/.secrets/postgres-password
+	@if [ -d data/ml-100k ] && ! $(PODMAN) volume exists fedmask_data; then \
+	    $(PODMAN) volume create fedmask_data >/dev/null && \
+	    $(PODMAN) run --rm --entrypoint cp -v fedmask_data:/var/lib/fedmask/data -v $(CURDIR)/data/ml-100k:/src:ro \
+	        $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) -r /src /var/lib/fedmask/data/ml-100k && \
+	    echo "copied data/ml-100k into the volume fedmask_data"; fi
+	$(COMPOSE_ENV) $(COMPOSE) up -d
+	@echo
+	@echo "fedmask is starting: PostgreSQL, certificates, the coordinator (mTLS) and two edge clients."
+	@echo "  logs:    $(COMPOSE) logs -f coordinator"
+	@echo "  health:  $(PODMAN) exec fedmask_coordinator_1 fedmask health --address 127.0.0.1:50052"
+	@echo "  rounds:  $(PODMAN) exec -e PGPASSWORD=\$$(cat deploy/.secrets/postgres-password) fedmask_postgres_1 psql -h 127.0.0.1 -U fedmask -c 'select number, state from rounds order by number'"
+	@echo "  stop:    make down   (the volumes stay; secrets in deploy/.secrets/)"
+
+down: $(PODMAN_COMPOSE)
+	$(COMPOSE_ENV) $(COMPOSE) down

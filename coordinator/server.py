@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,7 +37,7 @@ from coordinator.model_host import build_server_model
 from coordinator.servicer import add_to_server
 from coordinator.service import Coordinator
 from coordinator.settings import MIN_TOKEN_LENGTH, CoordinatorSettings
-from coordinator.store import Store, open_store
+from coordinator.store import Store, StoreError, open_store
 from fedmask_proto.v1 import coordinator_service_pb2
 from wire.protocol import (
     ENCRYPTED_SHARE_WIRE_BYTES,
@@ -209,6 +210,41 @@ def start_metrics_server(coordinator: Coordinator, address: str) -> tuple[Any, i
     return httpd, int(httpd.server_address[1])
 
 
+async def build_health_server(health_servicer: health.aio.HealthServicer, address: str) -> grpc.aio.Server:
+    """A bound plaintext server (not started) with grpc.health.v1 alone,
+    sharing `health_servicer` (so the same status) with the main server."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"cannot listen on {address} (health_listen_address)")
+    return server
+
+
+async def open_store_waiting(url: str, wait_s: float, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                             clock: Callable[[], float] = time.monotonic) -> Store:
+    """`open_store(url)`, retried with exponential backoff (0.5 s doubling to
+    5 s) for up to `wait_s` seconds while a database *server* cannot be
+    reached (an OperationalError: refused, not up yet, starting). Anything
+    else, a SQLite file, memory:// or `wait_s` spent raises at once."""
+    from sqlalchemy.exc import OperationalError
+
+    retry = wait_s > 0 and not url.startswith(("sqlite", "memory"))
+    deadline = clock() + wait_s
+    delay = 0.5
+    while True:
+        try:
+            return open_store(url)
+        except StoreError as exc:
+            left = deadline - clock()
+            if not (retry and isinstance(exc.__cause__, OperationalError) and left > 0):
+                raise
+            pause = min(delay, left)
+            log_event("database_unavailable", logging.WARNING, retry_in_s=round(pause, 2),
+                      gives_up_in_s=round(left, 1), error=str(exc.__cause__).splitlines()[0][:200])
+            await sleep(pause)
+            delay = min(delay * 2, 5.0)
+
+
 async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool, name: str = SERVICE_NAME) -> None:
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for service in ("", name):
@@ -225,12 +261,16 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     `coordinator.ports`), then `ready` is set."""
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     own_store = store is None
-    store = store if store is not None else open_store(settings.database_url)
+    store = store if store is not None else await open_store_waiting(settings.database_url, settings.database_wait_s)
     coordinator = Coordinator(settings, store=store, model=model)
     server = admin_server = httpd = None
+    health_server = None
     try:
         await coordinator.start()
         server, port, health_servicer = await build_server(coordinator, settings)
+        if settings.health_listen_address is not None:
+            health_server = await build_health_server(health_servicer, settings.health_listen_address)
+            await health_server.start()
         await server.start()
         await set_serving(health_servicer, True)
         coordinator.ports["device"] = port
@@ -282,6 +322,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()
+        if health_server is not None:
+            await health_server.stop(0)
         if own_store:
             store.close()
         log_event("stopped")

@@ -426,11 +426,26 @@ class CoordinatorSettings(BaseSettings):
     #: (one MaskedInput of 4 * update_dim bytes) and the cohort (a ShareKeys
     #: of cohort-1 shares), with headroom. The send limit is unlimited.
     max_receive_message_bytes: Annotated[int, Field(ge=1 << 16)] | None = None
+    #: A second, plaintext listener HOST:PORT that serves only grpc.health.v1
+    #: (container healthchecks, Kubernetes gRPC probes, which cannot speak
+    #: TLS); the same status as the main port. None: no such listener.
+    health_listen_address: str | None = None
+    #: At start, how long to keep retrying a database server that cannot be
+    #: reached yet (started in parallel by compose or Kubernetes), with
+    #: backoff; 0 fails at once. SQLite and memory:// are never retried.
+    database_wait_s: Annotated[float, Field(ge=0)] = 60.0
 
     @field_validator("listen_address")
     @classmethod
     def _check_listen_address(cls, value: str) -> str:
         split_host_port(value)
+        return value
+
+    @field_validator("health_listen_address")
+    @classmethod
+    def _check_health_listen_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_host_port(value)
         return value
 
     @field_validator("database_url")

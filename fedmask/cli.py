@@ -17,6 +17,7 @@ from fedmask.commands import coordinator as coordinator_cmd
 from fedmask.commands import bench as bench_cmd
 from fedmask.commands import devices as devices_cmd
 from fedmask.commands import admin as admin_cmd
+from fedmask.commands import health as health_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -34,6 +35,7 @@ coordinator_cmd.register(app)
 bench_cmd.register(app)
 devices_cmd.register(app)
 admin_cmd.register(app)
+health_cmd.register(app)
 
 
 def main() -> None:
