@@ -28,8 +28,8 @@ clean:
 
 # ---------------------------------------------------------------- containers
 # `make images` builds the fedmask images with podman (deploy/README.md):
-# the coordinator and client images (one Containerfile, a final stage per
-# role) and, while POSTGRES_IMAGE is the local tag, a PostgreSQL image built
+# the coordinator, admin and client images (one Containerfile, a final stage
+# per role) and, while POSTGRES_IMAGE is the local tag, a PostgreSQL image built
 # from Debian packages. BASE_IMAGE defaults to a base built here from Debian
 # packages (mmdebstrap: these machines reach no container registry); with a
 # registry, pass BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm and
@@ -44,7 +44,7 @@ POSTGRES_IMAGE ?= localhost/fedmask-postgres:15
 TORCH_FLAVOR   ?= cpu
 CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVOR))
 DEPLOY_STATE   := deploy/.state
-IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto 2>/dev/null) \
+IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto admin 2>/dev/null) \
                   pyproject.toml constraints.txt deploy/build-wheelhouse.sh
 PODMAN_COMPOSE ?= $(VENV)/bin/podman-compose
 COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask
@@ -82,18 +82,37 @@ $(RUNTIME_STAMP): deploy/.wheelhouse/$(TORCH_FLAVOR).list deploy/docker/Containe
 images: base-images wheelhouse
 	@$(PODMAN) image exists $(RUNTIME_IMAGE) || rm -f $(RUNTIME_STAMP)
 	@$(MAKE) --no-print-directory $(RUNTIME_STAMP)
-	@if [ "$(TORCH_FLAVOR)" = cpu ]; then \
-	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target coordinator \
-	        -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy; fi
+	@if [ "$(TORCH_FLAVOR)" = cpu ]; then for role in coordinator admin; do \
+	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target $$role \
+	        -t $(IMAGE_PREFIX)fedmask-$$role:$(IMAGE_TAG) deploy || exit 1; done; fi
 	$(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target client \
 	    -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
-	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|client|postgres):' || true
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|admin|client|postgres):' || true
 
-# Secrets `make up` generates once and keeps (git-ignored): the PostgreSQL password.
-deploy/.secrets/postgres-password:
-	@mkdir -p deploy/.secrets && chmod 700 deploy/.secrets
+# Secrets `make up` generates once and keeps in deploy/.secrets/ (git-ignored):
+# the PostgreSQL passwords (the owner's, the coordinator's; fedmask_reader's,
+# the admin service's SELECT-only role), the admin service's token on the
+# coordinator's admin listener, and two REST API tokens (operator and
+# recommender) whose SHA-256 entries go to admin-api-tokens.toml. The files
+# are readable by the containers' user (0644 in a 0700 folder).
+SECRETS       := deploy/.secrets
+SECRET_FILES  := $(SECRETS)/postgres-password $(SECRETS)/postgres-reader-password $(SECRETS)/admin-token \
+                 $(SECRETS)/admin-api-tokens.toml
+$(SECRETS)/postgres-password $(SECRETS)/postgres-reader-password $(SECRETS)/admin-token:
+	@mkdir -p $(SECRETS) && chmod 700 $(SECRETS)
 	@$(PYTHON) -c "import secrets; print(secrets.token_hex(24))" > $@ && chmod 644 $@
 	@echo "generated $@"
+
+$(SECRETS)/admin-api-tokens.toml: | $(STAMP)
+	@mkdir -p $(SECRETS) && chmod 700 $(SECRETS)
+	@rm -f $@.new
+	@for role in operator recommender; do \
+	    $(PYTHON) -c "import secrets; print(secrets.token_urlsafe(32))" > $(SECRETS)/$$role-token && \
+	    chmod 600 $(SECRETS)/$$role-token && \
+	    $(VENV)/bin/fedmask admin-token $$role $$role --stdin < $(SECRETS)/$$role-token >> $@.new || exit 1; \
+	done
+	@mv $@.new $@ && chmod 644 $@
+	@echo "generated $@ (tokens in $(SECRETS)/operator-token and $(SECRETS)/recommender-token)"
 
 # podman-compose comes with the dev extras (make setup); PODMAN_COMPOSE=PATH uses another.
 $(VENV)/bin/podman-compose: | $(STAMP)
@@ -101,19 +120,23 @@ $(VENV)/bin/podman-compose: | $(STAMP)
 # Containers on machines whose TLS to PyPI fails cannot fetch ML-100K: when the
 # host has fetched it (`fedmask data fetch ml-100k`), it is copied into the
 # data volume before the first start. Elsewhere the clients fetch it themselves.
-up: $(PODMAN_COMPOSE) images deploy/.secrets/postgres-password
+ADMIN_PORT ?= 8080
+up: $(PODMAN_COMPOSE) images $(SECRET_FILES)
 	@if [ -d data/ml-100k ] && ! $(PODMAN) volume exists fedmask_data; then \
 	    $(PODMAN) volume create fedmask_data >/dev/null && \
 	    $(PODMAN) run --rm --entrypoint cp -v fedmask_data:/var/lib/fedmask/data -v $(CURDIR)/data/ml-100k:/src:ro \
 	        $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) -r /src /var/lib/fedmask/data/ml-100k && \
 	    echo "copied data/ml-100k into the volume fedmask_data"; fi
-	$(COMPOSE_ENV) $(COMPOSE) up -d
+	$(COMPOSE_ENV) FEDMASK_ADMIN_PORT=$(ADMIN_PORT) $(COMPOSE) up -d
 	@echo
-	@echo "fedmask is starting: PostgreSQL, certificates, the coordinator (mTLS) and two edge clients."
-	@echo "  logs:    $(COMPOSE) logs -f coordinator"
-	@echo "  health:  $(PODMAN) exec fedmask_coordinator_1 fedmask health --address 127.0.0.1:50052"
-	@echo "  rounds:  $(PODMAN) exec -e PGPASSWORD=\$$(cat deploy/.secrets/postgres-password) fedmask_postgres_1 psql -h 127.0.0.1 -U fedmask -c 'select number, state from rounds order by number'"
-	@echo "  stop:    make down   (the volumes stay; secrets in deploy/.secrets/)"
+	@echo "fedmask is starting: PostgreSQL, certificates, the coordinator (mTLS), the admin service and two edge clients."
+	@echo "  dashboard: http://127.0.0.1:$(ADMIN_PORT)/   (paste the token of $(SECRETS)/operator-token)"
+	@echo "  top-k:     curl -sS -H \"Authorization: Bearer \$$(cat $(SECRETS)/recommender-token)\" 'http://127.0.0.1:$(ADMIN_PORT)/v1/users/user-1/recommendations?k=5'"
+	@echo "  ready:     curl -sS http://127.0.0.1:$(ADMIN_PORT)/readyz   (the first rounds take about a minute)"
+	@echo "  logs:      $(COMPOSE) logs -f coordinator"
+	@echo "  health:    $(PODMAN) exec fedmask_coordinator_1 fedmask health --address 127.0.0.1:50052"
+	@echo "  rounds:    $(PODMAN) exec -e PGPASSWORD=\$$(cat $(SECRETS)/postgres-password) fedmask_postgres_1 psql -h 127.0.0.1 -U fedmask -c 'select number, state from rounds order by number'"
+	@echo "  stop:      make down   (the volumes stay; secrets and tokens in $(SECRETS)/)"
 
 down: $(PODMAN_COMPOSE)
 	$(COMPOSE_ENV) $(COMPOSE) down

@@ -9,6 +9,10 @@
 #                (ml-100k: its licence forbids baking it into an image), wait
 #                for the certificates, work out this client's user slice and
 #                exec `fedmask client`
+#   admin        exec `fedmask admin ARGS` (settings from FEDMASK_ADMIN_*;
+#                waits for the files it names first: the coordinator's CA
+#                FEDMASK_ADMIN_COORDINATOR__TLS_CA, the API token entries
+#                FEDMASK_ADMIN_CONFIG, and the two secrets below)
 #   certs        one-shot: `fedmask certs init` into the certificates volume
 #   anything else: exec `fedmask ARGS` (e.g. `data fetch ml-100k`, `devices list`)
 #
@@ -28,6 +32,13 @@
 #   FEDMASK_TLS_SERVER_NAME   expected name in the coordinator's certificate
 #   FEDMASK_WAIT_S            how long to wait for certificates (default 600)
 #   FEDMASK_CLIENT_ARGS       extra flags for `fedmask client` (word-split)
+# Admin service secrets (files, so no secret is ever in an environment
+# listing of the compose file or a manifest):
+#   FEDMASK_DATABASE_PASSWORD_FILE     read into PGPASSWORD (as for the coordinator)
+#   FEDMASK_COORDINATOR_TOKEN_FILE     the admin service's credential on the
+#                                      coordinator's admin listener (its first
+#                                      non-blank, non-# line), read into
+#                                      FEDMASK_ADMIN_COORDINATOR__TOKEN
 # Certificates step: FEDMASK_CERT_DEVICES (default 2), FEDMASK_COORDINATOR_HOST
 # (default coordinator).
 set -euo pipefail
@@ -72,7 +83,33 @@ coordinator)
         PGPASSWORD="$(cat "$FEDMASK_DATABASE_PASSWORD_FILE")"
         export PGPASSWORD
     fi
+    [[ -n "${FEDMASK_ADMIN__TOKEN_FILE:-}" ]] && wait_for "$FEDMASK_ADMIN__TOKEN_FILE"
     exec fedmask coordinator "$@"
+    ;;
+admin)
+    files=()
+    for var in FEDMASK_ADMIN_COORDINATOR__TLS_CA FEDMASK_ADMIN_CONFIG FEDMASK_DATABASE_PASSWORD_FILE \
+               FEDMASK_COORDINATOR_TOKEN_FILE; do
+        [[ -n "${!var:-}" ]] && files+=("${!var}")
+    done
+    [[ ${#files[@]} -gt 0 ]] && wait_for "${files[@]}"
+    if [[ -n "${FEDMASK_DATABASE_PASSWORD_FILE:-}" ]]; then
+        PGPASSWORD="$(cat "$FEDMASK_DATABASE_PASSWORD_FILE")"
+        export PGPASSWORD
+    fi
+    if [[ -n "${FEDMASK_COORDINATOR_TOKEN_FILE:-}" ]]; then
+        token="$({ grep -v -e '^[[:space:]]*$' -e '^[[:space:]]*#' "$FEDMASK_COORDINATOR_TOKEN_FILE" || true; } | head -n 1 | tr -d '[:space:]')"
+        if [[ -z "$token" ]]; then
+            log "$FEDMASK_COORDINATOR_TOKEN_FILE holds no token"
+            exit 2
+        fi
+        FEDMASK_ADMIN_COORDINATOR__TOKEN="$token"
+        export FEDMASK_ADMIN_COORDINATOR__TOKEN
+        unset token
+    fi
+    # Neither the dependencies' absence nor their later loss ends the process:
+    # /readyz says which one is down and the routes answer 503 until it is back.
+    exec fedmask admin "$@"
     ;;
 client)
     : "${FEDMASK_COORDINATOR:?set FEDMASK_COORDINATOR to the coordinator HOST:PORT}"

@@ -8,6 +8,8 @@ probes. Exit 0 when healthy, 1 when not (the reason on stderr), 2 on bad usage.
 * ``--client-state DIR`` is healthy when the edge client whose private state
   is DIR has enrolled at least one device with a coordinator (it has reached
   the coordinator and been admitted since the folder was created).
+* ``--http URL`` is healthy when a GET of URL answers 2xx (the admin
+  service's ``/readyz``; its JSON body says which dependency is down).
 """
 
 from __future__ import annotations
@@ -61,6 +63,24 @@ def _client_check(state_dir: Path) -> str | None:
     return None
 
 
+def _http_check(url: str, timeout: float) -> str | None:
+    """None when GET url answers 2xx, else why not (with the start of the body)."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        return f"{url}: not an http(s) URL"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout) as reply:
+            reply.read(4096)
+            return None
+    except urllib.error.HTTPError as exc:
+        body = exc.read(500).decode("utf-8", "replace").strip()
+        return f"{url}: HTTP {exc.code}" + (f": {body}" if body else "")
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{url}: {getattr(exc, 'reason', exc)}"
+
+
 def health(
     address: Annotated[str | None, typer.Option(help="gRPC address HOST:PORT to ask grpc.health.v1 Check.")] = None,
     service: Annotated[str, typer.Option(help="Service name to check ('' = the whole server).")] = "",
@@ -70,18 +90,21 @@ def health(
     tls_key: Annotated[Path | None, typer.Option(help="Private key (PEM) of --tls-cert.")] = None,
     tls_server_name: Annotated[str | None, typer.Option(help="Expected name in the server certificate.")] = None,
     client_state: Annotated[Path | None, typer.Option(help="Edge client state folder: healthy once a device has enrolled.")] = None,
+    http: Annotated[str | None, typer.Option(help="URL to GET: healthy on a 2xx answer (the admin service's /readyz).")] = None,
 ) -> None:
-    """Probe a coordinator (grpc.health.v1) or an edge client (enrolment);
+    """Probe a coordinator (grpc.health.v1), an edge client (enrolment) or an HTTP endpoint (2xx);
     exit 0 healthy, 1 not healthy, 2 usage error. For container healthchecks
     and Kubernetes exec probes."""
-    if (address is None) == (client_state is None):
-        typer.echo("fedmask health: give exactly one of --address or --client-state", err=True)
+    if sum(x is not None for x in (address, client_state, http)) != 1:
+        typer.echo("fedmask health: give exactly one of --address, --client-state or --http", err=True)
         raise typer.Exit(2)
     if (tls_cert is None) != (tls_key is None):
         typer.echo("fedmask health: --tls-cert and --tls-key go together", err=True)
         raise typer.Exit(2)
     if address is not None:
         problem = _grpc_check(address, service, timeout, tls_ca, tls_cert, tls_key, tls_server_name)
+    elif http is not None:
+        problem = _http_check(http, timeout)
     else:
         assert client_state is not None
         problem = _client_check(client_state)

@@ -2,12 +2,17 @@
 
 Builds the images (`make images`), starts deploy/compose.yaml with
 podman-compose (PostgreSQL, the certificate step, the coordinator with mTLS,
-two edge clients of 10 ML-100K users each), waits for three secure rounds to
-commit, SIGKILLs the coordinator container, starts it again and checks that
+the admin service, two edge clients of 10 ML-100K users each), waits for
+three secure rounds to commit, asks the admin service from the host (its
+published port) for a user's top-k over REST with a recommender token and
+checks the answer against the store (computed on the device, from a
+committed model version), checks the admin service's role tokens and its
+SELECT-only database role, SIGKILLs the coordinator container, starts it again and checks that
 the federation resumes from the committed model version with nothing lost
 (every committed round and model version kept, the next round built on the
 last committed version, the model step continuing, no device re-enrolled,
-the clients never restarted), then tears the stack down and removes its
+the clients and the admin service never restarted, the admin service ready
+again and answering top-k), then tears the stack down and removes its
 containers, volumes, network and secrets. The images stay (the build cache).
 
 The dataset is fetched on the host (`fedmask data fetch`, a no-op when
@@ -21,9 +26,12 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,25 +55,62 @@ pytestmark = [
 ]
 
 
-def _env(secrets_dir: Path) -> dict[str, str]:
+def _env(secrets_dir: Path, admin_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(CONTAINERS_CONF=str(CONTAINERS_CONF), FEDMASK_IMAGE_PREFIX=PREFIX, FEDMASK_IMAGE_TAG=TAG,
                FEDMASK_POSTGRES_IMAGE=POSTGRES_IMAGE, FEDMASK_SECRETS_DIR=str(secrets_dir),
-               FEDMASK_ROUND_PAUSE="2")
+               FEDMASK_ROUND_PAUSE="2", FEDMASK_ADMIN_PORT=str(admin_port))
     return env
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _secret(secrets_dir: Path, name: str, value: str) -> None:
+    """A secret file as `make up` writes it: readable by the containers' user."""
+    (secrets_dir / name).write_text(value + "\n")
+    (secrets_dir / name).chmod(0o644)
+
+
+def _api_token_entry(name: str, role: str, token: str) -> str:
+    """The settings entry `fedmask admin-token NAME ROLE --stdin` prints (the real command, as make up runs it)."""
+    return _run([sys.executable, "-m", "fedmask", "admin-token", name, role, "--stdin"],
+                {**os.environ, "PYTHONPATH": str(ROOT)}, stdin=token + "\n").stdout
+
+
 def _run(cmd: list[str], env: dict[str, str], *, check: bool = True, timeout: float = 600,
-         capture: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, env=env, text=True, timeout=timeout, capture_output=capture, cwd=ROOT)
+         capture: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, env=env, text=True, timeout=timeout, capture_output=capture, cwd=ROOT, input=stdin)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
 
 
 class Stack:
-    def __init__(self, project: str, env: dict[str, str], password: str) -> None:
+    def __init__(self, project: str, env: dict[str, str], password: str, *, reader_password: str,
+                 admin_port: int, tokens: dict[str, str]) -> None:
         self.project, self.env, self.password = project, env, password
+        self.reader_password, self.admin_port, self.tokens = reader_password, admin_port, tokens
+
+    def http(self, path: str, token: str | None = None, timeout: float = 30) -> tuple[int, Any]:
+        """GET the admin service from the host (its port published on 127.0.0.1): (status, JSON body)."""
+        request = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}")
+        if token is not None:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:
+                return reply.status, json.loads(reply.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            try:
+                return exc.code, json.loads(body or b"null")
+            except ValueError:
+                return exc.code, body.decode("utf-8", "replace")
+        except (urllib.error.URLError, OSError) as exc:  # not listening yet, reset during a restart
+            return 0, str(exc)
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return _run([str(PODMAN_COMPOSE), "-p", self.project, "-f", str(COMPOSE_FILE), *args], self.env,
@@ -116,12 +161,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if not PODMAN_COMPOSE.exists():
         pytest.fail(f"{PODMAN_COMPOSE} missing: install the dev extras (podman-compose is pinned there)")
     secrets_dir = tmp_path_factory.mktemp("secrets")
-    password = secrets.token_hex(16)
-    (secrets_dir / "postgres-password").write_text(password + "\n")
-    (secrets_dir / "postgres-password").chmod(0o644)
-    env = _env(secrets_dir)
+    password, reader_password = secrets.token_hex(16), secrets.token_hex(16)
+    _secret(secrets_dir, "postgres-password", password)
+    _secret(secrets_dir, "postgres-reader-password", reader_password)
+    _secret(secrets_dir, "admin-token", secrets.token_urlsafe(32))
+    tokens = {role: secrets.token_urlsafe(32) for role in ("operator", "recommender", "viewer")}
+    _secret(secrets_dir, "admin-api-tokens.toml",
+            "".join(_api_token_entry(f"test-{role}", role, token) for role, token in tokens.items()))
+    admin_port = _free_port()
+    env = _env(secrets_dir, admin_port)
     project = f"fedmask-test-{os.getpid()}"
-    s = Stack(project, env, password)
+    s = Stack(project, env, password, reader_password=reader_password, admin_port=admin_port, tokens=tokens)
 
     # 1. Images (cached layers make a rebuild cheap when nothing changed).
     t = time.monotonic()
@@ -175,16 +225,17 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
     print(f"[containers] {ROUNDS_BEFORE_KILL} rounds committed {time.monotonic() - t0:.0f}s after up")
 
     # Every service's HEALTHCHECK passes (podman 4.3 without systemd runs them only on demand).
-    for service in ("postgres", "coordinator", "client-0", "client-1"):
+    for service in ("postgres", "coordinator", "admin", "client-0", "client-1"):
         proc = s.podman("healthcheck", "run", s.name(service), check=False)
         assert proc.returncode == 0, f"{service} healthcheck: {proc.stdout} {proc.stderr}\n{s.logs(service)}"
     # Secure rounds: every committed one went through the SecAgg stages to unmasking.
     stages = s.sql("select timings::jsonb ? 'share_keys' and timings::jsonb ? 'masked_input' "
                    "and timings::jsonb ? 'unmasking' from rounds where state = 'committed'")
     assert stages and all(row == ["t"] for row in stages), stages
+    _check_admin_service(s)
     devices_before = s.sql("select id, identity_public_key from devices order by id")
     assert len(devices_before) == 20, devices_before
-    clients_before = {k: v["Id"] for k, v in s.containers().items() if k.startswith("client-")}
+    clients_before = {k: v["Id"] for k, v in s.containers().items() if k.startswith("client-") or k == "admin"}
 
     # SIGKILL the coordinator, then read what the database holds at that moment.
     s.podman("kill", "--signal", "KILL", s.name("coordinator"))
@@ -226,6 +277,72 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
         assert now[service]["Id"] == cid and now[service]["State"] == "running", (service, now[service]["State"])
         restarts = s.podman("inspect", "--format", "{{.RestartCount}}", cid).stdout.strip()
         assert restarts == "0", (service, restarts)
+    # The admin service rode the coordinator's restart out (never restarted,
+    # checked above): ready again and relaying top-k from the new process.
+    _wait("the admin service ready again", lambda: s.http("/readyz")[0] == 200, 120, s, 2)
+    _wait("top-k after the restart",
+          lambda: s.http("/v1/users/user-12/recommendations?k=3", s.tokens["recommender"])[0] == 200, 120, s, 2)
     print(f"[containers] rounds committed: {[r['number'] for r in after]}; resumed from version {latest} "
           f"(round {resumed['number']}); "
           f"proof {time.monotonic() - t0:.0f}s")
+
+
+def _check_admin_service(s: Stack) -> None:
+    """The admin service, asked from the host: ready, top-k over REST computed
+    on a device, roles by route, history matching the store, and a database
+    role that can read but not write. The coordinator's metrics listener too."""
+    t = time.monotonic()
+    ready = _wait("the admin service's /readyz", lambda: (lambda r: r if r[0] == 200 else None)(s.http("/readyz")),
+                  180, s, 2)
+    assert ready[1]["store"] is True and ready[1]["coordinator"] is True, ready
+    assert s.http("/healthz") == (200, {"status": "ok"})
+
+    # A user's top-k: user-3 is hosted by client-0 (users 1..10). The device
+    # answers from its private model; the coordinator only relays.
+    path = "/v1/users/user-3/recommendations?k=5"
+    status, body = _wait("a top-k answer", lambda: (lambda r: r if r[0] == 200 else None)(
+        s.http(path, s.tokens["recommender"])), 120, s, 2)
+    assert body["computed_on"] == "device" and body["user"] == "user-3", body
+    items = body["items"]
+    assert [i["rank"] for i in items] == [1, 2, 3, 4, 5], items
+    assert len({i["item_index"] for i in items}) == 5, items
+    scores = [i["score"] for i in items]
+    assert scores == sorted(scores, reverse=True), scores
+    assert all(0 <= i["item_index"] < 1682 for i in items), items
+    # The device and the model version are the store's: the handle's device, a committed version.
+    assert s.sql(f"select local_id from devices where id = {int(body['device_id'])}") == [["user-3"]]
+    assert s.sql(f"select count(*) from model_versions where id = {int(body['model_version'])}") == [["1"]]
+    print(f"[containers] top-k over REST from the host {time.monotonic() - t:.0f}s after 3 commits: "
+          f"{[i['item_id'] for i in items]} (model version {body['model_version']}, "
+          f"device latency {body['latency_ms']:.0f} ms)")
+
+    # Roles by route: no token 401, a recommender may not read history, a viewer may not ask for top-k.
+    assert s.http(path)[0] == 401
+    assert s.http("/v1/rounds", s.tokens["recommender"])[0] == 403
+    assert s.http(path, s.tokens["viewer"])[0] == 403
+    assert s.http(path, "not-a-token-of-this-deployment")[0] == 401
+    # History from the store (read as fedmask_reader) matches what PostgreSQL holds; rounds may
+    # commit meanwhile, so the listing lies between two reads of the database.
+    def committed_in_db() -> set[int]:
+        return {int(n) for (n,) in s.sql("select number from rounds where state = 'committed'")}
+    before = committed_in_db()
+    status, rounds = s.http("/v1/rounds?limit=500", s.tokens["viewer"])
+    after = committed_in_db()
+    assert status == 200 and rounds["next_cursor"] is None, rounds
+    listed = {r["number"] for r in rounds["items"] if r["state"] == "committed"}
+    assert before <= listed <= after and len(before) >= ROUNDS_BEFORE_KILL, (before, listed, after)
+    assert s.http("/v1/federation", s.tokens["operator"])[0] == 200
+
+    # The admin service's database role reads but cannot write, even when it asks for a read-write transaction.
+    def as_reader(query: str) -> subprocess.CompletedProcess[str]:
+        return s.podman("exec", "-e", f"PGPASSWORD={s.reader_password}", s.name("postgres"), "psql", "-h",
+                        "127.0.0.1", "-U", "fedmask_reader", "-d", "fedmask", "-tA", "-c", query, check=False)
+    assert as_reader("select count(*) from rounds").returncode == 0
+    denied = as_reader("begin read write; delete from audit_log; commit")
+    assert denied.returncode != 0 and "permission denied" in denied.stderr, denied.stderr
+    assert "read-only transaction" in as_reader("delete from rounds").stderr
+
+    # The coordinator's Prometheus endpoint (compose enables it on 9100 inside the network).
+    metrics = s.podman("exec", s.name("coordinator"), "python", "-c",
+                       "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())")
+    assert "fedmask_" in metrics.stdout, metrics.stdout[:500]

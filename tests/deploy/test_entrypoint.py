@@ -116,3 +116,37 @@ def test_certs_and_other_commands(box: dict[str, Path]) -> None:
         f"certs init {box['certs']} --devices 3 --coordinator-host coordinator | PGPASSWORD=",
         "devices list | PGPASSWORD=",
     ]
+
+
+def test_admin_role_reads_its_secrets_from_files_and_waits_for_them(box: dict[str, Path]) -> None:
+    """The admin service's database password and coordinator token come from
+    mounted files (Compose secrets, Kubernetes Secret volumes), never from the
+    compose file or a manifest; the entrypoint waits for every file it is
+    told about and refuses an empty token file."""
+    secrets_dir = box["tmp"] / "secrets"
+    secrets_dir.mkdir()
+    (secrets_dir / "pw").write_text("s3cret\n")
+    (secrets_dir / "tokens.toml").write_text("")
+    token_file = secrets_dir / "admin-token"
+    env = {"FEDMASK_DATABASE_PASSWORD_FILE": str(secrets_dir / "pw"),
+           "FEDMASK_COORDINATOR_TOKEN_FILE": str(token_file),
+           "FEDMASK_ADMIN_CONFIG": str(secrets_dir / "tokens.toml"),
+           "FEDMASK_ADMIN_COORDINATOR__TLS_CA": str(box["certs"] / "ca.pem")}
+    # The token file is missing: it waits, then gives up naming it.
+    missing = _run(box, "admin", **env)
+    assert missing.returncode == 1 and str(token_file) in missing.stderr and not _calls(box)
+    token_file.write_text("# the admin token\n\n  tok-abc123  \nold-token\n")
+    bin_fedmask = box["bin"] / "fedmask"
+    _tool(bin_fedmask, f'echo "$* | PGPASSWORD=${{PGPASSWORD:-}} | TOKEN=${{FEDMASK_ADMIN_COORDINATOR__TOKEN:-}}" '
+                       f'>> {box["calls"]}\n')
+    ok = _run(box, "admin", "--log-level", "DEBUG", **env)
+    assert ok.returncode == 0, ok.stderr
+    assert _calls(box) == ["admin --log-level DEBUG | PGPASSWORD=s3cret | TOKEN=tok-abc123"]
+    token_file.write_text("# nothing but a comment\n\n")
+    empty = _run(box, "admin", **env)
+    assert empty.returncode == 2 and "holds no token" in empty.stderr
+
+
+def test_coordinator_role_waits_for_its_admin_token_file(box: dict[str, Path]) -> None:
+    missing = _run(box, "coordinator", FEDMASK_ADMIN__TOKEN_FILE=str(box["tmp"] / "admin-token"))
+    assert missing.returncode == 1 and "admin-token" in missing.stderr and not _calls(box)

@@ -165,3 +165,45 @@ def test_open_store_waiting_gives_up_and_never_retries_other_errors(monkeypatch:
     with pytest.raises(StoreError):
         asyncio.run(server_mod.open_store_waiting("sqlite:///x.db", 60, sleep=fake_sleep))
     assert len(calls) == 1  # SQLite is a file: never waited for
+
+
+def test_admin_service_starts_without_its_dependencies_and_its_probe_reads_readyz() -> None:
+    """`fedmask admin` (the admin image's command) must not exit when neither
+    PostgreSQL nor the coordinator's admin listener is up yet (compose starts
+    everything at once): it serves /healthz at once, /readyz says 503 naming
+    both dependencies, and `fedmask health --http` (the image's HEALTHCHECK)
+    follows /readyz."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    port = _free_port()
+    env = dict(os.environ,
+               FEDMASK_ADMIN_LISTEN_ADDRESS=f"127.0.0.1:{port}",
+               FEDMASK_ADMIN_DATABASE_URL=f"postgresql+psycopg://fedmask@127.0.0.1:{_free_port()}/fedmask",
+               FEDMASK_ADMIN_COORDINATOR__ADDRESS=f"127.0.0.1:{_free_port()}",
+               FEDMASK_ADMIN_COORDINATOR__CALL_TIMEOUT_S="2")
+    proc = subprocess.Popen([sys.executable, "-m", "fedmask", "admin"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            alive = runner.invoke(app, ["health", "--http", f"http://127.0.0.1:{port}/healthz", "--timeout", "2"])
+            if alive.exit_code == 0:
+                break
+            assert proc.poll() is None, f"fedmask admin exited {proc.returncode}:\n{proc.stdout.read()}"  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, alive.output
+            time.sleep(0.3)
+        ready = runner.invoke(app, ["health", "--http", f"http://127.0.0.1:{port}/readyz", "--timeout", "15"])
+        assert ready.exit_code == 1, ready.output
+        assert "HTTP 503" in ready.output and '"store":false' in ready.output.replace(" ", "") \
+            and '"coordinator":false' in ready.output.replace(" ", ""), ready.output
+        assert proc.poll() is None, "fedmask admin exited while its dependencies were down"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    closed = runner.invoke(app, ["health", "--http", f"http://127.0.0.1:{port}/readyz", "--timeout", "1"])
+    assert closed.exit_code == 1 and "unhealthy" in closed.output
+    assert runner.invoke(app, ["health", "--http", "ftp://x/readyz"]).exit_code == 1
+    assert runner.invoke(app, ["health", "--http", "http://x", "--client-state", "."]).exit_code == 2

@@ -124,7 +124,7 @@ def hardening_problems(obj: dict[str, Any]) -> list[str]:
 def test_every_pod_is_hardened(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     overlay, objs = rendered
     pods = [o for o in objs if o["kind"] in POD_KINDS]
-    assert {o["metadata"]["name"] for o in pods} >= {"fedmask-coordinator", "fedmask-client"}
+    assert {o["metadata"]["name"] for o in pods} >= {"fedmask-coordinator", "fedmask-admin", "fedmask-client"}
     problems = [p for o in pods for p in hardening_problems(o)]
     assert problems == [], f"{overlay}:\n" + "\n".join(problems)
 
@@ -153,6 +153,8 @@ def test_writable_paths_are_volumes(rendered: tuple[str, list[dict[str, Any]]]) 
     """With a read-only root filesystem, what fedmask writes must be mounted."""
     _, objs = rendered
     coord = pod_spec(by(objs, "Deployment", "fedmask-coordinator"))["containers"][0]
+    admin = pod_spec(by(objs, "Deployment", "fedmask-admin"))["containers"][0]
+    assert "/var/lib/fedmask/tmp" in {m["mountPath"] for m in admin["volumeMounts"]}
     client = pod_spec(by(objs, "StatefulSet", "fedmask-client"))["containers"][0]
     assert "/var/lib/fedmask/tmp" in {m["mountPath"] for m in coord["volumeMounts"]}
     assert {"/var/lib/fedmask/state", "/var/lib/fedmask/data", "/var/lib/fedmask/tmp"} <= {
@@ -237,3 +239,112 @@ def test_clients_are_a_statefulset_with_own_volumes_and_a_pdb(rendered: tuple[st
         assert not [o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "fedmask-postgres"]
     for o in objs:  # no Secret material in the repository's manifests
         assert o["kind"] != "Secret", f"{o['metadata']['name']}: Secrets are created outside Kustomize"
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A NetworkPolicy podSelector (matchLabels only; the manifests use no expressions) selects `labels`."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def _config(objs: list[dict[str, Any]], prefix: str) -> dict[str, str]:
+    (config,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith(prefix + "-")
+                 and o["metadata"]["name"][len(prefix) + 1:].isalnum()]
+    return dict(config["data"])
+
+
+def test_admin_service_two_stateless_replicas_probed_on_readyz_and_healthz(
+        rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    overlay, objs = rendered
+    dep = by(objs, "Deployment", "fedmask-admin")
+    assert dep["spec"]["replicas"] == 2
+    spec = pod_spec(dep)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "admin"
+    assert hardening_problems(dep) == []
+    (c,) = spec["containers"]
+    assert c["args"] == ["admin"] and c["image"].rsplit("/", 1)[-1].startswith("fedmask-admin:")
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8080} and c["readinessProbe"]["httpGet"]["port"] in ("http", 8080)
+    # Stateless: no persistent volume, only Secrets and an emptyDir.
+    assert all(set(v) & {"secret", "emptyDir"} for v in spec["volumes"]), spec["volumes"]
+    assert "volumeClaimTemplates" not in dep["spec"]
+    # Its secrets are Secrets, mounted as files; the coordinator's private key never reaches it.
+    secret_items = {(v["secret"]["secretName"], i["key"]) for v in spec["volumes"] if "secret" in v
+                    for i in v["secret"]["items"]}
+    assert secret_items == {("fedmask-coordinator-tls", "ca.pem"), ("fedmask-admin", "coordinator-token"),
+                            ("fedmask-admin", "api-tokens.toml"), ("fedmask-database-reader", "password")}
+    assert not any(e.get("value", "").startswith(("postgresql", "sqlite")) and "@" in e.get("value", "")
+                   and ":" in e["value"].split("@")[0].split("//")[-1] for e in c.get("env", [])), \
+        "a password in a database URL"
+    config = _config(objs, "fedmask-admin")
+    mounted = {m["mountPath"] for m in c["volumeMounts"]}
+    for key in ("FEDMASK_COORDINATOR_TOKEN_FILE", "FEDMASK_ADMIN_CONFIG", "FEDMASK_ADMIN_COORDINATOR__TLS_CA"):
+        assert any(config[key].startswith(m + "/") for m in mounted), (key, config[key])
+    assert config["FEDMASK_ADMIN_COORDINATOR__ADDRESS"] == "fedmask-coordinator:50053"
+    assert config["FEDMASK_ADMIN_DATABASE_URL"].startswith("postgresql+psycopg://fedmask_reader@")
+    if overlay == "production":
+        assert {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in c["env"] if "valueFrom" in e} == {
+            "FEDMASK_ADMIN_DATABASE_URL": "fedmask-database-reader"}
+    # Service, Ingress and PodDisruptionBudget select these pods.
+    svc = by(objs, "Service", "fedmask-admin")
+    assert _matches({"matchLabels": svc["spec"]["selector"]}, labels)
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["http"]
+    ingress = by(objs, "Ingress", "fedmask-admin")
+    backends = [p["backend"]["service"] for r in ingress["spec"]["rules"] for p in r["http"]["paths"]]
+    assert backends == [{"name": "fedmask-admin", "port": {"name": "http"}}]
+    assert _matches(by(objs, "PodDisruptionBudget", "fedmask-admin")["spec"]["selector"], labels)
+
+
+def test_only_the_admin_pods_reach_the_coordinators_admin_port(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """The coordinator serves its admin listener on 50053 (its Service too),
+    the admin service points there, and of every pod the manifests make only
+    the admin Deployment's are admitted to that port by any policy."""
+    _, objs = rendered
+    coord = by(objs, "Deployment", "fedmask-coordinator")
+    coord_labels = coord["spec"]["template"]["metadata"]["labels"]
+    assert {"name": "admin", "containerPort": 50053} in pod_spec(coord)["containers"][0]["ports"]
+    assert _config(objs, "fedmask-coordinator")["FEDMASK_ADMIN__LISTEN"].endswith(":50053")
+    assert {p["port"] for p in by(objs, "Service", "fedmask-coordinator")["spec"]["ports"]} == {50051, 50053}
+    pods = {o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"] for o in objs if o["kind"] in POD_KINDS}
+    admitted: set[str] = set()
+    for np in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        if not _matches(np["spec"]["podSelector"], coord_labels):
+            continue
+        for rule in np["spec"].get("ingress", []):
+            if rule.get("ports") and 50053 not in {p["port"] for p in rule["ports"]}:
+                continue
+            assert rule.get("from"), f"{np['metadata']['name']}: an ingress rule without 'from' admits every pod"
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"}, f"{np['metadata']['name']}: 50053 open beyond the namespace's pods"
+                admitted |= {name for name, labels in pods.items() if _matches(peer["podSelector"], labels)}
+    assert admitted == {"fedmask-admin"}, admitted
+    # The admin pods themselves take HTTP from the ingress controller's namespace only, on 8080.
+    admin_labels = pods["fedmask-admin"]
+    rules = [r for o in objs if o["kind"] == "NetworkPolicy" and o["spec"]["podSelector"] != {}
+             and _matches(o["spec"]["podSelector"], admin_labels) for r in o["spec"].get("ingress", [])]
+    assert rules and all({p["port"] for p in r["ports"]} == {8080} and r["from"]
+                         and all(set(peer) == {"namespaceSelector"} for peer in r["from"]) for r in rules), rules
+
+
+def test_dev_database_creates_the_admin_services_read_only_role() -> None:
+    """The dev overlay's PostgreSQL runs the same init script as compose (a
+    copy: Kustomize reads no file outside the overlay), with the reader's
+    password from its Secret."""
+    objs = render("dev")
+    overlay_copy = ROOT / "deploy" / "k8s" / "overlays" / "dev" / "10-fedmask-reader.sh"
+    canonical = ROOT / "deploy" / "postgres" / "initdb" / "10-fedmask-reader.sh"
+    assert overlay_copy.read_text() == canonical.read_text(), f"{overlay_copy} differs from {canonical}: copy it again"
+    (initdb,) = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("fedmask-postgres-initdb")]
+    assert initdb["data"]["10-fedmask-reader.sh"] == canonical.read_text()
+    pg = pod_spec(by(objs, "StatefulSet", "fedmask-postgres"))
+    (c,) = pg["containers"]
+    assert {m["mountPath"]: m["name"] for m in c["volumeMounts"]}["/docker-entrypoint-initdb.d"] == "initdb"
+    volumes = {v["name"]: v for v in pg["volumes"]}
+    assert volumes["initdb"]["configMap"]["name"] == initdb["metadata"]["name"]
+    assert volumes["reader"]["secret"]["secretName"] == "fedmask-database-reader"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FEDMASK_READER_PASSWORD_FILE"].startswith(
+        {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["reader"] + "/")
