@@ -51,6 +51,10 @@ COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask
 COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
                   FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
 RUNTIME_IMAGE  := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-$(TORCH_FLAVOR)
+# The admin service's runtime: the same wheels without PyTorch and what only
+# PyTorch needs (D61).
+ADMIN_RUNTIME_IMAGE := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-slim
+ADMIN_LEAVE_OUT     := /(torch|sympy|mpmath|networkx|triton|nvidia_[a-z0-9_]+)-[0-9]
 BUILD          := $(PODMAN) build --format docker
 
 base-images:
@@ -79,12 +83,24 @@ $(RUNTIME_STAMP): deploy/.wheelhouse/$(TORCH_FLAVOR).list deploy/docker/Containe
 	    -f deploy/docker/Containerfile.runtime -t $(RUNTIME_IMAGE) deploy
 	@touch $@
 
+ADMIN_RUNTIME_STAMP := $(DEPLOY_STATE)/runtime-$(IMAGE_TAG)-slim.stamp
+$(ADMIN_RUNTIME_STAMP): deploy/.wheelhouse/cpu.list deploy/docker/Containerfile.runtime
+	$(BUILD) --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TORCH_FLAVOR=cpu \
+	    --build-arg LEAVE_OUT='$(ADMIN_LEAVE_OUT)' \
+	    -f deploy/docker/Containerfile.runtime -t $(ADMIN_RUNTIME_IMAGE) deploy
+	@touch $@
+
 images: base-images wheelhouse
 	@$(PODMAN) image exists $(RUNTIME_IMAGE) || rm -f $(RUNTIME_STAMP)
 	@$(MAKE) --no-print-directory $(RUNTIME_STAMP)
-	@if [ "$(TORCH_FLAVOR)" = cpu ]; then for role in coordinator admin; do \
-	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target $$role \
-	        -t $(IMAGE_PREFIX)fedmask-$$role:$(IMAGE_TAG) deploy || exit 1; done; fi
+	@if [ "$(TORCH_FLAVOR)" = cpu ]; then \
+	    $(PODMAN) image exists $(ADMIN_RUNTIME_IMAGE) || rm -f $(ADMIN_RUNTIME_STAMP); \
+	    $(MAKE) --no-print-directory $(ADMIN_RUNTIME_STAMP) || exit 1; \
+	    $(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target coordinator \
+	        -t $(IMAGE_PREFIX)fedmask-coordinator:$(IMAGE_TAG) deploy || exit 1; \
+	    $(BUILD) --build-arg RUNTIME_IMAGE=$(ADMIN_RUNTIME_IMAGE) --build-arg CHECK=admin \
+	        -f deploy/docker/Containerfile --target admin \
+	        -t $(IMAGE_PREFIX)fedmask-admin:$(IMAGE_TAG) deploy || exit 1; fi
 	$(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target client \
 	    -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
 	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|admin|client|postgres):' || true

@@ -422,8 +422,9 @@ def test_pause_resume_abort_and_rollback_are_applied_and_audited() -> None:
                 assert aborted.changed
                 await until(lambda: (rec := r.store.get_round(1)) is not None and rec.state is RoundState.ABORTED)
                 assert (rec := r.store.get_round(1)) is not None and rec.abort_reason == "cancelled"
-                assert all(common_pb2.ABORT_REASON_CANCELLED in d.aborted for c in clients
-                           for d in c.devices.values())
+                # the notices travel after the record is written: wait for them
+                await until(lambda: all(common_pb2.ABORT_REASON_CANCELLED in d.aborted for c in clients
+                                        for d in c.devices.values()))
                 # pause again so the rollback is not raced by new rounds
                 await admin.Pause(A.OperatorRequest(operator="bob"))
                 current = r.coord.model_version

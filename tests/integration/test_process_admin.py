@@ -14,6 +14,7 @@ Prometheus endpoint counts the round and the top-k requests.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -104,6 +105,10 @@ def test_admin_listener_of_a_real_coordinator(procs: Processes, tmp_path: Path) 
         assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
     m = _metrics(metrics_port)
+    deadline = time.monotonic() + 20  # on a busy machine a client may be reconnecting: give it time
+    while m[("fedmask_connected_devices", ())] != 4 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        m = _metrics(metrics_port)
     assert m[("fedmask_rounds_total", (("outcome", "committed"),))] == 1
     assert m[("fedmask_topk_requests_total", (("status", "ok"),))] == 1
     assert m[("fedmask_topk_requests_total", (("status", "refused"),))] == 1

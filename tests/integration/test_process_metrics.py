@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 CLIENTS = {"client-a": "1-2", "client-b": "3-4"}
 NAMES = ("devices", "examples", "update_norm", "val_sampled_hits@10", "val_sampled_ndcg@10", "val_sampled_count",
          "clipped")
-ALLOWED = {"check_in", "heartbeat", "advertise_keys", "share_keys", "masked_input", "unmasking_response"}
+ALLOWED = {"check_in", "heartbeat", "proof", "advertise_keys", "share_keys", "share_receipt", "masked_input", "unmasking_response"}
 
 
 def _settings(db: str) -> CoordinatorSettings:
