@@ -20,10 +20,10 @@ _EXAMPLE = """\b
 Example config (admin.toml):
   listen_address = "127.0.0.1:8080"
   database_url = "sqlite:///./fedmask.db"
-  [coordinator]
+  \\[coordinator]
   address = "127.0.0.1:50052"   # the coordinator's ADMIN listener
   # token: env FEDMASK_ADMIN_COORDINATOR__TOKEN
-  [[tokens]]                     # from `fedmask admin-token NAME ROLE`
+  \\[\\[tokens]]                     # from `fedmask admin-token NAME ROLE`
   name = "ops"
   role = "operator"
   sha256 = "..."
