@@ -336,6 +336,12 @@ class Trainer:
 
     # ------------------------------------------------------------ synthetic
     def synthetic_updates(self, task: TaskSpec, device_ids: Sequence[int], *, clip: float) -> TrainOutput:
+        """The benchmark's made-up updates (`synthetic_updates`). A task whose
+        synthetic model has an item catalogue (hyper-parameter n_items) is
+        remembered like a trained one, so the devices answer top-k from it
+        (edge_client/queries.py `synthetic_scores`)."""
+        if "n_items" in task.hyperparameters:
+            self.latest.remember(task)
         return TrainOutput(
             updates=synthetic_updates(
                 device_ids, round_number=task.round_number, vector_length=task.vector_length,

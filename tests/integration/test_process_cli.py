@@ -1,6 +1,6 @@
 """Smoke runs of the commands that start federations themselves:
 `fedmask bench round` (secure and INSECURE plaintext rounds, both checked
-bit for bit), `fedmask bench hostile`, `fedmask bench connections` and `fedmask demo` (tiny sizes;
+bit for bit), `fedmask bench hostile`, `fedmask bench admin`, `fedmask bench connections` and `fedmask demo` (tiny sizes;
 the synthetic dataset, so no download is needed)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 def _fedmask_processes() -> set[str]:
     if shutil.which("pgrep") is None:  # no procps: nothing to compare
         return set()
-    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client)"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client|admin)"], capture_output=True, text=True).stdout
     return {line for line in out.splitlines() if line}
 
 
@@ -62,6 +62,24 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     first = r["rounds"][0]
     assert len(first["dropped"]) == 2  # the garbage-share devices, reported at the share check
     assert first["metrics_unavailable"] is True  # the garbage-metric devices cost only the metrics
+    assert _fedmask_processes() <= before
+
+
+def test_bench_admin_serves_an_open_loop_stream_during_secure_rounds(procs: Processes) -> None:
+    """`fedmask bench admin` at tiny sizes: idle then loaded secure rounds, and
+    every request of the open-loop stream (top-k computed on the synthetic
+    model's devices, the live round) answered."""
+    before = _fedmask_processes()
+    p = procs.start("bench-admin", ["bench", "admin", "--devices", "6", "--client-processes", "2", "--dim", "640",
+                                    "--rate", "20", "--seconds", "4"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["errors"] == 0 and r["requests"] == 80
+    assert r["topk_rps"] > 0 and r["status_rps"] > 0 and 0 < r["topk_p50_ms"] <= r["topk_p99_ms"]
+    assert r["rounds_idle"] >= 2 and r["rounds_loaded"] >= 2 and r["rounds_aborted"] == 0
+    assert r["secure_round_s_median_idle"] > 0 and r["secure_round_s_median_loaded"] > 0
+    assert set(r["targets"]) == {"errors == 0", "topk_p99_ms <= 150", "status_p99_ms <= 25",
+                                 "loaded median <= 1.25 x idle"}
     assert _fedmask_processes() <= before
 
 
