@@ -46,7 +46,7 @@ _WHEN = {
 # passive mode (no signatures): every stage but the consistency check
 _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 # the demo's defaults: every hosted device in every round, enough rounds to learn (README "fedmask demo")
-DEMO_DEVICES = 300
+DEMO_DEVICES = 450
 DEMO_ROUNDS = 20
 # the stage client process i drops at, cycling
 _DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, Stage.SHARE_KEYS, Stage.ADVERTISE_KEYS))
@@ -269,8 +269,10 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
                             _drop_inputs(state_dirs, r.number)
                         elif not r.state.is_terminal:
                             current = r
-                    if len(records) >= rounds and not paused:
-                        admin.post("/v1/federation/pause")  # a running round finishes; no new one opens
+                    last_open = current.number if current is not None else 0
+                    if not paused and (len(records) >= rounds or last_open >= rounds):
+                        # the last round is open (or done): it finishes, no new one opens
+                        admin.post("/v1/federation/pause")
                         paused = True
                     if paused and current is None and admin.get("/v1/rounds/current")["round"] is None:
                         break
