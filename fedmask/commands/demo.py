@@ -206,6 +206,10 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
         "share_check_deadline": 5,
         "masked_input_deadline": 3,
         "unmasking_deadline": 3,
+        # no injected dropout: every device answers, each stage closes when the last one did, and the
+        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed);
+        # with injected (silent) dropouts, learn the deadlines from the devices (adaptive)
+        "deadline_policy": "adaptive" if dropout > 0 else "fixed",
         "secagg_graph": neighbors,
         "dp_mode": dp_mode,
         "debug_record_sums": True,
@@ -224,7 +228,8 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
         head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
                      + " (a dropped device goes silent; its stage waits for the deadline)")
     head.add_row("deadlines", "training 60 s, advertise 10 s, share 5 s, masked input 3 s, unmasking 3 s "
-                 "(ceilings; learnt from the devices after the first round)")
+                 + ("(ceilings; learnt from the devices after the first round)" if dropout > 0 else
+                    "(fixed: no device is silent, so a stage closes when the last device answered)"))
     console.print(head)
 
     env = {"OMP_NUM_THREADS": "1", "FEDMASK_DATA_DIR": str(data_root)}
