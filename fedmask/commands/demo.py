@@ -47,7 +47,7 @@ _WHEN = {
 _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 # the demo's defaults: every hosted device in every round, enough rounds to learn (README "fedmask demo")
 DEMO_DEVICES = 450
-DEMO_ROUNDS = 20
+DEMO_ROUNDS = 24
 # the stage client process i drops at, cycling
 _DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, Stage.SHARE_KEYS, Stage.ADVERTISE_KEYS))
 
