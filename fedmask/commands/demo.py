@@ -48,6 +48,12 @@ _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 # the demo's defaults: every hosted device in every round, enough rounds to learn (README "fedmask demo")
 DEMO_DEVICES = 450
 DEMO_ROUNDS = 24
+# stage deadlines (s): with injected dropouts a silent device costs its stage's (learnt) deadline
+_DEADLINES_DROPOUT = {"training_deadline": 60, "advertise_keys_deadline": 10, "share_keys_deadline": 5,
+                      "share_check_deadline": 5, "masked_input_deadline": 3, "unmasking_deadline": 3}
+# without, they only bound how long a slow device (a busy machine) is waited for
+_DEADLINES_NO_DROPOUT = {"training_deadline": 120, "advertise_keys_deadline": 30, "share_keys_deadline": 30,
+                         "share_check_deadline": 30, "masked_input_deadline": 30, "unmasking_deadline": 30}
 # the stage client process i drops at, cycling
 _DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, Stage.SHARE_KEYS, Stage.ADVERTISE_KEYS))
 
@@ -200,15 +206,10 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
         "allow_consecutive": everyone,
         "seed": seed,
         "selection_deadline": 20,
-        "training_deadline": 60,
-        "advertise_keys_deadline": 10,
-        "share_keys_deadline": 5,
-        "share_check_deadline": 5,
-        "masked_input_deadline": 3,
-        "unmasking_deadline": 3,
         # no injected dropout: every device answers, each stage closes when the last one did, and the
-        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed);
-        # with injected (silent) dropouts, learn the deadlines from the devices (adaptive)
+        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed and
+        # generous); with injected (silent) dropouts, learn them from the devices (adaptive, these ceilings)
+        **(_DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT),
         "deadline_policy": "adaptive" if dropout > 0 else "fixed",
         "secagg_graph": neighbors,
         "dp_mode": dp_mode,
@@ -227,7 +228,10 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
     if dropout > 0:
         head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
                      + " (a dropped device goes silent; its stage waits for the deadline)")
-    head.add_row("deadlines", "training 60 s, advertise 10 s, share 5 s, masked input 3 s, unmasking 3 s "
+    d = _DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT
+    head.add_row("deadlines", f"training {d['training_deadline']} s, advertise {d['advertise_keys_deadline']} s, "
+                 f"share {d['share_keys_deadline']} s, masked input {d['masked_input_deadline']} s, "
+                 f"unmasking {d['unmasking_deadline']} s "
                  + ("(ceilings; learnt from the devices after the first round)" if dropout > 0 else
                     "(fixed: no device is silent, so a stage closes when the last device answered)"))
     console.print(head)
