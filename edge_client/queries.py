@@ -88,8 +88,9 @@ def synthetic_scores(global_params: Mapping[str, Any], hyperparameters: Mapping[
     user vector, standard normal drawn from (seed, user). A stand-in with a
     real model's cost profile (a dot product per item), for benchmarks of
     the top-k relay; it recommends nothing meaningful. LookupError when the
-    federation's synthetic model has no catalogue (hyper-parameter n_items)
-    or one of another size than this client's dataset."""
+    federation's synthetic model has no catalogue (hyper-parameter n_items),
+    one of another size than this client's dataset, or one larger than its
+    vector."""
     n = hyperparameters.get("n_items")
     if n is None:
         raise LookupError("the synthetic model has no item catalogue (start the coordinator with "
@@ -98,6 +99,8 @@ def synthetic_scores(global_params: Mapping[str, Any], hyperparameters: Mapping[
         raise LookupError(f"the synthetic model's catalogue has {n} items, this client's dataset {n_items}")
     mean = np.asarray(global_params["mean"], dtype=np.float32).reshape(-1)
     width = mean.size // n_items
+    if width < 1:
+        raise LookupError(f"the synthetic model's vector ({mean.size}) is shorter than its catalogue ({n_items})")
     table = mean[: n_items * width].reshape(n_items, width)
     u = np.random.default_rng([int(seed), int(user), 0x70B]).standard_normal(width).astype(np.float32)
     return np.asarray(table @ u, dtype=np.float32)

@@ -79,7 +79,6 @@ def test_model_factory():
     for name, hp, match in [
         ("synthetic", {}, "vector_length"),
         ("synthetic", {"vector_length": 0}, "vector_length"),
-        ("synthetic", {"vector_length": 5, "n_items": 6}, "n_items"),
         ("synthetic", {"vector_length": 5, "n_items": 0}, "n_items"),
         ("synthetic", {"vector_length": 5, "k": 2}, "vector_length"),
         ("fedrap", {"n_items": 3}, "n_users"),
