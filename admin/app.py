@@ -37,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from admin import history, live_views, schemas
 from admin.auth import ANY, OPERATE, READ, TOP_K, Forbidden, Principal, TokenTable, Unauthenticated
 from admin.live import LiveError, LiveLink
+from admin.live_cache import LiveStateCache
 from admin.metrics import AdminMetrics, MetricsMiddleware
 from admin.problems import InvalidParam, ProblemError, install, problem_responses
 from admin.settings import AdminSettings, Role
@@ -64,6 +65,8 @@ class Services:
     tokens: TokenTable
     metrics: AdminMetrics
     rounds: history.RoundCounter
+    #: the live state for status reads (D58); /readyz and actions call the coordinator directly
+    live_state: LiveStateCache
 
     async def read(self, fn: Callable[[], T]) -> T:
         """Run a blocking store read in a worker thread; StoreError -> 503."""
@@ -120,9 +123,13 @@ async def _reject_unknown_query_parameters(request: Request) -> None:
 
 def create_app(settings: AdminSettings, *, store: Store | None = None, live: LiveLink | None = None) -> FastAPI:
     """The app; `store` and `live` default to the ones the settings name."""
+    link = live or LiveLink(settings.coordinator)
     services = Services(settings=settings, store=store or open_store_read_only(settings.database_url),
-                        live=live or LiveLink(settings.coordinator), tokens=TokenTable(settings.tokens),
-                        metrics=AdminMetrics(), rounds=history.RoundCounter())
+                        live=link, tokens=TokenTable(settings.tokens),
+                        metrics=AdminMetrics(), rounds=history.RoundCounter(),
+                        live_state=LiveStateCache(link.live_state,
+                                                  max_age_s=settings.coordinator.live_state_max_age_s,
+                                                  stale_s=settings.coordinator.live_state_stale_s))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -220,7 +227,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
         spent = await services.read(lambda: services.store.privacy_summary().cumulative_epsilon)
         state: pb.LiveState | None
         try:
-            state = await services.live.live_state()
+            state = await services.live_state.get()
         except LiveError:
             state = None
         return schemas.Federation(
@@ -256,7 +263,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     @app.get("/v1/rounds/current", response_model=schemas.CurrentRound, tags=["rounds"], responses=live_errors)
     async def round_current(_: reader) -> schemas.CurrentRound:
         """The running round from the coordinator: stage, survivors per stage against the threshold."""
-        return live_views.current_round(await services.live_call(services.live.live_state(), what="live state"))
+        return live_views.current_round(await services.live_call(services.live_state.get(), what="live state"))
 
     @app.get("/v1/rounds/{number}", response_model=schemas.RoundDetail, tags=["rounds"],
              responses=problem_responses(401, 403, 404, 422, 503))
@@ -428,8 +435,11 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
                   version: int | None = None) -> schemas.ActionResult:
         reason = body.reason if body is not None else ""
         _log.info("operator action %s by %s", action, who.name)
-        answer = await services.live_call(
-            services.live.action(action, operator=who.name, reason=reason, version=version), what=action)
+        try:
+            answer = await services.live_call(
+                services.live.action(action, operator=who.name, reason=reason, version=version), what=action)
+        finally:
+            services.live_state.invalidate()  # the next status read sees the action (or its failure)
         return live_views.action_result(action, answer)
 
     @app.post("/v1/federation/pause", response_model=schemas.ActionResult, tags=["operator"], responses=action_errors)

@@ -99,6 +99,12 @@ class CoordinatorLink(_Group):
     call_timeout_s: PositiveFloat = 5.0
     #: Seconds the coordinator waits for a device's top-k answer.
     topk_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
+    #: GET /v1/rounds/current and /v1/federation answer from a live state
+    #: fetched at most this many seconds ago without calling the coordinator
+    #: (admin/live_cache.py, D58); 0 with live_state_stale_s 0: no cache.
+    live_state_max_age_s: Annotated[float, Field(ge=0, le=10)] = 0.25
+    #: ... and from one up to this old while a single refresh runs.
+    live_state_stale_s: Annotated[float, Field(ge=0, le=10)] = 1.0
 
     @field_validator("address")
     @classmethod
@@ -108,6 +114,8 @@ class CoordinatorLink(_Group):
 
     @model_validator(mode="after")
     def _consistent(self) -> CoordinatorLink:
+        if self.live_state_max_age_s > self.live_state_stale_s:
+            raise ValueError("coordinator.live_state_max_age_s must not exceed coordinator.live_state_stale_s")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("coordinator.tls_cert and coordinator.tls_key must be given together")
         if self.tls_cert is not None and self.tls_ca is None:

@@ -5,7 +5,12 @@
 * ``"synthetic"`` (benchmarks, tests): no learning. The update is a vector
   of ``vector_length`` floats the devices make up; the global parameters are
   one tensor ``"mean"`` (L,) holding the last round's decoded mean (zeros at
-  version 0). Hyper-parameters: ``{"vector_length": L}``.
+  version 0). Hyper-parameters: ``{"vector_length": L}`` and optionally
+  ``"n_items": M`` (M >= 1, the devices' dataset items; they score only
+  when M <= L): then devices
+  answer top-k by reading the mean as an M x (L // M) item table
+  (edge_client/queries.py `synthetic_scores`), so `fedmask bench admin` can
+  load the relay without training a real model.
 * any name of `models.engine.build_model` ("fedrap", "fedmf", "pfedrec",
   "fedmmf"): hyper-parameters must include ``n_users`` and ``n_items`` (the
   federation's catalogue; the server needs them to shape the global
@@ -77,10 +82,15 @@ class SyntheticModel:
 
     vector_length: int
     name: str = SYNTHETIC
+    #: Items the devices score in a top-k (None: no catalogue, top-k refused).
+    items: int | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.vector_length, int) and 1 <= self.vector_length <= 1 << 28):
             raise ModelConfigError(f"synthetic model: vector_length must be an int in 1..2^28, got {self.vector_length!r}")
+        if self.items is not None and (isinstance(self.items, bool) or not isinstance(self.items, int)
+                                       or self.items < 1):
+            raise ModelConfigError(f"synthetic model: n_items must be an int >= 1, got {self.items!r}")
 
     @property
     def update_dim(self) -> int:
@@ -88,8 +98,8 @@ class SyntheticModel:
 
     @property
     def n_items(self) -> int | None:
-        """None: no catalogue (a subclass with items may say how many)."""
-        return None
+        """The catalogue the devices score (hyper-parameter n_items), or None."""
+        return self.items
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -97,7 +107,10 @@ class SyntheticModel:
         return ("devices",)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {"vector_length": self.vector_length}
+        hp: dict[str, Any] = {"vector_length": self.vector_length}
+        if self.items is not None:
+            hp["n_items"] = self.items
+        return hp
 
     def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
         return {"mean": np.zeros(self.vector_length, dtype=np.float32)}
@@ -161,12 +174,12 @@ def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = No
     """The coordinator's model factory (see the module doc)."""
     hp = dict(hyperparameters or {})
     if name == SYNTHETIC:
-        unknown = set(hp) - {"vector_length"}
+        unknown = set(hp) - {"vector_length", "n_items"}
         if unknown or "vector_length" not in hp:
             raise ModelConfigError(
-                f"synthetic model takes exactly the hyperparameter 'vector_length' (got {sorted(hp)})"
+                f"synthetic model takes the hyperparameter 'vector_length' and optionally 'n_items' (got {sorted(hp)})"
             )
-        return SyntheticModel(hp["vector_length"])
+        return SyntheticModel(hp["vector_length"], items=hp.get("n_items"))
     try:
         from models.engine import SimulationConfigError as EngineConfigError
         from models.engine import build_model

@@ -2,6 +2,7 @@
 
     round_record(r, state, ...)      the RoundRecord of a RoundMachine
     round_metrics(r, ...)            the metrics stored with a committed round
+    shape_metrics(r)                 cohort, threshold, neighbours (in every record)
     PrivacyLedger                    epsilon per round and composed (D12, D19)
 
 Pure apart from `PrivacyLedger`, which reads the store's ledger once (the
@@ -43,7 +44,14 @@ def round_record(
     timings: Mapping[str, float] | None = None,
 ) -> RoundRecord:
     """The store's record of round `r` in `state` (survivors per stage with
-    the selected cohort under "selected", dropouts, timings, metrics)."""
+    the selected cohort under "selected", dropouts, timings, metrics).
+
+    Every record, committed, aborted or in progress, carries the round's
+    secure-aggregation shape among its metrics: `cohort` (devices selected),
+    `threshold` (the Shamir threshold t of every neighbourhood closure; of
+    the whole cohort on the complete graph) and `neighbours` (the graph
+    degree k; cohort - 1 on the complete graph). What the coordinator counts
+    itself, so it is never behind the secure sum."""
     aborted = state is RoundState.ABORTED and r.abort_reason is not None
     return RoundRecord(
         number=r.number,
@@ -56,8 +64,14 @@ def round_record(
         survivors={"selected": list(r.cohort), **r.survivors()},
         dropouts=r.dropout_ids(),
         timings=dict(timings if timings is not None else r.timings),
-        metrics=dict(metrics or {}),
+        metrics={**shape_metrics(r), **(metrics or {})},
     )
+
+
+def shape_metrics(r: RoundMachine) -> dict[str, float]:
+    """The round's cohort size, Shamir threshold and graph degree."""
+    return {"cohort": float(len(r.cohort)), "threshold": float(r.config.threshold),
+            "neighbours": float(r.config.degree)}
 
 
 def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> dict[str, float]:
@@ -195,4 +209,4 @@ class PrivacyLedger:
             self._composition.add(entry.noise_multiplier, entry.sampling_rate)
 
 
-__all__ = ["PrivacyLedger", "round_metrics", "round_record"]
+__all__ = ["PrivacyLedger", "round_metrics", "round_record", "shape_metrics"]

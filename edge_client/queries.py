@@ -3,7 +3,8 @@
 `answer(request, devices, trainer)` turns one `DeviceRequest` into its
 `DeviceResponse` (same correlation id and device id). The only request kind
 is top-k: the device scores every item with `model.score` from the latest
-global model it trained from (`Trainer.latest`) and its own private state,
+global model it trained from (`Trainer.latest`) and its own private state
+(the synthetic benchmark model: `synthetic_scores`),
 and returns the k best item ids with their scores, descending (its seen
 items left out on request), each also as the dataset's own item id and
 title (`item_catalogue`: MovieLens' movie id and its `u.item` title; ""
@@ -23,6 +24,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from edge_client.devices import Device
@@ -42,20 +44,25 @@ def top_k(trainer: Trainer, number: int, k: int, *, exclude_seen: bool) -> tuple
     if k < 1:
         raise ValueError("k must be >= 1")
     latest = trainer.latest.latest()
-    if latest is None or latest.model_name == SYNTHETIC_MODEL:
+    if latest is None:
         raise LookupError("no trained model on this device yet")
-    entry = trainer.model_for(latest.model_name, latest.hyperparameters)
-    global_ = trainer.globals_for(entry, latest.global_params, latest.model_name)
-    got = trainer.devices[number].store.load_model(latest.model_name)
-    if got is None:
-        raise LookupError(f"device has not trained {latest.model_name} yet")
-    arrays, _meta = got
-    dev = trainer.device
-    private = {key: torch.as_tensor(v).unsqueeze(0).to(dev) for key, v in arrays.items()}
-    items = torch.arange(trainer.n_items, device=dev).unsqueeze(0)
-    users = torch.tensor([trainer.devices[number].user], device=dev)
-    with torch.no_grad():
-        scores = entry.model.score(global_, private, users, items)[0].to(torch.float32)
+    if latest.model_name == SYNTHETIC_MODEL:
+        scores = torch.from_numpy(synthetic_scores(latest.global_params, latest.hyperparameters,
+                                                   n_items=trainer.n_items, user=trainer.devices[number].user,
+                                                   seed=trainer.seed))
+    else:
+        entry = trainer.model_for(latest.model_name, latest.hyperparameters)
+        global_ = trainer.globals_for(entry, latest.global_params, latest.model_name)
+        got = trainer.devices[number].store.load_model(latest.model_name)
+        if got is None:
+            raise LookupError(f"device has not trained {latest.model_name} yet")
+        arrays, _meta = got
+        dev = trainer.device
+        private = {key: torch.as_tensor(v).unsqueeze(0).to(dev) for key, v in arrays.items()}
+        items = torch.arange(trainer.n_items, device=dev).unsqueeze(0)
+        users = torch.tensor([trainer.devices[number].user], device=dev)
+        with torch.no_grad():
+            scores = entry.model.score(global_, private, users, items)[0].to(torch.float32)
     scores = torch.nan_to_num(scores, nan=-math.inf)
     if exclude_seen:
         seen = trainer.data.seen(number)
@@ -71,6 +78,32 @@ def top_k(trainer: Trainer, number: int, k: int, *, exclude_seen: bool) -> tuple
         [float(s) for s in top.values.cpu()],
         int(latest.model_version),
     )
+
+
+def synthetic_scores(global_params: Mapping[str, Any], hyperparameters: Mapping[str, Any], *, n_items: int,
+                     user: int, seed: int) -> np.ndarray:
+    """The synthetic model's item scores for one device (float32, n_items):
+    the global "mean" (L,) read as an n_items x (L // n_items) item table
+    (its first n_items * (L // n_items) coordinates) times the device's own
+    user vector, standard normal drawn from (seed, user). A stand-in with a
+    real model's cost profile (a dot product per item), for benchmarks of
+    the top-k relay; it recommends nothing meaningful. LookupError when the
+    federation's synthetic model has no catalogue (hyper-parameter n_items),
+    one of another size than this client's dataset, or one larger than its
+    vector."""
+    n = hyperparameters.get("n_items")
+    if n is None:
+        raise LookupError("the synthetic model has no item catalogue (start the coordinator with "
+                          "--model-params '{\"vector_length\": L, \"n_items\": M}')")
+    if int(n) != n_items:
+        raise LookupError(f"the synthetic model's catalogue has {n} items, this client's dataset {n_items}")
+    mean = np.asarray(global_params["mean"], dtype=np.float32).reshape(-1)
+    width = mean.size // n_items
+    if width < 1:
+        raise LookupError(f"the synthetic model's vector ({mean.size}) is shorter than its catalogue ({n_items})")
+    table = mean[: n_items * width].reshape(n_items, width)
+    u = np.random.default_rng([int(seed), int(user), 0x70B]).standard_normal(width).astype(np.float32)
+    return np.asarray(table @ u, dtype=np.float32)
 
 
 def item_catalogue(interactions: Any) -> tuple[list[str], list[str]]:

@@ -35,9 +35,11 @@ a ClientAbort (AbortNotice PROTOCOL_VIOLATION) and the process carries on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Callable, Coroutine, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,8 @@ class SessionDriver:
         self.heartbeats_sent = 0
         self.rounds_seen = 0
         self._bg: set[asyncio.Task[Any]] = set()
+        #: one thread answering device requests (top-k), apart from the round's work
+        self._query_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ outgoing
     def send(self, **oneof: Any) -> None:
@@ -418,6 +422,11 @@ class SessionDriver:
     # ------------------------------------------------------------ device requests
     async def _on_device_request(self, req: session_pb2.DeviceRequest) -> None:
         outbox = self.outbox  # answer on the stream that asked, never on a later one
-        resp = await asyncio.to_thread(queries.answer, req, dict(self.devices), self.trainer,
-                                       serve_recommendations=self.serve_recommendations)
+        if self._query_pool is None:
+            self._query_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedmask-queries")
+        # a worker of its own: the default executor's queue holds a round's per-device crypto
+        # (tens of jobs), and a top-k behind it would wait for all of them
+        resp = await asyncio.get_running_loop().run_in_executor(
+            self._query_pool, functools.partial(queries.answer, req, dict(self.devices), self.trainer,
+                                                serve_recommendations=self.serve_recommendations))
         outbox.put_nowait(session_pb2.ClientMessage(device_response=resp))

@@ -1,5 +1,6 @@
-"""`fedmask bench round|connections`: federation benchmarks over real
-processes on 127.0.0.1 (see fedmask/bench/federation.py)."""
+"""`fedmask bench round|connections|hostile|admin`: federation benchmarks over
+real processes on 127.0.0.1 (see fedmask/bench/federation.py, hostile.py,
+admin_load.py)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,43 @@ def hostile(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     _run_and_report(lambda log: run_hostile_bench(cfg, log=log))
+
+
+@bench_app.command("admin")
+def admin(
+    devices: Annotated[int, typer.Option(min=3, help="Devices (the whole cohort of every round).")] = 100,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
+    dim: Annotated[int, typer.Option(min=1, help="Update length L of the synthetic model.")] = 53_824,
+    neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (complete), 'auto' (SecAgg+) or an even K.")] = "auto",
+    rate: Annotated[float, typer.Option(min=0.1, help="Requests per second in the loaded window, half top-k "
+                                        "(GET /v1/devices/{id}/recommendations?k=10), half GET /v1/rounds/current.")] = 50.0,
+    seconds: Annotated[float, typer.Option(min=1.0, help="Length of each window: idle (no request), then loaded.")] = 30.0,
+    seed: Annotated[int, typer.Option(help="Seed of the bench dataset, the synthetic updates and the devices asked.")] = 0,
+    keep: Annotated[Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.",
+                                              show_default=False)] = None,
+) -> None:
+    """Load `fedmask admin` with an open-loop request stream while secure rounds run.
+
+    Starts a coordinator (the synthetic model, with an item catalogue so the
+    devices answer top-k), --client-processes edge clients hosting --devices
+    devices (no injected dropout) and `fedmask admin`, all on 127.0.0.1.
+    After the first round, --seconds with no request (the idle rounds),
+    then --seconds of --rate requests per second sent on schedule whatever
+    the latency (open loop). Last stdout line: JSON with ok, topk_p50_ms,
+    topk_p99_ms, topk_rps, status_p99_ms, status_rps, errors,
+    secure_round_s_median_loaded, secure_round_s_median_idle and targets
+    (issue 10's, each with whether it was met).
+    """
+    from fedmask.bench.admin_load import AdminBenchConfig, run_admin_bench
+
+    if neighbors not in ("all", "auto") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
+        raise typer.BadParameter("'all', 'auto' or an even number", param_hint="--neighbors")
+    try:
+        cfg = AdminBenchConfig(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors,
+                               rate=rate, seconds=seconds, seed=seed, items=min(1682, dim), keep=keep)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _run_and_report(lambda log: run_admin_bench(cfg, log=log))
 
 
 def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:

@@ -1,16 +1,23 @@
-"""`fedmask demo`: a real federation on this machine, reported round by round.
+"""`fedmask demo`: a real federation on this machine, with its admin service, reported round by round.
 
-A coordinator (SQLite in a run folder) and edge-client processes (ML-100K
-users, one device each) on 127.0.0.1 train FedRAP for a few secure rounds
-with injected dropouts (each client process drops devices at another secagg
-stage), and every round is reported: survivors and dropouts per stage,
-stage timings, the validation metrics' totals over the counted devices
-(decoded from the secure sum: no device's own metrics reach the
-coordinator, D35), the
-model version it committed, the privacy budget, and a bit-for-bit check of
-the secure sum (debug instrumentation: the coordinator records a checksum of
-the sum, the clients the inputs they encoded). All processes are stopped on
-exit, Ctrl-C included.
+A coordinator (SQLite in a run folder), edge-client processes (ML-100K
+users, one device each) and the admin service (`fedmask admin`: REST API and
+dashboard, an operator token generated for the run) on 127.0.0.1. By
+default every hosted device is in every secure round, with distributed DP
+noise (tau 0.1, z 1; FedRAP's update in the validation-tuned unit
+`update_scale` 70, docs/tuning.md), so the validation totals each round
+decodes from the secure sum cover every hosted user (D35). Each round is
+reported: survivors and dropouts per stage, stage timings, the validation
+totals, the model version it committed, epsilon, and a bit-for-bit check of
+the secure sum (debug instrumentation: the coordinator records a checksum
+of the sum, the clients the inputs they encoded; each round's inputs are
+deleted once checked). Injected dropouts are optional (--dropout). After
+the rounds the federation is paused through the REST API, the last
+round's validation HR@10 is printed beside the popularity baseline on the
+same users, and one user's top-k, computed on their device and fetched
+through the REST API, is shown next to what they rated highly. All
+processes are stopped on exit, Ctrl-C included; with --keep-running they
+stay up (paused) until Ctrl-C.
 
 `fedmask secagg-demo` (or `fedmask demo --secagg-only`) is the earlier
 one-process demo of the secure-aggregation library alone.
@@ -38,6 +45,15 @@ _WHEN = {
 }
 # passive mode (no signatures): every stage but the consistency check
 _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
+# the demo's defaults: every hosted device in every round, enough rounds to learn (README "fedmask demo")
+DEMO_DEVICES = 450
+DEMO_ROUNDS = 24
+# stage deadlines (s): with injected dropouts a silent device costs its stage's (learnt) deadline
+_DEADLINES_DROPOUT = {"training_deadline": 60, "advertise_keys_deadline": 10, "share_keys_deadline": 5,
+                      "share_check_deadline": 5, "masked_input_deadline": 3, "unmasking_deadline": 3}
+# without, they only bound how long a slow device (a busy machine) is waited for
+_DEADLINES_NO_DROPOUT = {"training_deadline": 120, "advertise_keys_deadline": 30, "share_keys_deadline": 30,
+                         "share_check_deadline": 30, "masked_input_deadline": 30, "unmasking_deadline": 30}
 # the stage client process i drops at, cycling
 _DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, Stage.SHARE_KEYS, Stage.ADVERTISE_KEYS))
 
@@ -52,35 +68,47 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    rounds: Annotated[int, typer.Option(min=1, help="Secure rounds to run.")] = 4,
-    devices: Annotated[int, typer.Option(min=4, help="Devices hosted (ML-100K users 1..N, one device each).")] = 160,
-    cohort: Annotated[int, typer.Option(min=3, help="Devices per round (before 20% over-selection).")] = 50,
+    rounds: Annotated[int, typer.Option(min=1, help="Secure rounds to run.")] = DEMO_ROUNDS,
+    devices: Annotated[int, typer.Option(min=4, help="Devices hosted (ML-100K users 1..N, one device each).")] = DEMO_DEVICES,
+    cohort: Annotated[int | None, typer.Option(min=3, help="Devices per round (default: every hosted device, so the "
+                                               "validation totals cover all hosted users).", show_default=False)] = None,
     client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
     dropout: Annotated[float, typer.Option(min=0.0, max=0.4, help="Dropout probability per selected device; "
                                            "client process i drops at stage i of: masked-input, unmasking, "
-                                           "share-keys, advertise-keys.")] = 0.1,
+                                           "share-keys, advertise-keys (dropped devices are not in that "
+                                           "round's validation totals).")] = 0.0,
     model: Annotated[str, typer.Option(help="Model: fedrap, pfedrec, fedmf (implicit feedback).")] = "fedrap",
     dataset: Annotated[str, typer.Option(help="Dataset under --data-dir (fetched when it is ml-100k and missing).")] = "ml-100k",
     data_dir: Annotated[Path | None, typer.Option(envvar="FEDMASK_DATA_DIR", help="Datasets folder (default ./data).",
                                                   show_default=False)] = None,
     neighbors: Annotated[str, typer.Option(help="SecAgg graph: auto (SecAgg+), full (Bonawitz) or an even K.")] = "auto",
-    dp_mode: Annotated[str, typer.Option(help="Differential privacy: local (FedRAP paper: clip 0.1, z = 1), "
-                                         "distributed or none.")] = "local",
+    dp_mode: Annotated[str, typer.Option(help="Differential privacy: distributed (each device adds N(0, (z tau)^2 / "
+                                         "cohort), so the secure sum carries the full noise; tau 0.1, z 1), local "
+                                         "(every device adds it all: the model learns nothing, README) or none.")]
+    = "distributed",
     seed: Annotated[int, typer.Option(help="Seed of selection, splits and dropout draws.")] = 0,
     keep: Annotated[Path | None, typer.Option(help="Run in this folder and keep it (logs, database, device state).",
                                               show_default=False)] = None,
+    keep_running: Annotated[bool, typer.Option("--keep-running", help="After the rounds, leave the federation "
+                                               "(paused) and the dashboard up until Ctrl-C.")] = False,
+    admin_port: Annotated[int, typer.Option(min=0, max=65535, help="Port of the admin service and dashboard on "
+                                            "127.0.0.1 (0: a free one).")] = 0,
     secagg_only: Annotated[bool, typer.Option("--secagg-only", help="Run the one-process secure-aggregation demo "
                                               "instead (`fedmask secagg-demo`, with its defaults).")] = False,
 ) -> None:
-    """Run a real federation on this machine and report every round.
+    """Run a real federation on this machine, with its admin service, and report every round.
 
-    Starts a coordinator (SQLite) and edge-client processes on 127.0.0.1;
-    the devices (ML-100K users) train the model locally and the coordinator
-    aggregates their updates with secure aggregation, while devices drop out
-    at several stages. Each round is reported as it ends: who survived and
-    who dropped at each stage, stage timings, the devices' aggregated
-    validation metrics, the committed model version and the privacy budget.
-    Everything is stopped on exit or Ctrl-C. Takes one to three minutes.
+    Starts a coordinator (SQLite), edge-client processes and the admin
+    service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and
+    prints the dashboard's address, an API token and a curl line for a
+    top-k query. The devices (ML-100K users) train the model locally and
+    the coordinator aggregates their updates with secure aggregation and
+    distributed DP noise. Each round is reported as it ends: survivors per
+    stage, stage timings, the devices' validation totals (from the secure
+    sum), the model version and epsilon. At the end: the validation HR@10
+    against the popularity baseline on the same users, and one user's top-k
+    computed on their device next to what they rated highly. Everything is
+    stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
     """
     if secagg_only:
         secagg_demo()
@@ -102,10 +130,12 @@ def demo(
         raise typer.BadParameter(str(exc), param_hint="--dataset") from None
     if devices > x.n_users:
         raise typer.BadParameter(f"{dataset} has {x.n_users} users", param_hint="--devices")
+    cohort = devices if cohort is None else cohort
     selected = -(-cohort * 6 // 5)  # ceil(1.2 * cohort)
-    if 2 * selected > devices:
-        raise typer.BadParameter(f"host at least {2 * selected} devices for cohorts of {selected} (a device "
-                                 "sits out the round after it contributed)", param_hint="--devices")
+    if cohort > devices or (cohort < devices and 2 * selected > devices):
+        raise typer.BadParameter(f"--cohort {devices} (every device in every round), or host at least "
+                                 f"{2 * selected} devices for cohorts of {selected} (a device sits out the round "
+                                 "after it contributed)", param_hint="--devices")
 
     workdir = Path(keep) if keep is not None else Path(tempfile.mkdtemp(prefix="fedmask-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +143,7 @@ def demo(
     try:
         _run(console, workdir, x, dataset=dataset, data_root=data_root.resolve(), rounds=rounds, devices=devices,
              cohort=cohort, client_processes=client_processes, dropout=dropout, model=model, neighbors=neighbors,
-             dp_mode=dp_mode, seed=seed)
+             dp_mode=dp_mode, seed=seed, keep_running=keep_running, admin_port=admin_port)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: every process of the demo was stopped")
         raise typer.Exit(130) from None
@@ -147,31 +177,40 @@ def _ensure_dataset(console: Any, dataset: str, data_root: Path) -> None:
 
 def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, rounds: int, devices: int,
          cohort: int, client_processes: int, dropout: float, model: str, neighbors: str, dp_mode: str,
-         seed: int) -> None:
+         seed: int, keep_running: bool, admin_port: int) -> None:
+    import secrets
+
+    import numpy as np
     from rich.table import Table
 
     from coordinator.store import open_store
     from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, health_serving, split_users, wait_until
+    from fedmask.commands.demo_product import popularity_val_hr, rated_highly, start_admin, top_k_table
 
-    port = free_port()
+    port, coord_admin = free_port(), free_port()
+    http_port = admin_port or free_port()
+    coordinator_token = secrets.token_urlsafe(32)
     db = workdir / "coordinator.db"
+    everyone = cohort == devices
+    selected = cohort if everyone else -(-cohort * 6 // 5)
     coord_flags = {
         "listen": f"{LOOPBACK}:{port}",
+        "admin_listen": f"{LOOPBACK}:{coord_admin}",
         "database_url": f"sqlite:///{db}",
         "model": model,
-        "model_params": {"n_users": int(x.n_users), "n_items": int(x.n_items)},
+        "model_params": {"n_users": int(x.n_users), "n_items": int(x.n_items), **_model_params(model, dp_mode)},
         "cohort_size": cohort,
         "cohort_minimum": cohort,
-        "over_selection": 0.2,
-        "rounds": rounds,
+        # every hosted device in every round (secure sums only: consecutive sums reveal no device's update)
+        "over_selection": 0.0 if everyone else 0.2,
+        "allow_consecutive": everyone,
         "seed": seed,
         "selection_deadline": 20,
-        "training_deadline": 60,
-        "advertise_keys_deadline": 10,
-        "share_keys_deadline": 5,
-        "share_check_deadline": 5,
-        "masked_input_deadline": 3,
-        "unmasking_deadline": 3,
+        # no injected dropout: every device answers, each stage closes when the last one did, and the
+        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed and
+        # generous); with injected (silent) dropouts, learn them from the devices (adaptive, these ceilings)
+        **(_DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT),
+        "deadline_policy": "adaptive" if dropout > 0 else "fixed",
         "secagg_graph": neighbors,
         "dp_mode": dp_mode,
         "debug_record_sums": True,
@@ -180,20 +219,28 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
     plan = [_DROP_STAGES[i % len(_DROP_STAGES)] for i in range(len(users))]
     head = Table(title=f"fedmask demo: {model} on {dataset}, secure aggregation over gRPC (127.0.0.1)",
                  show_header=False)
-    head.add_row("coordinator", f"port {port}, SQLite {db}")
+    head.add_row("coordinator", f"port {port} (admin listener {coord_admin}), SQLite {db}")
     head.add_row("devices", f"{devices} ({dataset} users 1-{devices}) in {len(users)} client process(es): "
                  + ", ".join(f"users {u}" for u in users))
-    head.add_row("rounds", f"{rounds}, cohort {cohort} (+20% over-selected = {-(-cohort * 6 // 5)}), "
-                 f"graph {neighbors}, DP {dp_mode}")
-    head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
-                 + " (a dropped device goes silent; its stage waits for the deadline)")
-    head.add_row("deadlines", "training 60 s, advertise 10 s, share 5 s, masked input 3 s, unmasking 3 s")
+    head.add_row("rounds", f"{rounds}, cohort {selected}" + (" (every hosted device)" if everyone else
+                 f" ({cohort} + 20% over-selected)") + f", graph {neighbors}, DP {dp_mode}"
+                 + (" (tau 0.1, z 1: the secure sum carries the noise)" if dp_mode == "distributed" else ""))
+    if dropout > 0:
+        head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
+                     + " (a dropped device goes silent; its stage waits for the deadline)")
+    d = _DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT
+    head.add_row("deadlines", f"training {d['training_deadline']} s, advertise {d['advertise_keys_deadline']} s, "
+                 f"share {d['share_keys_deadline']} s, masked input {d['masked_input_deadline']} s, "
+                 f"unmasking {d['unmasking_deadline']} s "
+                 + ("(ceilings; learnt from the devices after the first round)" if dropout > 0 else
+                    "(fixed: no device is silent, so a stage closes when the last device answered)"))
     console.print(head)
 
     env = {"OMP_NUM_THREADS": "1", "FEDMASK_DATA_DIR": str(data_root)}
     t0 = time.monotonic()
     with ProcessGroup(workdir, env=env) as group:
-        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
+        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)],
+                            env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
         with console.status("starting the coordinator ..."):
             wait_until(lambda: health_serving(port), 60, what="the coordinator", watch=[coord], step=0.2)
         for i, (u, stage) in enumerate(zip(users, plan, strict=True)):
@@ -202,56 +249,99 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
                 "dataset": dataset, "seed": seed, "drop_rate": dropout if dropout > 0 else None,
                 "drop_stage": stage if dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
             })])
+        clients = [c for c in group.children if c is not coord]
+        with console.status("starting the admin service ..."):
+            admin = start_admin(group, db=db, coordinator_admin=f"{LOOPBACK}:{coord_admin}",
+                                coordinator_token=coordinator_token, port=http_port, watch=[coord, *clients])
+        _print_access(console, admin)
         state_dirs = [workdir / f"client-{i}" for i in range(len(users))]
         store = None
         reported: set[int] = set()
         records: list[Any] = []
+        paused = False
         try:
             with console.status("clients enrolling their devices ...") as status:
                 while True:
-                    group.check_alive(*[c for c in group.children if c is not coord])
-                    if store is None and db.exists():
-                        try:
-                            store = open_store(f"sqlite:///{db}", migrate=False)
-                        except Exception:  # the schema is being created
-                            store = None
+                    group.check_alive()
+                    if store is None:
+                        store = open_store(f"sqlite:///{db}", migrate=False)
+                    try:
+                        page = tuple(store.list_rounds(limit=rounds + 5).items)
+                    except Exception:
+                        page = ()
                     current = None
-                    if store is not None:
-                        try:
-                            page = tuple(store.list_rounds(limit=rounds + 5).items)
-                        except Exception:
-                            page = ()
-                        for r in sorted(page, key=lambda r: r.number):
-                            if r.state.is_terminal and r.number not in reported:
-                                reported.add(r.number)
-                                records.append(r)
-                                console.print(_round_line(r, store, state_dirs))
-                            elif not r.state.is_terminal:
-                                current = r
+                    for r in sorted(page, key=lambda r: r.number):
+                        if r.state.is_terminal and r.number not in reported:
+                            reported.add(r.number)
+                            records.append(r)
+                            console.print(_round_line(r, store, state_dirs))
+                            _drop_inputs(state_dirs, r.number)
+                        elif not r.state.is_terminal:
+                            current = r
+                    last_open = current.number if current is not None else 0
+                    if not paused and (len(records) >= rounds or last_open >= rounds):
+                        # the last round is open (or done): it finishes, no new one opens
+                        admin.post("/v1/federation/pause")
+                        paused = True
+                    if paused and current is None and admin.get("/v1/rounds/current")["round"] is None:
+                        break
                     if current is not None:
                         status.update(f"round {current.number}: {current.state.value.replace('_', ' ')} "
                                       f"({len(current.survivors.get('selected', []))} devices) ...")
                     elif not records:
                         status.update("clients enrolling their devices, waiting for a full cohort ...")
-                    if not coord.alive():
-                        break
                     time.sleep(0.3)
-            if coord.popen.returncode != 0:
-                console.print(f"[red]the coordinator exited with {coord.popen.returncode}[/red]:\n{coord.tail()}")
-                raise typer.Exit(1)
-            assert store is not None
             for r in sorted(store.list_rounds(limit=rounds + 5).items, key=lambda r: r.number):
                 if r.state.is_terminal and r.number not in reported:
                     records.append(r)
                     console.print(_round_line(r, store, state_dirs))
             console.print(_stage_table(records))
             console.print(_metrics_table(records, store))
-            committed = sum(r.state.value == "committed" for r in records)
-            console.print(f"{committed} of {len(records)} rounds committed in {time.monotonic() - t0:.0f} s "
+            committed = [r for r in records if r.state.value == "committed"]
+            console.print(f"{len(committed)} of {len(records)} rounds committed in {time.monotonic() - t0:.0f} s "
                           "(process start-up included)")
+            hosted = np.arange(devices)  # users 1..N are the dataset's dense users 0..N-1
+            last = next((r for r in reversed(committed) if "val_hr@10" in r.metrics), None)
+            if last is not None:
+                counted = int(last.metrics.get("count.devices", last.metrics.get("contributors", 0)))
+                base = popularity_val_hr(x, seed, hosted)
+                console.print(
+                    f"[bold]validation HR@10 {last.metrics['val_hr@10']:.3f}[/bold] after round {last.number}, "
+                    f"over the validation items of the {counted} of {devices} hosted users counted in its secure "
+                    f"sum; popularity on the same {devices} users: {base:.3f}")
+            user = "user-1"
+            answer = admin.get(f"/v1/users/{user}/recommendations", k=10)
+            console.print(top_k_table(answer, rated_highly(x, 0), user))
+            _print_access(console, admin)
+            if keep_running:
+                console.print("[bold]--keep-running[/bold]: the federation (paused; resume it from the dashboard "
+                              f"or with curl -X POST -H 'Authorization: Bearer {admin.token}' "
+                              f"{admin.base}/v1/federation/resume) and the dashboard stay up; Ctrl-C stops them")
+                while True:
+                    group.check_alive()
+                    time.sleep(1.0)
         finally:
             if store is not None:
                 store.close()
+
+
+def _model_params(model: str, dp_mode: str) -> dict[str, Any]:
+    """The validation-tuned unit of FedRAP's update under tau 0.1, z 1 with
+    distributed noise (docs/tuning.md: update_scale 70)."""
+    return {"update_scale": 70} if model == "fedrap" and dp_mode == "distributed" else {}
+
+
+def _print_access(console: Any, admin: Any) -> None:
+    console.print(f"dashboard: [bold]{admin.base}/[/bold]  (token: {admin.token})")
+    console.print(f"top-k over REST: {admin.curl_top_k('user-1')}")
+
+
+def _drop_inputs(state_dirs: list[Path], number: int) -> None:
+    """The devices' recorded inputs of a checked round (debug; 215 KB a device) are deleted."""
+    import shutil
+
+    for s in state_dirs:
+        shutil.rmtree(s / "debug" / "inputs" / f"round-{number:06d}", ignore_errors=True)
 
 
 def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:

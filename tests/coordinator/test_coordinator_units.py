@@ -73,9 +73,14 @@ def test_model_factory():
     syn = build_server_model("synthetic", {"vector_length": 5})
     assert isinstance(syn, SyntheticModel) and syn.update_dim == 5
     assert syn.apply_mean(syn.init_parameters(0), np.ones(5), 0)["mean"].dtype == np.float32
+    assert syn.n_items is None and syn.hyperparameters() == {"vector_length": 5}  # no catalogue: no top-k
+    cat = build_server_model("synthetic", {"vector_length": 5, "n_items": 2})
+    assert cat.n_items == 2 and cat.hyperparameters() == {"vector_length": 5, "n_items": 2}
     for name, hp, match in [
         ("synthetic", {}, "vector_length"),
         ("synthetic", {"vector_length": 0}, "vector_length"),
+        ("synthetic", {"vector_length": 5, "n_items": 0}, "n_items"),
+        ("synthetic", {"vector_length": 5, "k": 2}, "vector_length"),
         ("fedrap", {"n_items": 3}, "n_users"),
         ("nope", {"n_users": 2, "n_items": 3}, "unknown model"),
         ("fedrap", {"n_users": 2, "n_items": 3, "bogus": 1}, "bogus"),

@@ -770,7 +770,10 @@ def test_with_round_metrics_off_no_metric_leaves_a_device():
             assert list(task.metric_names) == [] and task.secagg.vector_length == L
             assert all(d.encoded is not None and d.encoded.shape == (L,) for d in devices)
             rec = store.get_round(1)
-            assert rec.state is RoundState.COMMITTED and rec.metrics == {"contributors": 4.0, "cohort": 4.0}
+            sa = task.secagg  # the round's shape is in the record too (what GET /v1/rounds/{n} shows)
+            assert sa.threshold == 3 and sa.neighbour_count == 3
+            assert rec.state is RoundState.COMMITTED and rec.metrics == {
+                "contributors": 4.0, "cohort": 4.0, "threshold": 3.0, "neighbours": 3.0}
             for c in clients:
                 await c.close()
 

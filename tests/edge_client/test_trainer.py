@@ -145,6 +145,35 @@ def test_top_k_on_the_device(trainer: Trainer) -> None:
     assert len(all_items) == trainer.n_items
 
 
+def test_top_k_of_the_synthetic_benchmark_model(trainer: Trainer) -> None:
+    """A synthetic round with an item catalogue is remembered, and top-k reads
+    the global mean as an n_items x (L // n_items) table times the device's
+    own user vector; without a catalogue the device is not ready."""
+    n, width = trainer.n_items, 3
+    mean = np.random.default_rng(1).standard_normal(n * width + 2).astype(np.float32)
+    spec = TaskSpec(model_name="synthetic", model_version=5, round_number=2, round_idx=0,
+                    hyperparameters={"vector_length": mean.size}, global_params={"mean": mean},
+                    vector_length=mean.size)
+    trainer.synthetic_updates(spec, [1, 2], clip=1.0)
+    with pytest.raises(LookupError):  # no catalogue: nothing remembered, no model
+        top_k(trainer, 3, 5, exclude_seen=False)
+    spec = TaskSpec(**{**spec.__dict__, "hyperparameters": {"vector_length": mean.size, "n_items": n}})
+    trainer.synthetic_updates(spec, [1, 2], clip=1.0)
+    items, scores, version = top_k(trainer, 3, 5, exclude_seen=True)
+    u = np.random.default_rng([0, trainer.devices[3].user, 0x70B]).standard_normal(width).astype(np.float32)
+    expected = mean[: n * width].reshape(n, width) @ u
+    seen = trainer.data.seen(3)
+    assert seen is not None and len(seen)
+    expected[seen] = -np.inf
+    assert version == 5 and items == np.argsort(-expected, kind="stable")[:5].tolist()
+    np.testing.assert_allclose(scores, expected[items], rtol=1e-6)
+    assert top_k(trainer, 4, 5, exclude_seen=True)[0] != items  # every device has its own user vector
+    wrong = TaskSpec(**{**spec.__dict__, "hyperparameters": {"vector_length": mean.size, "n_items": n - 1}})
+    trainer.synthetic_updates(wrong, [1], clip=1.0)
+    with pytest.raises(LookupError, match="catalogue"):
+        top_k(trainer, 3, 5, exclude_seen=True)
+
+
 def test_answer_maps_items_to_the_dataset_and_may_refuse(trainer: Trainer) -> None:
     from edge_client.queries import answer
     from fedmask_proto.v1 import session_pb2 as S

@@ -86,6 +86,7 @@ def test_the_admin_service_over_a_real_federation(procs: Processes, tmp_path: Pa
         assert number in [r["number"] for r in rounds]
         detail = http.get(f"/v1/rounds/{number}", headers=auth("viewer")).json()
         assert detail["outcome"] == "committed" and detail["contributors"] == 4 and detail["model_version"]
+        assert detail["cohort_size"] == 4 and detail["threshold"] == 3  # majority of 4 on the complete graph
         assert [s["stage"] for s in detail["stages"] if s["stage"] in STAGES][:2] == STAGES[:2]
 
         refused = http.get("/v1/users/user-3/recommendations", params={"k": K}, headers=auth("recommender"))

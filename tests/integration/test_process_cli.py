@@ -1,18 +1,21 @@
 """Smoke runs of the commands that start federations themselves:
 `fedmask bench round` (secure and INSECURE plaintext rounds, both checked
-bit for bit), `fedmask bench hostile`, `fedmask bench connections` and `fedmask demo` (tiny sizes;
+bit for bit), `fedmask bench hostile`, `fedmask bench admin`, `fedmask bench connections` and `fedmask demo` (tiny sizes;
 the synthetic dataset, so no download is needed)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
-from integration_harness import Processes
+from integration_harness import Processes, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
@@ -20,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 def _fedmask_processes() -> set[str]:
     if shutil.which("pgrep") is None:  # no procps: nothing to compare
         return set()
-    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client)"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client|admin)"], capture_output=True, text=True).stdout
     return {line for line in out.splitlines() if line}
 
 
@@ -65,6 +68,24 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     assert _fedmask_processes() <= before
 
 
+def test_bench_admin_serves_an_open_loop_stream_during_secure_rounds(procs: Processes) -> None:
+    """`fedmask bench admin` at tiny sizes: idle then loaded secure rounds, and
+    every request of the open-loop stream (top-k computed on the synthetic
+    model's devices, the live round) answered."""
+    before = _fedmask_processes()
+    p = procs.start("bench-admin", ["bench", "admin", "--devices", "6", "--client-processes", "2", "--dim", "640",
+                                    "--rate", "20", "--seconds", "4"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["errors"] == 0 and r["requests"] == 80
+    assert r["topk_rps"] > 0 and r["status_rps"] > 0 and 0 < r["topk_p50_ms"] <= r["topk_p99_ms"]
+    assert r["rounds_idle"] >= 2 and r["rounds_loaded"] >= 2 and r["rounds_aborted"] == 0
+    assert r["secure_round_s_median_idle"] > 0 and r["secure_round_s_median_loaded"] > 0
+    assert set(r["targets"]) == {"errors == 0", "topk_p99_ms <= 150", "status_p99_ms <= 25",
+                                 "loaded median <= 1.25 x idle"}
+    assert _fedmask_processes() <= before
+
+
 def test_bench_connections(procs: Processes) -> None:
     p = procs.start("bench-conn", ["bench", "connections", "--devices", "30", "--client-processes", "2",
                                    "--hold", "1", "--heartbeat-interval", "0.5"])
@@ -73,14 +94,34 @@ def test_bench_connections(procs: Processes) -> None:
     assert r["ok"] is True and r["admitted"] == 30 and 0 < r["coordinator_rss_mb"] < 1024
 
 
-def test_demo_runs_a_federation_and_reports_it(procs: Processes, tmp_path: Path) -> None:
+def test_demo_runs_a_federation_shows_the_product_and_keeps_running(procs: Processes, tmp_path: Path) -> None:
+    """`fedmask demo --keep-running` at tiny sizes: secure rounds reported
+    (exact sums, validation totals), the admin service's dashboard and a curl
+    line with a token that works, the popularity baseline beside the
+    federated HR@10, one user's top-k from the device next to their ratings;
+    then everything stays up until SIGTERM, which stops every process."""
     before = _fedmask_processes()
-    p = procs.start("demo", ["demo", "--rounds", "2", "--devices", "30", "--cohort", "10", "--dataset", "synthetic",
-                             "--dropout", "0.2", "--keep", str(tmp_path / "run")])
-    assert p.wait(120) == 0, p.tail()
+    p = procs.start("demo", ["demo", "--rounds", "2", "--devices", "30", "--dataset", "synthetic",
+                             "--dropout", "0.2", "--keep", str(tmp_path / "run"), "--keep-running"])
+    wait_until(lambda: "Ctrl-C stops them" in p.log(), 120, what="the demo's rounds", watch=[p], step=0.5)
     out = " ".join(p.log().split())  # rich wraps long lines
     assert "round 1 committed" in out and "round 2 committed" in out and "secure sum exact" in out
-    assert out.count("val HR@10") == 2 and "(secure totals)" in out and "metrics unavailable" not in out
-    assert "per stage" in out and "2 of 2 rounds committed" in out
+    assert out.count("val HR@10") >= 2 and "(secure totals)" in out and "metrics unavailable" not in out
+    assert "per stage" in out and re.search(r"(\d+) of \1 rounds committed", out)
+    assert re.search(r"validation HR@10 [01]\.\d{3} after round \d+, over the validation items of the \d+ of 30 "
+                     r"hosted users counted in its secure sum; popularity on the same 30 users: [01]\.\d{3}", out)
+    assert "user-1: top-10 computed on the device" in out
+    curl = re.search(r"curl -s -H 'Authorization: Bearer (\S+)' '(http://127\.0\.0\.1:\d+)/v1/users/user-1/"
+                     r"recommendations\?k=10'", out)
+    assert curl, out
+    token, base = curl.group(1), curl.group(2)
+    assert f"dashboard: {base}/" in out
+    answer = httpx.get(f"{base}/v1/users/user-1/recommendations", params={"k": 10},
+                       headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert answer.status_code == 200 and len(answer.json()["items"]) == 10
+    assert httpx.get(f"{base}/", timeout=10).status_code == 200  # the dashboard page, still up
+    assert p.alive()
+    p.signal_group(signal.SIGTERM)
+    assert p.wait(60) == 130, p.tail()
     assert (tmp_path / "run" / "coordinator.db").exists()
     assert _fedmask_processes() <= before
