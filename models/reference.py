@@ -38,7 +38,8 @@ matrix for the full-rank metrics. Histories (X, recency-weighted X) are sparse.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -47,6 +48,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 import torch
+from threadpoolctl import threadpool_limits
 
 from models.data.types import ImplicitSplit
 from models.evaluation import evaluate_implicit, finalize
@@ -60,9 +62,27 @@ MAX_ITEMS_DENSE = 20_000
 EIGH_FLOAT64_MAX = 4_000
 # Users per chunk when candidate scores gather item factor rows (bounds memory).
 GATHER_CHUNK = 64
+# Rows per argpartition block, and users per chunk of ItemKNN candidate scoring.
+KNN_BLOCK = 1024
+KNN_CANDIDATE_CHUNK = 128
 
 Scores = np.ndarray  # float32 (n_users, n_items)
 ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """Run the block with `n` BLAS/LAPACK (OpenBLAS, MKL, OpenMP) threads and `n` torch
+    threads, then restore both. Results do not depend on `n` beyond float rounding."""
+    if n < 1:
+        raise ValueError(f"threads must be >= 1, not {n}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        with threadpool_limits(limits=n):
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def training_csr(split: ImplicitSplit) -> sp.csr_matrix:
@@ -107,24 +127,85 @@ def popularity_scores(split: ImplicitSplit) -> Scores:
     return np.broadcast_to(counts, (split.n_users, split.n_items))
 
 
-def itemknn_scores(split: ImplicitSplit, neighbours: int) -> Scores:
-    _check_dense(split.n_items, "itemknn")
-    x = training_csr(split)
-    gram = np.asarray((x.T @ x).toarray(), dtype=np.float32)
-    norm = np.sqrt(np.diag(gram)) + 1e-9
-    sim = gram / norm[:, None] / norm[None, :]
-    del gram
+def cosine_similarity(x: sp.csr_matrix) -> np.ndarray:
+    """Dense (n_items, n_items) float32 cosine similarity of the columns of a binary x,
+    with a zero diagonal. The Gram matrix holds integer counts (exact in float32)."""
+    _check_dense(x.shape[1], "itemknn")
+    sim = np.asarray((x.T @ x).toarray(), dtype=np.float32)
+    norm = np.sqrt(np.diag(sim)) + 1e-9
+    sim /= norm[:, None]  # in place: the same two float32 divisions as sim / a / b
+    sim /= norm[None, :]
     np.fill_diagonal(sim, 0.0)
-    if neighbours < split.n_items:
-        drop = np.argpartition(-sim, neighbours, axis=1)[:, neighbours:]
-        np.put_along_axis(sim, drop, 0.0, axis=1)
-        del drop
-    sim_t = sp.csr_matrix(sim.T)  # k non-zeros per column: x @ sim.T as a sparse product
-    del sim
-    out = np.empty((split.n_users, split.n_items), dtype=np.float32)
-    for lo in range(0, split.n_users, 1024):
+    return sim
+
+
+@dataclass(frozen=True)
+class Neighbourhoods:
+    """Each item's `k` most similar items: cols (n_items, k) int64, ascending per row,
+    and their similarities vals (n_items, k) float32 (zeros included). The kept set
+    of a row is `np.argpartition(-sim_row, k)[:k]`, row by row, so ties at the k-th
+    place are settled exactly as a whole-matrix argpartition settles them."""
+
+    cols: np.ndarray
+    vals: np.ndarray
+
+    def transposed_csr(self) -> sp.csr_matrix:
+        """S^T as CSR, S the (n_items, n_items) matrix of the kept similarities; x @ S^T
+        are the dense ItemKNN scores (row j holds the items that keep j)."""
+        n, k = self.cols.shape
+        rows = np.repeat(np.arange(n), k)
+        m = sp.csr_matrix((self.vals.ravel(), (self.cols.ravel(), rows)), shape=(n, n))
+        m.eliminate_zeros()
+        return m
+
+
+def neighbourhoods(sim: np.ndarray, k: int, block: int = KNN_BLOCK) -> Neighbourhoods:
+    """The `k` nearest neighbours of every row of `sim` (all of them when k >= n_items)."""
+    n = sim.shape[0]
+    if k >= n:
+        cols = np.broadcast_to(np.arange(n, dtype=np.int64), (n, n)).copy()
+        return Neighbourhoods(cols=cols, vals=np.array(sim, dtype=np.float32))
+    cols = np.empty((n, k), dtype=np.int64)
+    for lo in range(0, n, block):
+        part = np.argpartition(-sim[lo : lo + block], k, axis=1)[:, :k]
+        cols[lo : lo + block] = np.sort(part, axis=1)
+    return Neighbourhoods(cols=cols, vals=np.take_along_axis(sim, cols, axis=1))
+
+
+def itemknn_from_neighbourhoods(x: sp.csr_matrix, nb: Neighbourhoods) -> Scores:
+    """Dense ItemKNN scores x @ S^T (the sparse product, in blocks of users)."""
+    sim_t = nb.transposed_csr()
+    out = np.empty(x.shape, dtype=np.float32)
+    for lo in range(0, x.shape[0], 1024):
         out[lo : lo + 1024] = (x[lo : lo + 1024] @ sim_t).toarray()
     return out
+
+
+def itemknn_candidate_scores(x: sp.csr_matrix, nb: Neighbourhoods, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """ItemKNN scores of `items` (n, K) for `users` (n,), bit-equal to the same entries
+    of `itemknn_from_neighbourhoods`: a score is the float32 sum, in ascending item
+    order, of the kept similarities to the user's training items, which is the
+    order in which the sparse product x @ S^T accumulates it (x has sorted indices)."""
+    xs = sp.csr_matrix(x)
+    if not xs.has_sorted_indices:
+        xs = xs.sorted_indices()
+    users = np.asarray(users, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    out = np.empty(items.shape, dtype=np.float32)
+    for lo in range(0, len(users), KNN_CANDIDATE_CHUNK):
+        sl = slice(lo, lo + KNN_CANDIDATE_CHUNK)
+        hist = xs[users[sl]].toarray() != 0  # (c, n_items)
+        cols = nb.cols[items[sl]]  # (c, K, k)
+        held = np.take_along_axis(hist[:, None, :], cols.reshape(len(cols), -1)[:, None, :], axis=2)
+        terms = np.where(held.reshape(cols.shape), nb.vals[items[sl]], np.float32(0.0))
+        # cumsum adds left to right in float32 (+0.0 leaves a sum unchanged)
+        out[sl] = np.cumsum(terms, axis=2, dtype=np.float32)[:, :, -1] if cols.shape[2] else 0.0
+    return out
+
+
+def itemknn_scores(split: ImplicitSplit, neighbours: int) -> Scores:
+    x = training_csr(split)
+    return itemknn_from_neighbourhoods(x, neighbourhoods(cosine_similarity(x), neighbours))
 
 
 def ease_weights(x: np.ndarray, lam: float) -> np.ndarray:
@@ -280,6 +361,7 @@ class ReferenceContext:
         self.split = split
         self.progress = progress or NullProgress()
         self._tables: dict[tuple[float | None, float], np.ndarray] = {}
+        self._neighbourhoods: dict[int, Neighbourhoods] = {}
 
     @cached_property
     def x(self) -> sp.csr_matrix:
@@ -290,6 +372,24 @@ class ReferenceContext:
         n_u, n_i = self.split.n_users, self.split.n_items
         self.progress.update(status=f"eigendecomposition of the {min(n_u, n_i)}-square Gram matrix")
         return gram_factors(self.x)
+
+    @cached_property
+    def similarity(self) -> np.ndarray:
+        self.progress.update(status=f"cosine similarity of {self.split.n_items} items")
+        return cosine_similarity(self.x)
+
+    def neighbourhoods(self, k: int) -> Neighbourhoods:
+        if k not in self._neighbourhoods:
+            self._neighbourhoods[k] = neighbourhoods(self.similarity, k)
+        return self._neighbourhoods[k]
+
+    def itemknn_val_fn(self, k: int) -> ScoreFn:
+        """Validation score_fn of ItemKNN with `k` neighbours: candidates only."""
+        users, items = self.candidates
+        return candidate_score_fn(users, items, itemknn_candidate_scores(self.x, self.neighbourhoods(k), users, items))
+
+    def itemknn_dense(self, k: int) -> Scores:
+        return itemknn_from_neighbourhoods(self.x, self.neighbourhoods(k))
 
     @cached_property
     def candidates(self) -> tuple[np.ndarray, np.ndarray]:
@@ -335,8 +435,8 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("popularity", _dense_val(popularity_scores), lambda ctx, p: popularity_scores(ctx.split)),
     Reference(
         "itemknn",
-        _dense_val(itemknn_scores),
-        lambda ctx, p: itemknn_scores(ctx.split, int(p["neighbours"])),
+        lambda ctx, p, grid: ctx.itemknn_val_fn(int(p["neighbours"])),
+        lambda ctx, p: ctx.itemknn_dense(int(p["neighbours"])),
         tuple({"neighbours": k} for k in (20, 50, 100, 200)),
     ),
     Reference(
