@@ -16,6 +16,7 @@ from fedmask.commands import client as client_cmd
 from fedmask.commands import coordinator as coordinator_cmd
 from fedmask.commands import bench as bench_cmd
 from fedmask.commands import devices as devices_cmd
+from fedmask.commands import study as study_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -32,6 +33,7 @@ client_cmd.register(app)
 coordinator_cmd.register(app)
 bench_cmd.register(app)
 devices_cmd.register(app)
+study_cmd.register(app)
 
 
 def main() -> None:
