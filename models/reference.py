@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import time
+
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
@@ -362,6 +364,12 @@ class ReferenceContext:
         self.progress = progress or NullProgress()
         self._tables: dict[tuple[float | None, float], np.ndarray] = {}
         self._neighbourhoods: dict[int, Neighbourhoods] = {}
+        # wall seconds of the shared steps and of each reference model (whole selection),
+        # in the order they ran; reported, never part of a result
+        self.timings: dict[str, float] = {}
+
+    def _timed(self, name: str, t0: float) -> None:
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
 
     @cached_property
     def x(self) -> sp.csr_matrix:
@@ -371,16 +379,25 @@ class ReferenceContext:
     def factors(self) -> GramFactors:
         n_u, n_i = self.split.n_users, self.split.n_items
         self.progress.update(status=f"eigendecomposition of the {min(n_u, n_i)}-square Gram matrix")
-        return gram_factors(self.x)
+        t0 = time.perf_counter()
+        f = gram_factors(self.x)
+        self._timed("ease: Gram eigendecomposition", t0)
+        return f
 
     @cached_property
     def similarity(self) -> np.ndarray:
         self.progress.update(status=f"cosine similarity of {self.split.n_items} items")
-        return cosine_similarity(self.x)
+        t0 = time.perf_counter()
+        sim = cosine_similarity(self.x)
+        self._timed("itemknn: cosine similarity", t0)
+        return sim
 
     def neighbourhoods(self, k: int) -> Neighbourhoods:
         if k not in self._neighbourhoods:
-            self._neighbourhoods[k] = neighbourhoods(self.similarity, k)
+            sim = self.similarity
+            t0 = time.perf_counter()
+            self._neighbourhoods[k] = neighbourhoods(sim, k)
+            self._timed("itemknn: neighbourhoods (every k)", t0)
         return self._neighbourhoods[k]
 
     def itemknn_val_fn(self, k: int) -> ScoreFn:
@@ -500,13 +517,23 @@ def run_steps(names: Iterable[str] | None = None) -> int:
 
 
 def run_references(
-    split: ImplicitSplit, names: Iterable[str] | None = None, progress: Progress | None = None
+    split: ImplicitSplit,
+    names: Iterable[str] | None = None,
+    progress: Progress | None = None,
+    context: ReferenceContext | None = None,
 ) -> list[dict[str, Any]]:
     """`select_on_validation` for each named reference (default: all), in REFERENCES
-    order, sharing one ReferenceContext (one Gram eigendecomposition)."""
+    order, sharing one ReferenceContext (one Gram eigendecomposition, one item
+    similarity); pass `context` to read its `timings` afterwards."""
     wanted = set(reference_names() if names is None else names)
     unknown = wanted - set(reference_names())
     if unknown:
         raise ValueError(f"unknown reference model(s) {sorted(unknown)}; known: {', '.join(reference_names())}")
-    ctx = ReferenceContext(split, progress)
-    return [select_on_validation(split, r, ctx) for r in REFERENCES if r.name in wanted]
+    ctx = context or ReferenceContext(split, progress)
+    results = []
+    for r in REFERENCES:
+        if r.name in wanted:
+            t0 = time.perf_counter()
+            results.append(select_on_validation(split, r, ctx))
+            ctx._timed(f"{r.name} (all of it)", t0)
+    return results

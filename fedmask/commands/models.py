@@ -467,7 +467,7 @@ def register_reference(app: typer.Typer) -> None:
         from models.data.types import ImplicitSplit
         from models.engine import SimulationConfigError, load_interactions, make_split
         from models.progress import Progress
-        from models.reference import blas_threads, reference_names, run_references, run_steps
+        from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
         err = Console(stderr=True)
         try:
@@ -481,7 +481,8 @@ def register_reference(app: typer.Typer) -> None:
             with Progress(
                 f"references on {dataset}", run_steps(names), unit="steps", mode="off" if quiet else "auto", interval=progress_every
             ) as bar, blas_threads(threads):
-                results = run_references(split, names, progress=bar)
+                ctx = ReferenceContext(split, bar)
+                results = run_references(split, names, context=ctx)
         except (SimulationConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
@@ -499,6 +500,10 @@ def register_reference(app: typer.Typer) -> None:
                 f"{r['placebo']['hr@10']:.3f}",
             )
         Console().print(table)
+        Console().print(
+            f"wall seconds ({threads} BLAS thread{'s' if threads > 1 else ''}): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in ctx.timings.items())
+        )
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             path = out / "reference.json"

@@ -107,6 +107,7 @@ def test_cli_reference(tmp_path: Path, command_app) -> None:
     res = json.loads((tmp_path / "reference.json").read_text())
     assert [m["name"] for m in res["models"]] == ["popularity", "ease"]
     assert "ease" in r.output and "placebo" in r.output
+    assert "wall seconds (1 BLAS thread): ease: Gram eigendecomposition" in r.output.replace("\n", " ")
     bad = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "svd"])
     assert bad.exit_code == 2 and "unknown reference" in bad.output
 
