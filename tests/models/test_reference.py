@@ -107,7 +107,8 @@ def test_cli_reference(tmp_path: Path, command_app) -> None:
     res = json.loads((tmp_path / "reference.json").read_text())
     assert [m["name"] for m in res["models"]] == ["popularity", "ease"]
     assert "ease" in r.output and "placebo" in r.output
-    assert "wall seconds (1 BLAS thread): ease: Gram eigendecomposition" in r.output.replace("\n", " ")
+    flat = " ".join(r.output.split())
+    assert "wall seconds (1 BLAS thread): popularity (all of it)" in flat and "ease: Gram eigendecomposition" in flat
     bad = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "svd"])
     assert bad.exit_code == 2 and "unknown reference" in bad.output
 
@@ -189,3 +190,17 @@ def test_itemknn_blocks_and_candidates_are_bit_equal_to_the_whole_matrix(split: 
     cand = R.itemknn_candidate_scores(x, nb, users, items)
     assert np.array_equal(cand, before[users[:, None], items])
     assert np.count_nonzero(cand) > cand.size // 10  # not trivially all zeros
+
+
+def test_count_gram_splits_heavy_columns_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(4)
+    a = sp.csr_matrix((rng.random((300, 90)) < np.linspace(0.02, 0.9, 90)).astype(np.float32))
+    plain = np.asarray((a @ a.T).toarray(), dtype=np.float32)
+    monkeypatch.setattr(R, "HEAVY_COLUMN", 100)  # about half the columns are heavy
+    assert 10 < np.count_nonzero(np.diff(sp.csc_matrix(a).indptr) >= 100) < 80
+    assert np.array_equal(R.count_gram(a, np.float32), plain)
+    assert np.array_equal(R.count_gram(a, np.float64), plain.astype(np.float64))
+    weighted = a.multiply(1.5).tocsr()  # not binary: the sparse product alone
+    np.testing.assert_array_equal(R.count_gram(weighted, np.float64), (weighted @ weighted.T).toarray())
