@@ -198,7 +198,7 @@ def test_count_gram_splits_heavy_columns_exactly(monkeypatch: pytest.MonkeyPatch
     rng = np.random.default_rng(4)
     a = sp.csr_matrix((rng.random((300, 90)) < np.linspace(0.02, 0.9, 90)).astype(np.float32))
     plain = np.asarray((a @ a.T).toarray(), dtype=np.float32)
-    monkeypatch.setattr(R, "HEAVY_COLUMN", 100)  # about half the columns are heavy
+    monkeypatch.setattr(R, "HEAVY_FRACTION", 1 / 3)  # about half the columns are heavy (>= 100 of 300 rows)
     assert 10 < np.count_nonzero(np.diff(sp.csc_matrix(a).indptr) >= 100) < 80
     assert np.array_equal(R.count_gram(a, np.float32), plain)
     assert np.array_equal(R.count_gram(a, np.float64), plain.astype(np.float64))
