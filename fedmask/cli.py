@@ -18,6 +18,7 @@ from fedmask.commands import bench as bench_cmd
 from fedmask.commands import devices as devices_cmd
 from fedmask.commands import admin as admin_cmd
 from fedmask.commands import health as health_cmd
+from fedmask.commands import study as study_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -36,6 +37,7 @@ bench_cmd.register(app)
 devices_cmd.register(app)
 admin_cmd.register(app)
 health_cmd.register(app)
+study_cmd.register(app)
 
 
 def main() -> None:

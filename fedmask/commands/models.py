@@ -441,6 +441,14 @@ def register_reference(app: typer.Typer) -> None:
                 "every this many seconds (on a terminal a progress bar is shown instead)."
             ),
         ] = 30.0,
+        threads: Annotated[
+            int,
+            typer.Option(
+                min=1,
+                help="BLAS/LAPACK and torch threads. 1 by default: on cores shared with other jobs, "
+                "multithreaded BLAS waits on busy cores and runs several times slower (docs/decisions.md D55).",
+            ),
+        ] = 1,
     ) -> None:
         """What centralised models reach under the sound protocol, to judge federated figures by.
 
@@ -459,7 +467,7 @@ def register_reference(app: typer.Typer) -> None:
         from models.data.types import ImplicitSplit
         from models.engine import SimulationConfigError, load_interactions, make_split
         from models.progress import Progress
-        from models.reference import reference_names, run_references, run_steps
+        from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
         err = Console(stderr=True)
         try:
@@ -472,8 +480,9 @@ def register_reference(app: typer.Typer) -> None:
                 raise ValueError("reference models need an implicit (leave-one-out) split")
             with Progress(
                 f"references on {dataset}", run_steps(names), unit="steps", mode="off" if quiet else "auto", interval=progress_every
-            ) as bar:
-                results = run_references(split, names, progress=bar)
+            ) as bar, blas_threads(threads):
+                ctx = ReferenceContext(split, bar)
+                results = run_references(split, names, context=ctx)
         except (SimulationConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
@@ -491,6 +500,10 @@ def register_reference(app: typer.Typer) -> None:
                 f"{r['placebo']['hr@10']:.3f}",
             )
         Console().print(table)
+        Console().print(
+            f"wall seconds ({threads} BLAS thread{'s' if threads > 1 else ''}): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in ctx.timings.items())
+        )
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             path = out / "reference.json"

@@ -107,6 +107,8 @@ def test_cli_reference(tmp_path: Path, command_app) -> None:
     res = json.loads((tmp_path / "reference.json").read_text())
     assert [m["name"] for m in res["models"]] == ["popularity", "ease"]
     assert "ease" in r.output and "placebo" in r.output
+    flat = " ".join(r.output.split())
+    assert "wall seconds (1 BLAS thread): popularity (all of it)" in flat and "ease: Gram eigendecomposition" in flat
     bad = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "svd"])
     assert bad.exit_code == 2 and "unknown reference" in bad.output
 
@@ -158,3 +160,47 @@ def test_cli_reference_prints_progress_lines_when_not_a_terminal(tmp_path: Path,
     assert any("ease lam=400" in ln and "left" in ln for ln in lines)
     quiet = CliRunner().invoke(app, ["reference", "--dataset", "synthetic", "-m", "popularity", "-q"])
     assert quiet.exit_code == 0 and "[progress]" not in quiet.output
+
+
+def _itemknn_whole_matrix(split: ImplicitSplit, k: int) -> np.ndarray:
+    """ItemKNN as it was computed before the shared neighbourhoods: one argpartition
+    over the whole similarity matrix, dropped entries zeroed, one sparse product."""
+    import scipy.sparse as sp
+
+    x = R.training_csr(split)
+    gram = np.asarray((x.T @ x).toarray(), dtype=np.float32)
+    norm = np.sqrt(np.diag(gram)) + 1e-9
+    sim = gram / norm[:, None] / norm[None, :]
+    np.fill_diagonal(sim, 0.0)
+    drop = np.argpartition(-sim, k, axis=1)[:, k:]
+    np.put_along_axis(sim, drop, 0.0, axis=1)
+    return np.asarray((x @ sp.csr_matrix(sim.T)).toarray(), dtype=np.float32)
+
+
+@pytest.mark.parametrize("k", [1, 7, 50])
+def test_itemknn_blocks_and_candidates_are_bit_equal_to_the_whole_matrix(split: ImplicitSplit, k: int) -> None:
+    # ties in the similarity (rare items) are common here: the kept sets must match anyway
+    before = _itemknn_whole_matrix(split, k)
+    x = R.training_csr(split)
+    nb = R.neighbourhoods(R.cosine_similarity(x), k, block=37)  # blocks that do not divide n_items
+    assert nb.cols.shape == (split.n_items, k) and np.all(np.diff(nb.cols, axis=1) > 0)
+    dense = R.itemknn_from_neighbourhoods(x, nb)
+    assert np.array_equal(dense, before)
+    users, items = R.validation_candidates(split)
+    cand = R.itemknn_candidate_scores(x, nb, users, items)
+    assert np.array_equal(cand, before[users[:, None], items])
+    assert np.count_nonzero(cand) > cand.size // 10  # not trivially all zeros
+
+
+def test_count_gram_splits_heavy_columns_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(4)
+    a = sp.csr_matrix((rng.random((300, 90)) < np.linspace(0.02, 0.9, 90)).astype(np.float32))
+    plain = np.asarray((a @ a.T).toarray(), dtype=np.float32)
+    monkeypatch.setattr(R, "HEAVY_FRACTION", 1 / 3)  # about half the columns are heavy (>= 100 of 300 rows)
+    assert 10 < np.count_nonzero(np.diff(sp.csc_matrix(a).indptr) >= 100) < 80
+    assert np.array_equal(R.count_gram(a, np.float32), plain)
+    assert np.array_equal(R.count_gram(a, np.float64), plain.astype(np.float64))
+    weighted = a.multiply(1.5).tocsr()  # not binary: the sparse product alone
+    np.testing.assert_array_equal(R.count_gram(weighted, np.float64), (weighted @ weighted.T).toarray())
