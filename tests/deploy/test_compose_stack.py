@@ -55,6 +55,18 @@ pytestmark = [
 ]
 
 
+# The test's timings go to the terminal even when pytest captures output
+# (`make test` runs without -s), so CI logs show the proof's wall time.
+_REPORTER: Any = None
+
+
+def _say(line: str) -> None:
+    if _REPORTER is not None:
+        _REPORTER.write_line(line)
+    else:  # pragma: no cover - outside pytest's terminal reporter
+        print(line)
+
+
 def _env(secrets_dir: Path, admin_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update(CONTAINERS_CONF=str(CONTAINERS_CONF), FEDMASK_IMAGE_PREFIX=PREFIX, FEDMASK_IMAGE_TAG=TAG,
@@ -156,7 +168,9 @@ def _wait(what: str, predicate: Callable[[], Any], timeout: float, stack: Stack,
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Stack]:
+    global _REPORTER
+    _REPORTER = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     t0 = time.monotonic()
     if not PODMAN_COMPOSE.exists():
         pytest.fail(f"{PODMAN_COMPOSE} missing: install the dev extras (podman-compose is pinned there)")
@@ -176,7 +190,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # 1. Images (cached layers make a rebuild cheap when nothing changed).
     t = time.monotonic()
     _run(["make", "--no-print-directory", "images"], env, timeout=1500, capture=False)
-    print(f"\n[containers] make images: {time.monotonic() - t:.0f}s")
+    _say(f"[containers] make images: {time.monotonic() - t:.0f}s")
 
     # 2. The dataset, fetched on the host, copied into the data volume.
     data_dir = ROOT / "data"
@@ -189,7 +203,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         t = time.monotonic()
         s.compose("up", "-d", timeout=900)
-        print(f"[containers] compose up: {time.monotonic() - t:.0f}s")
+        _say(f"[containers] compose up: {time.monotonic() - t:.0f}s")
         yield s
     finally:
         t = time.monotonic()
@@ -205,7 +219,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             for net in s.podman("network", "ls", "--format", "{{.Name}}").stdout.split():
                 if net.startswith(f"{project}_"):
                     s.podman("network", "rm", "-f", net, check=False)
-        print(f"[containers] teardown: {time.monotonic() - t:.0f}s; whole test {time.monotonic() - t0:.0f}s wall")
+        _say(f"[containers] teardown: {time.monotonic() - t:.0f}s; whole test {time.monotonic() - t0:.0f}s wall")
 
 
 def _committed(s: Stack) -> list[dict[str, Any]]:
@@ -222,7 +236,7 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
 
     # Three secure rounds commit.
     _wait(f"{ROUNDS_BEFORE_KILL} committed rounds", lambda: len(_committed(s)) >= ROUNDS_BEFORE_KILL, 900, s)
-    print(f"[containers] {ROUNDS_BEFORE_KILL} rounds committed {time.monotonic() - t0:.0f}s after up")
+    _say(f"[containers] {ROUNDS_BEFORE_KILL} rounds committed {time.monotonic() - t0:.0f}s after up")
 
     # Every service's HEALTHCHECK passes (podman 4.3 without systemd runs them only on demand).
     for service in ("postgres", "coordinator", "admin", "client-0", "client-1"):
@@ -250,7 +264,7 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
     s.podman("start", s.name("coordinator"))
     _wait("the coordinator to serve again",
           lambda: s.podman("healthcheck", "run", s.name("coordinator"), check=False).returncode == 0, 300, s, 2)
-    print(f"[containers] coordinator serving again {time.monotonic() - t:.0f}s after the restart")
+    _say(f"[containers] coordinator serving again {time.monotonic() - t:.0f}s after the restart")
     _wait(f"{ROUNDS_AFTER_RESTART} more committed rounds",
           lambda: len(_committed(s)) >= len(at_kill) + ROUNDS_AFTER_RESTART, 900, s)
 
@@ -282,7 +296,7 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
     _wait("the admin service ready again", lambda: s.http("/readyz")[0] == 200, 120, s, 2)
     _wait("top-k after the restart",
           lambda: s.http("/v1/users/user-12/recommendations?k=3", s.tokens["recommender"])[0] == 200, 120, s, 2)
-    print(f"[containers] rounds committed: {[r['number'] for r in after]}; resumed from version {latest} "
+    _say(f"[containers] rounds committed: {[r['number'] for r in after]}; resumed from version {latest} "
           f"(round {resumed['number']}); "
           f"proof {time.monotonic() - t0:.0f}s")
 
@@ -312,7 +326,7 @@ def _check_admin_service(s: Stack) -> None:
     # The device and the model version are the store's: the handle's device, a committed version.
     assert s.sql(f"select local_id from devices where id = {int(body['device_id'])}") == [["user-3"]]
     assert s.sql(f"select count(*) from model_versions where id = {int(body['model_version'])}") == [["1"]]
-    print(f"[containers] top-k over REST from the host {time.monotonic() - t:.0f}s after 3 commits: "
+    _say(f"[containers] top-k over REST from the host {time.monotonic() - t:.0f}s after 3 commits: "
           f"{[i['item_id'] for i in items]} (model version {body['model_version']}, "
           f"device latency {body['latency_ms']:.0f} ms)")
 
