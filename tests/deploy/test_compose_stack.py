@@ -58,13 +58,15 @@ pytestmark = [
 # The test's timings go to the terminal even when pytest captures output
 # (`make test` runs without -s), so CI logs show the proof's wall time.
 _REPORTER: Any = None
+_CAPTURE: Any = None
 
 
 def _say(line: str) -> None:
-    if _REPORTER is not None:
-        _REPORTER.write_line(line)
-    else:  # pragma: no cover - outside pytest's terminal reporter
+    if _REPORTER is None or _CAPTURE is None:  # pragma: no cover - outside pytest
         print(line)
+        return
+    with _CAPTURE.global_and_fixture_disabled():
+        _REPORTER.write_line(line)
 
 
 def _env(secrets_dir: Path, admin_port: int) -> dict[str, str]:
@@ -169,8 +171,9 @@ def _wait(what: str, predicate: Callable[[], Any], timeout: float, stack: Stack,
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Stack]:
-    global _REPORTER
+    global _REPORTER, _CAPTURE
     _REPORTER = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    _CAPTURE = pytestconfig.pluginmanager.get_plugin("capturemanager")
     t0 = time.monotonic()
     if not PODMAN_COMPOSE.exists():
         pytest.fail(f"{PODMAN_COMPOSE} missing: install the dev extras (podman-compose is pinned there)")
