@@ -115,9 +115,9 @@ def _utc(t: datetime) -> datetime:
 
 
 def _rounds(db: Path) -> list[Any]:
-    from fedmask.bench.federation import _read_rounds
+    from fedmask.bench.federation import read_rounds
 
-    return _read_rounds(db)
+    return read_rounds(db)
 
 
 def _window(records: list[Any], start: datetime, end: datetime) -> list[Any]:

@@ -87,7 +87,7 @@ def _graph(neighbors: str) -> str:
     return {"all": "full", "full": "full", "auto": "auto"}.get(neighbors, neighbors)
 
 
-def _read_rounds(db: Path) -> list[Any]:
+def read_rounds(db: Path) -> list[Any]:
     from coordinator.store import open_store
 
     store = open_store(f"sqlite:///{db}", migrate=False)
@@ -105,7 +105,10 @@ def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -
     return None
 
 
-def _exact(record: Any, state_dirs: list[Path]) -> bool:
+def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
+    """The round's recorded checksum equals that of the sum of exactly its
+    counted devices' encoded inputs, as the clients recorded them
+    (`--debug-record-sums` / `--debug-record-inputs`)."""
     from coordinator.debug import encoded_checksum
 
     counted = list(record.survivors.get("masked_input", []))
@@ -190,7 +193,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         peak_rss = coord.peak_rss_mb
     if coord_rc != 0:
         raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
-    records = [r for r in _read_rounds(db) if r.state.is_terminal]
+    records = [r for r in read_rounds(db) if r.state.is_terminal]
     applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
     round_s: list[float] = []
     stage_s: dict[str, list[float]] = {}
@@ -199,7 +202,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     as_injected = True
     for r in records:
         committed = r.state.value == "committed"
-        exact = committed and _exact(r, state_dirs)
+        exact = committed and exact_aggregate(r, state_dirs)
         # did exactly the fault-injected devices drop (no honest device missed a deadline)?
         injected = _injected_drops(cfg, r.number, plaintext)
         dropped = {d for ids in r.dropouts.values() for d in ids}

@@ -51,7 +51,7 @@ from typing import Any
 
 import grpc
 
-from fedmask.bench.federation import _exact, _read_rounds
+from fedmask.bench.federation import exact_aggregate, read_rounds
 from fedmask.bench.processes import (
     LOOPBACK,
     ProcessFailed,
@@ -208,7 +208,7 @@ def _committed(db: Path) -> int:
     if not db.exists():
         return 0
     try:
-        return sum(r.state.value == "committed" for r in _read_rounds(db))
+        return sum(r.state.value == "committed" for r in read_rounds(db))
     except Exception:  # a schema not yet migrated, a busy database: ask again
         return 0
 
@@ -298,7 +298,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     if not db.exists():
         raise ProcessFailed("the coordinator left no database")
     honest = _honest_ids(db, cfg.honest_devices)
-    records = [r for r in _read_rounds(db) if r.state.is_terminal]
+    records = [r for r in read_rounds(db) if r.state.is_terminal]
     per_round = []
     committed = aborted = 0
     exact_all = True
@@ -308,7 +308,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
             continue  # the bench's own stop
         dropped = {d for ids in r.dropouts.values() for d in ids}
         honest_dropped |= dropped & honest
-        exact = r.state.value == "committed" and _exact(r, state_dirs)
+        exact = r.state.value == "committed" and exact_aggregate(r, state_dirs)
         committed += r.state.value == "committed"
         aborted += r.state.value == "aborted"
         exact_all = exact_all and (r.state.value != "committed" or exact)

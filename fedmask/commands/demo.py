@@ -352,33 +352,14 @@ def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:
                 f"cohort {r.cohort_size}, dropouts: {drops}")
     version = next((v.id for v in store.list_model_versions(limit=50).items if v.round_number == r.number), None)
     hr = r.metrics.get("val_hr@10")
-    exact = _exact(r, state_dirs)
+    from fedmask.bench.federation import exact_aggregate
+
+    exact = exact_aggregate(r, state_dirs)
     return (f"[green]round {r.number} committed[/green] in {total:.1f} s: model v{version}, "
             f"{int(r.metrics.get('contributors', 0))}/{r.cohort_size} devices in the sum, dropouts: {drops}"
             + (f", val HR@10 {hr:.3f} (secure totals)" if hr is not None else "")
             + (", [yellow]metrics unavailable[/yellow]" if r.metrics.get("metrics_unavailable") else "")
             + f", secure sum {'[green]exact[/green]' if exact else '[red]NOT exact[/red]'}")
-
-
-def _exact(r: Any, state_dirs: list[Path]) -> bool:
-    import numpy as np
-
-    from coordinator.debug import encoded_checksum
-
-    counted = r.survivors.get("masked_input", [])
-    vecs = []
-    for d in counted:
-        for s in state_dirs:
-            p = s / "debug" / "inputs" / f"round-{r.number:06d}" / f"device-{d}.npy"
-            if p.exists():
-                vecs.append(np.load(p, allow_pickle=False))
-                break
-        else:
-            return False
-    if not vecs:
-        return False
-    total = np.asarray(np.sum(np.stack(vecs), axis=0, dtype=np.uint64), dtype=np.uint32)
-    return encoded_checksum(total) == r.metrics.get("debug.encoded_checksum")
 
 
 def _stage_table(records: list[Any]) -> Any:
