@@ -46,6 +46,7 @@ from coordinator.logs import log_event
 from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.store import DeviceRecord, DeviceStatus, EnrollmentConflictError, Store
 from fedmask_proto.v1 import enrollment_pb2, session_pb2
+from wire.lanes import LaneQueue
 from wire.protocol import IDENTITY_KEY_BYTES, PROTOCOL_VERSION, version_refusal
 from wire.possession import SESSION_NONCE_BYTES
 from wire.round_task import seconds_to_duration
@@ -83,7 +84,9 @@ class ClientSession:
     proven: set[int] = field(default_factory=set)
     devices: set[int] = field(default_factory=set)  # accepted, owned by this stream
     available: set[int] = field(default_factory=set)  # subset of devices, selectable now
-    outbox: asyncio.Queue[session_pb2.ServerMessage | StreamEnd] = field(default_factory=asyncio.Queue)
+    #: device requests (top-k) overtake a round's bulk messages, wire/lanes.py
+    outbox: asyncio.Queue[session_pb2.ServerMessage | StreamEnd] = field(default_factory=lambda: LaneQueue(
+        lambda m: isinstance(m, session_pb2.ServerMessage) and m.WhichOneof("message") == "device_request"))
     closed: bool = False
 
     def send(self, message: session_pb2.ServerMessage) -> None:

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from cryptography import x509
@@ -48,6 +50,8 @@ from secagg.stages import Stage
 
 log = logging.getLogger("edge_client.session")
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class RoundIO:
@@ -62,6 +66,11 @@ class RoundIO:
     #: The device CA this client was configured with (D33): in active mode
     #: every peer's identity certificate must verify against it.
     device_ca: x509.Certificate | None = None
+    #: Where the devices' secure-aggregation computation runs (key generation,
+    #: decoding, state steps, encoding; `RoundRun.compute`): one thread by default
+    #: (session.py SECAGG_THREADS), apart from the default executor's file I/O.
+    #: None: the loop's default executor.
+    compute_pool: Executor | None = None
 
 
 @dataclass(eq=False)
@@ -105,9 +114,17 @@ class RoundRun:
         """A server message for this round, and the round still running here."""
         return not self.over and (bytes(session_id), round_number) == self.key
 
+    async def compute(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the compute pool (RoundIO.compute_pool), off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.io.compute_pool, functools.partial(fn, *args))
+
     # ------------------------------------------------------------ encoding
     async def encode(self, dr: DeviceRound, update: np.ndarray) -> np.ndarray:
-        model = self.view.config.encoding.encode(np.asarray(update, dtype=np.float64), self.io.secure_numpy_rng())
+        # the rng is drawn here, in device order; the encoding (stochastic rounding of
+        # a whole model, milliseconds per device) runs off the event loop, which must
+        # stay free to read the stream (a top-k request waits behind a busy loop)
+        rng = self.io.secure_numpy_rng()
+        model = await self.compute(self.view.config.encoding.encode, np.asarray(update, dtype=np.float64), rng)
         encoded = np.concatenate([model, self._metric_limbs(dr)])
         if self.io.debug_inputs_dir is not None:
             await asyncio.to_thread(
@@ -129,13 +146,14 @@ class RoundRun:
 
     # ------------------------------------------------------------ replies
     async def reply(self, dr: DeviceRound, out: list[sm.Message], *, delay: bool = True) -> None:
-        if not out:
-            return
-        if delay and self.io.faults.delay_s > 0:
-            await asyncio.sleep(self.io.faults.delay_s)
-        if self.over:
-            return
+        await self.send_encoded(dr, self.encode_replies(dr, out), delay=delay)
+
+    def encode_replies(self, dr: DeviceRound, out: list[sm.Message]) -> list[Any]:
+        """The protos of a device's secagg replies, in order. Pure but for the
+        fault plan's garbage shares; safe on a worker thread while the device's
+        lock is held (it reads dr.state and dr.certificate only)."""
         view = self.view
+        protos: list[Any] = []
         for m in out:
             if isinstance(m, sm.ShareKeys) and self.io.faults.garbage_shares:  # fault injection: a hostile device
                 m = dataclasses.replace(m, shares=tuple((u, os.urandom(len(b))) for u, b in m.shares))
@@ -145,8 +163,21 @@ class RoundRun:
             p = wire.client_to_proto(m, view.ids, modulus_bits=view.config.encoding.modulus_bits, detail=detail)
             if isinstance(p, secagg_pb2.AdvertiseKeys) and view.config.active_adversary:
                 p.identity_certificate = dr.certificate
+            protos.append(p)
+        return protos
+
+    async def send_encoded(self, dr: DeviceRound, protos: list[Any], *, delay: bool = True) -> None:
+        """Put `encode_replies`' protos on the outbox (after the fault plan's delay;
+        nothing once the round is over)."""
+        if not protos:
+            return
+        if delay and self.io.faults.delay_s > 0:
+            await asyncio.sleep(self.io.faults.delay_s)
+        if self.over:
+            return
+        for p in protos:
             self.io.send(**{wire.CLIENT_FIELDS[type(p)]: p})
-            if isinstance(m, sm.MaskedInput):
+            if isinstance(p, secagg_pb2.MaskedInput):
                 dr.sent_masked = True
 
     # ------------------------------------------------------------ a device's end

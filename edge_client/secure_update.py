@@ -97,11 +97,15 @@ async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray
             peer_identity_keys=dr.identity if active else None,
         )
         del encoded
-        dr.state, out = state.start()
-        own = out[0]
-        assert isinstance(own, sm.AdvertiseKeys)
-        dr.own = own
-        await run.reply(dr, out)
+
+        def start() -> tuple[Any, sm.AdvertiseKeys, list[Any]]:  # key generation, off the event loop
+            nxt, out = state.start()
+            own = out[0]
+            assert isinstance(own, sm.AdvertiseKeys)
+            return nxt, own, run.encode_replies(dr, out)
+
+        dr.state, dr.own, protos = await run.compute(start)
+        await run.send_encoded(dr, protos)
 
 
 async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) -> None:
@@ -113,26 +117,12 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
             run.go_silent(dr, stage)
             return
         view = run.view
-        msg: sm.Message
+        # decoding, the state machine's step and encoding the replies run on a
+        # worker thread (the device's lock is held): the event loop only routes
+        # messages, so it keeps reading the stream (a top-k request queued behind
+        # a round's fifty relayed key lists waits for all of them to be read)
         try:
-            if stage is Stage.SHARE_KEYS:  # AdvertisedKeys: the key list to share with
-                assert dr.own is not None
-                msg, ident = secagg_codec.key_list_from_proto(
-                    p, view.ids, dr.own,
-                    own_identity_public_key=dr.device.identity_public if view.config.active_adversary else None,
-                )
-                dr.identity.update(ident)
-                refusal = peer_certificates_refusal(run, p)
-                if refusal is not None:
-                    log.error("round %d, %s: %s; the device withdraws (a key no device CA vouches for)",
-                              view.round_number, dr.device.local_id, refusal)
-                    state, out = dr.state.abort(AbortReason.INVALID_SIGNATURE, refusal)
-                    dr.state = state
-                    await run.reply(dr, out, delay=False)
-                    run.finish_device(dr)
-                    return
-            else:
-                msg = wire.server_from_proto(p, view.ids)
+            decoded = await run.compute(_decode_stage, run, dr, stage, field_name, p)
         except wire.WireError as e:
             log.warning("round %d, %s: malformed %s: %s; the device leaves the round",
                         view.round_number, dr.device.local_id, field_name, e)
@@ -141,9 +131,26 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
             await run.reply(dr, out, delay=False)
             run.finish_device(dr)
             return
-        state, out = await asyncio.to_thread(dr.state.handle, msg)
+        if isinstance(decoded, str):  # a relayed key no device CA vouches for
+            log.error("round %d, %s: %s; the device withdraws (a key no device CA vouches for)",
+                      view.round_number, dr.device.local_id, decoded)
+            state, out = dr.state.abort(AbortReason.INVALID_SIGNATURE, decoded)
+            dr.state = state
+            await run.reply(dr, out, delay=False)
+            run.finish_device(dr)
+            return
+        current = dr.state
+        if dr.done or run.over or current is None:  # the round ended while the message was decoded
+            return
+
+        def step() -> tuple[Any, list[Any]]:
+            nxt, replies = current.handle(decoded)
+            dr.state = nxt  # encode_replies reads the new state (an abort's detail)
+            return nxt, run.encode_replies(dr, replies)
+
+        state, protos = await run.compute(step)
         dr.state = state
-        await run.reply(dr, out)
+        await run.send_encoded(dr, protos)
         if isinstance(state, ClientAborted):
             log.warning("round %d, %s: left the round: %s (%s)", view.round_number, dr.device.local_id,
                         state.reason.value, state.detail)
@@ -170,6 +177,23 @@ def write_certificate_request(dev: Device) -> Path:
     csr = certificate_request(dev.require_identity_key(), dev.device_id)
     dev.store.save_certificate_request(csr.public_bytes(serialization.Encoding.PEM))
     return dev.store.certificate_request_path
+
+
+def _decode_stage(run: RoundRun, dr: DeviceRound, stage: Stage, field_name: str, p: Any) -> sm.Message | str:
+    """The secagg message of a relayed stage message (WireError if malformed),
+    or, for a key list with a peer no device CA vouches for, why not. Runs on a
+    worker thread under the device's lock (it updates dr.identity)."""
+    view = run.view
+    if stage is Stage.SHARE_KEYS:  # AdvertisedKeys: the key list to share with
+        assert dr.own is not None
+        msg, ident = secagg_codec.key_list_from_proto(
+            p, view.ids, dr.own,
+            own_identity_public_key=dr.device.identity_public if view.config.active_adversary else None,
+        )
+        dr.identity.update(ident)
+        refusal = peer_certificates_refusal(run, p)
+        return msg if refusal is None else refusal
+    return wire.server_from_proto(p, view.ids)
 
 
 def peer_certificates_refusal(run: RoundRun, keys: secagg_pb2.AdvertisedKeys) -> str | None:

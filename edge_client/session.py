@@ -58,6 +58,7 @@ from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import identity
 from secagg.stages import Stage
 from wire import secagg_codec
+from wire.lanes import LaneQueue
 from wire.possession import session_payload
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE, coordinator_refusal
 
@@ -65,6 +66,21 @@ log = logging.getLogger("edge_client.session")
 
 SUPPORTED_MODELS = ("fedrap", "fedmmf", "pfedrec", "fedmf", SYNTHETIC_MODEL)
 DEFAULT_HEARTBEAT_S = 10.0
+
+#: Threads computing the hosted devices' secure aggregation (RoundIO.compute_pool).
+#: One: that work is Python under the GIL, so more threads add no throughput on
+#: the 2-core machine, and every extra busy thread delays the event loop's turn
+#: at the GIL, hence reading the stream (a top-k request waits behind the
+#: round's messages). File I/O (round secrets) stays on the default executor,
+#: so a slow fsync never holds the computation up. `fedmask bench admin`
+#: measures the effect (D76).
+SECAGG_THREADS = 1
+
+
+def new_outbox() -> LaneQueue[session_pb2.ClientMessage]:
+    """A stream's outbox: answers to device requests (top-k) overtake a round's
+    bulk messages (a process's masked inputs), wire/lanes.py."""
+    return LaneQueue(lambda m: m.WhichOneof("message") == "device_response")
 
 
 class FatalSessionError(Exception):
@@ -106,7 +122,7 @@ class SessionDriver:
         self.debug_inputs_dir = debug_inputs_dir
         # INSECURE (benchmark baseline): answer plaintext rounds (no masks).
         self.allow_insecure_plaintext = allow_insecure_plaintext
-        self.outbox: asyncio.Queue[session_pb2.ClientMessage] = asyncio.Queue()
+        self.outbox: asyncio.Queue[session_pb2.ClientMessage] = new_outbox()
         self.accepted: set[int] = set()
         #: This stream's SessionChallenge nonce and the devices proven on it.
         self.nonce: bytes = b""
@@ -120,6 +136,8 @@ class SessionDriver:
         self._bg: set[asyncio.Task[Any]] = set()
         #: one thread answering device requests (top-k), apart from the round's work
         self._query_pool: ThreadPoolExecutor | None = None
+        #: the devices' secure-aggregation computation (RoundIO.compute_pool)
+        self._compute_pool = ThreadPoolExecutor(max_workers=SECAGG_THREADS, thread_name_prefix="fedmask-secagg")
 
     # ------------------------------------------------------------ outgoing
     def send(self, **oneof: Any) -> None:
@@ -173,7 +191,7 @@ class SessionDriver:
 
     def new_session(self) -> None:
         """A fresh stream: a new outbox (nothing stale is sent on it)."""
-        self.outbox = asyncio.Queue()
+        self.outbox = new_outbox()
         self.retry_after = None
         self.nonce = b""
         self.proven = set()
@@ -257,7 +275,7 @@ class SessionDriver:
         return RoundIO(
             send=self.send, spawn=self._spawn, faults=self.faults, secure_random=self.secure_random,
             secure_numpy_rng=self.trainer.secure_numpy_rng, debug_inputs_dir=self.debug_inputs_dir,
-            device_ca=self.device_ca,
+            device_ca=self.device_ca, compute_pool=self._compute_pool,
         )
 
     async def _on_round_task(self, task: session_pb2.RoundTask) -> None:
@@ -330,9 +348,9 @@ class SessionDriver:
         spec = task_spec(view)
         try:
             if view.model_name == SYNTHETIC_MODEL:
-                return self.trainer.synthetic_updates(
-                    spec, [dr.device.device_id for dr in active], clip=view.config.encoding.clip
-                )
+                return await asyncio.to_thread(  # off the event loop, as training is
+                    self.trainer.synthetic_updates, spec, [dr.device.device_id for dr in active],
+                    clip=view.config.encoding.clip)
             try:
                 out = await asyncio.to_thread(self.trainer.train, spec, [dr.device.number for dr in active])
             except UnreadablePrivateState as e:
@@ -430,3 +448,4 @@ class SessionDriver:
             self._query_pool, functools.partial(queries.answer, req, dict(self.devices), self.trainer,
                                                 serve_recommendations=self.serve_recommendations))
         outbox.put_nowait(session_pb2.ClientMessage(device_response=resp))
+
