@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,8 @@ from wire.protocol import is_loopback_target
 log = logging.getLogger("edge_client")
 
 CLIENT_VERSION = "0.1.0"
+#: The GIL switch interval of `fedmask client` (run_client; D76).
+GIL_SWITCH_INTERVAL_S = 0.001
 
 
 class ClientError(Exception):
@@ -330,6 +333,10 @@ def run_client(config: ClientConfig) -> int:
     except ClientError as e:
         log.error("%s", e)
         return 2
+    # A 1 ms GIL switch interval (CPython's default is 5 ms): a top-k query and
+    # the event loop get the GIL back sooner from the secagg compute thread;
+    # `fedmask bench admin` measured top-k p99 100-111 ms against 118-142 ms (D76)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         return asyncio.run(client.run())
     except KeyboardInterrupt:

@@ -134,17 +134,19 @@ def _durations(records: list[Any]) -> list[float]:
     return [(_utc(r.ended_at) - _utc(r.started_at)).total_seconds() for r in records]
 
 
-async def _one(http: Any, kind: str, at: float, device: int, headers: dict[str, str]) -> Sample:
+async def _one(http: Any, kind: str, at: float, device: int) -> Sample:
     loop = asyncio.get_running_loop()
     try:
         if kind == "topk":
-            resp = await http.get(f"/v1/devices/{device}/recommendations", params={"k": K}, headers=headers)
+            req = http.get(f"/v1/devices/{device}/recommendations", params={"k": K})
         else:
-            resp = await http.get("/v1/rounds/current", headers=headers)
-        body = resp.content
+            req = http.get("/v1/rounds/current")
+        async with req as resp:
+            body = await resp.read()
+            status = resp.status
         latency = (loop.time() - at) * 1000.0
-        if resp.status_code != 200:
-            return Sample(kind, latency, False, f"HTTP {resp.status_code}: {body[:200]!r}")
+        if status != 200:
+            return Sample(kind, latency, False, f"HTTP {status}: {body[:200]!r}")
         if kind == "topk":
             doc = json.loads(body)
             if len(doc.get("items", ())) != K or doc.get("computed_on") != "device":
@@ -158,13 +160,18 @@ async def _one(http: Any, kind: str, at: float, device: int, headers: dict[str, 
 async def open_loop(base: str, *, rate: float, seconds: float, device_ids: list[int], token: str,
                     seed: int, timeout: float) -> list[Sample]:
     """int(rate * seconds) requests, request i at t0 + i / rate (even i top-k,
-    odd i status), each its own task; their samples in schedule order."""
-    import httpx
+    odd i status), each its own task; their samples in schedule order.
+
+    The client is aiohttp (keep-alive connections, no limit on how many): its
+    cost per request is a fraction of httpx's, so the measuring process adds
+    little of its own time to what it measures (D76)."""
+    import aiohttp
 
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(base_url=base, headers=headers, connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as http:
         loop = asyncio.get_running_loop()
         t0 = loop.time() + 0.05
         tasks = []
@@ -174,7 +181,7 @@ async def open_loop(base: str, *, rate: float, seconds: float, device_ids: list[
             if delay > 0:
                 await asyncio.sleep(delay)
             kind = "topk" if i % 2 == 0 else "status"
-            tasks.append(asyncio.create_task(_one(http, kind, at, rng.choice(device_ids), headers)))
+            tasks.append(asyncio.create_task(_one(http, kind, at, rng.choice(device_ids))))
         return list(await asyncio.gather(*tasks))
 
 
