@@ -20,6 +20,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from wire.protocol import HYBRID_J_BOUND_HYPERPARAMETER
 
 
@@ -31,7 +33,7 @@ def coordinator_bound(hyperparameters: Mapping[str, Any]) -> float | None:
     return float(b)
 
 
-def plaintext_rows(J: Sequence[float] | None, n: int, *, coordinator: float | None, own: float | None) -> list[bool]:
+def plaintext_rows(J: Sequence[float] | np.ndarray | None, n: int, *, coordinator: float | None, own: float | None) -> list[bool]:
     """For each of the batch's `n` rows: True when that device sends its
     update in plaintext (module doc)."""
     if J is None or coordinator is None or own is None:

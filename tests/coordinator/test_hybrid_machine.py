@@ -35,7 +35,7 @@ def test_total_is_the_exact_sum_of_plaintext_and_secure_inputs(n, n_plain, kw):
     assert m.plaintext == plain
     # the round's total is the plaintext sum of every counted device's encoded input, bit for bit
     assert np.array_equal(m.result.encoded_sum, d.expected_sum())
-    mean = np.mean([d.devices[x].update for x in m.cohort], axis=0)
+    mean = np.mean(np.stack([np.asarray(d.devices[x].update) for x in m.cohort]), axis=0)
     assert np.allclose(m.result.decoded_mean, mean, atol=1e-6)
     assert m.survivors()["plaintext"] == sorted(plain)
     assert set(m.survivors()["advertise_keys"]) == set(m.cohort) - set(plain)  # U1: the secure subset
@@ -96,6 +96,7 @@ def test_a_plaintext_device_after_its_keys_is_dropped_and_lost_plaintext_devices
     m = d.m
     late = cohort(n)[1]  # advertised keys, then sends a plaintext input: a protocol violation
     enc = d.devices[late].encoded
+    assert enc is not None
     from fedmask_proto.v1 import secagg_pb2
 
     p = secagg_pb2.MaskedInput(session_id=m.session_id, round_number=m.number, device_id=late,
