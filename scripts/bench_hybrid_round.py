@@ -89,11 +89,15 @@ def one_round(config: SecAggConfig, cohort: list[int], plaintext: set[int], seed
         for a in actions:
             if not isinstance(a, Send):
                 continue
-            inner = getattr(a.message, a.message.WhichOneof("message"))
+            which = a.message.WhichOneof("message")
+            if which is None:
+                continue
+            inner = getattr(a.message, which)
             dev = devices[a.device_id]
             if isinstance(inner, common_pb2.AbortNotice) or dev.state is None:
                 continue
             t0 = time.perf_counter()
+            msg: Any
             if isinstance(inner, secagg_pb2.AdvertisedKeys):
                 assert dev.own is not None
                 msg, _ = codec.key_list_from_proto(inner, ids, dev.own)
