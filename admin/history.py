@@ -107,6 +107,11 @@ def versions_by_round(store: Store, oldest_round: int) -> dict[int, int]:
     return out
 
 
+#: A FedMMF hybrid round's survivors key of the devices whose UNPROTECTED
+#: plaintext update was counted (coordinator/hybrid.py, D65): not a stage.
+PLAINTEXT_PATH = "plaintext"
+
+
 def _validation(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k.startswith("val_")}
 
@@ -127,7 +132,7 @@ def round_summary(r: RoundRecord, *, produced: int | None, ledger: Ledger) -> sc
 def round_detail(r: RoundRecord, *, produced: int | None, ledger: Ledger) -> schemas.RoundDetail:
     summary = round_summary(r, produced=produced, ledger=ledger)
     names = [s for s in STAGE_ORDER if s in r.survivors or s in r.dropouts or s in r.timings]
-    names += sorted((set(r.survivors) | set(r.dropouts) | set(r.timings)) - set(names))
+    names += sorted((set(r.survivors) | set(r.dropouts) | set(r.timings)) - set(names) - {PLAINTEXT_PATH})
     stages = [schemas.StageReport(stage=s, survivors=len(r.survivors[s]) if s in r.survivors else None,
                                   dropouts=len(r.dropouts.get(s, ())), seconds=r.timings.get(s))
               for s in names]
@@ -138,6 +143,7 @@ def round_detail(r: RoundRecord, *, produced: int | None, ledger: Ledger) -> sch
         dropout_ids={k: list(v) for k, v in r.dropouts.items() if v}, metrics=dict(r.metrics),
         epsilon_round=entry.epsilon if entry is not None else None,
         noise_multiplier=entry.noise_multiplier if entry is not None else None,
+        plaintext_device_ids=list(r.survivors.get(PLAINTEXT_PATH, ())),
     )
 
 

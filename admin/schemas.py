@@ -137,6 +137,10 @@ class RoundDetail(RoundSummary):
     metrics: dict[str, float] = Field(description="Every aggregated metric stored with the round")
     epsilon_round: float | None = Field(description="The round's own epsilon at delta")
     noise_multiplier: float | None
+    plaintext_device_ids: list[int] = Field(
+        default_factory=list,
+        description="FedMMF hybrid rounds: devices whose UNPROTECTED plaintext update was counted (the coordinator "
+        "saw each of these updates; metrics hybrid.* count both paths); empty for every other round")
 
 
 class RoundPage(BaseModel):

@@ -64,8 +64,17 @@ def round_record(
         survivors={"selected": list(r.cohort), **r.survivors()},
         dropouts=r.dropout_ids(),
         timings=dict(timings if timings is not None else r.timings),
-        metrics={**shape_metrics(r), **(metrics or {})},
+        metrics={**shape_metrics(r), **path_metrics(r), **(metrics or {})},
     )
+
+
+def path_metrics(r: RoundMachine) -> dict[str, float]:
+    """A hybrid round's paths (D64): `hybrid.plaintext_devices` (UNPROTECTED
+    contributions, also `hybrid.unprotected_contributions`) and
+    `hybrid.secure_devices` counted; empty for every other round."""
+    from coordinator.hybrid import HybridRoundMachine
+
+    return r.path_metrics() if isinstance(r, HybridRoundMachine) else {}
 
 
 def shape_metrics(r: RoundMachine) -> dict[str, float]:
@@ -209,4 +218,4 @@ class PrivacyLedger:
             self._composition.add(entry.noise_multiplier, entry.sampling_rate)
 
 
-__all__ = ["PrivacyLedger", "round_metrics", "round_record", "shape_metrics"]
+__all__ = ["PrivacyLedger", "path_metrics", "round_metrics", "round_record", "shape_metrics"]

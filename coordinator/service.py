@@ -64,6 +64,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
 from coordinator.operator_actions import OperatorActions, top_k_status
 from coordinator.peer_reports import PeerReports, ReportPolicy
+from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
@@ -96,7 +97,12 @@ from secagg.device_certificates import MAX_CERTIFICATE_BYTES, certificate_refusa
 from secagg.errors import SecAggConfigError
 from wire import WireError, build_round_task, params_to_proto
 from wire.possession import SESSION_NONCE_BYTES
-from wire.protocol import CLIENT_MESSAGE_STAGE, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
+from wire.protocol import (
+    CLIENT_MESSAGE_STAGE,
+    HYBRID_J_BOUND_HYPERPARAMETER,
+    PLAINTEXT_HYPERPARAMETER,
+    ROUND_INDEX_HYPERPARAMETER,
+)
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort, reason_name
 
@@ -628,7 +634,11 @@ class Coordinator(OperatorActions):
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary)
-        machine = PlaintextRoundMachine if plaintext else RoundMachine
+        machine: type[RoundMachine] = RoundMachine
+        if plaintext:
+            machine = PlaintextRoundMachine
+        elif self.settings.hybrid.enabled:  # UNPROTECTED plaintext inputs from some devices (D64)
+            machine = HybridRoundMachine
         r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity,
                     metrics=metrics)
         self.round = r
@@ -726,6 +736,8 @@ class Coordinator(OperatorActions):
         hp = {**self.model.hyperparameters(), ROUND_INDEX_HYPERPARAMETER: self._step}
         if plaintext:
             hp[PLAINTEXT_HYPERPARAMETER] = True
+        if self.settings.hybrid.unprotected_plaintext_j_bound is not None:
+            hp[HYBRID_J_BOUND_HYPERPARAMETER] = self.settings.hybrid.unprotected_plaintext_j_bound
         dp = dp_settings_for(self.settings.dp, len(r.cohort))
         for sid, devices in groups.items():
             task = build_round_task(

@@ -8,7 +8,7 @@ Sources, highest precedence first (nested groups are merged key by key):
                 (FEDMASK_MODEL__HYPERPARAMETERS='{"lr": 0.05}')
   3. file       a TOML file: `config_file`, else $FEDMASK_CONFIG; top-level
                 keys and [cohort], [deadlines], [secagg], [dp], [tls], [auth],
-                [limits], [admin], [metrics], [debug], [model] /
+                [limits], [admin], [metrics], [debug], [hybrid], [model] /
                 [model.hyperparameters] tables
   4. defaults   below
 
@@ -383,6 +383,23 @@ class DebugSettings(_Group):
     insecure_plaintext: bool = False
 
 
+class HybridSettings(_Group):
+    #: UNPROTECTED UPDATES (FedMMF hybrid rounds, coordinator/hybrid.py,
+    #: docs/decisions.md D64-D66). A device whose FedMMF privacy indicator J
+    #: (the mean squared residual of its personalised mask on its own
+    #: ratings) is at most this bound, and at most its client's own
+    #: --unprotected-plaintext-j-bound, sends its update in PLAINTEXT: the
+    #: coordinator learns that device's item-factor update and which path
+    #: every device took. None (default): every update goes through secure
+    #: aggregation. Needs TLS on the device listener, model.name "fedmmf",
+    #: and no distributed DP noise.
+    unprotected_plaintext_j_bound: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.unprotected_plaintext_j_bound is not None
+
+
 _CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_config_data", default=None)
 
 
@@ -412,6 +429,7 @@ class CoordinatorSettings(BaseSettings):
     admin: AdminSettings = Field(default_factory=AdminSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
+    hybrid: HybridSettings = Field(default_factory=HybridSettings)
     #: Ask the devices for round metrics (totals through the secure sum, D35);
     #: off: no metric leaves a device, and rounds record only contributors
     #: and cohort (the metric totals are not covered by DP, D36).
@@ -472,6 +490,22 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("debug.record_sums is only allowed on a loopback listen_address (tests, benchmarks)")
         if self.debug.insecure_plaintext and not is_loopback(split_host_port(self.listen_address)[0]):
             raise ValueError("debug.insecure_plaintext is only allowed on a loopback listen_address (benchmarks)")
+        if self.hybrid.enabled:
+            if not self.tls.enabled:
+                raise ValueError(
+                    "hybrid.unprotected_plaintext_j_bound sends some devices' updates in plaintext: it needs TLS on "
+                    "the device listener (tls.cert and tls.key), so that only the coordinator can read them"
+                )
+            if self.model.name != "fedmmf":
+                raise ValueError("hybrid.unprotected_plaintext_j_bound is FedMMF's policy (its privacy indicator J): "
+                                 f"model.name must be 'fedmmf', not {self.model.name!r}")
+            if self.dp.mode == "distributed" and self.dp.noise_multiplier > 0:
+                raise ValueError(
+                    "hybrid.unprotected_plaintext_j_bound cannot be combined with dp.mode 'distributed': a plaintext "
+                    "update carries only its 1/cohort share of the noise, so no epsilon would cover it"
+                )
+            if self.debug.insecure_plaintext:
+                raise ValueError("hybrid.unprotected_plaintext_j_bound and debug.insecure_plaintext exclude each other")
         if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):
             raise ValueError(
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"

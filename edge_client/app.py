@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -93,6 +94,10 @@ class ClientConfig:
     #: coordinator (D33): devices join only active-mode rounds, and only with
     #: peers whose identity certificates it issued.
     device_ca: Path | None = None
+    #: UNPROTECTED updates (FedMMF hybrid rounds, D64): a device whose J is at
+    #: most this (and the round's bound) sends its update in plaintext. Needs
+    #: TLS to the coordinator. None: never.
+    unprotected_plaintext_j_bound: float | None = None
 
 
 class EdgeClient:
@@ -123,6 +128,13 @@ class EdgeClient:
         if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not is_loopback_target(cfg.coordinator):
             raise ClientError("--debug-record-inputs and --debug-allow-insecure-plaintext are for tests and "
                               "benchmarks against a loopback coordinator only")
+        if cfg.unprotected_plaintext_j_bound is not None:
+            b = cfg.unprotected_plaintext_j_bound
+            if not (math.isfinite(b) and b >= 0):
+                raise ClientError(f"--unprotected-plaintext-j-bound must be a finite number >= 0, got {b}")
+            if cfg.tls_ca is None:
+                raise ClientError("--unprotected-plaintext-j-bound sends some updates in plaintext: it needs TLS to "
+                                  "the coordinator (--tls-ca), so that only the coordinator can read them")
         if cfg.device_ca is not None:
             try:
                 self.device_ca = x509.load_pem_x509_certificate(Path(cfg.device_ca).read_bytes())
@@ -198,6 +210,7 @@ class EdgeClient:
             serve_recommendations=self.config.serve_recommendations,
             cohort_floor=self.config.cohort_floor,
             device_ca=self.device_ca,
+            unprotected_plaintext_j_bound=self.config.unprotected_plaintext_j_bound,
         )
 
     def _request_certificates(self) -> None:

@@ -51,6 +51,7 @@ from edge_client import plaintext, queries, secure_update
 from edge_client.devices import Device
 from edge_client.cohort_floor import CohortFloor
 from edge_client.faults import FaultPlan
+from edge_client.path_choice import coordinator_bound, plaintext_rows
 from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
 from edge_client.trainer import Trainer, TrainingError, TrainOutput, UnreadablePrivateState
@@ -103,7 +104,11 @@ class SessionDriver:
         cohort_floor: CohortFloor | None = None,
         serve_recommendations: bool = True,
         device_ca: x509.Certificate | None = None,
+        unprotected_plaintext_j_bound: float | None = None,
     ) -> None:
+        #: UNPROTECTED updates (FedMMF hybrid rounds, D64): this client's own cap
+        #: on J under which a device may send its update in plaintext; None: never.
+        self.unprotected_plaintext_j_bound = unprotected_plaintext_j_bound
         self.cohort_floor = cohort_floor or CohortFloor()
         #: False: every top-k request is answered REFUSED (--no-serve-recommendations).
         self.serve_recommendations = serve_recommendations
@@ -336,8 +341,19 @@ class SessionDriver:
         if out is None or run.over:
             return
         run.train = out
-        upload = plaintext.upload if insecure else secure_update.advertise
-        await asyncio.gather(*(upload(run, dr, i, out.updates[i]) for i, dr in enumerate(active)))
+        plain = [insecure] * len(active)
+        bound = coordinator_bound(view.hyperparameters)
+        if not insecure and bound is not None:  # a hybrid round: each device chooses its path (D64)
+            plain = plaintext_rows(out.privacy_indicator, len(active), coordinator=bound,
+                                   own=self.unprotected_plaintext_j_bound)
+            if any(plain):
+                log.warning("round %d: %d of %d device(s) send UNPROTECTED plaintext updates (J <= %g)",
+                            view.round_number, sum(plain), len(active),
+                            min(bound, self.unprotected_plaintext_j_bound or 0.0))
+        await asyncio.gather(*(
+            (plaintext.upload if plain[i] else secure_update.advertise)(run, dr, i, out.updates[i])
+            for i, dr in enumerate(active)
+        ))
 
     async def _train(self, run: RoundRun, active: list[DeviceRound]) -> TrainOutput | None:
         """The batch's updates (row i = active[i]); None when the client

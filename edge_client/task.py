@@ -17,7 +17,10 @@ import numpy as np
 
 import wire
 from fedmask_proto.v1 import session_pb2
-from wire.protocol import PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
+from wire.protocol import HYBRID_J_BOUND_HYPERPARAMETER, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
+
+#: RoundTask hyper-parameters that configure the round, not the model.
+_ROUND_POLICY_KEYS = frozenset({PLAINTEXT_HYPERPARAMETER, HYBRID_J_BOUND_HYPERPARAMETER})
 
 #: The benchmark's stand-in model: no training, updates from (seed, round, device).
 SYNTHETIC_MODEL = "synthetic"
@@ -48,7 +51,7 @@ class TaskSpec:
 def task_spec(view: wire.RoundTaskView) -> TaskSpec:
     """The training part of a checked RoundTask. The model's round counter is
     the task's `round_idx` hyper-parameter (the round number when absent)."""
-    hyper = {k: v for k, v in view.hyperparameters.items() if k != PLAINTEXT_HYPERPARAMETER}
+    hyper = {k: v for k, v in view.hyperparameters.items() if k not in _ROUND_POLICY_KEYS}
     round_idx = hyper.get(ROUND_INDEX_HYPERPARAMETER, view.round_number)
     return TaskSpec(
         model_name=view.model_name,

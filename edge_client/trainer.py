@@ -91,6 +91,9 @@ class TrainOutput:
     clip_norm: float | None = None
     seconds: float = 0.0
     val_rows: list[dict[str, float]] | None = field(default=None, repr=False)  # per row, models/evaluation sums
+    #: float64 (B,): each row's FedMMF privacy indicator J (models/fedmmf.py),
+    #: None for models without one; read by the hybrid path choice (D64)
+    privacy_indicator: np.ndarray | None = None
 
     def device_metrics(self, row: int) -> dict[str, float]:
         """One device's (batch row `row`) metric values, in the names of
@@ -332,6 +335,8 @@ class Trainer:
             clip_norm=clip_norm,
             seconds=time.perf_counter() - t0,
             val_rows=val_rows,
+            privacy_indicator=(new_private["J"].detach().to("cpu", torch.float64).numpy()
+                               if "J" in new_private else None),
         )
 
     def _validation_sums(self, model, global_, private, split, explicit, numbers, rows) -> dict[str, float]:

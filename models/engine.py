@@ -154,6 +154,9 @@ class SimulationConfig:
     params: dict[str, Any] = field(default_factory=dict)
     users: tuple[int, ...] | None = None  # the population: 1-based user numbers (None: every user)
     save_global: str | None = None  # write the final global state here (.npz, one array per parameter)
+    #: FedMMF hybrid rounds (D64): a device whose privacy indicator J is at most
+    #: this sends its update UNPROTECTED (plaintext); None (default): all secure.
+    plaintext_j_bound: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot run (SimulationConfigError, user-facing
@@ -177,6 +180,20 @@ class SimulationConfig:
             raise SimulationConfigError("--secagg-clip must be > 0")
         if self.eval_every < 1:
             raise SimulationConfigError("--eval-every must be >= 1")
+        if self.plaintext_j_bound is not None:
+            from models.hybrid import check_bound
+
+            if self.model != "fedmmf":
+                raise SimulationConfigError("--plaintext-j-bound is FedMMF's policy (its privacy indicator J): --model fedmmf")
+            if self.dp_noise is not None and self.dp_mode == "distributed":
+                raise SimulationConfigError(
+                    "--plaintext-j-bound cannot be combined with --dp-mode distributed: a plaintext update carries "
+                    "only its 1/cohort share of the noise, so no epsilon would cover it"
+                )
+            try:
+                check_bound(self.plaintext_j_bound)
+            except ValueError as e:
+                raise SimulationConfigError(f"--plaintext-j-bound: {e}") from e
 
     @property
     def dp(self) -> DPSettings | None:
@@ -319,6 +336,10 @@ class SecureAggregator:
         return self._configs[key]
 
     def mean(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
+        return self.sum(updates, round_idx=round_idx, clip=clip) / updates.shape[0]
+
+    def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
+        """The decoded exact sum of the devices' encoded updates (all counted: no dropouts here)."""
         from secagg.testing import run_round
 
         n, length = updates.shape
@@ -331,7 +352,7 @@ class SecureAggregator:
         # server still runs (serialisation is ~14 % of a 943-device round and is covered by
         # the secagg tests and `fedmask bench round`, which use the real wire format).
         out = run_round(x, config=cfg, round_idx=round_idx, seed=self.seed * 1_000_003 + round_idx, wire=False)
-        if not out.ok or out.mean is None:
+        if not out.ok or out.sum is None:
             raise RuntimeError(f"secure aggregation aborted in round {round_idx}: {out.abort_reason} {out.abort_detail}")
         self.last = {
             "secagg_graph": cfg.describe(),
@@ -339,7 +360,39 @@ class SecureAggregator:
             "secagg_exact": bool(out.exact),
             "secagg_wall_s": float(out.wall_s),
         }
-        return torch.as_tensor(np.asarray(out.mean, dtype=np.float32), device=updates.device)
+        return torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=updates.device)
+
+
+def _hybrid_mean(
+    upd: torch.Tensor,
+    J: torch.Tensor,
+    config: SimulationConfig,
+    secure: SecureAggregator | None,
+    round_idx: int,
+    rec: dict[str, Any],
+) -> torch.Tensor | None:
+    """FedMMF's hybrid round (D64): devices with J <= the bound add their
+    update in the clear, the others through the secure sum (the in-process
+    SecAgg with --secagg, else the plain sum); the mean over the counted
+    devices, or None when none is counted. Records how many took each path."""
+    from models.hybrid import hybrid_sum, plaintext_choice
+
+    plain = plaintext_choice(J.to(upd.device), config.plaintext_j_bound)
+
+    def secure_sum(rows: torch.Tensor) -> torch.Tensor:
+        if secure is None:
+            return rows.sum(0)
+        c = _secagg_clip(config)
+        out = secure.sum(rows, round_idx=round_idx, clip=c)
+        rec.update(secure.last)
+        rec["secagg_clipped_fraction"] = float((rows.abs() > c).sum()) / rows.numel()
+        return out
+
+    h = hybrid_sum(upd, plain, secure_sum)
+    rec["plaintext_devices"] = h.plaintext
+    rec["secure_devices_chosen"] = h.secure_chosen
+    rec["secure_devices_counted"] = h.secure_counted
+    return h.mean()
 
 
 # ============================================================ the simulation
@@ -482,8 +535,11 @@ def simulate(
                 rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
             if accountant is not None:
                 accountant.step()
+            mean: torch.Tensor | None
             if upd.shape[1] == 0:
                 mean = upd.new_zeros(0)
+            elif config.plaintext_j_bound is not None:
+                mean = _hybrid_mean(upd, priv_c["J"], config, secure, r, rec)
             elif secure is not None:
                 c = _secagg_clip(config)
                 mean = secure.mean(upd, round_idx=r, clip=c)
@@ -491,7 +547,8 @@ def simulate(
                 rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
             else:
                 mean = upd.mean(0)
-            global_ = model.apply_mean_update(global_, mean, r)
+            if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
+                global_ = model.apply_mean_update(global_, mean, r)
             if rows is None:
                 private = new_priv
             else:
@@ -571,6 +628,19 @@ def simulate(
     }
     if saved_global is not None:
         out["saved_global"] = saved_global
+    if config.plaintext_j_bound is not None:
+        plain = sum(rec.get("plaintext_devices", 0) for rec in records)
+        chosen = sum(rec.get("secure_devices_chosen", 0) for rec in records)
+        counted_sec = sum(rec.get("secure_devices_counted", 0) for rec in records)
+        out["hybrid"] = {
+            "plaintext_j_bound": config.plaintext_j_bound,
+            "plaintext_share": plain / max(plain + chosen, 1),
+            "plaintext_contributions": plain,
+            "secure_contributions": counted_sec,
+            "secure_sat_out": chosen - counted_sec,
+            "meaning": "plaintext contributions are UNPROTECTED: the server sees each such device's item-factor "
+            "update (D64-D66); no epsilon or secure-aggregation guarantee covers them",
+        }
     if not explicit:
         out["placebo"] = {"hr@10": test.get("placebo_hr@10", math.nan), "ndcg@10": test.get("placebo_ndcg@10", math.nan)}
     if dp is not None:

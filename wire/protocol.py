@@ -118,6 +118,11 @@ SERVER_FIELD_STAGE: dict[str, Stage] = {
 #: INSECURE debug mode (benchmark baseline): devices upload their encoded
 #: update unmasked; both sides must opt in, loopback only.
 PLAINTEXT_HYPERPARAMETER = "insecure_plaintext"
+#: FedMMF hybrid rounds (UNPROTECTED updates, D64): the coordinator's bound
+#: on the privacy indicator J under which a device may send its encoded
+#: update in plaintext (a MaskedInput during ADVERTISE_KEYS); absent: every
+#: device is secure.
+HYBRID_J_BOUND_HYPERPARAMETER = "unprotected_plaintext_j_bound"
 #: The model's training step (round index of the curriculum).
 ROUND_INDEX_HYPERPARAMETER = "round_idx"
 
@@ -147,6 +152,7 @@ __all__ = [
     "MASKED_ELEMENT_BYTES",
     "MASKED_INPUT_OVERHEAD_BYTES",
     "MAX_VERSION_CHARS",
+    "HYBRID_J_BOUND_HYPERPARAMETER",
     "PLAINTEXT_HYPERPARAMETER",
     "PROTOCOL_VERSION",
     "PUBLIC_KEY_BYTES",

@@ -126,6 +126,7 @@ def client(
              "With --no-serve-recommendations every such request is refused with DEVICE_ERROR_CODE_REFUSED "
              "(the admin API answers 403).", rich_help_panel="Security")] = True,
     device_ca: Annotated[Path | None, typer.Option(help="The federation's device CA certificate (PEM; `fedmask certs init` writes device-ca.pem), kept apart from the coordinator: the devices join only active-mode rounds, and only with peers whose identity certificates this CA issued. Devices without a certificate write a request to sign (fedmask certs issue-device).", rich_help_panel="Security", show_default=False)] = None,
+    unprotected_plaintext_j_bound: Annotated[float | None, typer.Option(help="UNPROTECTED UPDATES (FedMMF hybrid rounds, docs/decisions.md D64): in a round whose coordinator allows it, a device whose privacy indicator J (the mean squared residual of its personalised mask on its own ratings) is at most this AND at most the round's bound sends its item-factor update in PLAINTEXT: the coordinator learns it. Needs --tls-ca. Default: never; every update is masked.", rich_help_panel="Security", show_default=False)] = None,
     log_level: Annotated[str, typer.Option(help="debug | info | warning | error.")] = "info",
     debug_record_inputs: Annotated[
         bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
@@ -193,6 +194,7 @@ def client(
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
         cohort_floor=floor, serve_recommendations=serve_recommendations, device_ca=device_ca,
+        unprotected_plaintext_j_bound=unprotected_plaintext_j_bound,
     )
     code = run_client(config)
     if code:

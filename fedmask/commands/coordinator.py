@@ -106,6 +106,7 @@ def coordinator(
     message_rate: Annotated[float | None, typer.Option(min=0.001, help="Heartbeat / CheckIn messages per second per stream, after a burst of limits.message_burst (default 5/s, burst 50).", rich_help_panel="Limits")] = None,
     max_announced_devices: Annotated[int | None, typer.Option(min=1, max=100_000, help="Devices one Hello or CheckIn may announce (default 10000).", rich_help_panel="Limits")] = None,
     debug_record_sums: Annotated[bool | None, typer.Option("--debug-record-sums/--no-debug-record-sums", help="DEBUG ONLY (loopback only): store each round's decoded sum digest in its metrics.", rich_help_panel="Debug")] = None,
+    unprotected_plaintext_j_bound: Annotated[float | None, typer.Option("--unprotected-plaintext-j-bound", help="UNPROTECTED UPDATES (FedMMF hybrid rounds, docs/decisions.md D64; setting hybrid.unprotected_plaintext_j_bound): a device whose privacy indicator J is at most this (and at most its client's own cap) sends its update in PLAINTEXT, the others through secure aggregation; the coordinator learns the plaintext updates. Needs TLS and model fedmmf. Default: off.", rich_help_panel="Security", show_default=False)] = None,
     debug_insecure_plaintext: Annotated[bool | None, typer.Option("--debug-insecure-plaintext/--no-debug-insecure-plaintext", help="INSECURE, benchmarks only (loopback only): rounds WITHOUT secure aggregation; devices send unmasked updates (clients must opt in with --debug-allow-insecure-plaintext).", rich_help_panel="Debug")] = None,
 ) -> None:
     """Run the coordinator: enrolment, session streams, cohort selection and
@@ -185,6 +186,7 @@ def coordinator(
         "limits.max_announced_devices": max_announced_devices,
         "debug.record_sums": debug_record_sums,
         "debug.insecure_plaintext": debug_insecure_plaintext,
+        "hybrid.unprotected_plaintext_j_bound": unprotected_plaintext_j_bound,
     }
     configure_logging(log_level)
     try:

@@ -229,6 +229,16 @@ def register_simulate(app: typer.Typer) -> None:
             ),
         ] = None,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+        plaintext_j_bound: Annotated[
+            float | None,
+            typer.Option(
+                help="FedMMF hybrid rounds, UNPROTECTED updates: a device whose privacy indicator J (the mean "
+                "squared residual of its personalised mask on its own ratings) is at most this sends its "
+                "item-factor update in plaintext; the others go through the secure sum (--secagg) and the "
+                "round sums both. Off by default; not with --dp-mode distributed. See docs/decisions.md D64.",
+                show_default=False,
+            ),
+        ] = None,
         platforms: Annotated[
             int | None,
             typer.Option(
@@ -286,6 +296,7 @@ def register_simulate(app: typer.Typer) -> None:
                 params=_parse_params(param or []), quiet=quiet, unsupported={
                     "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                     "--users": users, "--save-global": save_global, "--secagg-neighbors": secagg_neighbors,
+                    "--plaintext-j-bound": plaintext_j_bound,
                 },
             )  # fmt: skip
             return
@@ -325,6 +336,7 @@ def register_simulate(app: typer.Typer) -> None:
                 params=_parse_params(param or []),
                 users=population,
                 save_global=None if save_global is None else str(save_global),
+                plaintext_j_bound=plaintext_j_bound,
             )
             results = run_simulation(cfg, progress=not quiet)
         except SimulationConfigError as e:
@@ -342,6 +354,10 @@ def register_simulate(app: typer.Typer) -> None:
             )
         if "epsilon" in results:
             line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g})"
+        if "hybrid" in results:
+            h = results["hybrid"]
+            line += (f"  UNPROTECTED plaintext share {h['plaintext_share']:.3f} (J <= {h['plaintext_j_bound']:g}, "
+                     f"{h['plaintext_contributions']} plaintext contributions)")
         Console().print(
             f"[green]done[/green] {results['model']} on {results['dataset']}: best round {results['best_round']}, "
             f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"

@@ -63,3 +63,20 @@ def test_cursors_round_trip_and_refuse_anything_else(kind: str) -> None:
             decode_cursor(kind, bad)
     with pytest.raises(ValueError):
         encode_cursor(kind, 0)
+
+
+def test_a_hybrid_rounds_plaintext_devices_are_named_not_a_stage() -> None:
+    from admin.history import Ledger, round_detail
+
+    r = RoundRecord(number=3, state=RoundState.COMMITTED, started_at=T0, ended_at=T0 + timedelta(seconds=2),
+                    cohort_size=5, survivors={"selected": [1, 2, 3, 4, 5], "advertise_keys": [3, 4, 5],
+                                              "masked_input": [3, 4, 5], "unmasking": [3, 4, 5], "plaintext": [1, 2]},
+                    metrics={"contributors": 5, "hybrid.plaintext_devices": 2, "hybrid.secure_devices": 3,
+                             "hybrid.unprotected_contributions": 2})
+    d = round_detail(r, produced=None, ledger=Ledger({}))
+    assert d.plaintext_device_ids == [1, 2]
+    assert "plaintext" not in [s.stage for s in d.stages]
+    assert d.metrics["hybrid.unprotected_contributions"] == 2 and d.contributors == 5
+    plain = round_detail(RoundRecord(number=4, state=RoundState.COMMITTED, started_at=T0, cohort_size=3,
+                                     survivors={"selected": [1, 2, 3]}), produced=None, ledger=Ledger({}))
+    assert plain.plaintext_device_ids == []

@@ -198,3 +198,21 @@ def test_unflatten() -> None:
     assert unflatten({"a.b.c": 1, "a.d": 2, "e": 3, "f": None}) == {"a": {"b": {"c": 1}, "d": 2}, "e": 3}
     with pytest.raises(SettingsError):
         unflatten({"a": 1, "a.b": 2})
+
+
+def test_hybrid_rounds_are_off_by_default_and_refused_without_tls(tmp_path: Path) -> None:
+    assert CoordinatorSettings.load().hybrid.unprotected_plaintext_j_bound is None
+    fedmmf = {"model.name": "fedmmf", "hybrid.unprotected_plaintext_j_bound": 0.5}
+    with pytest.raises(SettingsError, match="needs TLS on the device listener"):
+        CoordinatorSettings.load(overrides=fedmmf)
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("x")
+    tls = {"tls.cert": tmp_path / "cert.pem", "tls.key": tmp_path / "key.pem"}
+    s = CoordinatorSettings.load(overrides={**fedmmf, **tls})
+    assert s.hybrid.enabled and s.hybrid.unprotected_plaintext_j_bound == 0.5
+    with pytest.raises(SettingsError, match="model.name must be 'fedmmf'"):
+        CoordinatorSettings.load(overrides={**fedmmf, **tls, "model.name": "fedrap"})
+    with pytest.raises(SettingsError, match="dp.mode 'distributed'"):
+        CoordinatorSettings.load(overrides={**fedmmf, **tls, "dp.mode": "distributed"})
+    with pytest.raises(SettingsError, match="unprotected_plaintext_j_bound"):
+        CoordinatorSettings.load(overrides={**fedmmf, **tls, "hybrid.unprotected_plaintext_j_bound": -1})

@@ -35,7 +35,7 @@ class Driver:
     """Delivers the machine's Send actions to fake devices and their replies back."""
 
     def __init__(self, n=5, *, silent=None, tamper=None, active=False, neighbors="all", number=7, L=12, threshold=None,
-                 metric_names=(), metric_limbs=None):
+                 metric_names=(), metric_limbs=None, machine=RoundMachine, plaintext=()):
         self.now = 0.0
         cohort = [100 + 3 * i for i in range(n)]
         config = SecAggConfig.create(num_clients=n, vector_length=L, session_id=SESSION, neighbors=neighbors,
@@ -44,7 +44,7 @@ class Driver:
         self.config = dataclasses.replace(config, vector_length=L + self.layout.coordinates)
         keys = {d: identity_private(d) for d in cohort}
         ident = {d: identity.public_bytes(k) for d, k in keys.items()} if active else None
-        self.m = RoundMachine(number=number, config=self.config, cohort=cohort, deadlines=DEADLINES, identity_keys=ident,
+        self.m = machine(number=number, config=self.config, cohort=cohort, deadlines=DEADLINES, identity_keys=ident,
                               metrics=self.layout)
         silent = silent or {}
         metric_limbs = metric_limbs or {}
@@ -64,6 +64,12 @@ class Driver:
                                     model_version=1, global_parameters={"mean": np.zeros(L, np.float32)},
                                     metrics=self.layout)
             for p in self.devices[d].on_task(parse_round_task(task, hosted=[d])):
+                if d in plaintext and self.devices[d].encoded is not None:  # hybrid: its encoded input, unmasked
+                    p = secagg_pb2.MaskedInput(session_id=SESSION, round_number=number, device_id=d,
+                                               masked_vector=self.devices[d].encoded.astype("<u4").tobytes(),
+                                               length=self.config.vector_length,
+                                               modulus_bits=self.config.encoding.modulus_bits)
+                    self.devices[d].silent = True  # its part is over
                 self.inbox.append((d, p))
         self.apply(self.m.start(self.now))
 
