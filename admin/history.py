@@ -280,6 +280,7 @@ def model_parameters(store: Store, version: int) -> tuple[bytes, str] | None:
 def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> schemas.Privacy:
     """The ledger, each entry with its round's counted devices, and the budget."""
     entries = store.privacy_ledger()
+    unprotected = unprotected_rounds(store)
     ledger: list[schemas.LedgerEntry] = []
     for e in entries:
         r = store.get_round(e.round_number)
@@ -287,12 +288,35 @@ def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> sc
         ledger.append(schemas.LedgerEntry(
             round_number=e.round_number, noise_multiplier=e.noise_multiplier, sampling_rate=e.sampling_rate,
             counted_devices=int(counted) if counted is not None else None, epsilon_round=e.epsilon,
-            epsilon_cumulative=e.cumulative_epsilon, delta=e.delta))
+            epsilon_cumulative=e.cumulative_epsilon, delta=e.delta,
+            unprotected_contributions=unprotected.get(e.round_number, 0)))
     spent = entries[-1].cumulative_epsilon if entries else 0.0
     return schemas.Privacy(
         rounds_accounted=len(entries), epsilon_spent=spent, delta=entries[-1].delta if entries else None,
         epsilon_budget=budget, epsilon_remaining=max(budget - spent, 0.0) if budget is not None else None,
-        exhausted=exhausted, ledger=ledger)
+        exhausted=exhausted, ledger=ledger, unprotected_contributions_total=sum(unprotected.values()),
+        unprotected_rounds=[schemas.UnprotectedRound(round_number=n, devices=d) for n, d in sorted(unprotected.items())])
+
+
+#: The round metric a hybrid round records its plaintext contributions under (coordinator/round_report.py).
+UNPROTECTED_METRIC = "hybrid.unprotected_contributions"
+
+
+def unprotected_rounds(store: Store, *, page: int = 500) -> dict[int, int]:
+    """Round number -> plaintext contributions, for every committed round that
+    had any (read from the round records, so rounds without differential
+    privacy count too; a scan of the history, newest first)."""
+    out: dict[int, int] = {}
+    before: int | None = None
+    while True:
+        got = store.list_rounds(limit=page, before=before)
+        for r in got.items:
+            n = r.metrics.get(UNPROTECTED_METRIC) if r.state is RoundState.COMMITTED else None
+            if n is not None and n > 0:
+                out[r.number] = int(n)
+        if got.next_cursor is None:
+            return out
+        before = got.next_cursor
 
 
 def list_audit(store: Store, *, limit: int, cursor: str | None) -> schemas.AuditPage:

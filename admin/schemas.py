@@ -183,6 +183,14 @@ class LedgerEntry(BaseModel):
     epsilon_round: float
     epsilon_cumulative: float
     delta: float
+    unprotected_contributions: int = Field(
+        0, description="Devices whose update reached the coordinator in the clear in this round (FedMMF hybrid "
+                       "rounds, D64-D66): UNPROTECTED, outside epsilon and outside the secure sum's guarantee")
+
+
+class UnprotectedRound(BaseModel):
+    round_number: int
+    devices: int = Field(description="Plaintext (unprotected) contributions counted in the round")
 
 
 class Privacy(BaseModel):
@@ -193,6 +201,11 @@ class Privacy(BaseModel):
     epsilon_remaining: float | None
     exhausted: bool | None = Field(description="None when the coordinator is not reachable")
     ledger: list[LedgerEntry]
+    unprotected_contributions_total: int = Field(
+        description="Plaintext contributions over every committed round (FedMMF hybrid rounds, D64-D66), with or "
+                    "without differential privacy; none of them is folded into epsilon")
+    unprotected_rounds: list[UnprotectedRound] = Field(
+        description="The committed rounds with plaintext contributions, ascending")
 
 
 # ------------------------------------------------------------------ top-k

@@ -80,3 +80,46 @@ def test_a_hybrid_rounds_plaintext_devices_are_named_not_a_stage() -> None:
     plain = round_detail(RoundRecord(number=4, state=RoundState.COMMITTED, started_at=T0, cohort_size=3,
                                      survivors={"selected": [1, 2, 3]}), produced=None, ledger=Ledger({}))
     assert plain.plaintext_device_ids == []
+
+
+def test_the_privacy_view_names_every_rounds_unprotected_contributions() -> None:
+    """Plaintext (hybrid) contributions are listed per round, with or without a
+    ledger entry (DP on or off), never folded into epsilon; aborted rounds
+    and rounds without plaintext devices do not count."""
+    import numpy as np
+
+    from admin.history import privacy, unprotected_rounds
+    from coordinator.store import NewModelVersion, PrivacyEntry
+    from coordinator.store.blobs import pack_parameters
+
+    store = InMemoryStore()
+    filled = fill_store(store)  # 5 committed rounds with ledger entries, none hybrid
+    spent = store.privacy_ledger()[-1].cumulative_epsilon
+    params = pack_parameters({"item_table": np.zeros((3, 4), dtype=np.float32)})
+    # the running round of fill_store is taken over: a hybrid round with DP, then one without, then an abort
+    numbers: list[int] = []
+    for plain, dp, state in ((3, True, RoundState.COMMITTED), (2, False, RoundState.COMMITTED),
+                             (4, False, RoundState.ABORTED)):
+        n = store.next_round_number()
+        numbers.append(n)
+        rec = RoundRecord(number=n, state=state, abort_reason="too_few_survivors" if state is RoundState.ABORTED else None,
+                          started_at=T0 + timedelta(hours=2, minutes=n),
+                          ended_at=T0 + timedelta(hours=2, minutes=n, seconds=3), cohort_size=10,
+                          base_model_version=filled.versions[-1],
+                          metrics={"contributors": 8.0, "hybrid.plaintext_devices": float(plain),
+                                   "hybrid.secure_devices": 5.0, "hybrid.unprotected_contributions": float(plain)})
+        if state is RoundState.ABORTED:
+            store.abort_round(rec)
+            continue
+        store.commit_round(rec, NewModelVersion(model_name="fedrap", parameters=params, created_at=rec.ended_at),
+                           PrivacyEntry(round_number=n, epsilon=0.5, delta=1e-5, noise_multiplier=0.9,
+                                        sampling_rate=1.0, cumulative_epsilon=spent + 0.5) if dp else None)
+    hybrid_dp, hybrid_plain = numbers[:2]
+    assert unprotected_rounds(store, page=2) == {hybrid_dp: 3, hybrid_plain: 2}
+    p = privacy(store, budget=None, exhausted=None)
+    assert p.unprotected_contributions_total == 5
+    assert [(u.round_number, u.devices) for u in p.unprotected_rounds] == [(hybrid_dp, 3), (hybrid_plain, 2)]
+    by_round = {e.round_number: e for e in p.ledger}
+    assert by_round[hybrid_dp].unprotected_contributions == 3
+    assert all(e.unprotected_contributions == 0 for n, e in by_round.items() if n != hybrid_dp)
+    assert p.epsilon_spent == pytest.approx(spent + 0.5)  # the plaintext devices add nothing to epsilon
