@@ -55,15 +55,16 @@ Randomness: u_i (and D_i when init_std_d > 0) start from keyed normals and the
 negatives of epoch e of round a are keyed draws (models/keyed_random.py), so a
 device trains the same in any cohort.
 
-Item biases (`item_bias=True`, the default since D73; an addition to the paper): the
-server also keeps a public per-item bias c (m,), learnt like C. The score
-becomes sigmoid(<u_i, (D_i + C)_j> + c_j + b_i); each device takes its E
-steps on its copy of c with the gradient of the summed BCE (`lr_bias`, None:
-lr_item, times lr_decay**a) and sends c_i - c after the C part of the update
-(update_dim = m*k + m); the server adds server_lr times the mean, with no
-regulariser. c carries what every user agrees on (popularity), which a
-held-out item's row can use; D_i still cannot. FedRAP-D (no C, nothing sent)
-has no c either: item_bias is ignored there.
+Item biases (`item_bias=True`; an addition to the paper, off by default: it
+tied the default on validation, docs/tuning.md, D73): the server also keeps a
+public per-item bias c (m,), learnt like C. The score becomes
+sigmoid(<u_i, (D_i + C)_j> + c_j + b_i); each device takes its E steps on its
+copy of c with the gradient of the summed BCE (`lr_bias`, default 0.01, None:
+lr_item, which diverges at lr_item 3; times lr_decay**a) and sends c_i - c
+after the C part of the update (update_dim = m*k + m); the server adds
+server_lr times the mean, with no regulariser. c carries what every user
+agrees on (popularity), which a held-out item's row can use; D_i cannot.
+FedRAP-D (no C, nothing sent) has no c: item_bias is ignored there.
 
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
@@ -132,7 +133,7 @@ class FedRAP(FederatedRecommender):
         lr_item: float = 3.0,
         lr_personal: float | None = 0.01,
         lr_decay: float = 0.98,
-        item_bias: bool = True,
+        item_bias: bool = False,
         lr_bias: float | None = 0.01,
         server_lr: float = 10.0,
         weight_decay_d: float = 0.0,

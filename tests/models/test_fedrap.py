@@ -41,8 +41,7 @@ def test_contract_shapes_and_no_mutation(synth_split, variant: str) -> None:
     data = cohort_data(s, list(range(s.n_users)))
     g0 = m.init_global(gen())
     p0 = m.init_private(data, g0, 1)
-    # the default item biases (D73) add one shared value per item to the update; FedRAP-D has none
-    assert m.update_dim == (0 if variant == "d_only" else s.n_items * 8 + s.n_items)
+    assert m.update_dim == (0 if variant == "d_only" else s.n_items * 8)
     if variant != "c_only":
         assert p0["D"].shape == (s.n_users, s.n_items, 8)
     g_copy = {k: v.clone() for k, v in g0.items()}
