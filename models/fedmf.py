@@ -70,6 +70,7 @@ class FedMF(FedRAP):
             n_items,
             k=k,
             variant="c_only",
+            item_bias=False,
             reg=reg,
             curriculum="fixed",
             v1=0.0,

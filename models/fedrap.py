@@ -55,6 +55,17 @@ Randomness: u_i (and D_i when init_std_d > 0) start from keyed normals and the
 negatives of epoch e of round a are keyed draws (models/keyed_random.py), so a
 device trains the same in any cohort.
 
+Item biases (`item_bias=True`; an addition to the paper, off by default: it
+tied the default on validation, docs/tuning.md, D73): the server also keeps a
+public per-item bias c (m,), learnt like C. The score becomes
+sigmoid(<u_i, (D_i + C)_j> + c_j + b_i); each device takes its E steps on its
+copy of c with the gradient of the summed BCE (`lr_bias`, default 0.01, None:
+lr_item, which diverges at lr_item 3; times lr_decay**a) and sends c_i - c
+after the C part of the update (update_dim = m*k + m); the server adds
+server_lr times the mean, with no regulariser. c carries what every user
+agrees on (popularity), which a held-out item's row can use; D_i cannot.
+FedRAP-D (no C, nothing sent) has no c: item_bias is ignored there.
+
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
@@ -122,6 +133,8 @@ class FedRAP(FederatedRecommender):
         lr_item: float = 3.0,
         lr_personal: float | None = 0.01,
         lr_decay: float = 0.98,
+        item_bias: bool = False,
+        lr_bias: float | None = 0.01,
         server_lr: float = 10.0,
         weight_decay_d: float = 0.0,
         weight_decay_u: float = 0.03,
@@ -144,6 +157,8 @@ class FedRAP(FederatedRecommender):
         self.local_epochs, self.n_neg = local_epochs, n_neg
         self.lr_user, self.lr_item, self.lr_decay = lr_user, lr_item, lr_decay
         self.lr_personal = lr_item if lr_personal is None else lr_personal
+        self.item_bias = bool(item_bias)
+        self.lr_bias = lr_item if lr_bias is None else lr_bias
         self.server_lr = server_lr
         self.weight_decay_d = weight_decay_d
         self.weight_decay_u = weight_decay_u
@@ -177,20 +192,29 @@ class FedRAP(FederatedRecommender):
 
     def config(self) -> dict[str, object]:
         keys = (
-            "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay "
+            "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay item_bias lr_bias "
             "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u"
         ).split()
         return {key: getattr(self, key) for key in keys}
 
     # ------------------------------------------------------------------ interface
     @property
+    def has_bias(self) -> bool:
+        return self.has_c and self.item_bias
+
+    @property
     def update_dim(self) -> int:
-        return self.n_items * self.k if self.has_c else 0
+        if not self.has_c:
+            return 0
+        return self.n_items * self.k + (self.n_items if self.has_bias else 0)
 
     def init_global(self, generator: torch.Generator) -> GlobalState:
         if not self.has_c:
             return {}
-        return {"C": randn((self.n_items, self.k), self.init_std_c, generator)}
+        state = {"C": randn((self.n_items, self.k), self.init_std_c, generator)}
+        if self.has_bias:
+            state["c_bias"] = torch.zeros(self.n_items, device=state["C"].device)
+        return state
 
     def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         b = int(data.users.shape[0])
@@ -221,6 +245,9 @@ class FedRAP(FederatedRecommender):
         lam = self.lam(round_idx)
         t_c, t_d = n_ep * lr_i, n_ep * lr_d  # lengths of the one split step on the dense regulariser
         C = global_["C"] if self.has_c else None
+        cb = global_["c_bias"] if self.has_bias else None
+        lr_b = self.lr_bias * self.lr_decay**round_idx
+        mk = m * k
 
         pos = positive_table(flat, m)  # (B, m)
         negc = negative_counts(data, m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)  # (E, B, m)
@@ -229,7 +256,7 @@ class FedRAP(FederatedRecommender):
         u_all = private["u"].clone()
         b_all = private["b"].clone()
         d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else torch.empty(0)  # (0,): no D
-        upd = torch.empty(nb, m * k, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
+        upd = torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
         # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
         lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
 
@@ -243,10 +270,13 @@ class FedRAP(FederatedRecommender):
             g_hist = torch.empty(bc, n_ep, m, device=dev_t)
             u_hist = torch.empty(bc, n_ep, k, device=dev_t)
             pos_c = pos[sl]
+            cb_i = cb.expand(bc, m).clone() if cb is not None else None  # the devices' copies of c
             for e in range(n_ep):
                 z = torch.bmm(W, u.unsqueeze(2)).squeeze(2) + bias.unsqueeze(1)
                 if C is not None:
                     z += u @ C.T
+                if cb_i is not None:
+                    z += cb_i
                 p = torch.sigmoid(z)
                 # summed BCE gradient w.r.t. the logit of every (device, item), all samples at once:
                 # negatives drawn c times contribute c * p, a positive contributes p - 1.
@@ -261,6 +291,8 @@ class FedRAP(FederatedRecommender):
                     grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
                 u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
                 bias.sub_(g.sum(1) * inv_n, alpha=lr_u)
+                if cb_i is not None:
+                    cb_i.sub_(g, alpha=lr_b)
             if C is not None:  # has_c
                 # C_i - C = -lr_i * sum_e g_e (x) u_e, formed once from the factors
                 dc = torch.bmm(g_hist.transpose(1, 2), u_hist).mul_(-lr_i)
@@ -274,7 +306,9 @@ class FedRAP(FederatedRecommender):
                             d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
                             dc.sub_(delta, alpha=2.0 * lam * t_c)
                     d_out[sl] = d_new
-                upd[sl] = dc.view(bc, m * k).div_(self.update_scale)
+                upd[sl, :mk] = dc.view(bc, mk).div_(self.update_scale)
+                if cb is not None and cb_i is not None:
+                    upd[sl, mk:] = cb_i.sub_(cb).div_(self.update_scale)
             else:
                 if self.weight_decay_d > 0:
                     W.div_(1.0 + t_d * self.weight_decay_d)
@@ -290,13 +324,17 @@ class FedRAP(FederatedRecommender):
     ) -> GlobalState:
         if not self.has_c:
             return dict(global_)
-        C = global_["C"] + (self.server_lr * self.update_scale) * mean_update.view(self.n_items, self.k)
+        step = self.server_lr * self.update_scale
+        mk = self.n_items * self.k
+        C = global_["C"] + step * mean_update[:mk].view(self.n_items, self.k)
         _, lr_i, _ = self._lrs(round_idx)
         thr = self.server_lr * self.local_epochs * lr_i * self.mu(round_idx)
         if self.reg == "l1":
             C = soft_threshold(C, thr)
         elif self.reg == "l2" and thr > 0:
             C = C / (1.0 + 2.0 * thr)
+        if self.has_bias:
+            return {"C": C, "c_bias": global_["c_bias"] + step * mean_update[mk:]}
         return {"C": C}
 
     def score(
@@ -310,7 +348,10 @@ class FedRAP(FederatedRecommender):
             d = private["D"][torch.arange(nb, device=items.device).unsqueeze(1), items]
             e = d if e is None else e + d
         assert e is not None
-        return torch.einsum("bkd,bd->bk", e, private["u"]) + private["b"].unsqueeze(1)
+        out = torch.einsum("bkd,bd->bk", e, private["u"]) + private["b"].unsqueeze(1)
+        if self.has_bias:
+            out = out + global_["c_bias"][items]
+        return out
 
     # ------------------------------------------------------------------ reporting
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:

@@ -68,7 +68,7 @@ def test_update_is_only_the_change_of_c(synth_split) -> None:
     """The update is C_i - C: it has the global shape, and a device that sees no
     data (and no regulariser) sends zeros whatever its private D_i and u_i are."""
     s = synth_split
-    m = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1, v1=0.0)
+    m = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1, v1=0.0, item_bias=False)
     g0 = m.init_global(gen())
     empty = CohortData(
         users=torch.tensor([0, 1]),
@@ -98,7 +98,7 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fedrap_mod, "negative_counts", lambda *a, **kw: negc)
     model = FedRAP(
         B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, lr_personal=0.15, v1=0.05,
-        v2=0.0, init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02, lr_decay=1.0,
+        v2=0.0, init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02, lr_decay=1.0, item_bias=False,
     )  # fmt: skip
     G = model.init_global(gen(1))
     P = model.init_private(data, G, 1)
@@ -135,6 +135,59 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
         assert torch.allclose(upd[b].view(m_items, k), C - G["C"], atol=1e-5)
 
 
+def test_item_bias_step_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With item_bias the score gains a shared c_j, stepped like C's rows (summed BCE,
+    lr_bias) on the device's copy; the update is [C_i - C, c_i - c] and the server
+    adds server_lr times the mean of both parts, with no regulariser on c."""
+    data = tiny_cohort()
+    B, m_items, k, E = 3, 7, 4, 2
+    pos = torch.zeros(B, m_items)
+    for b in range(B):
+        pos[b, data.items[b][data.mask[b]]] = 1
+    negc = torch.randint(0, 3, (E, B, m_items), generator=gen(8)).to(torch.uint8)
+    negc[:, pos.bool()] = 0
+    monkeypatch.setattr(fedrap_mod, "negative_counts", lambda *a, **kw: negc)
+    model = FedRAP(
+        B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, lr_personal=0.15, v1=0.0,
+        v2=0.0, init_std_d=0.1, weight_decay_u=0.0, lr_decay=1.0, item_bias=True, lr_bias=0.07, server_lr=2.0,
+    )  # fmt: skip
+    assert model.update_dim == m_items * k + m_items
+    G = model.init_global(gen(1))
+    G["c_bias"] = torch.randn(m_items, generator=gen(4)) * 0.1
+    P = model.init_private(data, G, 1)
+    new_p, upd = model.local_update(G, P, data, 3, 2)
+    assert upd.shape == (B, m_items * k + m_items)
+    for b in range(B):
+        u = P["u"][b].clone().requires_grad_()
+        bb = P["b"][b].clone().requires_grad_()
+        D = P["D"][b].clone().requires_grad_()
+        C = G["C"].clone().requires_grad_()
+        c = G["c_bias"].clone().requires_grad_()
+        n = pos[b].sum() * 2
+        for e in range(E):
+            z = (D + C) @ u + bb + c
+            w = negc[e, b].float()
+            bce = (w * torch.nn.functional.softplus(z) + pos[b] * torch.nn.functional.softplus(-z)).sum()
+            gu, gb = torch.autograd.grad(bce / n, [u, bb], retain_graph=True)
+            gD, gC, gc = torch.autograd.grad(bce, [D, C, c])
+            with torch.no_grad():
+                u -= 0.3 * gu
+                bb -= 0.3 * gb
+                D -= 0.15 * gD
+                C -= 0.2 * gC
+                c -= 0.07 * gc
+        assert torch.allclose(new_p["D"][b], D, atol=1e-5)
+        assert torch.allclose(upd[b, : m_items * k].view(m_items, k), C - G["C"], atol=1e-5)
+        assert torch.allclose(upd[b, m_items * k :], c - G["c_bias"], atol=1e-5)
+    g1 = model.apply_mean_update(G, upd.mean(0), 3)
+    assert torch.allclose(g1["c_bias"], G["c_bias"] + 2.0 * upd[:, m_items * k :].mean(0), atol=1e-6)
+    items = torch.tensor([[0, 3], [1, 6], [2, 5]])
+    plain = FedRAP(B, m_items, k=k, item_bias=False)
+    no_bias = plain.score(g1, new_p, data.users, items)
+    assert torch.allclose(model.score(g1, new_p, data.users, items), no_bias + g1["c_bias"][items])
+    assert FedRAP(B, m_items, variant="d_only", item_bias=True).update_dim == 0
+
+
 def test_regulariser_pushes_d_and_c_apart() -> None:
     """The sign of the paper's Eq. (3): -lambda ||D - C||^2 is *maximised*."""
     data = CohortData(
@@ -143,7 +196,7 @@ def test_regulariser_pushes_d_and_c_apart() -> None:
         mask=torch.zeros(1, 1, dtype=torch.bool),
         lengths=torch.zeros(1, dtype=torch.long),
     )
-    m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, curriculum="fixed", init_std_d=0.5)
+    m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, curriculum="fixed", init_std_d=0.5, item_bias=False)
     G = m.init_global(gen())
     P = m.init_private(data, G, 1)
     new_p, upd = m.local_update(G, P, data, 0, 2)
@@ -181,7 +234,7 @@ def test_curriculum_is_applied_in_training() -> None:
         mask=torch.zeros(1, 1, dtype=torch.bool),
         lengths=torch.zeros(1, dtype=torch.long),
     )
-    m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, init_std_d=0.5)
+    m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, init_std_d=0.5, item_bias=False)
     G = m.init_global(gen())
     P = m.init_private(data, G, 1)
     _, upd0 = m.local_update(G, P, data, 0, 2)
@@ -190,7 +243,7 @@ def test_curriculum_is_applied_in_training() -> None:
 
 
 def test_l1_proximal_step_makes_c_sparse() -> None:
-    m = FedRAP(2, 50, k=8, reg="l1", v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
+    m = FedRAP(2, 50, k=8, reg="l1", v2=0.5, curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0, item_bias=False)
     G = {"C": torch.randn(50, 8, generator=gen()) * 0.1}
     thr = 1.0 * 2 * 0.1 * 0.5
     G1 = m.apply_mean_update(G, torch.zeros(50 * 8), 5)
@@ -200,9 +253,9 @@ def test_l1_proximal_step_makes_c_sparse() -> None:
     assert torch.allclose(c1[keep], c0[keep] - thr * c0[keep].sign())
     assert (c1 == 0).float().mean() > 0.5
     # L2 ablation: a shrink, never exact zeros; none: untouched
-    l2 = FedRAP(2, 50, k=8, v2=0.5, reg="l2", curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0)
+    l2 = FedRAP(2, 50, k=8, v2=0.5, reg="l2", curriculum="fixed", lr_item=0.1, local_epochs=2, server_lr=1.0, lr_decay=1.0, item_bias=False)
     assert torch.allclose(l2.apply_mean_update(G, torch.zeros(400), 5)["C"], c0 / (1 + 2 * thr))
-    none = FedRAP(2, 50, k=8, v2=0.5, reg="none", curriculum="fixed")
+    none = FedRAP(2, 50, k=8, v2=0.5, reg="none", curriculum="fixed", item_bias=False)
     assert torch.equal(none.apply_mean_update(G, torch.zeros(400), 5)["C"], c0)
 
 
