@@ -72,6 +72,8 @@ class PlatformTrainer(Trainer):
     """Trains the one hosted platform device (see the module doc). Top-k
     queries are not served for a platform (its device is not a user)."""
 
+    supported_models: tuple[str, ...] = CROSS_SILO_MODELS
+
     def __init__(
         self,
         x: Interactions,

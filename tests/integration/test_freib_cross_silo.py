@@ -23,10 +23,11 @@ float32 batched products run over other shapes (M = 1 against M = 5). The
 fixed-point step with n = 5 and clip C = 32 is 2C / floor((2^32 - 1) / 5) =
 7.5e-8, and two decodings of a mean differ by < 2 steps per coordinate per
 round. FREIB's rounds are not a contraction (momentum SGD over two local
-epochs), so we measured the gain in process instead of assuming it:
-`test_platform_trainers_reach_the_simulated_model_in_process` (no
-quantisation) and the negative checks (another seed, a 1% smaller learning
-rate) show the scale of a real change.
+epochs), so the tolerance (TOL_GRPC) leaves a gain of 20 over the three
+rounds; measured: 3e-8 in process without quantisation
+(`test_platform_trainers_reach_the_simulated_model_in_process`), 1.5e-7
+over gRPC. The negative checks (another seed: 0.94; a 1% smaller learning
+rate: 0.02) show the scale of a real change.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ BETA = 1.0
 CLIP = 32.0  # secagg fixed-point range [-32, 32]; no FREIB upload coordinate comes near it here (asserted)
 SLICE_USERS = 150
 TOL_PLAIN = 1e-6  # in process, no quantisation: float32 order of batched products only (measured 3e-8)
-TOL_GRPC = 1e-3  # over gRPC: + < 2 fixed-point steps (1.5e-7) per coordinate per round, amplified by training
+# over gRPC: + < 2 fixed-point steps (1.5e-7) per coordinate per round, amplified by the next rounds
+# training; measured 1.5e-7 (2026-11-24), allowed 1e-5 (a gain of 20 over 3 rounds)
+TOL_GRPC = 1e-5
 
 
 @pytest.fixture(scope="module")
