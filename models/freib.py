@@ -81,6 +81,7 @@ class PlatformModel:
     k: int = 32
     k_bias: int = 10
     mlp: tuple[int, ...] = (32, 16)
+    user_bias: bool = False  # NCF only: a private per-user offset b_u added to r_o (D67)
     center: float = 3.0
     lr: float = 0.01
     lr_decay: float = 1.0  # the learning rate of round r is lr * lr_decay^r
@@ -122,6 +123,8 @@ class PlatformModel:
                 out += [(f"W{j}", "shared", (fan, h), 1.0 / math.sqrt(fan)), (f"b{j}", "shared", (h,), -1.0)]
                 fan = h
             out += [("fw", "shared", (k + fan,), 1.0 / math.sqrt(k + fan)), ("fb", "shared", (), -1.0)]
+            if self.user_bias:
+                out += [("bu", "user", (), -1.0)]
         else:
             out += [("P", "user", (k,), self.init_std), ("Q", "shared", (m, k), self.init_std)]
             if self.backbone == "biasedmf":
@@ -199,6 +202,8 @@ def forward(
             h = torch.relu(torch.baddbmm(params[f"b{j}"].unsqueeze(1), h, params[f"W{j}"]))
         z = torch.cat([pg * qg, h], dim=2)
         r_o = (z * params["fw"].unsqueeze(1)).sum(2) + params["fb"].unsqueeze(1)
+        if model.user_bias:
+            r_o = r_o + params["bu"][users]
     else:
         p, q = params["P"][users], params["Q"][mi, items]
         sq = (p**2).sum(2) + (q**2).sum(2)

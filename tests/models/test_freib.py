@@ -213,3 +213,21 @@ def test_cli_simulate_freib_with_ldp(tmp_path: Path, command_app: Any) -> None:
     bad = CliRunner().invoke(app, ["simulate", "--model", "freib", "--dataset", "synthetic", "--out", str(out),
                                    "--clients-per-round", "3"])  # fmt: skip
     assert bad.exit_code == 2 and "device-level" in bad.output
+
+
+def test_user_bias_is_a_private_offset_that_training_moves() -> None:
+    """user_bias=True (a D67 candidate, off by default): b_u is a user parameter,
+    never uploaded, added to r_o, and local training moves the rows of the platform's users."""
+    m = tiny(user_bias=True)
+    assert ("bu", "user", (), -1.0) in m.specs() and "bu" not in m.shared_names()
+    assert m.update_dim == tiny().update_dim
+    shared, user, plat = state(m)
+    assert torch.equal(user["bu"], torch.zeros(6))
+    res = local_train(m, shared, user, plat, tiny_data(), None, 0, 0)
+    assert bool((res.user["bu"] != 0).all())
+    par = {k: v.unsqueeze(0).expand(2, *v.shape) for k, v in shared.items()} | res.user
+    d = tiny_data()
+    r_o, _, _, _ = forward(m, par, d.users, d.items)
+    par0 = dict(par, bu=torch.zeros(6))
+    r_o0, _, _, _ = forward(m, par0, d.users, d.items)
+    assert torch.allclose(r_o - r_o0, res.user["bu"][d.users])
