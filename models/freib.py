@@ -61,6 +61,8 @@ import torch
 from models.keyed_random import KeyedStream, Purpose, check_seed, user_normal
 
 Backbone = Literal["ncf", "mf", "biasedmf", "pfedrec"]
+#: Embedding tables (a row per user or item): with decay_embeddings=False only the per-rating l2 regularises them.
+EMBEDDING_TABLES = frozenset({"Pg", "Pm", "Qg", "Qm", "P", "Q", "Eb", "bu", "bi"})
 Scope = Literal["shared", "user", "platform"]
 Params = dict[str, torch.Tensor]
 _PLATFORM_STREAM = 0x46524549  # "FREI": keyed draws of platform-level training
@@ -87,6 +89,7 @@ class PlatformModel:
     lr_decay: float = 1.0  # the learning rate of round r is lr * lr_decay^r
     momentum: float = 0.9
     weight_decay: float = 1e-5
+    decay_embeddings: bool = True  # False: weight_decay on the network weights only, l2 on embedding rows (D67)
     l2: float = 0.0
     batch_size: int = 256
     local_epochs: int = 2
@@ -375,7 +378,7 @@ def local_train(
                     )
                     a = a.view(-1, *([1] * (p.dim() - 1)))
                     grad = p.grad
-                    if model.weight_decay > 0:
+                    if model.weight_decay > 0 and (model.decay_embeddings or name not in EMBEDDING_TABLES):
                         grad = grad + model.weight_decay * p
                     b = bufs[name]
                     b.mul_(1.0 - a * (1.0 - model.momentum)).add_(grad * a)

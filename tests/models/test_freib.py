@@ -231,3 +231,20 @@ def test_user_bias_is_a_private_offset_that_training_moves() -> None:
     par0 = dict(par, bu=torch.zeros(6))
     r_o0, _, _, _ = forward(m, par0, d.users, d.items)
     assert torch.allclose(r_o - r_o0, res.user["bu"][d.users])
+
+
+def test_decay_embeddings_false_keeps_weight_decay_off_the_embedding_rows() -> None:
+    """Item 6 is rated by no platform: dense weight decay shrinks its rows;
+    with decay_embeddings=False they stay as they were while the network weights still decay."""
+    d = PlatformData(torch.arange(1), torch.tensor([[0, 1]]), torch.tensor([[0, 1]]), torch.tensor([[1.0, 3.0]]),
+                     torch.tensor([[0, 2]]), torch.tensor([2]))  # fmt: skip
+    out = {}
+    for flag in (True, False):
+        m = tiny(weight_decay=0.5, decay_embeddings=flag, guidance=False, prototypes=False)
+        shared, user, plat = state(m, M=1)
+        res = local_train(m, shared, user, plat, d, None, 0, 0)
+        upd = dict(zip(m.shared_names(), torch.split(res.update[0, : m.shared_dim()], [shared[n].numel() for n in m.shared_names()])))
+        out[flag] = {n: upd[n].view(shared[n].shape) for n in ("Qg", "Eb", "W0")}
+    assert bool((out[True]["Qg"][6] != 0).all()) and bool((out[True]["Eb"][6] != 0).all())
+    assert torch.equal(out[False]["Qg"][6], torch.zeros(4)) and torch.equal(out[False]["Eb"][6], torch.zeros(3))
+    assert float(out[False]["W0"].abs().sum()) > 0  # the network weights still move
