@@ -23,6 +23,7 @@ global parameters and its new user rows.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from models.data.platforms import PlatformSplit, make_platform_split
 from models.data.types import Interactions
 from models.freib import PlatformModel, local_train, predict
 from models.platform_federation import CROSS_SILO_MODELS, PlatformHyperparameterError, platform_model_from_hyperparameters, unpack_global
+
+log = logging.getLogger("edge_client.platform_trainer")
 
 
 @dataclass(frozen=True)
@@ -142,10 +145,16 @@ class PlatformTrainer(Trainer):
         got = self.platform_device.store.load_model(name)
         if got is not None:
             arrays, _ = got
-            if set(arrays) == {"users", *table} and np.array_equal(arrays["users"], self.users):
+            fits = set(arrays) == {"users", *table} and np.array_equal(arrays["users"], self.users) and all(
+                tuple(arrays[k].shape) == (len(self.users), *table[k].shape[1:]) for k in table
+            )
+            if fits:
                 idx = torch.from_numpy(self.users)
                 for k in table:
                     table[k][idx] = torch.from_numpy(np.asarray(arrays[k], dtype=np.float32))
+            else:
+                log.warning("%s: stored %s state does not fit this platform's users or the model; re-initialising",
+                            self.platform_device.local_id, name)
         return table
 
     # ------------------------------------------------------------ training
