@@ -16,6 +16,8 @@
   federation's catalogue; the server needs them to shape the global
   parameters) and may include ``explicit`` (fedmf) and the model's own
   overrides. The server step is the model's `apply_mean_update`.
+* ``"freib"``: a cross-silo platform federation, each device a whole
+  platform (coordinator/platform_model_host.py, D68).
 
 Parameters travel as ``dict[str, np.ndarray]`` (float32). The model step
 (`round_idx` of the model, its curriculum position) is the number of rounds
@@ -180,6 +182,14 @@ def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = No
                 f"synthetic model takes the hyperparameter 'vector_length' and optionally 'n_items' (got {sorted(hp)})"
             )
         return SyntheticModel(hp["vector_length"], items=hp.get("n_items"))
+    from coordinator.platform_model_host import build_platform_server_model
+    from models.platform_federation import CROSS_SILO_MODELS
+
+    if name in CROSS_SILO_MODELS:
+        try:
+            return build_platform_server_model(name, hp)
+        except ValueError as exc:
+            raise ModelConfigError(str(exc)) from exc
     try:
         from models.engine import SimulationConfigError as EngineConfigError
         from models.engine import build_model

@@ -35,7 +35,8 @@ from edge_client.round_run import RoundEvent
 from edge_client.secure_update import decline_unfinished_rounds, own_certificate_refusal, write_certificate_request
 from edge_client.session import FatalSessionError, SessionDriver
 from edge_client.state import ClientStore, StateError
-from edge_client.trainer import Trainer
+from edge_client.platform_trainer import PlatformHosting, PlatformTrainer, platform_local_id
+from edge_client.trainer import Trainer, TrainingError
 from edge_client.transport import (
     FATAL_CODES,
     TransportConfig,
@@ -98,6 +99,8 @@ class ClientConfig:
     #: most this (and the round's bound) sends its update in plaintext. Needs
     #: TLS to the coordinator. None: never.
     unprotected_plaintext_j_bound: float | None = None
+    #: Cross-silo FREIB (D68): host one whole platform as one device instead of `users`.
+    platform: PlatformHosting | None = None
 
 
 class EdgeClient:
@@ -122,7 +125,7 @@ class EdgeClient:
                 target=cfg.coordinator, tls_ca=cfg.tls_ca, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
                 tls_server_name=cfg.tls_server_name, token=cfg.token,
             )
-            numbers = parse_user_ranges(cfg.users)
+            numbers = [cfg.platform.platform] if cfg.platform is not None else parse_user_ranges(cfg.users)
         except (TransportConfigError, UserRangeError) as e:
             raise ClientError(str(e)) from None
         if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not is_loopback_target(cfg.coordinator):
@@ -146,19 +149,28 @@ class EdgeClient:
             torch.set_num_threads(cfg.threads)
         try:
             x = load_interactions(cfg.dataset, cfg.data_dir, cfg.seed)
-            check_users_fit(numbers, x.n_users, x.name)
+            if cfg.platform is None:
+                check_users_fit(numbers, x.n_users, x.name)
             self.store = ClientStore(cfg.state_dir).open()
             self.store.check_client({"dataset": x.name, "split_seed": cfg.seed, "client_name": self.name})
-            self.hosted = [Device(n, self.store.device(local_id_of(n))) for n in numbers]
-            data = LocalData(x, self.hosted, split_seed=cfg.seed)
-            self.trainer = Trainer(
-                data, seed=cfg.seed, torch_device=cfg.device, global_path=self.store.root / "global.fms",
-            )
-            created = data.prepare()
+            if cfg.platform is not None:
+                self.hosted = [Device(cfg.platform.platform, self.store.device(platform_local_id(cfg.platform)))]
+                self.trainer = PlatformTrainer(
+                    x, cfg.platform, self.hosted[0], seed=cfg.seed, torch_device=cfg.device,
+                    global_path=self.store.root / "global.fms",
+                )
+                created = 0
+            else:
+                self.hosted = [Device(n, self.store.device(local_id_of(n))) for n in numbers]
+                data = LocalData(x, self.hosted, split_seed=cfg.seed)
+                self.trainer = Trainer(
+                    data, seed=cfg.seed, torch_device=cfg.device, global_path=self.store.root / "global.fms",
+                )
+                created = data.prepare()
             self.store.enrolled(cfg.coordinator)  # a damaged enrolment record stops the client here, named
             for h in self.hosted:
                 h.identity_key = Ed25519PrivateKey.from_private_bytes(h.store.load_or_create_identity())
-        except (DatasetError, UserRangeError, StateError) as e:
+        except (DatasetError, UserRangeError, StateError, TrainingError) as e:
             self.close()
             raise ClientError(str(e)) from None
         log.info(

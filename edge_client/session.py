@@ -65,7 +65,7 @@ from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIE
 
 log = logging.getLogger("edge_client.session")
 
-SUPPORTED_MODELS = ("fedrap", "fedmmf", "pfedrec", "fedmf", SYNTHETIC_MODEL)
+SUPPORTED_MODELS = Trainer.supported_models  # a user-device client's (a platform client: PlatformTrainer's)
 DEFAULT_HEARTBEAT_S = 10.0
 
 #: Threads computing the hosted devices' secure aggregation (RoundIO.compute_pool).
@@ -154,7 +154,7 @@ class SessionDriver:
                 client_name=self.client_name,
                 protocol_version=PROTOCOL_VERSION,
                 available_device_ids=sorted(self.devices),
-                supported_models=list(SUPPORTED_MODELS),
+                supported_models=list(self.trainer.supported_models),
                 client_version=self.client_version,
             )
         )
@@ -305,7 +305,7 @@ class SessionDriver:
             "round %d: %d device(s) selected, model %s v%d, secagg %s",
             view.round_number, len(run.devices), view.model_name, view.model_version, view.config.describe(),
         )
-        if view.model_name not in SUPPORTED_MODELS:
+        if view.model_name not in self.trainer.supported_models:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
             return
         refusal = self.cohort_floor.refusal(view.config)

@@ -122,6 +122,10 @@ class _ModelEntry:
 class Trainer:
     """Local training of the hosted devices of one process (keyed by user number)."""
 
+    #: The models these devices train (advertised in Hello; a RoundTask for
+    #: another one is refused with MODEL_MISMATCH).
+    supported_models: tuple[str, ...] = ("fedrap", "fedmmf", "pfedrec", "fedmf", SYNTHETIC_MODEL)
+
     def __init__(
         self,
         data: LocalData,

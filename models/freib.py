@@ -61,6 +61,8 @@ import torch
 from models.keyed_random import KeyedStream, Purpose, check_seed, user_normal
 
 Backbone = Literal["ncf", "mf", "biasedmf", "pfedrec"]
+#: Embedding tables (a row per user or item): with decay_embeddings=False only the per-rating l2 regularises them.
+EMBEDDING_TABLES = frozenset({"Pg", "Pm", "Qg", "Qm", "P", "Q", "Eb", "bu", "bi"})
 Scope = Literal["shared", "user", "platform"]
 Params = dict[str, torch.Tensor]
 _PLATFORM_STREAM = 0x46524549  # "FREI": keyed draws of platform-level training
@@ -81,11 +83,13 @@ class PlatformModel:
     k: int = 32
     k_bias: int = 10
     mlp: tuple[int, ...] = (32, 16)
+    user_bias: bool = False  # NCF only: a private per-user offset b_u added to r_o (D67)
     center: float = 3.0
     lr: float = 0.01
     lr_decay: float = 1.0  # the learning rate of round r is lr * lr_decay^r
     momentum: float = 0.9
     weight_decay: float = 1e-5
+    decay_embeddings: bool = True  # False: weight_decay on the network weights only, l2 on embedding rows (D67)
     l2: float = 0.0
     batch_size: int = 256
     local_epochs: int = 2
@@ -122,6 +126,8 @@ class PlatformModel:
                 out += [(f"W{j}", "shared", (fan, h), 1.0 / math.sqrt(fan)), (f"b{j}", "shared", (h,), -1.0)]
                 fan = h
             out += [("fw", "shared", (k + fan,), 1.0 / math.sqrt(k + fan)), ("fb", "shared", (), -1.0)]
+            if self.user_bias:
+                out += [("bu", "user", (), -1.0)]
         else:
             out += [("P", "user", (k,), self.init_std), ("Q", "shared", (m, k), self.init_std)]
             if self.backbone == "biasedmf":
@@ -199,6 +205,8 @@ def forward(
             h = torch.relu(torch.baddbmm(params[f"b{j}"].unsqueeze(1), h, params[f"W{j}"]))
         z = torch.cat([pg * qg, h], dim=2)
         r_o = (z * params["fw"].unsqueeze(1)).sum(2) + params["fb"].unsqueeze(1)
+        if model.user_bias:
+            r_o = r_o + params["bu"][users]
     else:
         p, q = params["P"][users], params["Q"][mi, items]
         sq = (p**2).sum(2) + (q**2).sum(2)
@@ -370,7 +378,7 @@ def local_train(
                     )
                     a = a.view(-1, *([1] * (p.dim() - 1)))
                     grad = p.grad
-                    if model.weight_decay > 0:
+                    if model.weight_decay > 0 and (model.decay_embeddings or name not in EMBEDDING_TABLES):
                         grad = grad + model.weight_decay * p
                     b = bufs[name]
                     b.mul_(1.0 - a * (1.0 - model.momentum)).add_(grad * a)

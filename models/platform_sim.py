@@ -50,6 +50,15 @@ _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
                    "lr": 0.05, "l2": 0.05},
 }  # fmt: skip
+
+
+def model_defaults(name: str) -> dict[str, Any]:
+    """The tuned defaults of a platform-level model (D27, D67), on top of PlatformModel's."""
+    if name not in _MODEL_DEFAULTS:
+        raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
+    return dict(_MODEL_DEFAULTS[name])
+
+
 DEFAULT_PLATFORM_ROUNDS = 50  # the paper's E
 SECAGG_PLATFORM_CLIP = 32.0
 
@@ -75,6 +84,9 @@ class PlatformSimConfig:
     threads: int | None = 1  # one thread: the tensors are small, a second thread only adds synchronisation
     data_dir: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    #: write the FINAL global state (shared parameters, prototypes and their
+    #: presence flags: models/platform_federation.py) to this .npz
+    save_global: str | None = None
 
 
 def build_platform_model(
@@ -249,6 +261,12 @@ def run_platform_simulation(
             )
         if on_round is not None:
             on_round(rec)
+    if config.save_global is not None:
+        from models.engine import save_global_state
+        from models.platform_federation import pack_global
+
+        final = {k: torch.from_numpy(v) for k, v in pack_global(model, shared, protos).items()}
+        save_global_state(final, config.save_global, model=config.model, rounds=rounds, seed=config.seed)
     if best["round"] is None:
         best.update(round=rounds - 1, state=(shared, user, platform), val=None)
     bs, bu, bp = best["state"]

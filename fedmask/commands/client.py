@@ -21,16 +21,6 @@ def client(
     coordinator: Annotated[
         str, typer.Option("--coordinator", "-c", help="Coordinator address HOST:PORT.", show_default=False)
     ],
-    users: Annotated[
-        str,
-        typer.Option(
-            "--users", "-u",
-            help="Users of the dataset to host, one device each: N or ranges A-B, comma-separated "
-            "(e.g. 1-100,200,300-310). 1-based positions in the dataset's user order (user N = "
-            "dense id N-1; for MovieLens that is the raw user id N).",
-            show_default=False,
-        ),
-    ],
     state_dir: Annotated[
         Path,
         typer.Option(
@@ -40,6 +30,16 @@ def client(
             show_default=False,
         ),
     ],
+    users: Annotated[
+        str | None,
+        typer.Option(
+            "--users", "-u",
+            help="Users of the dataset to host, one device each: N or ranges A-B, comma-separated "
+            "(e.g. 1-100,200,300-310). 1-based positions in the dataset's user order (user N = "
+            "dense id N-1; for MovieLens that is the raw user id N). Required unless --platform.",
+            show_default=False,
+        ),
+    ] = None,
     dataset: Annotated[
         str, typer.Option(help="Dataset name under --data-dir (ml-100k, ml-1m, ...), a folder or .csv, or 'synthetic'.")
     ] = "ml-100k",
@@ -118,7 +118,10 @@ def client(
     threads: Annotated[
         int | None, typer.Option(min=1, help="Torch CPU threads (default: torch's choice).", show_default=False)
     ] = None,
-    min_cohort: Annotated[int, typer.Option(help="The devices withdraw from a round whose cohort is smaller (a cohort of two reveals each input to the other).", rich_help_panel="Security")] = 3,
+    min_cohort: Annotated[int | None, typer.Option(help="The devices withdraw from a round whose cohort is smaller (a cohort of two reveals each input to the other). Default 3; with --platform, --platforms (every platform of the federation).", rich_help_panel="Security", show_default=False)] = None,
+    platform: Annotated[int | None, typer.Option(help="Cross-silo FREIB: host platform P (1-based) of --platforms M as ONE device holding all its users' ratings, instead of --users. The split is FREIB's Dirichlet label skew of the dataset with --seed, the same as `fedmask simulate --platforms M --dirichlet-beta B --seed S`. The coordinator must run --model freib.", rich_help_panel="Cross-silo (FREIB)", show_default=False)] = None,
+    platforms: Annotated[int, typer.Option(help="Number of platforms M of the split (with --platform).", rich_help_panel="Cross-silo (FREIB)")] = 5,
+    dirichlet_beta: Annotated[float, typer.Option(help="Dirichlet parameter beta of the platform split (with --platform; smaller = more label skew).", rich_help_panel="Cross-silo (FREIB)")] = 1.0,
     min_threshold: Annotated[float, typer.Option(help="The devices withdraw from a round whose Shamir threshold is not above this fraction of the group its shares go to (0.5 = at least a strict majority; e.g. 0.66 in active mode).", rich_help_panel="Security")] = 0.5,
     serve_recommendations: Annotated[bool, typer.Option(
         "--serve-recommendations/--no-serve-recommendations",
@@ -179,7 +182,19 @@ def client(
     if crash_after_round is not None and crash_after_round < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
     from edge_client.cohort_floor import CohortFloor
+    from edge_client.platform_trainer import PlatformHosting
 
+    if (users is None) == (platform is None):
+        raise typer.BadParameter("give exactly one of --users (devices = users) and --platform (one platform device)",
+                                 param_hint="--users / --platform")
+    hosting = None
+    if platform is not None:
+        try:
+            hosting = PlatformHosting(platform=platform, n_platforms=platforms, beta=dirichlet_beta)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--platform") from None
+    if min_cohort is None:
+        min_cohort = hosting.n_platforms if hosting is not None else 3
     try:
         floor = CohortFloor(min_cohort=min_cohort, min_threshold=min_threshold)
     except ValueError as e:
@@ -188,12 +203,12 @@ def client(
                        crash_after_round=crash_after_round, delay_ms=delay_ms,
                        garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares)
     config = ClientConfig(
-        coordinator=coordinator, users=users, state_dir=state_dir, dataset=dataset,
+        coordinator=coordinator, users=users or "", state_dir=state_dir, dataset=dataset,
         data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor, serve_recommendations=serve_recommendations, device_ca=device_ca,
+        cohort_floor=floor, serve_recommendations=serve_recommendations, device_ca=device_ca, platform=hosting,
         unprotected_plaintext_j_bound=unprotected_plaintext_j_bound,
     )
     code = run_client(config)

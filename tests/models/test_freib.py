@@ -213,3 +213,38 @@ def test_cli_simulate_freib_with_ldp(tmp_path: Path, command_app: Any) -> None:
     bad = CliRunner().invoke(app, ["simulate", "--model", "freib", "--dataset", "synthetic", "--out", str(out),
                                    "--clients-per-round", "3"])  # fmt: skip
     assert bad.exit_code == 2 and "device-level" in bad.output
+
+
+def test_user_bias_is_a_private_offset_that_training_moves() -> None:
+    """user_bias=True (a D67 candidate, off by default): b_u is a user parameter,
+    never uploaded, added to r_o, and local training moves the rows of the platform's users."""
+    m = tiny(user_bias=True)
+    assert ("bu", "user", (), -1.0) in m.specs() and "bu" not in m.shared_names()
+    assert m.update_dim == tiny().update_dim
+    shared, user, plat = state(m)
+    assert torch.equal(user["bu"], torch.zeros(6))
+    res = local_train(m, shared, user, plat, tiny_data(), None, 0, 0)
+    assert bool((res.user["bu"] != 0).all())
+    par = {k: v.unsqueeze(0).expand(2, *v.shape) for k, v in shared.items()} | res.user
+    d = tiny_data()
+    r_o, _, _, _ = forward(m, par, d.users, d.items)
+    par0 = dict(par, bu=torch.zeros(6))
+    r_o0, _, _, _ = forward(m, par0, d.users, d.items)
+    assert torch.allclose(r_o - r_o0, res.user["bu"][d.users])
+
+
+def test_decay_embeddings_false_keeps_weight_decay_off_the_embedding_rows() -> None:
+    """Item 6 is rated by no platform: dense weight decay shrinks its rows;
+    with decay_embeddings=False they stay as they were while the network weights still decay."""
+    d = PlatformData(torch.arange(1), torch.tensor([[0, 1]]), torch.tensor([[0, 1]]), torch.tensor([[1.0, 3.0]]),
+                     torch.tensor([[0, 2]]), torch.tensor([2]))  # fmt: skip
+    out = {}
+    for flag in (True, False):
+        m = tiny(weight_decay=0.5, decay_embeddings=flag, guidance=False, prototypes=False)
+        shared, user, plat = state(m, M=1)
+        res = local_train(m, shared, user, plat, d, None, 0, 0)
+        upd = dict(zip(m.shared_names(), torch.split(res.update[0, : m.shared_dim()], [shared[n].numel() for n in m.shared_names()])))
+        out[flag] = {n: upd[n].view(shared[n].shape) for n in ("Qg", "Eb", "W0")}
+    assert bool((out[True]["Qg"][6] != 0).all()) and bool((out[True]["Eb"][6] != 0).all())
+    assert torch.equal(out[False]["Qg"][6], torch.zeros(4)) and torch.equal(out[False]["Eb"][6], torch.zeros(3))
+    assert float(out[False]["W0"].abs().sum()) > 0  # the network weights still move
