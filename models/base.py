@@ -134,3 +134,26 @@ class FederatedRecommender(ABC):
         """Scores (B, K) of `items` (B, K) for the B devices whose private
         state is `private`. Higher is better (implicit) or a predicted rating
         (explicit). Computed on the device."""
+
+    # ------------------------------------------------------------ optional, with defaults
+
+    def config(self) -> dict[str, object]:
+        """The hyperparameters recorded with a run's results (default: none)."""
+        return {}
+
+    def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
+        """Statistics recorded after every round (default: none). `private` is
+        the whole population's state; in the simulator it may be memory-mapped,
+        so a summary should read only small tables (e.g. FedMMF's J)."""
+        return {}
+
+    def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
+        """(fixed, per_device): an upper estimate of the bytes `local_update`
+        holds at once for a cohort of B devices, fixed + B * per_device,
+        counting its inputs (the cohort's private rows, `private_bytes` per
+        device), outputs (new rows, the B x update_dim updates) and temporaries;
+        `max_history` is the longest training history of the cohort. The
+        simulator plans its memory with it (models/memory.py). The default is
+        generic (four copies of the private rows, three of the update, 64 bytes
+        per history entry); a model with large temporaries overrides it."""
+        return 0, 4 * private_bytes + 12 * self.update_dim + 64 * max_history
