@@ -74,16 +74,17 @@ def take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
     )
 
 
-def resolve_device(name: str) -> torch.device:
-    """"cpu" or "cuda[:N]" as a torch device; ValueError for another name or
-    a CUDA device on a machine without one."""
+def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """"cpu" or "cuda[:N]" as a torch device; raises `error` (a caller's
+    user-facing error class, ValueError by default) for another name or a CUDA
+    device on a machine without one."""
     if name == "cpu":
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name} requested but CUDA is not available on this machine")
+            raise error(f"--device {name} requested but CUDA is not available on this machine")
         return torch.device(name)
-    raise ValueError(f"unknown --device {name!r}; use cpu or cuda")
+    raise error(f"unknown --device {name!r}; use cpu or cuda")
 
 
 class FederatedRecommender(ABC):

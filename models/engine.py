@@ -284,7 +284,7 @@ class _Cohorts:
 
 class SecureAggregator:
     """Aggregation through the real SecAgg(+) protocol, run in process by
-    `secagg.testing.run_round`: every device encodes its update to fixed point,
+    `secagg.inprocess.run_round`: every device encodes its update to fixed point,
     runs its own client states (keys, Shamir shares, pairwise and self masks)
     and the server states unmask only the sum. One `SecAggConfig` per cohort
     size, reused across rounds (the round index is bound into every key)."""
@@ -318,7 +318,7 @@ class SecureAggregator:
         return self._configs[key]
 
     def mean(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
-        from secagg.testing import run_round
+        from secagg.inprocess import run_round
 
         n, length = updates.shape
         if n < 2:
@@ -441,7 +441,7 @@ def simulate(
     mem = memory or MemorySettings()
     ev = events or SimulationEvents()
     explicit = model_is_explicit(config.model, config.explicit)
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device, SimulationConfigError)
     if config.threads:
         torch.set_num_threads(config.threads)
     dp = config.dp  # the config checked its own settings when it was made
@@ -857,13 +857,6 @@ def _secagg_clip(config: SimulationConfig) -> float:
     if config.dp_clip is not None:
         return float(config.dp_clip) * (1.0 + 6.0 * float(config.dp_noise or 0.0))
     return SECAGG_DEFAULT_CLIP
-
-
-def _resolve_device(name: str) -> torch.device:
-    try:
-        return resolve_device(name)
-    except ValueError as e:
-        raise SimulationConfigError(str(e)) from None
 
 
 def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:

@@ -10,7 +10,7 @@ for the models). Each round (the paper's communication epoch):
    leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
 3. aggregation: the plain mean of the M uploads, or with `secagg` the real
    Bonawitz protocol in process (`models.engine.SecureAggregator`, i.e.
-   `secagg.testing.run_round`) on the complete graph of the M platforms with
+   `secagg.inprocess.run_round`) on the complete graph of the M platforms with
    the majority threshold floor(M/2) + 1; the library checks that the
    unmasked sum equals the sum of the encoded inputs;
 4. `server_step`: FedAvg of the shared parameters and the global prototypes;
