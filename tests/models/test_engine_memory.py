@@ -134,3 +134,23 @@ def test_disk_tables_copy_on_write_keeps_the_best_state(tmp_path: Path) -> None:
     assert float(cur["D"][0].max()) == 1.0  # rows outside the cohort were carried over
     t.close()
     assert not any(tmp_path.iterdir())
+
+
+def test_cli_prints_the_plan_and_refuses_a_budget_it_cannot_meet(tmp_path: Path, command_app) -> None:
+    from typer.testing import CliRunner
+
+    from fedmask.commands.models import register_simulate
+
+    app = command_app(register_simulate)
+    base = ["simulate", "--model", "fedrap", "--dataset", "synthetic", "--rounds", "1", "-p", "k=4", "--threads", "1"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "a"), "--memory-gb", "0.01"])
+    assert r.exit_code == 2 and "more than the budget --memory-gb 0.01" in r.output
+    assert not (tmp_path / "a" / "results.json").exists()  # refused before training
+    r = CliRunner().invoke(
+        app, [*base, "--out", str(tmp_path / "b"), "--memory-gb", "4", "--cohort-chunk", "50", "--private-state", "disk",
+              "--state-dir", str(tmp_path / "state")],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert "memory: estimated peak" in r.output and "training 50 of" in r.output and "memory-mapped files" in r.output
+    res = (tmp_path / "b" / "results.json").read_text()
+    assert '"private_on_disk": true' in res
