@@ -56,7 +56,16 @@ from models.base import (
     take_rows,
 )
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
-from models.memory import Footprint, MemoryBudgetError, MemoryPlan, PrivatePlacement, default_budget, plan_memory
+from models.memory import (
+    BASELINE_BYTES,
+    Footprint,
+    MemoryBudgetError,
+    MemoryPlan,
+    PrivatePlacement,
+    default_budget,
+    plan_memory,
+    resident_bytes,
+)
 from models.private_tables import PrivateTables
 
 if TYPE_CHECKING:
@@ -725,12 +734,10 @@ def _plan_memory(
         row = model.init_private(one, global_, config.seed)
     private_bytes = sum(v.element_size() * v[0].numel() for v in row.values())
     data = cohorts.all
-    data_bytes = sum(t.numel() * t.element_size() for t in (data.items, data.mask, data.lengths, data.users))
-    if data.ratings is not None:
-        data_bytes += data.ratings.numel() * data.ratings.element_size()
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
     fixed, per = model.train_memory(private_bytes, max_history)
     fp = Footprint(
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
         population=n_pop,
         cohort=cohort,
         private_per_device=private_bytes,
@@ -738,7 +745,7 @@ def _plan_memory(
         train_per_device=per,
         global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
         update_dim=model.update_dim,
-        data_bytes=data_bytes,
+        data_bytes=0,  # the padded data table is inside the measured baseline
         eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
         keep_updates=config.secagg or config.dp is not None,
         secagg=config.secagg,

@@ -17,8 +17,9 @@ A plan has two knobs:
   to 2 x the private state.
 
 Estimates, not measurements: every figure is an upper estimate of the tensors
-the engine and the model hold at once, plus `BASELINE_BYTES` for the
-interpreter, torch and the loaded dataset; the measured peak resident memory
+the engine and the model hold at once, on top of the resident memory measured
+when the plan is made (interpreter, torch, the loaded dataset and its padded
+training table; `BASELINE_BYTES` where nothing was measured); the measured peak resident memory
 of a run is reported next to it (README, "Memory and scale").
 """
 
@@ -31,6 +32,7 @@ from typing import Any, Literal
 GIB = 1024**3
 BASELINE_BYTES = 700 * 1024**2  # interpreter, torch, numpy and the loaded dataset
 EVAL_BATCH = 256  # users per evaluation batch (models/evaluation.py)
+IO_STEP_BYTES = 128 * 1024**2  # mapped pages one disk access holds (models/private_tables.py)
 SECAGG_BYTES_PER_COORD = 24  # the in-process SecAgg round: float64 input, uint32 encoding, masks, sums
 
 PrivatePlacement = Literal["auto", "memory", "disk"]
@@ -55,6 +57,7 @@ class Footprint:
     eval_per_device: int  # evaluation's working set per user of an evaluation batch
     keep_updates: bool  # DP or SecAgg: the whole (cohort, update_dim) update table is held at once
     secagg: bool
+    baseline: int = BASELINE_BYTES  # resident before training (the engine measures it; data_bytes then 0)
 
     def __post_init__(self) -> None:
         if self.population < 1 or not 1 <= self.cohort <= self.population:
@@ -76,8 +79,9 @@ class Footprint:
 
     def static(self, private_on_disk: bool) -> int:
         """Bytes held throughout: baseline, data, global states, private state in RAM."""
-        private = 0 if private_on_disk else 2 * self.private_total  # current + kept best (copy on write)
-        return BASELINE_BYTES + self.data_bytes + 4 * self.global_bytes + private
+        # in RAM: current + kept best (copy on write); on disk: one I/O step of mapped pages
+        private = IO_STEP_BYTES if private_on_disk else 2 * self.private_total
+        return self.baseline + self.data_bytes + 4 * self.global_bytes + private
 
     def train(self, chunk: int) -> int:
         return self.train_fixed + chunk * self.train_per_device + self.updates_bytes()
@@ -103,6 +107,7 @@ class MemoryPlan:
     ram_estimate: int  # bytes, under this plan
     disk_estimate: int  # bytes of memory-mapped private state (at most)
     unchunked_estimate: int  # bytes, the whole cohort at once with private state in RAM
+    baseline: int  # bytes resident when the plan was made
 
     @property
     def chunked(self) -> bool:
@@ -112,7 +117,7 @@ class MemoryPlan:
         """One line for the log."""
         text = (
             f"memory: estimated peak {gib(self.ram_estimate)} of a {gib(self.budget)} budget "
-            f"(unchunked, in RAM: {gib(self.unchunked_estimate)}); "
+            f"({gib(self.baseline)} resident now; unchunked, in RAM: {gib(self.unchunked_estimate)}); "
         )
         text += f"training {self.chunk} of {self.cohort} devices at a time" if self.chunked else "training the cohort at once"
         if self.private_on_disk:
@@ -189,6 +194,7 @@ def plan_memory(
         ram_estimate=fp.ram(size, on_disk),
         disk_estimate=disk,
         unchunked_estimate=unchunked,
+        baseline=fp.baseline,
     )
 
 
@@ -205,3 +211,12 @@ def default_budget() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.9)
     except (ValueError, OSError, AttributeError):
         return 8 * GIB
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc/self/statm; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -37,6 +37,8 @@ from models.base import PrivateState
 
 Which = Literal["current", "best"]
 
+IO_STEP_BYTES = 128 * 1024**2  # mapped pages a disk access holds before releasing them
+
 
 class _DiskBuffer:
     """One buffer of mapped files (one per table)."""
@@ -142,9 +144,20 @@ class PrivateTables:
             if self._folder is None:
                 return buf
             rows = torch.arange(self.n_rows)
-        out = {k: v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
-        self._release(idx)
+        if self._folder is None:
+            return {k: v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
+        out = {k: torch.empty((int(rows.numel()), *v.shape[1:]), dtype=v.dtype) for k, v in buf.items()}
+        for s in range(0, int(rows.numel()), self._step(buf)):  # mapped pages released every step
+            part = rows[s : s + self._step(buf)].cpu()
+            for k, v in buf.items():
+                torch.index_select(v, 0, part, out=out[k][s : s + part.numel()])
+            self._release(idx)
         return out
+
+    def _step(self, buf: PrivateState) -> int:
+        """Rows per step of a disk access: about IO_STEP_BYTES of mapped pages."""
+        row = sum(v[0].numel() * v.element_size() for v in buf.values()) if self.n_rows else 1
+        return max(1, IO_STEP_BYTES // max(1, row))
 
     def table(self, which: Which = "current") -> PrivateState:
         """The whole tables by reference (for models' summaries). On disk, call
@@ -177,7 +190,7 @@ class PrivateTables:
             self._bufs[other] = {k: v.clone() for k, v in src.items()}
             return
         dst = self._buffer(other)
-        step = max(1, (256 * 1024**2) // max(1, sum(v[0].numel() * v.element_size() for v in src.values())))
+        step = self._step(src)
         for s in range(0, self.n_rows, step):
             for k, v in src.items():
                 dst[k][s : s + step].copy_(v[s : s + step])
@@ -195,9 +208,16 @@ class PrivateTables:
         dst = self._buffer(self._write)
         if rows is None:
             rows = torch.arange(self.n_rows)
-        for k, v in part.items():
-            dst[k].index_copy_(0, rows.to(dst[k].device), v.to(dst[k].device))
-        self._release(self._write)
+        if self._folder is None:
+            for k, v in part.items():
+                dst[k].index_copy_(0, rows.to(dst[k].device), v.to(dst[k].device))
+            return
+        step = self._step(dst)
+        for s in range(0, int(rows.numel()), step):  # mapped pages released every step
+            r = rows[s : s + step].cpu()
+            for k, v in part.items():
+                dst[k].index_copy_(0, r, v[s : s + step].cpu())
+            self._release(self._write)
 
     def end_round(self) -> None:
         self.current = self._write
