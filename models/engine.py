@@ -708,6 +708,7 @@ def _train_cohort(
         else:
             out[done : done + b] = upd
         done += b
+        del upd, data  # not alive during the next chunk's local_update (the plan counts one chunk)
         ev.chunk_done(round_idx, done, n)
     assert out is not None
     return out
@@ -795,7 +796,9 @@ def _init_private(
                 else PrivateTables.empty_in_memory(row, n)
             )
             tables.begin_round(covers_all=True)
+            del row  # views of this chunk's tensors
         tables.put(rows, part)
+        del part  # not alive while the next chunk is made
         ev.chunk_done(-1, int(rows[-1]) + 1, n)  # round -1: the initialisation
     assert tables is not None
     tables.end_round()
