@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ import torch
 from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
 from models.data.types import Interactions
 from models.freib import Params, PlatformData, PlatformModel, local_train, predict, server_step
+
+if TYPE_CHECKING:
+    from models.engine import SimulationEvents
 
 PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
 ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
@@ -176,11 +179,12 @@ def run_platform_simulation(
     config: PlatformSimConfig,
     *,
     interactions: Interactions | None = None,
-    progress: bool = False,
+    events: SimulationEvents | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run a platform-level federation; returns the results dict (results.json)."""
-    from models.engine import SimulationConfigError, SecureAggregator, load_interactions
+    """Run a platform-level federation; returns the results dict (results.json).
+    `events` hears of every round (the CLI shows them as progress)."""
+    from models.engine import SimulationConfigError, SecureAggregator, SimulationEvents, load_interactions
     from models.keyed_random import global_init_generator
     from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
 
@@ -213,7 +217,9 @@ def run_platform_simulation(
     best: dict[str, Any] = {"round": None, "rmse": math.inf}
     records: list[dict[str, Any]] = []
     t_setup = time.perf_counter() - t_start
+    ev = events or SimulationEvents()
     for r in range(rounds):
+        ev.round_started(r, rounds)
         t0 = time.perf_counter()
         res = local_train(model, shared, user, platform, data, protos, r, config.seed)
         upd = res.update
@@ -240,13 +246,7 @@ def run_platform_simulation(
                 best.update(round=r, rmse=val["rmse"], state=(shared, user, platform), val=val)
         rec["seconds"] = time.perf_counter() - t0
         records.append(rec)
-        if progress:
-            v = rec.get("val", {})
-            print(
-                f"round {r:3d}  val rmse {v.get('rmse', math.nan):.4f}  mae {v.get('mae', math.nan):.4f}  "
-                f"({rec['seconds']:.1f} s, best round {best['round']})",
-                flush=True,
-            )
+        ev.round_done(rec, best["round"])
         if on_round is not None:
             on_round(rec)
     if best["round"] is None:

@@ -420,6 +420,7 @@ def _simulate_platforms(
     from rich.console import Console
 
     from models.engine import write_results
+    from fedmask.commands.sim_progress import SimulationProgress
     from models.platform_sim import PlatformConfigError, PlatformSimConfig, run_platform_simulation
 
     err = Console(stderr=True)
@@ -434,7 +435,8 @@ def _simulate_platforms(
             ldp_clip=ldp_clip, eval_every=eval_every, data_dir=None if data_dir is None else str(data_dir),
             params=params,
         )  # fmt: skip
-        results = run_platform_simulation(cfg, progress=not quiet)
+        with SimulationProgress(model, quiet=quiet) as events:
+            results = run_platform_simulation(cfg, events=events)
     except PlatformConfigError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
