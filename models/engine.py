@@ -7,13 +7,17 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
    `clients_per_round` drawn uniformly without replacement); the population
    is every user of the dataset, or `users` (1-based user numbers, like an
    edge client's --users);
-2. gather the cohort's private rows (`take_rows`) and training data (`cohort_data`);
-3. `model.local_update` -> new private rows and the (B, update_dim) updates;
+2. gather the cohort's private rows (`PrivateTables.take`) and training data
+   (`cohort_data`), the whole cohort at once or, when the memory plan says so
+   (`models/memory.py`, printed before training), chunk by chunk;
+3. `model.local_update` -> new private rows and the (B, update_dim) updates
+   (chunked: their running sum, or the whole table with DP or SecAgg);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
    (`models/privacy.py`), on the device side, before aggregation;
 5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
    in-process (fixed-point encoding, pairwise and self masks, unmasking);
-6. `model.apply_mean_update` -> the new global state; scatter the private rows back;
+6. `model.apply_mean_update` -> the new global state; the private rows go back
+   into the tables (RAM, or memory-mapped files; `models/private_tables.py`);
 7. every `eval_every` rounds (and after the last) evaluate on *validation*
    (metric sums from `models/evaluation.py`).
 
@@ -28,8 +32,8 @@ quantisation; tests/integration/test_simulate_equivalence.py). Cohort
 sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
-of the best validation round is kept (by reference when nothing can mutate
-it, copied on write otherwise) and the test metrics are computed once, on that
+of the best validation round is kept (its private tables are never written
+again: a round then writes the other buffer, `models/private_tables.py`) and the test metrics are computed once, on that
 state, after training. Test numbers never influence anything.
 """
 
