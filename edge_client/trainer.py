@@ -140,7 +140,7 @@ class Trainer:
         self.n_users, self.n_items = data.n_users, data.n_items
         self.devices = data.devices
         self.seed = seed
-        self.device = _resolve_device(torch_device)
+        self.device = resolve_device(torch_device, DatasetError)
         #: the global model of the latest task trained (public; for queries)
         self.latest = LatestGlobal(global_path)
         self.secure_random = secure_random
@@ -390,11 +390,3 @@ def synthetic_updates(
             -scale, scale, vector_length
         )
     return out
-
-
-def _resolve_device(name: str) -> torch.device:
-    try:
-        return resolve_device(name)
-    except ValueError as e:
-        raise DatasetError(str(e)) from None
-

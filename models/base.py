@@ -74,16 +74,17 @@ def take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
     )
 
 
-def resolve_device(name: str) -> torch.device:
-    """"cpu" or "cuda[:N]" as a torch device; ValueError for another name or
-    a CUDA device on a machine without one."""
+def resolve_device(name: str, error: type[Exception] = ValueError) -> torch.device:
+    """"cpu" or "cuda[:N]" as a torch device; raises `error` (a caller's
+    user-facing error class, ValueError by default) for another name or a CUDA
+    device on a machine without one."""
     if name == "cpu":
         return torch.device("cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {name} requested but CUDA is not available on this machine")
+            raise error(f"--device {name} requested but CUDA is not available on this machine")
         return torch.device(name)
-    raise ValueError(f"unknown --device {name!r}; use cpu or cuda")
+    raise error(f"unknown --device {name!r}; use cpu or cuda")
 
 
 class FederatedRecommender(ABC):
@@ -134,3 +135,26 @@ class FederatedRecommender(ABC):
         """Scores (B, K) of `items` (B, K) for the B devices whose private
         state is `private`. Higher is better (implicit) or a predicted rating
         (explicit). Computed on the device."""
+
+    # ------------------------------------------------------------ optional, with defaults
+
+    def config(self) -> dict[str, object]:
+        """The hyperparameters recorded with a run's results (default: none)."""
+        return {}
+
+    def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
+        """Statistics recorded after every round (default: none). `private` is
+        the whole population's state; in the simulator it may be memory-mapped,
+        so a summary should read only small tables (e.g. FedMMF's J)."""
+        return {}
+
+    def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
+        """(fixed, per_device): an upper estimate of the bytes `local_update`
+        holds at once for a cohort of B devices, fixed + B * per_device,
+        counting its inputs (the cohort's private rows, `private_bytes` per
+        device), outputs (new rows, the B x update_dim updates) and temporaries;
+        `max_history` is the longest training history of the cohort. The
+        simulator plans its memory with it (models/memory.py). The default is
+        generic (four copies of the private rows, three of the update, 64 bytes
+        per history entry); a model with large temporaries overrides it."""
+        return 0, 4 * private_bytes + 12 * self.update_dim + 64 * max_history

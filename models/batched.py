@@ -13,7 +13,6 @@ devices of its batch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -44,13 +43,6 @@ def flatten(data: CohortData) -> Flat:
     rating = None if data.ratings is None else data.ratings[dev, col].float()
     counts = mask.sum(1).to(torch.int64)
     return Flat(dev=dev, item=item, rating=rating, counts=counts, n_devices=int(mask.shape[0]))
-
-
-def per_device_sum(values: torch.Tensor, dev: torch.Tensor, n_devices: int) -> torch.Tensor:
-    """Sum of `values` (S, ...) grouped by `dev` (S,) -> (B, ...)."""
-    out = values.new_zeros((n_devices, *values.shape[1:]))
-    out.index_add_(0, dev, values)
-    return out
 
 
 def negatives_stream(seed: int, round_idx: int, epoch: int) -> KeyedStream:
@@ -156,30 +148,3 @@ def shuffle_ranks(
     rank = torch.empty_like(dev)
     rank[order] = torch.arange(s, device=dev.device) - starts[dev[order]]
     return rank
-
-
-def minibatch_ids(
-    dev: torch.Tensor, counts: torch.Tensor, batch_size: int, users: torch.Tensor, stream: KeyedStream
-) -> tuple[torch.Tensor, int]:
-    """Shuffle each device's samples into mini-batches of `batch_size`.
-
-    `dev` must be sorted (device-major); a sample's identity is its position
-    inside its device. Returns the batch index of every sample and the largest
-    number of batches of any device (the loop length).
-    """
-    s = dev.shape[0]
-    if s == 0:
-        return torch.zeros(0, dtype=torch.int64, device=dev.device), 0
-    rank = shuffle_ranks(dev, within_device_index(dev, counts), counts, users, stream)
-    bid = rank // batch_size
-    n_batches = int(math.ceil(int(counts.max()) / batch_size)) if counts.numel() else 0
-    return bid, n_batches
-
-
-def sigmoid_bce_grad(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """d BCE(sigmoid(z), y) / dz = sigmoid(z) - y."""
-    return torch.sigmoid(logits) - labels
-
-
-def bce_with_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")

@@ -7,13 +7,17 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
    `clients_per_round` drawn uniformly without replacement); the population
    is every user of the dataset, or `users` (1-based user numbers, like an
    edge client's --users);
-2. gather the cohort's private rows (`take_rows`) and training data (`cohort_data`);
-3. `model.local_update` -> new private rows and the (B, update_dim) updates;
+2. gather the cohort's private rows (`PrivateTables.take`) and training data
+   (`cohort_data`), the whole cohort at once or, when the memory plan says so
+   (`models/memory.py`, printed before training), chunk by chunk;
+3. `model.local_update` -> new private rows and the (B, update_dim) updates
+   (chunked: their running sum, or the whole table with DP or SecAgg);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
    (`models/privacy.py`), on the device side, before aggregation;
 5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
    in-process (fixed-point encoding, pairwise and self masks, unmasking);
-6. `model.apply_mean_update` -> the new global state; scatter the private rows back;
+6. `model.apply_mean_update` -> the new global state; the private rows go back
+   into the tables (RAM, or memory-mapped files; `models/private_tables.py`);
 7. every `eval_every` rounds (and after the last) evaluate on *validation*
    (metric sums from `models/evaluation.py`).
 
@@ -28,8 +32,8 @@ quantisation; tests/integration/test_simulate_equivalence.py). Cohort
 sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
-of the best validation round is kept (by reference when nothing can mutate
-it, copied on write otherwise) and the test metrics are computed once, on that
+of the best validation round is kept (its private tables are never written
+again: a round then writes the other buffer, `models/private_tables.py`) and the test metrics are computed once, on that
 state, after training. Test numbers never influence anything.
 """
 
@@ -39,6 +43,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -50,12 +55,22 @@ from models.base import (
     FederatedRecommender,
     GlobalState,
     PrivateState,
-    put_rows,
     resolve_device,
     take_cohort,
     take_rows,
 )
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
+from models.memory import (
+    BASELINE_BYTES,
+    Footprint,
+    MemoryBudgetError,
+    MemoryPlan,
+    PrivatePlacement,
+    default_budget,
+    plan_memory,
+    resident_bytes,
+)
+from models.private_tables import PrivateTables
 
 if TYPE_CHECKING:
     from models.evaluation import Stage
@@ -120,11 +135,6 @@ def model_is_explicit(name: str, explicit_flag: bool) -> bool:
     if explicit_flag and name in IMPLICIT_ONLY:
         raise SimulationConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
     return explicit_flag
-
-
-def model_config(model: FederatedRecommender) -> dict[str, Any]:
-    cfg = getattr(model, "config", None)
-    return dict(cfg()) if callable(cfg) else {}
 
 
 # ============================================================ config and results
@@ -290,6 +300,8 @@ class _Cohorts:
 
         csr = explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None
         self.all = cohort_data(split, users, device=device, explicit_csr=csr)
+        self.size = len(users)
+        self.device = device
 
     def get(self, rows: torch.Tensor | None) -> CohortData:
         if rows is None:
@@ -302,7 +314,7 @@ class _Cohorts:
 
 class SecureAggregator:
     """Aggregation through the real SecAgg(+) protocol, run in process by
-    `secagg.testing.run_round`: every device encodes its update to fixed point,
+    `secagg.inprocess.run_round`: every device encodes its update to fixed point,
     runs its own client states (keys, Shamir shares, pairwise and self masks)
     and the server states unmask only the sum. One `SecAggConfig` per cohort
     size, reused across rounds (the round index is bound into every key)."""
@@ -340,7 +352,7 @@ class SecureAggregator:
 
     def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
         """The decoded exact sum of the devices' encoded updates (all counted: no dropouts here)."""
-        from secagg.testing import run_round
+        from secagg.inprocess import run_round
 
         n, length = updates.shape
         if n < 2:
@@ -409,14 +421,10 @@ def _generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
     return out
 
 
-def _clone_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in state.items()}
-
-
 def evaluate_state(
     model: FederatedRecommender,
     global_: GlobalState,
-    private: PrivateState,
+    private: PrivateState | Callable[[torch.Tensor], PrivateState],
     split: ImplicitSplit | ExplicitSplit,
     stage: Stage,
     *,
@@ -426,8 +434,12 @@ def evaluate_state(
     population: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Metrics of the devices of `population` (dense user ids; row i of
-    `private` is user population[i]; None: every user, row = user id)."""
+    the private state is user population[i]; None: every user, row = user id).
+    `private`: the state itself or a function taking its rows
+    (`PrivateTables.take`), so it may live on disk."""
     from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
+
+    take = private if callable(private) else partial(take_rows, private)
 
     row_of: torch.Tensor | None = None
     if population is not None:
@@ -436,7 +448,7 @@ def evaluate_state(
 
     def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         rows = users if row_of is None else row_of[users]
-        return model.score(global_, take_rows(private, rows), users, items)
+        return model.score(global_, take(rows), users, items)
 
     with torch.no_grad():
         if isinstance(split, ImplicitSplit):
@@ -448,17 +460,54 @@ def evaluate_state(
     return finalize(sums)
 
 
+@dataclass(frozen=True)
+class MemorySettings:
+    """How the simulator may use memory (models/memory.py). None of these
+    changes what is computed: a chunked run reaches the same global model as an
+    unchunked one up to float32 summation order (tests/models/test_engine_memory.py)."""
+
+    budget_gb: float | None = None  # None: 90 % of the memory available at the start
+    cohort_chunk: int | None = None  # devices per local_update call; None: the largest that fits
+    private: PrivatePlacement = "auto"  # where the population's private state lives
+    state_dir: str | None = None  # folder of the memory-mapped private state (None: the temporary directory)
+
+
+class SimulationEvents:
+    """What a caller may hear about a running simulation (all optional; the CLI
+    turns them into the progress display, models/progress.py)."""
+
+    def note(self, text: str) -> None:
+        """A one-off message (the memory plan, the setup time)."""
+
+    def round_started(self, round_idx: int, rounds: int) -> None:
+        """Round `round_idx` (0-based) of `rounds` begins."""
+
+    def chunk_done(self, round_idx: int, devices_done: int, cohort: int) -> None:
+        """Part of a round's cohort is trained (chunked rounds only; round -1:
+        part of the initial private state is made)."""
+
+    def round_done(self, rec: Mapping[str, Any], best_round: int | None) -> None:
+        """A round's record (as in results.json) and the best validation round so far."""
+
+
 def simulate(
     config: SimulationConfig,
     *,
     interactions: Interactions | None = None,
-    progress: bool = False,
+    memory: MemorySettings | None = None,
+    events: SimulationEvents | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run a whole federation; returns the results dict written to results.json."""
+    """Run a whole federation; returns the results dict written to results.json.
+
+    The memory plan is made before training (MemoryBudgetError, a
+    SimulationConfigError, when `memory`'s budget cannot be met) and reported
+    through `events.note` and the results' "memory" block."""
     t_start = time.perf_counter()
+    mem = memory or MemorySettings()
+    ev = events or SimulationEvents()
     explicit = model_is_explicit(config.model, config.explicit)
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device, SimulationConfigError)
     if config.threads:
         torch.set_num_threads(config.threads)
     dp = config.dp  # the config checked its own settings when it was made
@@ -490,7 +539,11 @@ def simulate(
     cohorts = _Cohorts(split, population, device)
     with torch.no_grad():
         global_ = {k: v.to(device) for k, v in model.init_global(global_init_generator(config.seed)).items()}
-        private = model.init_private(cohorts.all, global_, config.seed)
+    plan = _plan_memory(
+        model, cohorts, global_, mem, n_pop=n_pop, n_items=n_items, cohort=cohort_size, config=config
+    )
+    ev.note(plan.describe())
+    tables = _init_private(model, cohorts, global_, plan, mem, config.seed, ev)
 
     accountant = None
     if dp is not None and dp.noise > 0:
@@ -505,64 +558,62 @@ def simulate(
 
     secure = SecureAggregator(seed=config.seed, neighbors=config.neighbors) if config.secagg else None
     sel_key, sel_sign = _select_key(explicit)
-    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "private": None, "shared": False}
+    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None}
     records: list[dict[str, Any]] = []
     t_setup = time.perf_counter() - t_start
+    ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {n_items} items, {cohort_size} devices per round")
+    disk_peak = tables.disk_bytes()
 
-    bar = _Progress(rounds, config.model, sel_key) if progress else None
     try:
         for r in range(rounds):
+            ev.round_started(r, rounds)
             t0 = time.perf_counter()
             rows = None
             if not full_cohort:
                 perm = torch.randperm(n_pop, generator=gens["cohort"], device=gens["cohort"].device)
                 rows = perm[:cohort_size].sort().values.to(device)
-            data = cohorts.get(rows)
-            priv_c = private if rows is None else take_rows(private, rows)
-            with torch.no_grad():
-                new_priv, upd = model.local_update(global_, priv_c, data, r, config.seed)
+            tables.begin_round(covers_all=full_cohort)
+            upd = _train_cohort(
+                model, global_, tables, cohorts, rows, plan.chunk, r, config.seed, ev,
+                keep_updates=secure is not None or dp is not None or config.plaintext_j_bound is not None,
+            )  # fmt: skip
             rec: dict[str, Any] = {"round": r}
-            if upd.shape != (data.users.shape[0], model.update_dim):
-                raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
-            if dp is not None and upd.shape[1] > 0:
-                from models.privacy import privatize
+            mean: torch.Tensor | None
+            if isinstance(upd, _RunningSum):  # plain mean of a chunked round: only the sum was kept
+                mean = upd.mean()
+            else:
+                if dp is not None and upd.shape[1] > 0:
+                    from models.privacy import privatize
 
-                z = dp.noise
-                if dp.mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
-                    z = z / math.sqrt(upd.shape[0])
-                upd, norms = privatize(upd, clip=dp.clip, noise_multiplier=z, generator=gens["dp"])
-                rec["update_norm_mean"] = float(norms.mean())
-                rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
+                    z = dp.noise
+                    if dp.mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
+                        z = z / math.sqrt(upd.shape[0])
+                    upd, norms = privatize(upd, clip=dp.clip, noise_multiplier=z, generator=gens["dp"])
+                    rec["update_norm_mean"] = float(norms.mean())
+                    rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
+                if upd.shape[1] == 0:
+                    mean = upd.new_zeros(0)
+                elif config.plaintext_j_bound is not None:  # J is fixed at init_private: any buffer has it
+                    mean = _hybrid_mean(upd, tables.take(rows)["J"], config, secure, r, rec)
+                elif secure is not None:
+                    c = _secagg_clip(config)
+                    mean = secure.mean(upd, round_idx=r, clip=c)
+                    rec.update(secure.last)
+                    rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
+                else:
+                    mean = upd.mean(0)
             if accountant is not None:
                 accountant.step()
-            mean: torch.Tensor | None
-            if upd.shape[1] == 0:
-                mean = upd.new_zeros(0)
-            elif config.plaintext_j_bound is not None:
-                mean = _hybrid_mean(upd, priv_c["J"], config, secure, r, rec)
-            elif secure is not None:
-                c = _secagg_clip(config)
-                mean = secure.mean(upd, round_idx=r, clip=c)
-                rec.update(secure.last)
-                rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
-            else:
-                mean = upd.mean(0)
             if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
                 global_ = model.apply_mean_update(global_, mean, r)
-            if rows is None:
-                private = new_priv
-            else:
-                if best["shared"]:  # copy-on-write: the kept best state must not change
-                    best["private"] = _clone_state(best["private"])
-                    best["shared"] = False
-                put_rows(private, rows, new_priv)
-            del upd, new_priv, priv_c
+            tables.end_round()
+            del upd
             rec["train_seconds"] = time.perf_counter() - t0
 
             t1 = time.perf_counter()
             if (r + 1) % config.eval_every == 0 or r == rounds - 1:
                 val = evaluate_state(
-                    model, global_, private, split, "val", full=config.full_val, placebo=False, device=device,
+                    model, global_, tables.take, split, "val", full=config.full_val, placebo=False, device=device,
                     population=pop_arg,
                 )
                 rec["val"] = val
@@ -570,35 +621,37 @@ def simulate(
                 if math.isfinite(v) and v > best["value"]:
                     best.update(round=r, value=v)
                     best["global"] = global_  # new tensors every round: safe by reference
-                    best["private"] = private
-                    best["shared"] = True
+                    tables.keep_best()  # never written again (copy on write)
             rec["eval_seconds"] = time.perf_counter() - t1
-            summary = getattr(model, "summary", None)  # e.g. FedRAP's sparsity of C
-            if callable(summary):
-                rec.update(summary(global_, private))
+            rec.update(model.summary(global_, tables.table()))  # e.g. FedRAP's sparsity of C
+            tables.release()
+            disk_peak = max(disk_peak, tables.disk_bytes())
             rec["seconds"] = time.perf_counter() - t0
             records.append(rec)
-            if bar is not None:
-                bar.advance(rec, best)
+            ev.round_done(rec, best["round"])
             if on_round is not None:
                 on_round(rec)
-    finally:
-        if bar is not None:
-            bar.close()
 
-    t_train_end = time.perf_counter()
-    saved_global = None
-    if config.save_global is not None:
-        saved_global = str(save_global_state(global_, config.save_global, round_=rounds - 1, seed=config.seed))
-    if best["round"] is None:  # every validation value was NaN: fall back to the last round
-        best["round"] = rounds - 1
-        best["global"], best["private"] = global_, private
-    test = evaluate_state(
-        model, best["global"], best["private"], split, "test", full=True, placebo=True, device=device,
-        population=pop_arg,
-    )
-    summary_fn = getattr(model, "summary", None)
-    summary_best = summary_fn(best["global"], best["private"]) if callable(summary_fn) else {}
+        t_train_end = time.perf_counter()
+        saved_global = None
+        if config.save_global is not None:
+            saved_global = str(save_global_state(global_, config.save_global, round_=rounds - 1, seed=config.seed))
+        if best["round"] is None:  # every validation value was NaN: fall back to the last round
+            best["round"] = rounds - 1
+            best["global"] = global_
+            tables.keep_best()
+
+        def take_best(rows: torch.Tensor) -> PrivateState:
+            return tables.take(rows, "best")
+
+        test = evaluate_state(
+            model, best["global"], take_best, split, "test", full=True, placebo=True, device=device,
+            population=pop_arg,
+        )
+        summary_best = model.summary(best["global"], tables.table("best"))
+        tables.release()
+    finally:
+        tables.close()
     seconds_total = time.perf_counter() - t_start
 
     out: dict[str, Any] = {
@@ -623,7 +676,8 @@ def simulate(
         "seconds_setup": t_setup,
         "seconds_training": t_train_end - t_start - t_setup,
         "config": asdict(config) | {"rounds": rounds},
-        "model_config": model_config(model),
+        "model_config": model.config(),
+        "memory": plan.as_dict() | {"disk_bytes_peak": disk_peak},
         "protocol": _protocol_note(explicit),
     }
     if saved_global is not None:
@@ -667,6 +721,162 @@ def simulate(
         }
         out["epsilon"] = accountant.epsilon() if accountant is not None else math.inf
     return out
+
+
+class _RunningSum:
+    """The float64 sum of a chunked round's updates (the plain mean needs nothing more)."""
+
+    def __init__(self, dim: int, device: torch.device) -> None:
+        self.total = torch.zeros(dim, dtype=torch.float64, device=device)
+        self.count = 0
+
+    def add(self, upd: torch.Tensor) -> None:
+        self.total += upd.sum(0, dtype=torch.float64)
+        self.count += int(upd.shape[0])
+
+    def mean(self) -> torch.Tensor:
+        return (self.total / max(self.count, 1)).to(torch.float32)
+
+
+def _train_cohort(
+    model: FederatedRecommender,
+    global_: GlobalState,
+    tables: PrivateTables,
+    cohorts: _Cohorts,
+    rows: torch.Tensor | None,
+    chunk: int,
+    round_idx: int,
+    seed: int,
+    ev: SimulationEvents,
+    *,
+    keep_updates: bool,
+) -> torch.Tensor | _RunningSum:
+    """Train the cohort (`rows` of the population; None: all) `chunk` devices at
+    a time, writing the new private rows to `tables`. Returns the (B, update_dim)
+    updates, or only their running sum when the round is chunked and
+    `keep_updates` is false (the plain mean: no DP, no SecAgg)."""
+    n = cohorts.size if rows is None else int(rows.numel())
+    dim = model.update_dim
+    if chunk >= n:  # one local_update call (rows None: the whole population, by reference in RAM)
+        parts = [rows]
+    else:
+        ids = torch.arange(n, device=cohorts.device) if rows is None else rows
+        parts = [ids[s : s + chunk] for s in range(0, n, chunk)]
+    out: torch.Tensor | _RunningSum | None = None
+    done = 0
+    for part in parts:
+        data = cohorts.get(part)
+        with torch.no_grad():
+            new_priv, upd = model.local_update(global_, tables.take(part), data, round_idx, seed)
+        b = int(data.users.shape[0])
+        if upd.shape != (b, dim):
+            raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
+        tables.put(part, new_priv)
+        del new_priv
+        if len(parts) == 1:
+            return upd
+        if out is None:
+            out = torch.empty(n, dim, device=upd.device) if keep_updates else _RunningSum(dim, upd.device)
+        if isinstance(out, _RunningSum):
+            out.add(upd)
+        else:
+            out[done : done + b] = upd
+        done += b
+        del upd, data  # not alive during the next chunk's local_update (the plan counts one chunk)
+        ev.chunk_done(round_idx, done, n)
+    assert out is not None
+    return out
+
+
+def _plan_memory(
+    model: FederatedRecommender,
+    cohorts: _Cohorts,
+    global_: GlobalState,
+    mem: MemorySettings,
+    *,
+    n_pop: int,
+    n_items: int,
+    cohort: int,
+    config: SimulationConfig,
+) -> MemoryPlan:
+    """Measure the sizes (one device's private state, the data table) and plan
+    (models/memory.py); MemoryBudgetError when the budget cannot be met."""
+    import shutil
+    import tempfile
+
+    one = cohorts.get(torch.zeros(1, dtype=torch.int64, device=cohorts.device))
+    with torch.no_grad():
+        row = model.init_private(one, global_, config.seed)
+    private_bytes = sum(v.element_size() * v[0].numel() for v in row.values())
+    data = cohorts.all
+    max_history = int(data.lengths.max()) if data.lengths.numel() else 0
+    fixed, per = model.train_memory(private_bytes, max_history)
+    fp = Footprint(
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
+        population=n_pop,
+        cohort=cohort,
+        private_per_device=private_bytes,
+        train_fixed=fixed,
+        train_per_device=per,
+        global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
+        update_dim=model.update_dim,
+        data_bytes=0,  # the padded data table is inside the measured baseline
+        eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
+        keep_updates=config.secagg or config.dp is not None,
+        secagg=config.secagg,
+    )
+    budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
+    folder = mem.state_dir if mem.state_dir is not None else tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free if Path(folder).exists() else None
+    try:
+        plan = plan_memory(fp, budget=budget, chunk=mem.cohort_chunk, private=mem.private, disk_free=free)
+    except MemoryBudgetError as e:
+        raise SimulationConfigError(str(e)) from None
+    if plan.private_on_disk and device_is_cuda(cohorts.device):
+        raise SimulationConfigError("the private state on disk (memory-mapped) needs --device cpu")
+    return plan
+
+
+def device_is_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def _init_private(
+    model: FederatedRecommender,
+    cohorts: _Cohorts,
+    global_: GlobalState,
+    plan: MemoryPlan,
+    mem: MemorySettings,
+    seed: int,
+    ev: SimulationEvents,
+) -> PrivateTables:
+    """The population's initial private state, in RAM or on disk, made `plan.chunk`
+    devices at a time when the plan chunks (rows depend only on their own device)."""
+    n = cohorts.size
+    if not plan.chunked and not plan.private_on_disk:
+        with torch.no_grad():
+            return PrivateTables.in_memory(model.init_private(cohorts.all, global_, seed), n)
+    tables: PrivateTables | None = None
+    step = max(1, plan.chunk)
+    for s in range(0, n, step):
+        rows = torch.arange(s, min(n, s + step), device=cohorts.device)
+        with torch.no_grad():
+            part = model.init_private(cohorts.get(rows), global_, seed)
+        if tables is None:
+            row = {k: v[:1] for k, v in part.items()}
+            tables = (
+                PrivateTables.on_disk(row, n, mem.state_dir)
+                if plan.private_on_disk
+                else PrivateTables.empty_in_memory(row, n)
+            )
+            tables.begin_round(covers_all=True)
+            del row  # views of this chunk's tensors
+        tables.put(rows, part)
+        del part  # not alive while the next chunk is made
+        ev.chunk_done(-1, int(rows[-1]) + 1, n)  # round -1: the initialisation
+    assert tables is not None
+    tables.end_round()
+    return tables
 
 
 def _population(users: tuple[int, ...] | None, n_users: int, name: str) -> np.ndarray:
@@ -731,36 +941,6 @@ def _secagg_clip(config: SimulationConfig) -> float:
     if config.dp_clip is not None:
         return float(config.dp_clip) * (1.0 + 6.0 * float(config.dp_noise or 0.0))
     return SECAGG_DEFAULT_CLIP
-
-
-def _resolve_device(name: str) -> torch.device:
-    try:
-        return resolve_device(name)
-    except ValueError as e:
-        raise SimulationConfigError(str(e)) from None
-
-
-class _Progress:
-    """Rounds progress with the current validation metric: a rich bar on a
-    terminal, a plain line now and then when stderr is a file or a pipe
-    (models/progress.py)."""
-
-    def __init__(self, rounds: int, model: str, metric: str) -> None:
-        from models.progress import Progress
-
-        self.metric = metric
-        self.p = Progress(f"{model} rounds", rounds, unit="rounds")
-
-    def advance(self, rec: Mapping[str, Any], best: Mapping[str, Any]) -> None:
-        val = rec.get("val")
-        status = None
-        if val is not None:
-            v = val.get(self.metric, math.nan)
-            status = f"val {self.metric} {v:.4f} (best round {best['round']})"
-        self.p.advance(status=status)
-
-    def close(self) -> None:
-        self.p.close()
 
 
 def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:

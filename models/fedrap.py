@@ -319,6 +319,18 @@ class FedRAP(FederatedRecommender):
             new_private["D"] = d_out
         return new_private, upd
 
+    def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
+        """local_update's tensors (see FederatedRecommender.train_memory): per
+        device the taken private rows, the new D_i and the update (m*k floats
+        each), the positive table, the negative counts and the sampled pairs;
+        fixed: one inner chunk's W, gradient history and dense temporaries."""
+        m, k, n_ep = self.n_items, self.k, self.local_epochs
+        table = 4 * m * k
+        per = private_bytes + (table if self.has_d else 0) + (table if self.has_c else 0)
+        per += 4 * m + n_ep * m + 8 * m + 16 * (1 + self.n_neg) * max_history
+        fixed = self.chunk * (3 * table + 4 * n_ep * m + 24 * m)
+        return fixed, per
+
     def apply_mean_update(
         self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int
     ) -> GlobalState:

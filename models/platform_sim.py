@@ -10,7 +10,7 @@ for the models). Each round (the paper's communication epoch):
    leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
 3. aggregation: the plain mean of the M uploads, or with `secagg` the real
    Bonawitz protocol in process (`models.engine.SecureAggregator`, i.e.
-   `secagg.testing.run_round`) on the complete graph of the M platforms with
+   `secagg.inprocess.run_round`) on the complete graph of the M platforms with
    the majority threshold floor(M/2) + 1; the library checks that the
    unmasked sum equals the sum of the encoded inputs;
 4. `server_step`: FedAvg of the shared parameters and the global prototypes;
@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ import torch
 from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
 from models.data.types import Interactions
 from models.freib import Params, PlatformData, PlatformModel, local_train, predict, server_step
+
+if TYPE_CHECKING:
+    from models.engine import SimulationEvents
 
 PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
 ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
@@ -188,11 +191,12 @@ def run_platform_simulation(
     config: PlatformSimConfig,
     *,
     interactions: Interactions | None = None,
-    progress: bool = False,
+    events: SimulationEvents | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run a platform-level federation; returns the results dict (results.json)."""
-    from models.engine import SimulationConfigError, SecureAggregator, load_interactions
+    """Run a platform-level federation; returns the results dict (results.json).
+    `events` hears of every round (the CLI shows them as progress)."""
+    from models.engine import SimulationConfigError, SecureAggregator, SimulationEvents, load_interactions
     from models.keyed_random import global_init_generator
     from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
 
@@ -225,7 +229,9 @@ def run_platform_simulation(
     best: dict[str, Any] = {"round": None, "rmse": math.inf}
     records: list[dict[str, Any]] = []
     t_setup = time.perf_counter() - t_start
+    ev = events or SimulationEvents()
     for r in range(rounds):
+        ev.round_started(r, rounds)
         t0 = time.perf_counter()
         res = local_train(model, shared, user, platform, data, protos, r, config.seed)
         upd = res.update
@@ -252,13 +258,7 @@ def run_platform_simulation(
                 best.update(round=r, rmse=val["rmse"], state=(shared, user, platform), val=val)
         rec["seconds"] = time.perf_counter() - t0
         records.append(rec)
-        if progress:
-            v = rec.get("val", {})
-            print(
-                f"round {r:3d}  val rmse {v.get('rmse', math.nan):.4f}  mae {v.get('mae', math.nan):.4f}  "
-                f"({rec['seconds']:.1f} s, best round {best['round']})",
-                flush=True,
-            )
+        ev.round_done(rec, best["round"])
         if on_round is not None:
             on_round(rec)
     if config.save_global is not None:

@@ -10,7 +10,7 @@ Entry points:
     ClientAdvertiseKeys(config, id, round, x_enc)  a device's first state (secagg.client)
     ServerAdvertiseKeys(config, round)             the server's first state (secagg.server)
     decode_message(data) / message.to_bytes()      the wire format (secagg.messages)
-    secagg.testing.run_round(inputs, config=...)   the in-process driver
+    secagg.inprocess.run_round(inputs, config=...) the in-process driver
 """
 
 from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted

@@ -33,7 +33,7 @@ import numpy as np
 
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
-from secagg.testing import DropoutPlan, run_round
+from secagg.inprocess import DropoutPlan, run_round
 
 STAGE_CHOICES = ("none", "advertise-keys", "share-keys", "masked-input", "consistency-check", "unmasking")
 

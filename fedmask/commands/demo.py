@@ -446,7 +446,7 @@ def secagg_demo(
 
     from secagg.config import Neighbors, SecAggConfig
     from secagg.errors import SecAggError
-    from secagg.testing import DROPOUT_STAGES, DropoutPlan, run_round
+    from secagg.inprocess import DROPOUT_STAGES, DropoutPlan, run_round
 
     console = Console()
     stages = [s.replace("-", "_") for s in (first_stage, second_stage)]

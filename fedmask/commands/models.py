@@ -239,6 +239,35 @@ def register_simulate(app: typer.Typer) -> None:
                 show_default=False,
             ),
         ] = None,
+        memory_gb: Annotated[
+            float | None,
+            typer.Option(
+                help="Memory budget in GiB (default: 90 % of the memory available at the start). The footprint "
+                "is estimated and printed before training; a round's cohort is then trained in chunks and the "
+                "private state kept in memory-mapped files when needed, or the run refuses with the size it needs.",
+                show_default=False,
+            ),
+        ] = None,
+        cohort_chunk: Annotated[
+            int | None,
+            typer.Option(
+                help="Train at most N devices per batched call (default: the most the budget allows). Changes "
+                "nothing but memory and speed (float32 summation order).",
+                show_default=False,
+            ),
+        ] = None,
+        private_state: Annotated[
+            str,
+            typer.Option(help="Where the devices' private state lives: auto (RAM if it fits), memory or disk."),
+        ] = "auto",
+        state_dir: Annotated[
+            Path | None,
+            typer.Option(
+                help="Folder for the memory-mapped private state (default: the temporary directory); removed "
+                "at the end.",
+                show_default=False,
+            ),
+        ] = None,
         platforms: Annotated[
             int | None,
             typer.Option(
@@ -285,7 +314,15 @@ def register_simulate(app: typer.Typer) -> None:
         """
         from rich.console import Console
 
-        from models.engine import SimulationConfigError, SimulationConfig, simulate as run_simulation, write_results
+        from fedmask.commands.sim_progress import SimulationProgress
+        from models.engine import (
+            MemorySettings,
+            SimulationConfig,
+            SimulationConfigError,
+            simulate as run_simulation,
+            write_results,
+        )
+        from models.memory import PrivatePlacement
 
         err = Console(stderr=True)
         if platforms is not None or model in ("freib", "central-mf"):
@@ -338,7 +375,17 @@ def register_simulate(app: typer.Typer) -> None:
                 save_global=None if save_global is None else str(save_global),
                 plaintext_j_bound=plaintext_j_bound,
             )
-            results = run_simulation(cfg, progress=not quiet)
+            placements: dict[str, PrivatePlacement] = {"auto": "auto", "memory": "memory", "disk": "disk"}
+            if private_state not in placements:
+                raise SimulationConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
+            mem = MemorySettings(
+                budget_gb=memory_gb,
+                cohort_chunk=cohort_chunk,
+                private=placements[private_state],
+                state_dir=None if state_dir is None else str(state_dir),
+            )
+            with SimulationProgress(model, quiet=quiet) as events:
+                results = run_simulation(cfg, memory=mem, events=events)
         except SimulationConfigError as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
@@ -390,6 +437,7 @@ def _simulate_platforms(
     from rich.console import Console
 
     from models.engine import write_results
+    from fedmask.commands.sim_progress import SimulationProgress
     from models.platform_sim import PlatformConfigError, PlatformSimConfig, run_platform_simulation
 
     err = Console(stderr=True)
@@ -404,7 +452,8 @@ def _simulate_platforms(
             ldp_clip=ldp_clip, eval_every=eval_every, data_dir=None if data_dir is None else str(data_dir),
             params=params, save_global=None if save_global is None else str(save_global),
         )  # fmt: skip
-        results = run_platform_simulation(cfg, progress=not quiet)
+        with SimulationProgress(model, quiet=quiet) as events:
+            results = run_platform_simulation(cfg, events=events)
     except PlatformConfigError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e

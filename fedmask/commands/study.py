@@ -120,6 +120,7 @@ def _run_study(
 ) -> tuple[Path, str]:
     import numpy as np
 
+    from fedmask.commands.sim_progress import SimulationProgress
     from models.engine import SimulationConfig, default_rounds, load_interactions, make_split, simulate, write_results
     from models.progress import Progress
     from models.reference import blas_threads, reference_names, run_references, run_steps
@@ -151,7 +152,8 @@ def _run_study(
                 runs_done.setdefault(run.name, {})[seed] = old
                 continue
             log(f"{run.name} seed {seed}: simulating")
-            res = simulate(cfg, interactions=data, progress=not quiet)
+            with SimulationProgress(run.model, quiet=quiet) as events:
+                res = simulate(cfg, interactions=data, events=events)
             write_results(res, folder)
             runs_done.setdefault(run.name, {})[seed] = json.loads((folder / "results.json").read_text())
         if ref_names:

@@ -30,6 +30,7 @@ def strip_times(res: dict) -> dict:
     out = json.loads(json.dumps(res, default=str))
     for key in ("seconds_total", "seconds_setup", "seconds_training"):
         out.pop(key)
+    out["memory"].pop("budget")  # the default budget follows the machine's available memory
     for rec in out["rounds"]:
         for key in ("seconds", "train_seconds", "eval_seconds"):
             rec.pop(key)
@@ -106,12 +107,13 @@ def test_best_state_is_the_best_rounds_state(x, monkeypatch: pytest.MonkeyPatch)
 
     def spy(model, global_, private, split, stage, **kw):
         out = real(model, global_, private, split, stage, **kw)
+        state = private(torch.arange(x.n_users))  # the engine passes its tables' row reader
         if stage == "val":
             r = len(seen)
-            seen[r] = {k: v.clone() for k, v in private.items()}
+            seen[r] = {k: v.clone() for k, v in state.items()}
             out["hr@10"] = 1.0 if r == 0 else 0.0  # round 0 is the best
         else:
-            spy.tested = {k: v.clone() for k, v in private.items()}
+            spy.tested = {k: v.clone() for k, v in state.items()}
         return out
 
     monkeypatch.setattr(engine, "evaluate_state", spy)
@@ -229,6 +231,12 @@ def test_distributed_dp_needs_secagg_and_splits_the_noise(x, monkeypatch: pytest
 
 
 def test_progress_goes_to_logs_as_plain_lines_when_stderr_is_not_a_terminal(x, capsys: pytest.CaptureFixture[str]) -> None:
-    simulate(SimulationConfig(model="fedmf", rounds=2), interactions=x, progress=True)
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[progress]")]
+    from fedmask.commands.sim_progress import SimulationProgress
+
+    with SimulationProgress("fedmf", interval=0.0) as events:  # a line at every round
+        simulate(SimulationConfig(model="fedmf", rounds=2), interactions=x, events=events)
+    err = capsys.readouterr().err.splitlines()
+    lines = [ln for ln in err if ln.startswith("[progress]")]
     assert lines[0].startswith("[progress] fedmf rounds: 0/2 rounds") and "2/2 rounds" in lines[-1]
+    assert any("1/2 rounds" in ln and "val hr@10" in ln for ln in lines)
+    assert any(ln.startswith("memory: estimated peak") for ln in err)  # the plan is printed before training

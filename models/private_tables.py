@@ -1,0 +1,237 @@
+"""The population's private state in the simulator, in RAM or in memory-mapped files.
+
+Row i of every table belongs to population device i. Two buffers at most:
+the current state and, when the best validation round was an earlier one, the
+kept best state. A round writes into the current buffer unless that buffer
+is the kept best; then it writes into the other buffer (copying the rows the
+cohort does not cover first), so the kept state never changes (copy on write,
+without copying anything when the whole population trains).
+
+In RAM the buffers are torch tensors; `take(None)` returns the buffer itself
+and `put(None, part)` adopts `part` as the new buffer, so an unchunked round
+holds exactly what the engine held before chunking existed.
+
+On disk each table is a file of raw rows mapped with `mmap`; `take` copies the
+rows into RAM tensors and `put` writes them back. After every access the
+mapping's pages are released from this process (`madvise(MADV_DONTNEED)`;
+the kernel keeps written pages in its page cache and writes them back), so the
+resident memory of the process stays at the chunk's rows, however large the
+files are. The directory and its files are removed by `close`.
+
+Contract: rows passed to `take`/`put` are int64 tensors of distinct row numbers;
+`part` has the tables' names, trailing shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from models.base import PrivateState
+
+Which = Literal["current", "best"]
+
+IO_STEP_BYTES = 128 * 1024**2  # mapped pages a disk access holds before releasing them
+
+
+class _DiskBuffer:
+    """One buffer of mapped files (one per table)."""
+
+    def __init__(self, folder: Path, like: PrivateState, n_rows: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.maps: list[mmap.mmap] = []
+        self.tables: PrivateState = {}
+        for name, row in like.items():
+            arr = row.detach().cpu().numpy()
+            nbytes = max(1, n_rows * arr.nbytes)
+            path = folder / f"{name}.bin"
+            with open(path, "w+b") as f:
+                f.truncate(nbytes)  # sparse: disk is used as rows are written
+                mm = mmap.mmap(f.fileno(), nbytes)
+            self.maps.append(mm)
+            flat = np.frombuffer(mm, dtype=arr.dtype, count=n_rows * arr.size)
+            self.tables[name] = torch.from_numpy(flat.reshape((n_rows, *arr.shape)))
+
+    def release(self) -> None:
+        """Drop the mapped pages from this process (dirty ones stay in the page cache)."""
+        for mm in self.maps:
+            mm.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        self.tables = {}
+        for mm in self.maps:
+            mm.close()
+        self.maps = []
+
+
+class PrivateTables:
+    """See the module doc. Build with `in_memory(state)` or `on_disk(row, n, folder)`."""
+
+    def __init__(self, n_rows: int, like: PrivateState, folder: Path | None) -> None:
+        self.n_rows = n_rows
+        self._like = {k: v[0].detach().clone() for k, v in like.items()} if folder is not None else {}
+        self._folder = folder
+        self._owns_folder = False
+        self._bufs: list[PrivateState | None] = [None, None]
+        self._disk: list[_DiskBuffer | None] = [None, None]
+        self.current = 0
+        self.best: int | None = None
+        self._write = 0
+
+    # ------------------------------------------------------------ construction
+
+    @classmethod
+    def in_memory(cls, state: PrivateState, n_rows: int) -> PrivateTables:
+        """Tables holding `state` (every tensor: n_rows rows) by reference."""
+        t = cls(n_rows, state, None)
+        t._bufs[0] = state
+        return t
+
+    @classmethod
+    def empty_in_memory(cls, row: PrivateState, n_rows: int) -> PrivateTables:
+        """Uninitialised RAM tables shaped like the one-device state `row` (fill with `put`)."""
+        state = {k: torch.empty((n_rows, *v.shape[1:]), dtype=v.dtype, device=v.device) for k, v in row.items()}
+        return cls.in_memory(state, n_rows)
+
+    @classmethod
+    def on_disk(cls, row: PrivateState, n_rows: int, folder: str | Path | None) -> PrivateTables:
+        """Memory-mapped tables shaped like the one-device state `row`, in a new
+        folder under `folder` (None: the system's temporary directory)."""
+        if folder is not None:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="fedmask-private-", dir=folder))
+        t = cls(n_rows, row, root)
+        t._owns_folder = True
+        disk = _DiskBuffer(root / "buffer0", t._like, n_rows)
+        t._disk[0] = disk
+        t._bufs[0] = disk.tables
+        return t
+
+    @property
+    def on_disk_folder(self) -> Path | None:
+        return self._folder
+
+    def disk_bytes(self) -> int:
+        """Bytes the mapped files occupy on disk now (allocated blocks)."""
+        if self._folder is None:
+            return 0
+        return sum(p.stat().st_blocks * 512 for p in self._folder.rglob("*.bin"))
+
+    # ------------------------------------------------------------ access
+
+    def _buffer(self, idx: int) -> PrivateState:
+        buf = self._bufs[idx]
+        if buf is None:
+            raise RuntimeError("private tables: buffer not allocated")
+        return buf
+
+    def _release(self, idx: int) -> None:
+        d = self._disk[idx]
+        if d is not None:
+            d.release()
+
+    def take(self, rows: torch.Tensor | None, which: Which = "current") -> PrivateState:
+        """Rows `rows` (None: all, by reference in RAM) of the current or kept best state."""
+        idx = self.current if which == "current" or self.best is None else self.best
+        buf = self._buffer(idx)
+        if rows is None:
+            if self._folder is None:
+                return buf
+            rows = torch.arange(self.n_rows)
+        if self._folder is None:
+            return {k: v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
+        out = {k: torch.empty((int(rows.numel()), *v.shape[1:]), dtype=v.dtype) for k, v in buf.items()}
+        for s in range(0, int(rows.numel()), self._step(buf)):  # mapped pages released every step
+            part = rows[s : s + self._step(buf)].cpu()
+            for k, v in buf.items():
+                torch.index_select(v, 0, part, out=out[k][s : s + part.numel()])
+            self._release(idx)
+        return out
+
+    def _step(self, buf: PrivateState) -> int:
+        """Rows per step of a disk access: about IO_STEP_BYTES of mapped pages."""
+        row = sum(v[0].numel() * v.element_size() for v in buf.values()) if self.n_rows else 1
+        return max(1, IO_STEP_BYTES // max(1, row))
+
+    def table(self, which: Which = "current") -> PrivateState:
+        """The whole tables by reference (for models' summaries). On disk, call
+        `release()` after reading them."""
+        return self._buffer(self.current if which == "current" or self.best is None else self.best)
+
+    def release(self) -> None:
+        for i in (0, 1):
+            self._release(i)
+
+    # ------------------------------------------------------------ rounds
+
+    def begin_round(self, covers_all: bool) -> None:
+        """Choose the buffer this round writes: the current one unless it is the
+        kept best. `covers_all`: the round writes every row (else the other rows
+        are copied over first)."""
+        if self.best != self.current:
+            self._write = self.current
+            return
+        other = 1 - self.current
+        if self._bufs[other] is None and self._folder is not None:
+            disk = _DiskBuffer(self._folder / f"buffer{other}", self._like, self.n_rows)
+            self._disk[other] = disk
+            self._bufs[other] = disk.tables
+        self._write = other
+        if covers_all:
+            return
+        src = self._buffer(self.current)
+        if self._bufs[other] is None:  # RAM, first time
+            self._bufs[other] = {k: v.clone() for k, v in src.items()}
+            return
+        dst = self._buffer(other)
+        step = self._step(src)
+        for s in range(0, self.n_rows, step):
+            for k, v in src.items():
+                dst[k][s : s + step].copy_(v[s : s + step])
+            self.release()
+
+    def put(self, rows: torch.Tensor | None, part: PrivateState) -> None:
+        """Write the trained rows (None: all rows; in RAM `part` is adopted as the buffer)."""
+        if rows is None and self._folder is None:
+            self._bufs[self._write] = part
+            return
+        if self._bufs[self._write] is None:  # RAM, chunked, first write into the other buffer
+            self._bufs[self._write] = {
+                k: torch.empty((self.n_rows, *v.shape[1:]), dtype=v.dtype, device=v.device) for k, v in part.items()
+            }
+        dst = self._buffer(self._write)
+        if rows is None:
+            rows = torch.arange(self.n_rows)
+        if self._folder is None:
+            for k, v in part.items():
+                dst[k].index_copy_(0, rows.to(dst[k].device), v.to(dst[k].device))
+            return
+        step = self._step(dst)
+        for s in range(0, int(rows.numel()), step):  # mapped pages released every step
+            r = rows[s : s + step].cpu()
+            for k, v in part.items():
+                dst[k].index_copy_(0, r, v[s : s + step].cpu())
+            self._release(self._write)
+
+    def end_round(self) -> None:
+        self.current = self._write
+
+    def keep_best(self) -> None:
+        """Mark the current state as the kept best (it is never written again)."""
+        self.best = self.current
+
+    def close(self) -> None:
+        """Unmap and delete the files (disk); drop the buffers."""
+        self._bufs = [None, None]
+        for d in self._disk:
+            if d is not None:
+                d.close()
+        self._disk = [None, None]
+        if self._owns_folder and self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)

@@ -1,0 +1,348 @@
+"""The in-process SecAgg(+) round: n simulated devices and the server in one process.
+
+Used by the training engine (`fedmask simulate --secagg`), the platform-level
+simulation, `fedmask bench` and the demo; the tests' step-by-step harness is
+`secagg.testing.StepHarness`.
+
+The driver `run_round` plays one whole round among n simulated devices in
+this process: every device runs its own real client states (own keys, own
+masks, own share decryption) and the server runs the real server states;
+every message goes through its wire encoding (`wire=True`) exactly as a
+transport would carry it. Nothing is computed once on behalf of two parties.
+
+Stable signature:
+
+    run_round(inputs, *, config, dropouts=None, round_idx=0, seed=0,
+              wire=True, intercept=None, stochastic_rounding=True,
+              clock=time.thread_time) -> RoundOutcome
+
+- inputs: float array (n, L), n = config.num_clients, L = config.vector_length.
+- dropouts: DropoutPlan: which devices go silent at which stage.
+- seed: makes the run reproducible (per-device random bytes, rounding, and
+  identity keys in active mode all derive from it). These simulated devices
+  use DeterministicRandom; real devices use os.urandom.
+- wire: serialize and parse every message (realistic sizes and costs);
+  False hands the objects over directly (a little faster).
+- intercept(sender, receiver, message) -> message | None: a man in the middle
+  for tests (SERVER = -1 stands for the server); return a replacement to
+  deliver, or None to lose the message.
+- client_cpu_ms[i] covers device i's encoding, its handlers and the encoding
+  and decoding of its messages; server_cpu_ms[stage] likewise for the server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from secagg import identity
+from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientState
+from secagg.config import SecAggConfig
+from secagg.errors import AbortReason, DropReason
+from secagg.messages import (
+    ConsistencyRequest,
+    KeyList,
+    MaskedInput,
+    MaskingRequest,
+    Message,
+    ShareKeys,
+    ShareRelay,
+    UnmaskingRequest,
+    decode_message,
+)
+from secagg.randomness import DeterministicRandom
+from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
+from secagg.stages import STAGES, Stage
+
+SERVER = -1
+FIXED_SESSION_ID = b"fedmask-test-session-0001"
+
+# The stages at which a device can go silent, in protocol order. A device
+# listed at stage S did everything before S and never sends its S message.
+DROPOUT_STAGES: tuple[str, ...] = tuple(STAGES)
+
+# The server message that asks a device for its stage-S message.
+_TRIGGER = {
+    KeyList: Stage.SHARE_KEYS,
+    ShareRelay: Stage.SHARE_CHECK,
+    MaskingRequest: Stage.MASKED_INPUT,
+    ConsistencyRequest: Stage.CONSISTENCY_CHECK,
+    UnmaskingRequest: Stage.UNMASKING,
+}
+
+Intercept = Callable[[int, int, Message], Message | None]
+
+
+@dataclass(frozen=True)
+class DropoutPlan:
+    """Which devices go silent at which stage (see DROPOUT_STAGES)."""
+
+    advertise_keys: frozenset[int] = frozenset()
+    share_keys: frozenset[int] = frozenset()
+    share_check: frozenset[int] = frozenset()
+    masked_input: frozenset[int] = frozenset()
+    consistency_check: frozenset[int] = frozenset()
+    unmasking: frozenset[int] = frozenset()
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for stage in DROPOUT_STAGES:
+            ids = frozenset(getattr(self, stage))
+            object.__setattr__(self, stage, ids)
+            if ids & seen:
+                raise ValueError(f"devices {sorted(ids & seen)} drop at two stages")
+            seen |= ids
+
+    @classmethod
+    def at(cls, stage: str, devices: Iterable[int]) -> DropoutPlan:
+        """All `devices` go silent at `stage` (hyphens allowed: 'masked-input')."""
+        return cls(**{Stage.parse(stage).value: frozenset(devices)})
+
+    @classmethod
+    def random(cls, num_clients: int, fraction: float, stage: str, seed: int = 0) -> DropoutPlan:
+        """round(fraction * n) devices, drawn with `seed`, go silent at `stage`."""
+        if stage in ("none", None) or fraction <= 0:
+            return cls()
+        count = round(fraction * num_clients)
+        chosen = np.random.default_rng(seed).choice(num_clients, size=count, replace=False)
+        return cls.at(stage, (int(i) for i in chosen))
+
+    def stage_of(self, device: int) -> str | None:
+        for stage in DROPOUT_STAGES:
+            if device in getattr(self, stage):
+                return stage
+        return None
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {s: sorted(getattr(self, s)) for s in DROPOUT_STAGES if getattr(self, s)}
+
+
+@dataclass
+class RoundOutcome:
+    """What one simulated round produced. Times are CPU milliseconds
+    (time.thread_time), attributed to the device or server doing the work,
+    including encoding of that party's messages."""
+
+    ok: bool
+    config: SecAggConfig
+    abort_reason: AbortReason | None = None
+    abort_detail: str = ""
+    abort_stage: str | None = None
+    encoded_sum: np.ndarray | None = None  # uint32, exact sum of the counted encoded inputs
+    sum: np.ndarray | None = None  # decoded float64 sum
+    mean: np.ndarray | None = None  # decoded float64 mean
+    counted: tuple[int, ...] = ()
+    expected_encoded_sum: np.ndarray | None = None  # plaintext sum of counted inputs (check)
+    exact: bool | None = None  # encoded_sum == expected_encoded_sum, bit for bit
+    survivors: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    server_dropped: dict[int, tuple[str, DropReason]] = field(default_factory=dict)
+    client_aborts: dict[int, ClientAborted] = field(default_factory=dict)
+    client_states: dict[int, str] = field(default_factory=dict)  # final state class per device
+    client_cpu_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (n,), all of a device's stages
+    server_cpu_ms: dict[str, float] = field(default_factory=dict)  # per server stage
+    message_bytes: dict[str, dict[str, int]] = field(default_factory=dict)  # stage -> up/down totals
+    masked_input_bytes: int | None = None  # one device's MaskedInput on the wire
+    share_ciphertext_bytes: int | None = None  # one sealed share pair (nonce + ciphertext + tag)
+    wall_s: float = 0.0
+    server_state: ServerState[Any] | None = None
+
+
+def encode_inputs(
+    inputs: np.ndarray, *, config: SecAggConfig, seed: int = 0, stochastic_rounding: bool = True
+) -> np.ndarray:
+    """The (n, L) uint32 encodings `run_round` gives the devices (same seed,
+    same result): device i rounds with np.random.default_rng((seed, i))."""
+    inputs = _check_inputs(inputs, config)
+    out = np.empty(inputs.shape, dtype=np.uint32)
+    for i in range(inputs.shape[0]):
+        rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
+        out[i] = config.encoding.encode(inputs[i], rng)
+    return out
+
+
+def identity_keys(num_clients: int, seed: int = 0) -> tuple[list[Ed25519PrivateKey], dict[int, bytes]]:
+    """Fixed Ed25519 identity keys for devices 0..n-1: (private keys, id -> public)."""
+    privs = [identity.generate_identity(DeterministicRandom(seed, f"identity-{i}")) for i in range(num_clients)]
+    return privs, {i: identity.public_bytes(k) for i, k in enumerate(privs)}
+
+
+def _identities(
+    num_clients: int, seed: int, active: bool
+) -> tuple[list[Ed25519PrivateKey | None], dict[int, bytes] | None]:
+    """identity_keys() in active mode, else no keys: ([None] * n, None)."""
+    if not active:
+        return [None] * num_clients, None
+    privs, pubs = identity_keys(num_clients, seed)
+    return list(privs), pubs
+
+
+def _check_inputs(inputs: np.ndarray, config: SecAggConfig) -> np.ndarray:
+    inputs = np.asarray(inputs)
+    if inputs.shape != (config.num_clients, config.vector_length):
+        raise ValueError(f"inputs must have shape ({config.num_clients}, {config.vector_length}), got {inputs.shape}")
+    if not np.issubdtype(inputs.dtype, np.floating):
+        raise TypeError(f"inputs must be floats, got {inputs.dtype}")
+    return inputs
+
+
+def run_round(
+    inputs: np.ndarray,
+    *,
+    config: SecAggConfig,
+    dropouts: DropoutPlan | None = None,
+    round_idx: int = 0,
+    seed: int = 0,
+    wire: bool = True,
+    intercept: Intercept | None = None,
+    stochastic_rounding: bool = True,
+    clock: Callable[[], float] = time.thread_time,
+) -> RoundOutcome:
+    """Run one secure-aggregation round among config.num_clients simulated
+    devices (see the module doc). Never raises for dropouts or peer
+    misbehaviour: those show in the outcome. `clock` (seconds) times each
+    party's work; the default counts this thread's CPU only."""
+    wall0 = time.perf_counter()
+    inputs = _check_inputs(inputs, config)
+    plan = dropouts or DropoutPlan()
+    n = config.num_clients
+    for stage in DROPOUT_STAGES:
+        if any(not 0 <= d < n for d in getattr(plan, stage)):
+            raise ValueError(f"dropout plan lists ids outside 0..{n - 1}")
+
+    cpu = np.zeros(n)
+    server_cpu: dict[str, float] = {}
+    sizes: dict[str, dict[str, int]] = {}
+    first_sizes: dict[str, int] = {}
+
+    encoded = np.empty((n, config.vector_length), dtype=np.uint32)
+    for i in range(n):
+        t0 = clock()
+        rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
+        encoded[i] = config.encoding.encode(inputs[i], rng)
+        cpu[i] += clock() - t0
+
+    id_priv, id_pub = _identities(n, seed, config.active_adversary)
+    starting: dict[int, ClientAdvertiseKeys] = {}
+    for i in range(n):
+        t0 = clock()
+        starting[i] = ClientAdvertiseKeys(
+            config,
+            i,
+            round_idx,
+            encoded[i],
+            rand=DeterministicRandom(seed, f"device-{i}-round-{round_idx}"),
+            identity_key=id_priv[i],
+            peer_identity_keys=id_pub,
+        )
+        cpu[i] += clock() - t0
+    t0 = clock()
+    server: ServerState[Any] = ServerAdvertiseKeys(config, round_idx, identity_keys=id_pub)
+    server_cpu[server.stage] = clock() - t0
+    silent: set[int] = set()
+    clients: dict[int, ClientState[Any]] = dict(starting)
+
+    def transmit(
+        sender: int, receiver: int, sent: Message, stage: str, direction: str
+    ) -> tuple[Message | bytes | None, float]:
+        """Hook, then wire round trip; returns (the message or, over the wire,
+        its bytes; None if the hook withheld it, encode seconds)."""
+        msg = sent
+        if intercept is not None:
+            hooked = intercept(sender, receiver, sent)
+            if hooked is None:
+                return None, 0.0
+            msg = hooked
+        if not wire:
+            return msg, 0.0
+        t0 = clock()
+        data = msg.to_bytes()
+        spent = clock() - t0
+        bucket = sizes.setdefault(stage, {"up": 0, "down": 0})
+        bucket[direction] += len(data)
+        if isinstance(msg, MaskedInput):
+            first_sizes.setdefault("masked_input", len(data))
+        if isinstance(msg, ShareKeys) and msg.shares:
+            first_sizes.setdefault("share", len(msg.shares[0][1]))
+        return data, spent
+
+    def to_server(i: int, msgs: list[Message]) -> None:
+        nonlocal server
+        stage = server.stage
+        for msg in msgs:
+            payload, spent = transmit(i, SERVER, msg, stage, "up")
+            cpu[i] += spent
+            if payload is None:
+                continue
+            t0 = clock()
+            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
+            server, _ = server.handle(i, delivered)
+            server_cpu[stage] = server_cpu.get(stage, 0.0) + clock() - t0
+
+    # Stage 0: every device that does not drop advertises its keys.
+    for i in range(n):
+        if i in plan.advertise_keys:
+            silent.add(i)
+            continue
+        t0 = clock()
+        clients[i], msgs = starting[i].start()
+        cpu[i] += clock() - t0
+        to_server(i, msgs)
+
+    while not server.is_terminal:
+        stage = server.stage
+        t0 = clock()
+        server, outbound = server.close()
+        server_cpu[stage] = server_cpu.get(stage, 0.0) + clock() - t0
+        next_stage = server.stage
+        for msg in outbound:
+            v = msg.device_id
+            if v in silent:
+                continue
+            trigger = _TRIGGER.get(type(msg))
+            if trigger is not None and v in getattr(plan, trigger):
+                silent.add(v)  # received the request, never answers
+                continue
+            payload, spent = transmit(SERVER, v, msg, next_stage, "down")
+            server_cpu[stage] += spent
+            if payload is None:
+                continue
+            t0 = clock()
+            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
+            clients[v], replies = clients[v].handle(delivered)
+            cpu[v] += clock() - t0
+            to_server(v, replies)
+
+    rec = server.record
+    out = RoundOutcome(
+        ok=isinstance(server, ServerCompleted),
+        config=config,
+        survivors=dict(rec.survivors),
+        server_dropped=dict(rec.dropped),
+        client_aborts={i: s for i, s in clients.items() if isinstance(s, ClientAborted)},
+        client_states={i: type(s).__name__ for i, s in clients.items()},
+        client_cpu_ms=cpu * 1e3,
+        server_cpu_ms={k: v * 1e3 for k, v in server_cpu.items()},
+        message_bytes=sizes,
+        masked_input_bytes=first_sizes.get("masked_input"),
+        share_ciphertext_bytes=first_sizes.get("share"),
+        server_state=server,
+    )
+    if isinstance(server, ServerCompleted):
+        out.encoded_sum = server.encoded_sum
+        out.counted = server.counted
+        out.sum = server.decoded_sum()
+        out.mean = server.decoded_mean()
+        expected = encoded[list(server.counted)].sum(axis=0, dtype=np.uint64)
+        out.expected_encoded_sum = expected.astype(np.uint32)
+        out.exact = bool(np.array_equal(expected, server.encoded_sum.astype(np.uint64)))
+    elif isinstance(server, ServerAborted):
+        out.abort_reason = server.reason
+        out.abort_detail = server.detail
+        out.abort_stage = server.at_stage
+    out.wall_s = time.perf_counter() - wall0
+    return out
