@@ -24,6 +24,7 @@ and secure ones), as the clients recorded them. Per hybrid round the record's
 
 from __future__ import annotations
 
+import re
 import shutil
 import statistics
 import tempfile
@@ -58,6 +59,9 @@ class HybridBenchConfig:
     #: the hybrid mode's J bound, on the coordinator and on every client
     j_bound: float = 0.8
     neighbors: str = "all"  # all | auto | an even K
+    #: Shamir threshold policy, chosen for the whole cohort; in a hybrid round
+    #: it applies to the secure subset (coordinator/hybrid.py)
+    threshold: str = "two_thirds"
     rounds: int = 5
     seed: int = 0
     #: FedMMF hyper-parameters over the model's defaults (n_users / n_items come from the dataset)
@@ -145,6 +149,7 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         "seed": cfg.seed,
         "selection_deadline": 300,
         "secagg_graph": _graph(cfg.neighbors),
+        "secagg_threshold": cfg.threshold,
         "dp_mode": "none",
         "debug_record_sums": True,
         "unprotected_plaintext_j_bound": cfg.j_bound if hybrid else None,
@@ -217,8 +222,10 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         if committed:
             round_s.append(dur)
     log(f"[{mode}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
+    m = re.search(r"config='n=\d+ L=(\d+) graph=(.+?) t=(\d+)'", (work / "coordinator.log").read_text(errors="replace"))
     return {
         "ok": ok,
+        "secagg": {"L": int(m.group(1)), "graph": m.group(2), "threshold": int(m.group(3))} if m else None,
         "round_s": [round(x, 3) for x in round_s],
         "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
         "plaintext_devices": [p["plaintext_devices"] for p in per_round],
@@ -241,6 +248,8 @@ def run_hybrid_bench(cfg: HybridBenchConfig, log: Any = print) -> dict[str, Any]
             "dataset": cfg.dataset,
             "model": "fedmmf",
             "neighbors": cfg.neighbors,
+            "threshold": cfg.threshold,
+            "secagg": got["secure"]["secagg"],
             "j_bound": cfg.j_bound,
             "rounds": cfg.rounds,
             "secure": got["secure"],

@@ -87,9 +87,10 @@ def hybrid(
     client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices (one client certificate each).")] = 2,
     j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client).")] = 0.8,
     neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
+    threshold: Annotated[str, typer.Option(help="Shamir threshold policy (majority, two_thirds or a fraction), chosen for the whole cohort; a hybrid round's secure part needs at least t secure devices, and commits the plaintext sum alone only if at least t went plaintext.")] = "two_thirds",
     rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (all-secure, then hybrid).")] = 5,
     dataset: Annotated[str, typer.Option(help="Dataset name under --data-dir (the clients train FedMMF on it).")] = "ml-100k",
-    data_dir: Annotated[Path, typer.Option(help="Folder holding the datasets.")] = Path("data"),
+    data_dir: Annotated[Path, typer.Option(help="Folder holding the datasets.", envvar="FEDMASK_DATA_DIR")] = Path("data"),
     seed: Annotated[int, typer.Option(help="Seed of the local splits, the training draws and cohort selection.")] = 0,
     model_params: Annotated[str | None, typer.Option(help="FedMMF hyper-parameters over the defaults, as JSON (n_users / n_items come from the dataset).", show_default=False)] = None,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 1200.0,
@@ -125,7 +126,7 @@ def hybrid(
             raise typer.BadParameter("a JSON object", param_hint="--model-params")
     try:
         cfg = HybridBenchConfig(devices=devices, client_processes=client_processes, dataset=dataset, data_dir=data_dir,
-                                j_bound=j_bound, neighbors=neighbors, rounds=rounds, seed=seed, model_params=params,
+                                j_bound=j_bound, neighbors=neighbors, threshold=threshold, rounds=rounds, seed=seed, model_params=params,
                                 timeout=timeout, keep=keep)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
