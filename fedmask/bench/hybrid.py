@@ -108,6 +108,16 @@ def exact_hybrid_aggregate(record: Any, state_dirs: list[Path]) -> bool:
             and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
 
 
+def _secure_part_aborted(log_text: str) -> dict[int, str]:
+    """round number -> why its secure part aborted, for the hybrid rounds that
+    committed the plaintext sum alone (the coordinator's `aggregate_ready`
+    log event carries `secure_part=aborted: ...`)."""
+    out: dict[int, str] = {}
+    for m in re.finditer(r"event=aggregate_ready round=(\d+) .*?secure_part='?aborted: ([^'\n]*)", log_text):
+        out[int(m.group(1))] = m.group(2).strip()
+    return out
+
+
 def _dataset_size(cfg: HybridBenchConfig) -> tuple[int, int]:
     from models.engine import load_interactions
 
@@ -202,8 +212,11 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         if coord_rc != 0:
             raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
     records = [r for r in read_rounds(db) if r.state.is_terminal]
+    coord_log = (work / "coordinator.log").read_text(errors="replace")
+    secure_aborted = _secure_part_aborted(coord_log)
     ok = len(records) == cfg.rounds
     round_s: list[float] = []
+    stage_s: dict[str, list[float]] = {}
     per_round: list[dict[str, Any]] = []
     for r in records:
         committed = r.state.value == "committed"
@@ -213,6 +226,9 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         secure = len(r.survivors.get("masked_input", []))
         per_round.append({
             "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
+            "counted": plaintext + secure,
+            # a hybrid round whose secure part aborted commits the plaintext sum alone (coordinator/hybrid.py)
+            "secure_part_aborted": secure_aborted.get(r.number),
             "plaintext_devices": int(r.metrics.get("hybrid.plaintext_devices", plaintext)),
             "secure_devices": int(r.metrics.get("hybrid.secure_devices", secure)),
             "exact": exact,
@@ -221,13 +237,18 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         ok = ok and committed and exact
         if committed:
             round_s.append(dur)
+            for k, v in r.timings.items():
+                stage_s.setdefault(k, []).append(v)
     log(f"[{mode}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
-    m = re.search(r"config='n=\d+ L=(\d+) graph=(.+?) t=(\d+)'", (work / "coordinator.log").read_text(errors="replace"))
+    m = re.search(r"config='n=\d+ L=(\d+) graph=(.+?) t=(\d+)'", coord_log)
     return {
         "ok": ok,
+        # every committed round counted every device (no secure part lost)
+        "all_counted": all(p["counted"] == cfg.devices for p in per_round if p["state"] == "committed"),
         "secagg": {"L": int(m.group(1)), "graph": m.group(2), "threshold": int(m.group(3))} if m else None,
         "round_s": [round(x, 3) for x in round_s],
         "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
+        "stage_s_median": {k: round(statistics.median(v), 3) for k, v in stage_s.items()},
         "plaintext_devices": [p["plaintext_devices"] for p in per_round],
         "secure_devices": [p["secure_devices"] for p in per_round],
         "rounds": per_round,
@@ -254,6 +275,7 @@ def run_hybrid_bench(cfg: HybridBenchConfig, log: Any = print) -> dict[str, Any]
             "rounds": cfg.rounds,
             "secure": got["secure"],
             "hybrid": got["hybrid"],
+            "all_counted": bool(got["secure"]["all_counted"] and got["hybrid"]["all_counted"]),
             "hybrid_over_secure_median": round(hyb / sec, 3) if sec and hyb else None,
         }
     finally:

@@ -108,7 +108,13 @@ def hybrid(
     bit for bit against the counted devices' encoded inputs. A round's time
     runs from the coordinator opening it to its commit (training included).
 
-    Last stdout line: JSON with ok, secure / hybrid (round_s, round_s_median,
+    A hybrid round whose secure part aborts (fewer than t secure devices
+    overall or, on a SecAgg+ graph, in some device's neighbourhood) commits
+    the plaintext sum alone when at least t devices went plaintext: it is
+    committed and exact but leaves the secure devices out (all_counted false).
+
+    Last stdout line: JSON with ok (every round committed, exact), all_counted,
+    secure / hybrid (round_s, round_s_median, stage_s_median,
     plaintext_devices and secure_devices per round, per-round detail) and
     hybrid_over_secure_median.
     """

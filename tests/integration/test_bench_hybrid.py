@@ -42,6 +42,8 @@ def test_bench_hybrid_reports_both_modes(procs: Processes, ml100k_data_dir: Path
         assert mode["ok"] is True and len(mode["round_s"]) == 1 and mode["round_s_median"] > 0
         assert all(d["state"] == "committed" and d["exact"] for d in mode["rounds"])
     assert sec["plaintext_devices"] == [0] and sec["secure_devices"] == [DEVICES]
+    assert r["all_counted"] is True  # 4 secure devices reach t = 4: the secure part did not abort
+    assert all(d["counted"] == DEVICES and d["secure_part_aborted"] is None for d in hyb["rounds"])
     assert all(n > 0 for n in hyb["plaintext_devices"])
     assert all(p + s == DEVICES and s > 0 for p, s in zip(hyb["plaintext_devices"], hyb["secure_devices"], strict=True))
     assert r["hybrid_over_secure_median"] == pytest.approx(hyb["round_s_median"] / sec["round_s_median"], abs=2e-3)
