@@ -108,8 +108,9 @@ def hybrid(
     bit for bit against the counted devices' encoded inputs. A round's time
     runs from the coordinator opening it to its commit (training included).
 
-    A hybrid round whose secure part aborts (fewer than t secure devices
-    overall or, on a SecAgg+ graph, in some device's neighbourhood) commits
+    A hybrid round whose secure part aborts (fewer than t secure devices on
+    the complete graph; on a SecAgg+ graph, the pruning of devices with fewer
+    than t secure devices in their neighbourhood, which can cascade) commits
     the plaintext sum alone when at least t devices went plaintext: it is
     committed and exact but leaves the secure devices out (all_counted false).
 
