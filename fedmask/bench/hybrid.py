@@ -57,7 +57,7 @@ class HybridBenchConfig:
     dataset: str = "ml-100k"
     data_dir: Path = Path("data")
     #: the hybrid mode's J bound, on the coordinator and on every client
-    j_bound: float = 0.8
+    j_bound: float = 0.5
     neighbors: str = "all"  # all | auto | an even K
     #: Shamir threshold policy, chosen for the whole cohort; in a hybrid round
     #: it applies to the secure subset (coordinator/hybrid.py)

@@ -16,7 +16,6 @@ import pytest
 
 from integration_harness import Processes
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 DEVICES = 6
 
@@ -28,6 +27,8 @@ def _fedmask_processes() -> set[str]:
     return {line for line in out.splitlines() if line}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_bench_hybrid_reports_both_modes(procs: Processes, ml100k_data_dir: Path) -> None:
     before = _fedmask_processes()
     p = procs.start("bench-hybrid", ["bench", "hybrid", "--devices", str(DEVICES), "--client-processes", "2",
@@ -48,3 +49,13 @@ def test_bench_hybrid_reports_both_modes(procs: Processes, ml100k_data_dir: Path
     assert all(p + s == DEVICES and s > 0 for p, s in zip(hyb["plaintext_devices"], hyb["secure_devices"], strict=True))
     assert r["hybrid_over_secure_median"] == pytest.approx(hyb["round_s_median"] / sec["round_s_median"], abs=2e-3)
     assert _fedmask_processes() <= before  # the benchmark cleaned up after itself
+
+
+@pytest.mark.parametrize("bad", [
+    {"neighbors": "3"}, {"j_bound": float("nan")}, {"j_bound": -1.0}, {"client_processes": 7}, {"devices": 2},
+])
+def test_bench_hybrid_refuses_bad_settings(bad: dict) -> None:
+    from fedmask.bench.hybrid import HybridBenchConfig
+
+    with pytest.raises(ValueError, match="--"):
+        HybridBenchConfig(**{"devices": 6, **bad})
