@@ -1,6 +1,6 @@
-"""`fedmask bench round|connections|hostile|admin`: federation benchmarks over
-real processes on 127.0.0.1 (see fedmask/bench/federation.py, hostile.py,
-admin_load.py)."""
+"""`fedmask bench round|hybrid|connections|hostile|admin`: federation benchmarks
+over real processes on 127.0.0.1 (see fedmask/bench/federation.py, hybrid.py,
+hostile.py, admin_load.py)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,65 @@ def round_(
         unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
     )
     _run_and_report(lambda log: run_round_bench(cfg, log=log))
+
+
+@bench_app.command("hybrid")
+def hybrid(
+    devices: Annotated[int, typer.Option(min=3, help="Devices: users 1..N of --dataset, one each (the whole cohort of every round).")] = 100,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices (one client certificate each).")] = 2,
+    j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client). It must leave at least t devices secure (README, 'Hybrid rounds (FedMMF)': at 0.8 the 100-user rounds lose their secure part).")] = 0.5,
+    neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
+    threshold: Annotated[str, typer.Option(help="Shamir threshold policy (majority, two_thirds or a fraction), chosen for the whole cohort; a hybrid round's secure part needs at least t secure devices, and commits the plaintext sum alone only if at least t went plaintext.")] = "two_thirds",
+    rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (all-secure, then hybrid).")] = 5,
+    dataset: Annotated[str, typer.Option(help="Dataset name under --data-dir (the clients train FedMMF on it).")] = "ml-100k",
+    data_dir: Annotated[Path, typer.Option(help="Folder holding the datasets.", envvar="FEDMASK_DATA_DIR")] = Path("data"),
+    seed: Annotated[int, typer.Option(help="Seed of the local splits, the training draws and cohort selection.")] = 0,
+    model_params: Annotated[str | None, typer.Option(help="FedMMF hyper-parameters over the defaults, as JSON (n_users / n_items come from the dataset).", show_default=False)] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 1200.0,
+    keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors or keys) here.", show_default=False)] = None,
+) -> None:
+    """Time FedMMF hybrid rounds against all-secure rounds over gRPC and mTLS.
+
+    For each mode, fresh processes on 127.0.0.1: a PKI, a coordinator
+    (SQLite in a temp folder, model fedmmf, mTLS) and --client-processes edge
+    clients hosting users 1..--devices of --dataset, training FedMMF for
+    real, no injected dropout. --rounds all-secure rounds, then --rounds
+    hybrid rounds (coordinator and clients at --unprotected-plaintext-j-bound
+    --j-bound: devices with J <= --j-bound upload their update in PLAINTEXT,
+    the rest run secure aggregation). Every committed aggregate is checked
+    bit for bit against the counted devices' encoded inputs. A round's time
+    runs from the coordinator opening it to its commit (training included).
+
+    A hybrid round whose secure part aborts (fewer than t secure devices on
+    the complete graph; on a SecAgg+ graph, the pruning of devices with fewer
+    than t secure devices in their neighbourhood, which can cascade) commits
+    the plaintext sum alone when at least t devices went plaintext: it is
+    committed and exact but leaves the secure devices out (all_counted false).
+
+    Last stdout line: JSON with ok (every round committed, exact), all_counted,
+    secure / hybrid (round_s, round_s_median, stage_s_median,
+    plaintext_devices and secure_devices per round, per-round detail) and
+    hybrid_over_secure_median.
+    """
+    import json
+
+    from fedmask.bench.hybrid import HybridBenchConfig, run_hybrid_bench
+
+    params = None
+    if model_params is not None:
+        try:
+            params = json.loads(model_params)
+        except json.JSONDecodeError as e:
+            raise typer.BadParameter(f"not JSON: {e}", param_hint="--model-params") from None
+        if not isinstance(params, dict):
+            raise typer.BadParameter("a JSON object", param_hint="--model-params")
+    try:
+        cfg = HybridBenchConfig(devices=devices, client_processes=client_processes, dataset=dataset, data_dir=data_dir,
+                                j_bound=j_bound, neighbors=neighbors, threshold=threshold, rounds=rounds, seed=seed, model_params=params,
+                                timeout=timeout, keep=keep)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    _run_and_report(lambda log: run_hybrid_bench(cfg, log=log))
 
 
 @bench_app.command("connections")
