@@ -122,7 +122,7 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
         # messages, so it keeps reading the stream (a top-k request queued behind
         # a round's fifty relayed key lists waits for all of them to be read)
         try:
-            decoded = await run.compute(_decode_stage, run, dr, stage, field_name, p)
+            decoded = await run.compute(_decode_stage, run, dr, stage, p)
         except wire.WireError as e:
             log.warning("round %d, %s: malformed %s: %s; the device leaves the round",
                         view.round_number, dr.device.local_id, field_name, e)
@@ -179,7 +179,7 @@ def write_certificate_request(dev: Device) -> Path:
     return dev.store.certificate_request_path
 
 
-def _decode_stage(run: RoundRun, dr: DeviceRound, stage: Stage, field_name: str, p: Any) -> sm.Message | str:
+def _decode_stage(run: RoundRun, dr: DeviceRound, stage: Stage, p: Any) -> sm.Message | str:
     """The secagg message of a relayed stage message (WireError if malformed),
     or, for a key list with a peer no device CA vouches for, why not. Runs on a
     worker thread under the device's lock (it updates dr.identity)."""
