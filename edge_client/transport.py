@@ -179,6 +179,18 @@ async def _next_message(call: _SessionCall) -> session_pb2.ServerMessage | None:
     return msg
 
 
+async def _message_before_welcome(call: _SessionCall) -> session_pb2.ServerMessage | None:
+    """The stream's next message, within WELCOME_TIMEOUT_S (ConnectionError
+    otherwise). Not asyncio.wait_for: on 3.11 it can swallow a cancellation
+    that races with the read completing, and the client would not stop."""
+    read = asyncio.ensure_future(_next_message(call))
+    done, _ = await asyncio.wait([read], timeout=WELCOME_TIMEOUT_S)
+    if not done:
+        read.cancel()
+        raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
+    return read.result()
+
+
 async def run_session(
     stub: coordinator_service_pb2_grpc.CoordinatorServiceAsyncStub,
     cfg: TransportConfig,
@@ -193,23 +205,11 @@ async def run_session(
     tasks: list[asyncio.Task[None]] = []
     try:
         await call.write(driver.hello_message())
-        # (not asyncio.wait_for: on 3.11 it can swallow a cancellation that
-        # races with the read completing, and the client would not stop)
-        welcome_read = asyncio.ensure_future(_next_message(call))
-        done, _ = await asyncio.wait([welcome_read], timeout=WELCOME_TIMEOUT_S)
-        if not done:
-            welcome_read.cancel()
-            raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
-        first = welcome_read.result()
+        first = await _message_before_welcome(call)
         if first is not None and first.WhichOneof("message") == "challenge":
             await driver.handle(first)  # queues the DeviceProofs
             await call.write(driver.outbox.get_nowait())
-            welcome_read = asyncio.ensure_future(_next_message(call))
-            done, _ = await asyncio.wait([welcome_read], timeout=WELCOME_TIMEOUT_S)
-            if not done:
-                welcome_read.cancel()
-                raise ConnectionError(f"no Welcome within {WELCOME_TIMEOUT_S:.0f}s")
-            first = welcome_read.result()
+            first = await _message_before_welcome(call)
         if first is None:
             await call.wait_for_connection()
             code = await call.code()

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from fedmask.bench.federation import read_rounds
 from fedmask.bench.processes import (
     LOOPBACK,
     Child,
@@ -116,12 +117,6 @@ def _catalogue_items(csv: Path) -> int:
 
 def _utc(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
-def _rounds(db: Path) -> list[Any]:
-    from fedmask.bench.federation import read_rounds
-
-    return read_rounds(db)
 
 
 def _window(records: list[Any], start: datetime, end: datetime) -> list[Any]:
@@ -300,7 +295,7 @@ def run_admin_bench(cfg: AdminBenchConfig, log: Any = print) -> dict[str, Any]:
                                             token=token, seed=cfg.seed, timeout=cfg.request_timeout))
             loaded_end = datetime.now(UTC)
             group.check_alive()
-            records = _rounds(db)
+            records = read_rounds(db)
         idle, loaded = _window(records, idle_start, idle_end), _window(records, loaded_start, loaded_end)
         summary = _summary(samples, (loaded_end - loaded_start).total_seconds())
         idle_s = [d for r, d in zip(idle, _durations(idle), strict=True) if r.state.value == "committed"]

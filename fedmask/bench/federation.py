@@ -108,10 +108,11 @@ def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -
 def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
     """The round's recorded checksum equals that of the sum of exactly its
     counted devices' encoded inputs, as the clients recorded them
-    (`--debug-record-sums` / `--debug-record-inputs`)."""
+    (`--debug-record-sums` / `--debug-record-inputs`): the secure survivors'
+    and, in a FedMMF hybrid round (D64), the plaintext devices' too."""
     from coordinator.debug import encoded_checksum
 
-    counted = list(record.survivors.get("masked_input", []))
+    counted = list(record.survivors.get("masked_input", [])) + list(record.survivors.get("plaintext", []))
     vectors = [v for d in counted if (v := _recorded_input(state_dirs, record.number, d)) is not None]
     if not counted or len(vectors) != len(counted):
         return False

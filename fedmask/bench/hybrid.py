@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fedmask.bench.federation import read_rounds
+from fedmask.bench.federation import exact_aggregate, read_rounds
 from fedmask.bench.processes import (
     LOOPBACK,
     ProcessFailed,
@@ -84,28 +84,6 @@ class HybridBenchConfig:
 
 def _graph(neighbors: str) -> str:
     return {"all": "full", "auto": "auto"}.get(neighbors, neighbors)
-
-
-def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -> np.ndarray | None:
-    for d in state_dirs:
-        p = d / "debug" / "inputs" / f"round-{round_number:06d}" / f"device-{device_id}.npy"
-        if p.exists():
-            return np.load(p, allow_pickle=False)
-    return None
-
-
-def exact_hybrid_aggregate(record: Any, state_dirs: list[Path]) -> bool:
-    """The round's recorded checksum equals that of the sum of every counted
-    device's encoded input: the secure survivors' and the plaintext ones'."""
-    from coordinator.debug import encoded_checksum
-
-    counted = list(record.survivors.get("masked_input", [])) + list(record.survivors.get("plaintext", []))
-    vectors = [v for d in counted if (v := _recorded_input(state_dirs, record.number, d)) is not None]
-    if not counted or len(vectors) != len(counted):
-        return False
-    total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
-    return (record.metrics.get("debug.counted") == len(counted)
-            and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
 
 
 def _secure_part_aborted(log_text: str) -> dict[int, str]:
@@ -220,7 +198,7 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
     per_round: list[dict[str, Any]] = []
     for r in records:
         committed = r.state.value == "committed"
-        exact = committed and exact_hybrid_aggregate(r, state_dirs)
+        exact = committed and exact_aggregate(r, state_dirs)
         dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else float("nan")
         plaintext = len(r.survivors.get("plaintext", []))
         secure = len(r.survivors.get("masked_input", []))
@@ -286,4 +264,4 @@ def run_hybrid_bench(cfg: HybridBenchConfig, log: Any = print) -> dict[str, Any]
         shutil.rmtree(root, ignore_errors=True)
 
 
-__all__ = ["HybridBenchConfig", "MODES", "exact_hybrid_aggregate", "run_hybrid_bench"]
+__all__ = ["HybridBenchConfig", "MODES", "run_hybrid_bench"]
