@@ -26,7 +26,9 @@ const strip = document.getElementById("stage-strip");
 const note = () => {
   const li = strip.querySelector("li.active");
   const stage = li ? li.dataset.stage : "";
-  if (window.__stages[window.__stages.length - 1] !== stage) window.__stages.push(stage);
+  // a moment with no active stage (the strip re-rendering) is not a stage: recording it
+  // would let one stage appear twice in a row once the blanks are filtered out
+  if (stage && window.__stages[window.__stages.length - 1] !== stage) window.__stages.push(stage);
 };
 note();
 new MutationObserver(note).observe(strip, {childList: true, subtree: true, attributes: true});
