@@ -79,7 +79,7 @@ from typing import ClassVar, Literal
 import torch
 
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
-from models.batched import flatten, negative_counts, positive_table, randn, soft_threshold
+from models.batched import flatten, negative_counts, randn, soft_threshold
 from models.keyed_random import check_seed, user_normal
 
 Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
@@ -142,7 +142,7 @@ class FedRAP(FederatedRecommender):
         init_std_c: float = 0.1,
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,
-        chunk: int = 64,
+        chunk: int = 8,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown FedRAP variant {variant!r}; expected one of {VARIANTS}")
@@ -249,9 +249,9 @@ class FedRAP(FederatedRecommender):
         lr_b = self.lr_bias * self.lr_decay**round_idx
         mk = m * k
 
-        pos = positive_table(flat, m)  # (B, m)
         negc = negative_counts(data, m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)  # (E, B, m)
         n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
+        pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
 
         u_all = private["u"].clone()
         b_all = private["b"].clone()
@@ -266,53 +266,63 @@ class FedRAP(FederatedRecommender):
             u = u_all[sl]  # views: updated in place (u_all is a fresh copy)
             bias = b_all[sl]
             inv_n = 1.0 / n_per[sl]
-            W = private["D"][sl].clone() if self.has_d else torch.zeros(bc, m, k, device=dev_t)
-            g_hist = torch.empty(bc, n_ep, m, device=dev_t)
+            # W is trained in place in the output buffer of D_i (a scratch table without D)
+            W = d_out[sl].copy_(private["D"][sl]) if self.has_d else torch.zeros(bc, m, k, device=dev_t)
+            w_rows = W.view(bc * m, k)
+            # every epoch's gradient and u, zero off the sampled items: C_i - C = -lr_i sum_e g_e (x) u_e
+            g_hist = torch.zeros(bc, n_ep * m, device=dev_t) if C is not None else None
             u_hist = torch.empty(bc, n_ep, k, device=dev_t)
-            pos_c = pos[sl]
+            p0, p1 = int(pos_start[sl.start]), int(pos_start[sl.stop - 1] + flat.counts[sl.stop - 1])
+            pos_dev, pos_item = flat.dev[p0:p1] - sl.start, flat.item[p0:p1]
             cb_i = cb.expand(bc, m).clone() if cb is not None else None  # the devices' copies of c
             for e in range(n_ep):
-                z = torch.bmm(W, u.unsqueeze(2)).squeeze(2) + bias.unsqueeze(1)
+                # The epoch's samples: every positive once and every drawn negative with its count.
+                # The BCE gradient is zero on every other (device, item), so only these rows move.
+                neg_c = negc[e, sl]
+                neg_dev, neg_item = neg_c.nonzero(as_tuple=True)
+                dev_s = torch.cat([pos_dev, neg_dev])
+                item_s = torch.cat([pos_item, neg_item])
+                rows = dev_s * m + item_s
+                emb = w_rows.index_select(0, rows)  # (S, k): the rows of W before this epoch's step
                 if C is not None:
-                    z += u @ C.T
+                    emb += C.index_select(0, item_s)
+                u_s = u.index_select(0, dev_s)
+                z = (emb * u_s).sum(1) + bias.index_select(0, dev_s)
                 if cb_i is not None:
-                    z += cb_i
+                    z += cb_i.view(-1).index_select(0, rows)
                 p = torch.sigmoid(z)
-                # summed BCE gradient w.r.t. the logit of every (device, item), all samples at once:
-                # negatives drawn c times contribute c * p, a positive contributes p - 1.
-                g = negc[e, sl].to(torch.float32) * p + pos_c * (p - 1.0)
-                grad_u = torch.bmm(g.unsqueeze(1), W).squeeze(1)
-                if C is not None:
-                    grad_u += g @ C
-                g_hist[:, e] = g
-                u_hist[:, e] = u
-                W.baddbmm_(g.unsqueeze(2), u.unsqueeze(1), alpha=-lr_w)
+                # summed BCE gradient w.r.t. each sampled logit: a positive contributes p - 1,
+                # a negative drawn c times contributes c * p (negatives never hit a training positive)
+                n_pos = pos_dev.shape[0]
+                g = torch.cat([p[:n_pos] - 1.0, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
+                grad_u = torch.zeros(bc, k, device=dev_t).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
+                w_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)), alpha=-lr_w)  # g (x) u at the epoch's start
+                if g_hist is not None:
+                    g_hist.index_put_((dev_s, item_s + e * m), g)
+                    u_hist[:, e] = u
+                g_dev = torch.zeros(bc, device=dev_t).index_add_(0, dev_s, g)
                 if self.weight_decay_u > 0:
                     grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
                 u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
-                bias.sub_(g.sum(1) * inv_n, alpha=lr_u)
+                bias.sub_(g_dev * inv_n, alpha=lr_u)
                 if cb_i is not None:
-                    cb_i.sub_(g, alpha=lr_b)
-            if C is not None:  # has_c
-                # C_i - C = -lr_i * sum_e g_e (x) u_e, formed once from the factors
-                dc = torch.bmm(g_hist.transpose(1, 2), u_hist).mul_(-lr_i)
+                    cb_i.view(-1).index_add_(0, rows, g, alpha=-lr_b)
+            if C is not None and g_hist is not None:  # has_c
+                dc = torch.bmm(g_hist.view(bc, n_ep, m).transpose(1, 2), u_hist).mul_(-lr_i)  # C_i - C
                 if self.has_d:
                     d_new = W.sub_(dc)  # D_i = W - (C_i - C)
                     if lam > 0 or self.weight_decay_d > 0:
-                        delta = d_new - dc - C  # D_i - C_i
+                        delta = torch.sub(d_new, dc).sub_(C)  # D_i - C_i
                         if self.weight_decay_d > 0:  # prox of wd/2 ||D||^2: stable for any step
                             d_new.div_(1.0 + t_d * self.weight_decay_d)
                         if lam > 0:
                             d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
                             dc.sub_(delta, alpha=2.0 * lam * t_c)
-                    d_out[sl] = d_new
                 upd[sl, :mk] = dc.view(bc, mk).div_(self.update_scale)
                 if cb is not None and cb_i is not None:
                     upd[sl, mk:] = cb_i.sub_(cb).div_(self.update_scale)
-            else:
-                if self.weight_decay_d > 0:
-                    W.div_(1.0 + t_d * self.weight_decay_d)
-                d_out[sl] = W
+            elif self.weight_decay_d > 0:
+                W.div_(1.0 + t_d * self.weight_decay_d)
 
         new_private: PrivateState = {"u": u_all, "b": b_all}
         if self.has_d:
@@ -322,13 +332,15 @@ class FedRAP(FederatedRecommender):
     def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
         """local_update's tensors (see FederatedRecommender.train_memory): per
         device the taken private rows, the new D_i and the update (m*k floats
-        each), the positive table, the negative counts and the sampled pairs;
-        fixed: one inner chunk's W, gradient history and dense temporaries."""
+        each), the negative counts and the sampled pairs; fixed: one inner
+        chunk's C_i - C, regulariser temporary and scratch W (m*k floats per
+        device each), gradient history (E*m) and one epoch's sample tensors."""
         m, k, n_ep = self.n_items, self.k, self.local_epochs
         table = 4 * m * k
         per = private_bytes + (table if self.has_d else 0) + (table if self.has_c else 0)
         per += 4 * m + n_ep * m + 8 * m + 16 * (1 + self.n_neg) * max_history
-        fixed = self.chunk * (3 * table + 4 * n_ep * m + 24 * m)
+        samples = (1 + self.n_neg) * max_history * (3 * 4 * k + 64)
+        fixed = self.chunk * (3 * table + 4 * n_ep * m + 24 * m + samples)
         return fixed, per
 
     def apply_mean_update(
