@@ -7,7 +7,16 @@ on different packages never edits the same file.
 
 from __future__ import annotations
 
-import typer
+import os
+
+# A round's big tensors (a cohort's personal tables and updates: GBs at ML-1M's
+# size) are fresh memory every round. Asking torch to map allocations of 2 MB and
+# more with transparent huge pages halves the time the kernel spends faulting them
+# in (docs/decisions.md D77). It only takes effect where the kernel allows
+# madvise'd huge pages; a value set by the user wins.
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+
+import typer  # noqa: E402
 
 from fedmask.commands import demo as demo_cmd
 from fedmask.commands import models as models_cmd

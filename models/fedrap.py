@@ -74,11 +74,12 @@ reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Literal
 
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, take_cohort
 from models.batched import flatten, negative_counts, randn, soft_threshold
 from models.keyed_random import check_seed, user_normal
 
@@ -86,6 +87,7 @@ Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
 CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
 VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
 REGS: tuple[str, ...] = ("l1", "l2", "none")
+_CHUNKS_PER_DRAW = 16  # inner chunks whose negatives are drawn together (the sampler's setup is per draw)
 _INIT_U, _INIT_D = 1, 2  # tags of the keyed initialisation (models/keyed_random.py)
 
 
@@ -249,7 +251,6 @@ class FedRAP(FederatedRecommender):
         lr_b = self.lr_bias * self.lr_decay**round_idx
         mk = m * k
 
-        negc = negative_counts(data, m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)  # (E, B, m)
         n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
 
@@ -260,30 +261,36 @@ class FedRAP(FederatedRecommender):
         # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
         lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
 
-        for s in range(0, nb, self.chunk):
+        def train_chunk(s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
+            """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
+            acc: a scratch (chunk, m, k) table."""
             sl = slice(s, min(nb, s + self.chunk))
             bc = sl.stop - sl.start
             u = u_all[sl]  # views: updated in place (u_all is a fresh copy)
             bias = b_all[sl]
             inv_n = 1.0 / n_per[sl]
-            # W is trained in place in the output buffer of D_i (a scratch table without D)
-            W = d_out[sl].copy_(private["D"][sl]) if self.has_d else torch.zeros(bc, m, k, device=dev_t)
-            w_rows = W.view(bc * m, k)
-            # every epoch's gradient and u, zero off the sampled items: C_i - C = -lr_i sum_e g_e (x) u_e
-            g_hist = torch.zeros(bc, n_ep * m, device=dev_t) if C is not None else None
-            u_hist = torch.empty(bc, n_ep, k, device=dev_t)
+            # A = sum_e g_e (x) u_e (u at the start of epoch e), nonzero on the sampled rows only.
+            # Both item tables take every step, so after epoch e the device's W = D_i + (C_i - C)
+            # is D_i - lr_w A, and at the end C_i - C = -lr_i A and D_i' = D_i - lr_d A.
+            A = acc[:bc].zero_()
+            a_rows = A.view(bc * m, k)
+            D = private["D"][sl] if self.has_d else None
+            d_rows = D.reshape(bc * m, k) if D is not None else None
             p0, p1 = int(pos_start[sl.start]), int(pos_start[sl.stop - 1] + flat.counts[sl.stop - 1])
             pos_dev, pos_item = flat.dev[p0:p1] - sl.start, flat.item[p0:p1]
+            n_pos = pos_dev.shape[0]
             cb_i = cb.expand(bc, m).clone() if cb is not None else None  # the devices' copies of c
             for e in range(n_ep):
                 # The epoch's samples: every positive once and every drawn negative with its count.
                 # The BCE gradient is zero on every other (device, item), so only these rows move.
-                neg_c = negc[e, sl]
+                neg_c = negc[e]
                 neg_dev, neg_item = neg_c.nonzero(as_tuple=True)
                 dev_s = torch.cat([pos_dev, neg_dev])
                 item_s = torch.cat([pos_item, neg_item])
                 rows = dev_s * m + item_s
-                emb = w_rows.index_select(0, rows)  # (S, k): the rows of W before this epoch's step
+                emb = a_rows.index_select(0, rows).mul_(-lr_w)  # (S, k): the rows of W at the epoch's start
+                if d_rows is not None:
+                    emb += d_rows.index_select(0, rows)
                 if C is not None:
                     emb += C.index_select(0, item_s)
                 u_s = u.index_select(0, dev_s)
@@ -293,13 +300,9 @@ class FedRAP(FederatedRecommender):
                 p = torch.sigmoid(z)
                 # summed BCE gradient w.r.t. each sampled logit: a positive contributes p - 1,
                 # a negative drawn c times contributes c * p (negatives never hit a training positive)
-                n_pos = pos_dev.shape[0]
                 g = torch.cat([p[:n_pos] - 1.0, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
                 grad_u = torch.zeros(bc, k, device=dev_t).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
-                w_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)), alpha=-lr_w)  # g (x) u at the epoch's start
-                if g_hist is not None:
-                    g_hist.index_put_((dev_s, item_s + e * m), g)
-                    u_hist[:, e] = u
+                a_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)))
                 g_dev = torch.zeros(bc, device=dev_t).index_add_(0, dev_s, g)
                 if self.weight_decay_u > 0:
                     grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
@@ -307,22 +310,52 @@ class FedRAP(FederatedRecommender):
                 bias.sub_(g_dev * inv_n, alpha=lr_u)
                 if cb_i is not None:
                     cb_i.view(-1).index_add_(0, rows, g, alpha=-lr_b)
-            if C is not None and g_hist is not None:  # has_c
-                dc = torch.bmm(g_hist.view(bc, n_ep, m).transpose(1, 2), u_hist).mul_(-lr_i)  # C_i - C
-                if self.has_d:
-                    d_new = W.sub_(dc)  # D_i = W - (C_i - C)
-                    if lam > 0 or self.weight_decay_d > 0:
-                        delta = torch.sub(d_new, dc).sub_(C)  # D_i - C_i
-                        if self.weight_decay_d > 0:  # prox of wd/2 ||D||^2: stable for any step
-                            d_new.div_(1.0 + t_d * self.weight_decay_d)
-                        if lam > 0:
-                            d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
-                            dc.sub_(delta, alpha=2.0 * lam * t_c)
-                upd[sl, :mk] = dc.view(bc, mk).div_(self.update_scale)
+            d_new = torch.add(D, A, alpha=-lr_d, out=d_out[sl]) if D is not None else None
+            if C is not None:  # has_c
+                # C_i - C, formed in the update's own rows when the update is nothing else
+                dc = torch.empty(bc, m, k, device=dev_t) if cb is not None else upd[sl].view(bc, m, k)
+                torch.mul(A, -lr_i, out=dc)
+                if d_new is not None and (lam > 0 or self.weight_decay_d > 0):
+                    delta = torch.sub(d_new, dc).sub_(C)  # D_i - C_i
+                    if self.weight_decay_d > 0:  # prox of wd/2 ||D||^2: stable for any step
+                        d_new.div_(1.0 + t_d * self.weight_decay_d)
+                    if lam > 0:
+                        d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
+                        dc.sub_(delta, alpha=2.0 * lam * t_c)
+                if self.update_scale != 1.0:
+                    dc.div_(self.update_scale)
                 if cb is not None and cb_i is not None:
+                    upd[sl, :mk] = dc.view(bc, mk)
                     upd[sl, mk:] = cb_i.sub_(cb).div_(self.update_scale)
-            elif self.weight_decay_d > 0:
-                W.div_(1.0 + t_d * self.weight_decay_d)
+            elif d_new is not None and self.weight_decay_d > 0:
+                d_new.div_(1.0 + t_d * self.weight_decay_d)
+
+        def train_group(g: int) -> None:
+            """Draw the negatives of a group of chunks at once (keyed draws: the same
+            as the whole cohort would draw for these devices), then train its chunks."""
+            rows = torch.arange(g, min(nb, g + group), device=dev_t)
+            negc = negative_counts(take_cohort(data, rows), m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)
+            acc = torch.empty(min(self.chunk, rows.numel()), m, k, device=dev_t)
+            for s in range(g, g + rows.numel(), self.chunk):
+                train_chunk(s, negc[:, s - g : s - g + self.chunk], acc)
+
+        # Devices are independent and every group writes only its own rows of the
+        # outputs, so the groups run on as many worker threads as torch has
+        # intra-op threads, each worker single-threaded (torch's ops release the GIL).
+        group = _CHUNKS_PER_DRAW * self.chunk
+        starts = range(0, nb, group)
+        workers = min(torch.get_num_threads(), len(starts))
+        if workers <= 1:
+            for g in starts:
+                train_group(g)
+        else:
+
+            def run_single_threaded(g: int) -> None:
+                torch.set_num_threads(1)
+                train_group(g)
+
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run_single_threaded, starts))
 
         new_private: PrivateState = {"u": u_all, "b": b_all}
         if self.has_d:

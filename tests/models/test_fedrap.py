@@ -83,6 +83,40 @@ def test_update_is_only_the_change_of_c(synth_split) -> None:
     assert torch.count_nonzero(upd) == 0
 
 
+@pytest.mark.parametrize("variant", ["full", "c_only", "d_only"])
+@pytest.mark.parametrize("item_bias", [False, True])
+def test_inner_chunks_and_worker_threads_change_nothing(
+    synth_split, variant: str, item_bias: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device's result does not depend on which inner chunk trains it, with
+    which others its negatives are drawn, or how many worker threads train the
+    chunks: chunks of 3, drawn one chunk at a time, on 2 threads give what one
+    chunk of the whole cohort on one thread gives (up to float summation order)."""
+    monkeypatch.setattr(fedrap_mod, "_CHUNKS_PER_DRAW", 1)
+    s = synth_split
+    rows = torch.arange(0, s.n_users, 7)
+    sub = cohort_data(s, rows)
+    outs = []
+    threads = torch.get_num_threads()
+    try:
+        for chunk, n_threads in ((len(rows), 1), (3, 2)):
+            torch.set_num_threads(n_threads)
+            m = FedRAP(s.n_users, s.n_items, k=8, variant=variant, local_epochs=3, v1=1e-3, v2=1e-3,
+                       item_bias=item_bias, weight_decay_d=0.1, update_scale=3.0, chunk=chunk)  # fmt: skip
+            g0 = m.init_global(gen())
+            p0 = m.init_private(sub, g0, 1)
+            outs.append(m.local_update(g0, p0, sub, round_idx=4, seed=2))
+    finally:
+        torch.set_num_threads(threads)
+    (p_one, u_one), (p_many, u_many) = outs
+    assert u_one.shape == u_many.shape
+    assert torch.allclose(u_one, u_many, atol=1e-6, rtol=0)
+    for key in p_one:
+        assert torch.allclose(p_one[key], p_many[key], atol=1e-6, rtol=0), key
+    if variant != "d_only":
+        assert u_one.abs().max() > 1e-4  # the devices really trained
+
+
 # ------------------------------------------------------------------ exact gradients
 
 
