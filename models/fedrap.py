@@ -365,15 +365,17 @@ class FedRAP(FederatedRecommender):
     def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
         """local_update's tensors (see FederatedRecommender.train_memory): per
         device the taken private rows, the new D_i and the update (m*k floats
-        each), the negative counts and the sampled pairs; fixed: one inner
-        chunk's C_i - C, regulariser temporary and scratch W (m*k floats per
-        device each), gradient history (E*m) and one epoch's sample tensors."""
+        each) and its positives; fixed, for each of the worker threads: a group's
+        negative counts (E*m bytes per device) and, for its chunk in training,
+        the accumulator A, the regulariser temporary and C_i - C when item biases
+        are on (m*k floats per device each) and one epoch's sample tensors."""
         m, k, n_ep = self.n_items, self.k, self.local_epochs
         table = 4 * m * k
         per = private_bytes + (table if self.has_d else 0) + (table if self.has_c else 0)
-        per += 4 * m + n_ep * m + 8 * m + 16 * (1 + self.n_neg) * max_history
+        per += 12 * m + 16 * (1 + self.n_neg) * max_history
         samples = (1 + self.n_neg) * max_history * (3 * 4 * k + 64)
-        fixed = self.chunk * (3 * table + 4 * n_ep * m + 24 * m + samples)
+        group = _CHUNKS_PER_DRAW * self.chunk * (n_ep * m + 8 * m)
+        fixed = max(1, torch.get_num_threads()) * (group + self.chunk * (3 * table + 24 * m + samples))
         return fixed, per
 
     def apply_mean_update(
