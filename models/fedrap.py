@@ -260,11 +260,13 @@ class FedRAP(FederatedRecommender):
         upd = torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
         # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
         lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
+        # CPU: small chunks stay in the processor's cache; an accelerator wants larger batches
+        chunk = self.chunk if dev_t.type == "cpu" else max(self.chunk, 64)
 
         def train_chunk(s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
             """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
             acc: a scratch (chunk, m, k) table."""
-            sl = slice(s, min(nb, s + self.chunk))
+            sl = slice(s, min(nb, s + chunk))
             bc = sl.stop - sl.start
             u = u_all[sl]  # views: updated in place (u_all is a fresh copy)
             bias = b_all[sl]
@@ -335,16 +337,18 @@ class FedRAP(FederatedRecommender):
             as the whole cohort would draw for these devices), then train its chunks."""
             rows = torch.arange(g, min(nb, g + group), device=dev_t)
             negc = negative_counts(take_cohort(data, rows), m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)
-            acc = torch.empty(min(self.chunk, rows.numel()), m, k, device=dev_t)
-            for s in range(g, g + rows.numel(), self.chunk):
-                train_chunk(s, negc[:, s - g : s - g + self.chunk], acc)
+            acc = torch.empty(min(chunk, rows.numel()), m, k, device=dev_t)
+            for s in range(g, g + rows.numel(), chunk):
+                train_chunk(s, negc[:, s - g : s - g + chunk], acc)
 
         # Devices are independent and every group writes only its own rows of the
         # outputs, so the groups run on as many worker threads as torch has
         # intra-op threads, each worker single-threaded (torch's ops release the GIL).
-        group = _CHUNKS_PER_DRAW * self.chunk
+        # On an accelerator the chunks run one after the other (its kernels are the parallelism).
+        group = _CHUNKS_PER_DRAW * chunk
         starts = range(0, nb, group)
-        workers = min(torch.get_num_threads(), len(starts))
+        threads = torch.get_num_threads()
+        workers = min(threads, len(starts)) if dev_t.type == "cpu" else 1
         if workers <= 1:
             for g in starts:
                 train_group(g)
@@ -354,8 +358,11 @@ class FedRAP(FederatedRecommender):
                 torch.set_num_threads(1)
                 train_group(g)
 
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(run_single_threaded, starts))
+            try:
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(run_single_threaded, starts))
+            finally:  # the setting can be process-wide: the caller's count comes back
+                torch.set_num_threads(threads)
 
         new_private: PrivateState = {"u": u_all, "b": b_all}
         if self.has_d:

@@ -132,7 +132,8 @@ def hybrid(
         if not isinstance(params, dict):
             raise typer.BadParameter("a JSON object", param_hint="--model-params")
     try:
-        cfg = HybridBenchConfig(devices=devices, client_processes=client_processes, dataset=dataset, data_dir=data_dir,
+        cfg = HybridBenchConfig(devices=devices, client_processes=client_processes, dataset=dataset,
+                                data_dir=data_dir.resolve(),  # the client processes run in their own folders
                                 j_bound=j_bound, neighbors=neighbors, threshold=threshold, rounds=rounds, seed=seed, model_params=params,
                                 timeout=timeout, keep=keep)
     except ValueError as e:

@@ -106,6 +106,7 @@ def test_inner_chunks_and_worker_threads_change_nothing(
             g0 = m.init_global(gen())
             p0 = m.init_private(sub, g0, 1)
             outs.append(m.local_update(g0, p0, sub, round_idx=4, seed=2))
+            assert torch.get_num_threads() == n_threads  # the workers' single-threading does not leak
     finally:
         torch.set_num_threads(threads)
     (p_one, u_one), (p_many, u_many) = outs
