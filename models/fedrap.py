@@ -313,32 +313,31 @@ class FedRAP(FederatedRecommender):
                 if cb_i is not None:
                     cb_i.view(-1).index_add_(0, rows, g, alpha=-lr_b)
             d_new = torch.add(D, A, alpha=-lr_d, out=d_out[sl]) if D is not None else None
-            if C is not None:  # has_c
-                # C_i - C, formed in the update's own rows when the update is nothing else
+            dc = None
+            if C is not None:  # C_i - C, formed in the update's own rows when the update is nothing else
                 dc = torch.empty(bc, m, k, device=dev_t) if cb is not None else upd[sl].view(bc, m, k)
                 torch.mul(A, -lr_i, out=dc)
-                if d_new is not None and (lam > 0 or self.weight_decay_d > 0):
-                    delta = torch.sub(d_new, dc).sub_(C)  # D_i - C_i
-                    if self.weight_decay_d > 0:  # prox of wd/2 ||D||^2: stable for any step
-                        d_new.div_(1.0 + t_d * self.weight_decay_d)
-                    if lam > 0:
-                        d_new.add_(delta, alpha=2.0 * lam * t_d)  # ascent on ||D_i - C_i||^2
-                        dc.sub_(delta, alpha=2.0 * lam * t_c)
+            # the split step: ascent on lambda ||D_i - C_i||^2, and the prox of wd/2 ||D_i||^2 (stable for any step)
+            delta = torch.sub(d_new, dc).sub_(C) if d_new is not None and dc is not None and lam > 0 else None
+            if d_new is not None and self.weight_decay_d > 0:
+                d_new.div_(1.0 + t_d * self.weight_decay_d)
+            if delta is not None and d_new is not None and dc is not None:
+                d_new.add_(delta, alpha=2.0 * lam * t_d)
+                dc.sub_(delta, alpha=2.0 * lam * t_c)
+            if dc is not None:
                 if self.update_scale != 1.0:
                     dc.div_(self.update_scale)
                 if cb is not None and cb_i is not None:
                     upd[sl, :mk] = dc.view(bc, mk)
                     upd[sl, mk:] = cb_i.sub_(cb).div_(self.update_scale)
-            elif d_new is not None and self.weight_decay_d > 0:
-                d_new.div_(1.0 + t_d * self.weight_decay_d)
 
         def train_group(g: int) -> None:
             """Draw the negatives of a group of chunks at once (keyed draws: the same
             as the whole cohort would draw for these devices), then train its chunks."""
-            rows = torch.arange(g, min(nb, g + group), device=dev_t)
-            negc = negative_counts(take_cohort(data, rows), m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)
-            acc = torch.empty(min(chunk, rows.numel()), m, k, device=dev_t)
-            for s in range(g, g + rows.numel(), chunk):
+            members = torch.arange(g, min(nb, g + group), device=dev_t)
+            negc = negative_counts(take_cohort(data, members), m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)
+            acc = torch.empty(min(chunk, members.numel()), m, k, device=dev_t)
+            for s in range(g, g + members.numel(), chunk):
                 train_chunk(s, negc[:, s - g : s - g + chunk], acc)
 
         # Devices are independent and every group writes only its own rows of the

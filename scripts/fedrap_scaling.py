@@ -20,19 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from models.data.synthetic import synthetic
-
-
-def write_population(path: Path, users: int, items: int, mean: float, seed: int) -> int:
-    """A long-tailed synthetic population as user,item,rating,timestamp CSV; returns its interactions."""
-    d = synthetic(
-        users, items, seed=seed, mean_interactions=mean, max_interactions=min(2314, items - 101), popularity=1.1,
-    )  # fmt: skip
-    table = np.stack([d.user, d.item, d.rating.astype(np.int64), d.timestamp], axis=1)
-    np.savetxt(path, table, fmt="%d", delimiter=",", header="user,item,rating,timestamp", comments="")
-    return len(d.user)
+from make_synthetic_csv import write_population  # this folder: `python scripts/fedrap_scaling.py`
 
 
 def main() -> int:
@@ -59,7 +47,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="fedrap-scaling-") as tmp:
         for users, items in sizes:
             csv = Path(tmp) / f"pop-{users}x{items}.csv"
-            n = write_population(csv, users, items, a.mean_interactions, a.seed)
+            n = write_population(csv, users, items, mean_interactions=a.mean_interactions,
+                                 max_interactions=min(2314, items - 101), seed=a.seed)
             out = Path(tmp) / f"run-{users}x{items}"
             cmd = [sys.executable, "-m", "fedmask", "simulate", "--model", "fedrap", "--dataset", str(csv),
                    "--rounds", str(a.rounds), "--seed", str(a.seed), "--out", str(out)]  # fmt: skip

@@ -18,6 +18,22 @@ import numpy as np
 from models.data.synthetic import synthetic
 
 
+def write_population(
+    out: Path, users: int, items: int, *, mean_interactions: float = 110.0, max_interactions: int = 3000,
+    popularity: float = 1.1, seed: int = 0,
+) -> int:
+    """Write a long-tailed synthetic population to `out` as user,item,rating,timestamp CSV;
+    returns its number of interactions."""
+    d = synthetic(
+        users, items, seed=seed, mean_interactions=mean_interactions,
+        max_interactions=max_interactions, popularity=popularity,
+    )  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = np.stack([d.user, d.item, d.rating.astype(np.int64), d.timestamp], axis=1)
+    np.savetxt(out, table, fmt="%d", delimiter=",", header="user,item,rating,timestamp", comments="")
+    return len(d.user)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, help="CSV file to write")
@@ -28,14 +44,11 @@ def main() -> None:
     ap.add_argument("--popularity", type=float, default=1.1, help="Zipf-like exponent of item popularity")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    d = synthetic(
-        a.users, a.items, seed=a.seed, mean_interactions=a.mean_interactions,
-        max_interactions=a.max_interactions, popularity=a.popularity,
+    n = write_population(
+        a.out, a.users, a.items, mean_interactions=a.mean_interactions, max_interactions=a.max_interactions,
+        popularity=a.popularity, seed=a.seed,
     )  # fmt: skip
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    table = np.stack([d.user, d.item, d.rating.astype(np.int64), d.timestamp], axis=1)
-    np.savetxt(a.out, table, fmt="%d", delimiter=",", header="user,item,rating,timestamp", comments="")
-    print(f"{a.out}: {d.n_users} users, {d.n_items} items, {len(d.user)} interactions")
+    print(f"{a.out}: {a.users} users, {a.items} items, {n} interactions")
 
 
 if __name__ == "__main__":
