@@ -318,7 +318,9 @@ class FedRAP(FederatedRecommender):
                 dc = torch.empty(bc, m, k, device=dev_t) if cb is not None else upd[sl].view(bc, m, k)
                 torch.mul(A, -lr_i, out=dc)
             # the split step: ascent on lambda ||D_i - C_i||^2, and the prox of wd/2 ||D_i||^2 (stable for any step)
-            delta = torch.sub(d_new, dc).sub_(C) if d_new is not None and dc is not None and lam > 0 else None
+            delta = (
+                torch.sub(d_new, dc).sub_(C) if d_new is not None and dc is not None and C is not None and lam > 0 else None
+            )
             if d_new is not None and self.weight_decay_d > 0:
                 d_new.div_(1.0 + t_d * self.weight_decay_d)
             if delta is not None and d_new is not None and dc is not None:
