@@ -61,6 +61,20 @@ class CohortData:
     ratings: torch.Tensor | None = None  # float32 (B, Lmax)
 
 
+def diverged(state: dict[str, torch.Tensor]) -> bool:
+    """True when any parameter holds a NaN or an infinity: no later round can recover from it."""
+    return not all(bool(torch.isfinite(v).all()) for v in state.values())
+
+
+def divergence_note(round_idx: int, rounds: int) -> str:
+    """What a simulation says when it stops at a diverged round."""
+    return (
+        f"round {round_idx}: the global model is no longer finite (training diverged, e.g. a learning rate or "
+        f"regulariser too large); stopping after {round_idx + 1} of {rounds} rounds, keeping the best validation "
+        "round before it"
+    )
+
+
 def take_cohort(data: CohortData, rows: torch.Tensor) -> CohortData:
     """The rows `rows` of a padded cohort, trimmed to their longest history."""
     lengths = data.lengths.index_select(0, rows)

@@ -55,6 +55,8 @@ from models.base import (
     FederatedRecommender,
     GlobalState,
     PrivateState,
+    divergence_note,
+    diverged,
     resolve_device,
     take_cohort,
     take_rows,
@@ -560,6 +562,7 @@ def simulate(
     sel_key, sel_sign = _select_key(explicit)
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None}
     records: list[dict[str, Any]] = []
+    diverged_at: int | None = None
     t_setup = time.perf_counter() - t_start
     ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {n_items} items, {cohort_size} devices per round")
     disk_peak = tables.disk_bytes()
@@ -631,13 +634,18 @@ def simulate(
             ev.round_done(rec, best["round"])
             if on_round is not None:
                 on_round(rec)
+            if diverged(global_):  # stop, keeping the best finite round
+                diverged_at = r
+                ev.note(divergence_note(r, rounds))
+                break
 
         t_train_end = time.perf_counter()
+        last_round = rounds - 1 if diverged_at is None else diverged_at
         saved_global = None
         if config.save_global is not None:
-            saved_global = str(save_global_state(global_, config.save_global, round_=rounds - 1, seed=config.seed))
+            saved_global = str(save_global_state(global_, config.save_global, round_=last_round, seed=config.seed))
         if best["round"] is None:  # every validation value was NaN: fall back to the last round
-            best["round"] = rounds - 1
+            best["round"] = last_round
             best["global"] = global_
             tables.keep_best()
 
@@ -682,6 +690,8 @@ def simulate(
     }
     if saved_global is not None:
         out["saved_global"] = saved_global
+    if diverged_at is not None:
+        out["diverged_at_round"] = diverged_at
     if config.plaintext_j_bound is not None:
         plain = sum(rec.get("plaintext_devices", 0) for rec in records)
         chosen = sum(rec.get("secure_devices_chosen", 0) for rec in records)

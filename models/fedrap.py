@@ -66,6 +66,12 @@ server_lr times the mean, with no regulariser. c carries what every user
 agrees on (popularity), which a held-out item's row can use; D_i cannot.
 FedRAP-D (no C, nothing sent) has no c: item_bias is ignored there.
 
+Recency weighting (`recency` > 0; an addition to the paper, on the device only):
+each training positive's BCE term is weighted by exp(-recency * age), age =
+(L - 1 - j) / L for the j-th of the device's L training items in time order,
+scaled to mean 1 per device. The device uses its own history's order, which
+it has; nothing it sends changes in kind (docs/decisions.md D78).
+
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
@@ -80,7 +86,7 @@ from typing import ClassVar, Literal
 import torch
 
 from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, take_cohort
-from models.batched import flatten, negative_counts, randn, soft_threshold
+from models.batched import Flat, flatten, negative_counts, randn, soft_threshold
 from models.keyed_random import check_seed, user_normal
 
 Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
@@ -145,6 +151,7 @@ class FedRAP(FederatedRecommender):
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,
         chunk: int = 8,
+        recency: float = 0.0,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown FedRAP variant {variant!r}; expected one of {VARIANTS}")
@@ -153,6 +160,8 @@ class FedRAP(FederatedRecommender):
         curriculum_weight(curriculum, 0)  # validates the name
         if k < 1 or local_epochs < 1 or n_neg < 0:
             raise ValueError("k and local_epochs must be >= 1 and n_neg >= 0")
+        if not (recency >= 0 and math.isfinite(recency)):
+            raise ValueError(f"recency must be a finite number >= 0, got {recency!r}")
         self.n_users, self.n_items, self.k = n_users, n_items, k
         self.variant, self.reg, self.curriculum = variant, reg, curriculum
         self.v1, self.v2 = v1, v2
@@ -169,6 +178,7 @@ class FedRAP(FederatedRecommender):
         self.update_scale = update_scale
         self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
         self.chunk = chunk
+        self.recency = recency
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -195,7 +205,7 @@ class FedRAP(FederatedRecommender):
     def config(self) -> dict[str, object]:
         keys = (
             "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay item_bias lr_bias "
-            "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u"
+            "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u recency"
         ).split()
         return {key: getattr(self, key) for key in keys}
 
@@ -231,6 +241,17 @@ class FedRAP(FederatedRecommender):
             state["D"] = user_normal(seed, _INIT_D, data.users, (self.n_items, self.k), std_d)
         return state
 
+    def _recency_weights(self, flat: Flat, pos_start: torch.Tensor) -> torch.Tensor:
+        """The weight of each training positive (flat order) in the BCE: exp(-recency * age) with
+        age = (L - 1 - j) / L for the j-th of a device's L training items in time order (the
+        split keeps each device's items in timestamp order), scaled to mean 1 on every device
+        so that a device's positives weigh as much in total as without it."""
+        rank = torch.arange(flat.dev.shape[0], device=flat.dev.device) - pos_start[flat.dev]
+        n = flat.counts[flat.dev].to(torch.float32)
+        w = torch.exp(-self.recency * (n - 1.0 - rank.to(torch.float32)) / n)
+        per_dev = torch.zeros(flat.n_devices, device=w.device).index_add_(0, flat.dev, w)
+        return w * (flat.counts.clamp(min=1).to(torch.float32) / per_dev.clamp(min=1e-30))[flat.dev]
+
     def local_update(
         self,
         global_: GlobalState,
@@ -253,6 +274,7 @@ class FedRAP(FederatedRecommender):
 
         n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
+        pos_w = self._recency_weights(flat, pos_start) if self.recency > 0 else None
 
         u_all = private["u"].clone()
         b_all = private["b"].clone()
@@ -302,7 +324,8 @@ class FedRAP(FederatedRecommender):
                 p = torch.sigmoid(z)
                 # summed BCE gradient w.r.t. each sampled logit: a positive contributes p - 1,
                 # a negative drawn c times contributes c * p (negatives never hit a training positive)
-                g = torch.cat([p[:n_pos] - 1.0, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
+                g_pos = p[:n_pos] - 1.0 if pos_w is None else (p[:n_pos] - 1.0) * pos_w[p0:p1]
+                g = torch.cat([g_pos, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
                 grad_u = torch.zeros(bc, k, device=dev_t).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
                 a_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)))
                 g_dev = torch.zeros(bc, device=dev_t).index_add_(0, dev_s, g)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from models.base import divergence_note, diverged
 from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
 from models.data.types import Interactions
 from models.freib import Params, PlatformData, PlatformModel, local_train, predict, server_step
@@ -228,6 +229,7 @@ def run_platform_simulation(
     ldp_clip, ldp_scale = config.ldp_clip, config.ldp_scale  # both set or both None (_check)
     best: dict[str, Any] = {"round": None, "rmse": math.inf}
     records: list[dict[str, Any]] = []
+    diverged_at: int | None = None
     t_setup = time.perf_counter() - t_start
     ev = events or SimulationEvents()
     for r in range(rounds):
@@ -261,14 +263,19 @@ def run_platform_simulation(
         ev.round_done(rec, best["round"])
         if on_round is not None:
             on_round(rec)
+        if diverged(shared):  # stop, keeping the best finite round
+            diverged_at = r
+            ev.note(divergence_note(r, rounds))
+            break
+    last_round = rounds - 1 if diverged_at is None else diverged_at
     if config.save_global is not None:
         from models.engine import save_global_state
         from models.platform_federation import pack_global
 
         final = {k: torch.from_numpy(v) for k, v in pack_global(model, shared, protos).items()}
-        save_global_state(final, config.save_global, model=config.model, rounds=rounds, seed=config.seed)
+        save_global_state(final, config.save_global, model=config.model, rounds=last_round + 1, seed=config.seed)
     if best["round"] is None:
-        best.update(round=rounds - 1, state=(shared, user, platform), val=None)
+        best.update(round=last_round, state=(shared, user, platform), val=None)
     bs, bu, bp = best["state"]
     test = evaluate_platforms(model, bs, bu, bp, split.test, user_platform, split.rating_range)
     seconds_total = time.perf_counter() - t_start
@@ -311,9 +318,11 @@ def run_platform_simulation(
             "scale_lambda": lam,
             "l1_clip": C,
             "epsilon_per_release": epsilon_per_release(clip=C, scale=lam),
-            "epsilon_total_basic_composition": epsilon_total(clip=C, scale=lam, releases=rounds),
-            "releases_per_platform": rounds,
+            "epsilon_total_basic_composition": epsilon_total(clip=C, scale=lam, releases=last_round + 1),
+            "releases_per_platform": last_round + 1,
             "meaning": "pure epsilon-DP of each platform's upload under replace-one-platform adjacency "
             "(L1 sensitivity 2C); separate from the Gaussian ledger (models/privacy.py)",
         }
+    if diverged_at is not None:
+        out["diverged_at_round"] = diverged_at
     return out

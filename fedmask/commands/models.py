@@ -401,6 +401,8 @@ def register_simulate(app: typer.Typer) -> None:
             )
         if "epsilon" in results:
             line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g})"
+        if "diverged_at_round" in results:
+            line += f"  [red]DIVERGED at round {results['diverged_at_round']}[/red] (stopped there)"
         if "hybrid" in results:
             h = results["hybrid"]
             line += (f"  UNPROTECTED plaintext share {h['plaintext_share']:.3f} (J <= {h['plaintext_j_bound']:g}, "
@@ -466,6 +468,8 @@ def _simulate_platforms(
             f"  Laplace LDP: epsilon {d['epsilon_per_release']:.4g} per release (lambda {d['scale_lambda']:g}, "
             f"L1 clip {d['l1_clip']:g}), {d['epsilon_total_basic_composition']:.4g} over {d['releases_per_platform']}"
         )
+    if "diverged_at_round" in results:
+        line += f"  [red]DIVERGED at round {results['diverged_at_round']}[/red] (stopped there)"
     Console().print(
         f"[green]done[/green] {results['model']} on {results['dataset']}, {results['n_platforms']} platforms, "
         f"beta {results['dirichlet_beta']:g}: best round {results['best_round']}, {line}, "

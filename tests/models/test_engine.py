@@ -244,3 +244,19 @@ def test_progress_goes_to_logs_as_plain_lines_when_stderr_is_not_a_terminal(x, c
     assert lines[0].startswith("[progress] fedmf rounds: 0/2 rounds") and "2/2 rounds" in lines[-1]
     assert any("1/2 rounds" in ln and "val hr@10" in ln for ln in lines)
     assert any(ln.startswith("memory: estimated peak") for ln in err)  # the plan is printed before training
+
+
+def test_a_diverging_run_stops_and_keeps_its_best_finite_round(x) -> None:
+    notes: list[str] = []
+
+    class Hear(engine.SimulationEvents):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    # a server step of 1e30 overflows the item table within a few rounds
+    res = simulate(SimulationConfig(model="fedmf", rounds=8, params={"server_lr": 1e30}), interactions=x, events=Hear())
+    r = res["diverged_at_round"]
+    assert 0 <= r < 7 and len(res["rounds"]) == r + 1  # stopped at once, not 8 rounds of NaN
+    assert res["best_round"] < r and math.isfinite(res["test"]["hr@10"])
+    assert any("no longer finite" in n and f"round {r}" in n for n in notes)
+    assert "diverged_at_round" not in run(x, rounds=2)  # a sound run says nothing of it

@@ -121,19 +121,28 @@ def test_inner_chunks_and_worker_threads_change_nothing(
 # ------------------------------------------------------------------ exact gradients
 
 
-def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The count-table full-batch step equals autograd on Eq. (3) sample by sample."""
+@pytest.mark.parametrize("recency", [0.0, 2.0])
+def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch, recency: float) -> None:
+    """The count-table full-batch step equals autograd on Eq. (3) sample by sample
+    (with `recency`: each positive's BCE term weighted by its recency weight, written out here)."""
     data = tiny_cohort()
     B, m_items, k, E = 3, 7, 4, 2
     pos = torch.zeros(B, m_items)
     for b in range(B):
-        pos[b, data.items[b][data.mask[b]]] = 1
+        hist = data.items[b][data.mask[b]].tolist()  # in time order, oldest first
+        L = len(hist)
+        raw = [math.exp(-recency * (L - 1 - j) / L) for j in range(L)]
+        for j, item in enumerate(hist):
+            pos[b, item] = raw[j] * L / sum(raw)  # mean 1 over the device's positives
+    if recency > 0:  # the weights really differ: the newest item weighs more than the oldest
+        assert pos[0, 2] > pos[0, 0] and abs(float(pos[2].sum()) - 4.0) < 1e-5
     negc = torch.randint(0, 3, (E, B, m_items), generator=gen(7)).to(torch.uint8)
     negc[:, pos.bool()] = 0
     monkeypatch.setattr(fedrap_mod, "negative_counts", lambda *a, **kw: negc)
     model = FedRAP(
         B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, lr_personal=0.15, v1=0.05,
         v2=0.0, init_std_d=0.1, weight_decay_d=0.01, weight_decay_u=0.02, lr_decay=1.0, item_bias=False,
+        recency=recency,
     )  # fmt: skip
     G = model.init_global(gen(1))
     P = model.init_private(data, G, 1)
@@ -145,7 +154,7 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> N
         bb = P["b"][b].clone().requires_grad_()
         D = P["D"][b].clone().requires_grad_()
         C = G["C"].clone().requires_grad_()
-        n = pos[b].sum() * 2
+        n = int(data.lengths[b]) * 2
         for e in range(E):
             z = (D + C) @ u + bb
             w = negc[e, b].float()

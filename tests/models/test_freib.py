@@ -248,3 +248,17 @@ def test_decay_embeddings_false_keeps_weight_decay_off_the_embedding_rows() -> N
     assert bool((out[True]["Qg"][6] != 0).all()) and bool((out[True]["Eb"][6] != 0).all())
     assert torch.equal(out[False]["Qg"][6], torch.zeros(4)) and torch.equal(out[False]["Eb"][6], torch.zeros(3))
     assert float(out[False]["W0"].abs().sum()) > 0  # the network weights still move
+
+
+def test_a_diverging_platform_run_stops_and_counts_only_the_releases_made() -> None:
+    x = _tiny_dataset()
+    p = {"k": 4, "batch_size": 32, "local_epochs": 1, "lr": 10.0, "lr_decay": 1.0}  # overflows in a few rounds
+    r = run_platform_simulation(
+        PlatformSimConfig(model="fedmf", rounds=8, params=p, ldp_scale=0.01, ldp_clip=5.0), interactions=x
+    )
+    at = r["diverged_at_round"]
+    assert 0 < at < 7 and len(r["rounds"]) == at + 1 and r["best_round"] < at
+    assert math.isfinite(r["test"]["rmse"])
+    # every round that ran released an upload: epsilon counts them, no more and no fewer
+    assert r["ldp"]["releases_per_platform"] == at + 1
+    assert r["ldp"]["epsilon_total_basic_composition"] == pytest.approx((at + 1) * r["ldp"]["epsilon_per_release"])
