@@ -5,7 +5,8 @@ Pure logic only (no training here; fedmask/commands/study.py runs the jobs):
 - which runs a study makes (`study_runs`): the implicit models fedrap, pfedrec
   and fedmf, plus, where the dataset has ratings, fedmf `--explicit` (named
   `fedmf-explicit`) and fedmmf (always explicit);
-- when a finished run's results.json can be reused (`config_matches`);
+- when a finished run's results.json can be reused (`config_matches`: the same
+  config and the same resolved hyperparameters);
 - the metrics read from a run (`simulation_metrics`, `reference_metrics`);
 - their mean and sample standard deviation over the seeds (`aggregate`);
 - the markdown table and the PNG plot of the aggregate.
@@ -80,11 +81,17 @@ def _normal(x: Any) -> Any:
     return json.loads(json.dumps(x))
 
 
-def config_matches(results: Mapping[str, Any], wanted: Mapping[str, Any], default_rounds: int) -> bool:
+def config_matches(
+    results: Mapping[str, Any], wanted: Mapping[str, Any], default_rounds: int, *, model_config: Mapping[str, Any]
+) -> bool:
     """Whether a finished run (its results.json) is the run `wanted` (a SimulationConfig
-    as a dict) would make: every config field equal, rounds None meaning `default_rounds`."""
+    as a dict) would make: every config field equal, rounds None meaning `default_rounds`,
+    and the resolved hyperparameters (`model_config`, what the model the current code
+    builds reports) equal to the run's, so that a change of a model's defaults is re-run."""
     have = results.get("config")
     if not isinstance(have, Mapping) or "test" not in results:
+        return False
+    if _normal(results.get("model_config")) != _normal(dict(model_config)):
         return False
     want = dict(_normal(dict(wanted)))
     if want.get("rounds") is None:

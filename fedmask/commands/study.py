@@ -121,7 +121,15 @@ def _run_study(
     import numpy as np
 
     from fedmask.commands.sim_progress import SimulationProgress
-    from models.engine import SimulationConfig, default_rounds, load_interactions, make_split, simulate, write_results
+    from models.engine import (
+        SimulationConfig,
+        build_model,
+        default_rounds,
+        load_interactions,
+        make_split,
+        simulate,
+        write_results,
+    )
     from models.progress import Progress
     from models.reference import blas_threads, reference_names, run_references, run_steps
     from models.results import save_json
@@ -147,7 +155,13 @@ def _run_study(
             )  # fmt: skip
             folder = out / "runs" / run.name / f"seed{seed}"
             old = _read_json(folder / "results.json")
-            if old is not None and config_matches(old, asdict(cfg), default_rounds(run.model, run.explicit)):
+            hyper = build_model(
+                run.model, explicit=run.explicit, n_users=data.n_users, n_items=data.n_items,
+                item_features=data.item_features,
+            ).config()  # fmt: skip
+            if old is not None and config_matches(
+                old, asdict(cfg), default_rounds(run.model, run.explicit), model_config=hyper
+            ):
                 log(f"{run.name} seed {seed}: reusing {folder / 'results.json'}")
                 runs_done.setdefault(run.name, {})[seed] = old
                 continue

@@ -84,14 +84,19 @@ def test_runs_of_a_study_depend_on_ratings_and_models() -> None:
 
 
 def test_config_match_decides_reuse() -> None:
-    done = _implicit(0, 0.6)
+    done = _implicit(0, 0.6) | {"model_config": {"k": 32, "v2": 1e-4, "mlp": [32, 16]}}
     wanted = {"model": "fedrap", "seed": 0, "rounds": None, "params": {}, "users": None}
-    assert S.config_matches(done, wanted, default_rounds=100)
-    assert not S.config_matches(done, wanted, default_rounds=150)
-    assert not S.config_matches(done, wanted | {"seed": 1}, default_rounds=100)
-    assert not S.config_matches(done, wanted | {"threads": 1}, default_rounds=100)  # a field it lacks
-    assert S.config_matches(done, wanted | {"rounds": 100}, default_rounds=7)
-    assert not S.config_matches({"config": done["config"]}, wanted, default_rounds=100)  # never finished
+    hyper = {"k": 32, "v2": 1e-4, "mlp": (32, 16)}  # tuples compare as JSON writes them
+    assert S.config_matches(done, wanted, default_rounds=100, model_config=hyper)
+    assert not S.config_matches(done, wanted, default_rounds=150, model_config=hyper)
+    assert not S.config_matches(done, wanted | {"seed": 1}, default_rounds=100, model_config=hyper)
+    assert not S.config_matches(done, wanted | {"threads": 1}, default_rounds=100, model_config=hyper)  # a field it lacks
+    assert S.config_matches(done, wanted | {"rounds": 100}, default_rounds=7, model_config=hyper)
+    never_finished = {"config": done["config"], "model_config": done["model_config"]}
+    assert not S.config_matches(never_finished, wanted, default_rounds=100, model_config=hyper)
+    # the same command after a model's defaults changed: the run is stale, not reused
+    assert not S.config_matches(done, wanted, default_rounds=100, model_config=hyper | {"v2": 3e-4})
+    assert not S.config_matches(_implicit(0, 0.6), wanted, default_rounds=100, model_config=hyper)  # none recorded
 
 
 def test_markdown_table_and_plot(tmp_path: Path) -> None:
