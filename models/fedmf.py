@@ -86,6 +86,7 @@ class FedMF(FedRAP):
             init_std_c=init_std_c,
             init_std_u=init_std_u,
             chunk=chunk,
+            recency=0.0,  # FedMF weighs every positive alike (FedRAP's recency weighting is FedRAP's, D78)
         )
 
     def config(self) -> dict[str, object]:

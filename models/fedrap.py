@@ -66,7 +66,9 @@ server_lr times the mean, with no regulariser. c carries what every user
 agrees on (popularity), which a held-out item's row can use; D_i cannot.
 FedRAP-D (no C, nothing sent) has no c: item_bias is ignored there.
 
-Recency weighting (`recency` > 0; an addition to the paper, on the device only):
+Recency weighting (`recency`, 2 by default, 0 turns it off; an addition to the
+paper, on the device only; chosen on validation with v2 3e-4 and
+weight_decay_u 0.05, docs/tuning.md and D78):
 each training positive's BCE term is weighted by exp(-recency * age), age =
 (L - 1 - j) / L for the j-th of the device's L training items in time order,
 scaled to mean 1 per device. The device uses its own history's order, which
@@ -134,7 +136,7 @@ class FedRAP(FederatedRecommender):
         reg: str = "l2",
         curriculum: str = "tanh",
         v1: float = 1e-5,
-        v2: float = 1e-4,
+        v2: float = 3e-4,
         local_epochs: int = 10,
         n_neg: int = 4,
         lr_user: float = 5.0,
@@ -145,13 +147,13 @@ class FedRAP(FederatedRecommender):
         lr_bias: float | None = 0.01,
         server_lr: float = 10.0,
         weight_decay_d: float = 0.0,
-        weight_decay_u: float = 0.03,
+        weight_decay_u: float = 0.05,
         update_scale: float = 1.0,
         init_std_c: float = 0.1,
         init_std_d: float = 0.0,
         init_std_u: float = 0.1,
         chunk: int = 8,
-        recency: float = 0.0,
+        recency: float = 2.0,
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown FedRAP variant {variant!r}; expected one of {VARIANTS}")

@@ -44,26 +44,28 @@ if TYPE_CHECKING:
 PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
 ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
 
-# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27)
+# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27, D79:
+# one local epoch of batches of 128 per round over 150 rounds for the federated models)
+_ONE_EPOCH: dict[str, Any] = {"local_epochs": 1, "batch_size": 128, "lr_decay": 0.96}
 _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "freib": {"backbone": "ncf", "lr": 0.02, "lr_decay": 0.9, "weight_decay": 3e-3, "init_std": 0.01},
+    "freib": {"backbone": "ncf", **_ONE_EPOCH, "lr": 0.01, "weight_decay": 3e-3, "init_std": 0.01},
     "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False,
-              "lr": 0.2, "lr_decay": 0.9, "l2": 0.02},
+              **_ONE_EPOCH, "lr": 0.1, "l2": 0.02},
     "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False,
-                "lr": 0.1, "lr_decay": 0.9, "l2": 0.05},
+                **_ONE_EPOCH, "lr": 0.05, "l2": 0.05},
     "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
                    "lr": 0.05, "l2": 0.05},
 }  # fmt: skip
 
 
 def model_defaults(name: str) -> dict[str, Any]:
-    """The tuned defaults of a platform-level model (D27, D67), on top of PlatformModel's."""
+    """The tuned defaults of a platform-level model (D27, D67, D79), on top of PlatformModel's."""
     if name not in _MODEL_DEFAULTS:
         raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
     return dict(_MODEL_DEFAULTS[name])
 
 
-DEFAULT_PLATFORM_ROUNDS = 50  # the paper's E
+DEFAULT_PLATFORM_ROUNDS = 150  # the paper's E is 50, of 10 local epochs; here one epoch a round (D79)
 SECAGG_PLATFORM_CLIP = 32.0
 
 

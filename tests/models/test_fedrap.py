@@ -340,3 +340,12 @@ def test_update_scale_only_changes_the_unit(synth_split) -> None:
     _, ub = b.local_update(g0, p0, data, 4, 2)
     assert torch.allclose(ub * 7.0, ua, atol=1e-5)
     assert torch.allclose(a.apply_mean_update(g0, ua.mean(0), 4)["C"], b.apply_mean_update(g0, ub.mean(0), 4)["C"], atol=1e-5)
+
+
+def test_fedmf_keeps_its_own_defaults_when_fedraps_change() -> None:
+    # FedMF is FedRAP's c_only core with its own tuned defaults: FedRAP's D78 choices must not leak into it
+    from models.fedmf import FedMF
+
+    mf, rap = FedMF(5, 7), FedRAP(5, 7)
+    assert mf.recency == 0.0 and mf.v2 == 1e-4 and mf.weight_decay_u == 0.03
+    assert rap.recency == 2.0 and rap.v2 == 3e-4 and rap.weight_decay_u == 0.05

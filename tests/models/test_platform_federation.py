@@ -27,7 +27,10 @@ def model() -> PlatformModel:
 def test_hyperparameters_build_the_tuned_model_with_overrides() -> None:
     m = model()
     assert (m.n_users, m.n_items, m.n_levels, m.k, m.mlp) == (6, 7, 3, 4, (4,))
-    assert m.lr == 0.02 and m.backbone == "ncf"  # the tuned defaults of models/platform_sim.py
+    from models.platform_sim import model_defaults
+
+    tuned = model_defaults("freib")  # the tuned defaults of models/platform_sim.py (D79)
+    assert (m.lr, m.local_epochs, m.batch_size, m.backbone) == (tuned["lr"], tuned["local_epochs"], tuned["batch_size"], "ncf")
     assert platform_model_from_hyperparameters("freib", {**HP, "lr": 0.5, "round_idx": 3}).lr == 0.5
     with pytest.raises(PlatformHyperparameterError, match="n_levels"):
         platform_model_from_hyperparameters("freib", {"n_users": 6, "n_items": 7})
