@@ -194,6 +194,7 @@ def test_item_bias_step_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> None
     model = FedRAP(
         B, m_items, k=k, local_epochs=E, n_neg=1, lr_user=0.3, lr_item=0.2, lr_personal=0.15, v1=0.0,
         v2=0.0, init_std_d=0.1, weight_decay_u=0.0, lr_decay=1.0, item_bias=True, lr_bias=0.07, server_lr=2.0,
+        recency=0.0,  # every positive weighs 1 in the reference below (recency has its own autograd test)
     )  # fmt: skip
     assert model.update_dim == m_items * k + m_items
     G = model.init_global(gen(1))
