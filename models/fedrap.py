@@ -343,14 +343,13 @@ class FedRAP(FederatedRecommender):
                 dc = torch.empty(bc, m, k, device=dev_t) if cb is not None else upd[sl].view(bc, m, k)
                 torch.mul(A, -lr_i, out=dc)
             # the split step: ascent on lambda ||D_i - C_i||^2, and the prox of wd/2 ||D_i||^2 (stable for any step)
-            delta = (
-                torch.sub(d_new, dc).sub_(C) if d_new is not None and dc is not None and C is not None and lam > 0 else None
-            )
-            if d_new is not None and self.weight_decay_d > 0:
-                d_new.div_(1.0 + t_d * self.weight_decay_d)
-            if delta is not None and d_new is not None and dc is not None:
-                d_new.add_(delta, alpha=2.0 * lam * t_d)
-                dc.sub_(delta, alpha=2.0 * lam * t_c)
+            if d_new is not None:
+                delta = torch.sub(d_new, dc).sub_(C) if dc is not None and C is not None and lam > 0 else None
+                if self.weight_decay_d > 0:
+                    d_new.div_(1.0 + t_d * self.weight_decay_d)
+                if delta is not None and dc is not None:
+                    d_new.add_(delta, alpha=2.0 * lam * t_d)
+                    dc.sub_(delta, alpha=2.0 * lam * t_c)
             if dc is not None:
                 if self.update_scale != 1.0:
                     dc.div_(self.update_scale)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -401,8 +401,7 @@ def register_simulate(app: typer.Typer) -> None:
             )
         if "epsilon" in results:
             line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g})"
-        if "diverged_at_round" in results:
-            line += f"  [red]DIVERGED at round {results['diverged_at_round']}[/red] (stopped there)"
+        line += _diverged(results)
         if "hybrid" in results:
             h = results["hybrid"]
             line += (f"  UNPROTECTED plaintext share {h['plaintext_share']:.3f} (J <= {h['plaintext_j_bound']:g}, "
@@ -412,6 +411,12 @@ def register_simulate(app: typer.Typer) -> None:
             f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
             + (f"\n  {results['saved_global']}" if "saved_global" in results else "")
         )
+
+
+def _diverged(results: dict[str, Any]) -> str:
+    """The done line's warning for a run that stopped at a diverged round ('' otherwise)."""
+    r = results.get("diverged_at_round")
+    return "" if r is None else f"  [red]DIVERGED at round {r}[/red] (stopped there)"
 
 
 def _simulate_platforms(
@@ -468,8 +473,7 @@ def _simulate_platforms(
             f"  Laplace LDP: epsilon {d['epsilon_per_release']:.4g} per release (lambda {d['scale_lambda']:g}, "
             f"L1 clip {d['l1_clip']:g}), {d['epsilon_total_basic_composition']:.4g} over {d['releases_per_platform']}"
         )
-    if "diverged_at_round" in results:
-        line += f"  [red]DIVERGED at round {results['diverged_at_round']}[/red] (stopped there)"
+    line += _diverged(results)
     Console().print(
         f"[green]done[/green] {results['model']} on {results['dataset']}, {results['n_platforms']} platforms, "
         f"beta {results['dirichlet_beta']:g}: best round {results['best_round']}, {line}, "

@@ -155,13 +155,13 @@ def _run_study(
             )  # fmt: skip
             folder = out / "runs" / run.name / f"seed{seed}"
             old = _read_json(folder / "results.json")
-            hyper = build_model(
-                run.model, explicit=run.explicit, n_users=data.n_users, n_items=data.n_items,
-                item_features=data.item_features,
-            ).config()  # fmt: skip
             if old is not None and config_matches(
-                old, asdict(cfg), default_rounds(run.model, run.explicit), model_config=hyper
-            ):
+                old, asdict(cfg), default_rounds(run.model, run.explicit),
+                model_config=build_model(
+                    run.model, explicit=run.explicit, n_users=data.n_users, n_items=data.n_items,
+                    item_features=data.item_features,
+                ).config(),
+            ):  # fmt: skip
                 log(f"{run.name} seed {seed}: reusing {folder / 'results.json'}")
                 runs_done.setdefault(run.name, {})[seed] = old
                 continue
