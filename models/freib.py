@@ -40,7 +40,9 @@ Baselines on the same platforms (`backbone`):
 
 Local training (`local_train`) is mini-batch SGD with momentum and weight
 decay (the paper's optimiser), `local_epochs` passes over the platform's
-training ratings in a keyed random order (seed, round, epoch, platform id).
+training ratings in a keyed random order (seed, round, epoch, platform id);
+with `local_fraction` < 1 an epoch stops after that share of the order (a
+fresh keyed subset every round, so the server averages more often per pass).
 It is a pure function of (the platform's data, its private rows, the public
 global parameters and prototypes, round, seed): an edge client hosting one
 platform calls it with M = 1 and gets the same result as its row in the
@@ -93,6 +95,7 @@ class PlatformModel:
     l2: float = 0.0
     batch_size: int = 256
     local_epochs: int = 2
+    local_fraction: float = 1.0  # each local epoch passes over this share of the platform's ratings (keyed draw)
     init_std: float = 0.1
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class PlatformModel:
             raise ValueError("k, k_bias, batch_size, local_epochs and n_levels must be >= 1")
         if not 0 < self.lr_decay <= 1:
             raise ValueError("lr_decay must be in (0, 1]")
+        if not 0 < self.local_fraction <= 1:
+            raise ValueError("local_fraction must be in (0, 1]")
         if self.lr <= 0 or not 0 <= self.momentum < 1 or min(self.weight_decay, self.tau, self.l2) < 0:
             raise ValueError("need lr > 0, 0 <= momentum < 1, weight_decay >= 0, l2 >= 0, tau >= 0")
 
@@ -323,7 +328,9 @@ def local_train(
         g_ok = ~torch.isnan(protos).any(1)
         g = torch.nan_to_num(protos)
     bufs: Params = {k: torch.zeros_like(v) for k, v in par.items()}
-    n_steps = (data.lengths + model.batch_size - 1) // model.batch_size
+    # an epoch visits the first ceil(fraction x length) ratings of the keyed order: all of them at 1.0
+    n_use = data.lengths if model.local_fraction == 1.0 else torch.ceil(data.lengths * model.local_fraction).long()
+    n_steps = (n_use + model.batch_size - 1) // model.batch_size
     t_max = int(n_steps.max()) if M else 0
     bs = model.batch_size
     lr = model.lr * model.lr_decay**round_idx
@@ -334,7 +341,7 @@ def local_train(
         for t in range(t_max):
             idx = order[:, t * bs : (t + 1) * bs]
             pos = torch.arange(t * bs, t * bs + idx.shape[1], device=dev).unsqueeze(0)
-            w = (pos < data.lengths.unsqueeze(1)).to(torch.float32)
+            w = (pos < n_use.unsqueeze(1)).to(torch.float32)
             u = torch.gather(data.users, 1, idx)
             it = torch.gather(data.items, 1, idx)
             r = torch.gather(data.ratings, 1, idx)

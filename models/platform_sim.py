@@ -44,11 +44,13 @@ if TYPE_CHECKING:
 PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
 ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
 
-# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27, D79:
-# one local epoch of batches of 128 per round over 150 rounds for the federated models)
+# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27, D79, D80:
+# the federated baselines train one local epoch of batches of 128 per round over 150 rounds; FREIB a
+# quarter of an epoch per round over 600 rounds, the same learning-rate mass per step)
 _ONE_EPOCH: dict[str, Any] = {"local_epochs": 1, "batch_size": 128, "lr_decay": 0.96}
 _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "freib": {"backbone": "ncf", **_ONE_EPOCH, "lr": 0.01, "weight_decay": 3e-3, "init_std": 0.01},
+    "freib": {"backbone": "ncf", "local_epochs": 1, "local_fraction": 0.25, "batch_size": 128, "lr": 0.01,
+              "lr_decay": 0.99, "weight_decay": 3e-3, "init_std": 0.01},
     "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False,
               **_ONE_EPOCH, "lr": 0.1, "l2": 0.02},
     "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False,
@@ -59,13 +61,15 @@ _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def model_defaults(name: str) -> dict[str, Any]:
-    """The tuned defaults of a platform-level model (D27, D67, D79), on top of PlatformModel's."""
+    """The tuned defaults of a platform-level model (D27, D67, D79, D80), on top of PlatformModel's."""
     if name not in _MODEL_DEFAULTS:
         raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
     return dict(_MODEL_DEFAULTS[name])
 
 
-DEFAULT_PLATFORM_ROUNDS = 150  # the paper's E is 50, of 10 local epochs; here one epoch a round (D79)
+#: rounds when --rounds is not given (the paper's E is 50 rounds of 10 local epochs): the baselines one
+#: epoch a round (D79), FREIB a quarter of one (D80), the centralised MF two (D27)
+DEFAULT_PLATFORM_ROUNDS: dict[str, int] = {"freib": 600, "fedmf": 150, "pfedrec": 150, "central-mf": 150}
 SECAGG_PLATFORM_CLIP = 32.0
 
 
@@ -219,7 +223,7 @@ def run_platform_simulation(
     M = 1 if central else split.n_platforms
     user_platform = np.zeros(split.n_users, dtype=np.int64) if central else split.user_platform
     model = build_platform_model(config.model, split, config.params, config.ablate)
-    rounds = config.rounds if config.rounds is not None else DEFAULT_PLATFORM_ROUNDS
+    rounds = config.rounds if config.rounds is not None else DEFAULT_PLATFORM_ROUNDS[config.model]
     data = platform_data(split, user_platform, M)
 
     shared = model.init_shared(global_init_generator(config.seed))

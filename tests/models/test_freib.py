@@ -262,3 +262,25 @@ def test_a_diverging_platform_run_stops_and_counts_only_the_releases_made() -> N
     # every round that ran released an upload: epsilon counts them, no more and no fewer
     assert r["ldp"]["releases_per_platform"] == at + 1
     assert r["ldp"]["epsilon_total_basic_composition"] == pytest.approx((at + 1) * r["ldp"]["epsilon_per_release"])
+
+
+def test_local_fraction_trains_on_a_keyed_share_of_each_platform_and_keeps_rows_separable() -> None:
+    """With local_fraction 0.5 an epoch visits the first ceil(L/2) ratings of the
+    keyed order: exactly the items of those ratings move (no weight decay), and a
+    platform trained alone still equals its row of the stacked run."""
+    from models.freib import _order
+
+    m = tiny(batch_size=1, local_epochs=1, local_fraction=0.5, weight_decay=0.0, guidance=False, prototypes=False)
+    shared, user, plat = state(m)
+    d = tiny_data()
+    res = local_train(m, shared, user, plat, d, None, 2, seed=3)
+    order = _order(d, 3, 2, 0)
+    upd = dict(zip(m.shared_names(), torch.split(res.update[:, : m.shared_dim()], [shared[n].numel() for n in m.shared_names()], dim=1)))
+    for row, n in ((0, 2), (1, 3)):  # lengths 4 and 6
+        used = {int(d.items[row, j]) for j in order[row, :n]}
+        moved = {i for i in range(m.n_items) if bool((upd["Qg"][row].view(m.n_items, -1)[i] != 0).any())}
+        assert moved == used
+        alone = local_train(m, shared, user, plat, d.row(row), None, 2, seed=3)
+        assert torch.allclose(alone.update[0], res.update[row], atol=1e-5)
+    with pytest.raises(ValueError, match="local_fraction"):
+        tiny(local_fraction=0.0)
