@@ -46,7 +46,7 @@ def platform_model_from_hyperparameters(name: str, hp: Mapping[str, Any]) -> Pla
     """FREIB's model from a round's hyper-parameters: ``n_users``, ``n_items``
     (the catalogue), ``n_levels`` (rating levels, e.g. 5 for ML-100K),
     ``center`` (the middle of the rating scale) and any `PlatformModel`
-    field as an override of the tuned defaults (D27, D67). Keys outside
+    field as an override of the tuned defaults (D27, D79, D80). Keys outside
     those (the protocol's own, e.g. ``round_idx``) are ignored."""
     from models.platform_sim import model_defaults
 

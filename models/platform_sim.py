@@ -46,7 +46,7 @@ ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "pr
 
 # each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27, D79, D80:
 # the federated baselines train one local epoch of batches of 128 per round over 150 rounds; FREIB a
-# quarter of an epoch per round over 600 rounds, the same learning-rate mass per step)
+# quarter of an epoch per round over 600 rounds, its learning rate falling at D79's pace per step)
 _ONE_EPOCH: dict[str, Any] = {"local_epochs": 1, "batch_size": 128, "lr_decay": 0.96}
 _MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "freib": {"backbone": "ncf", "local_epochs": 1, "local_fraction": 0.25, "batch_size": 128, "lr": 0.01,
