@@ -328,8 +328,8 @@ def local_train(
         g_ok = ~torch.isnan(protos).any(1)
         g = torch.nan_to_num(protos)
     bufs: Params = {k: torch.zeros_like(v) for k, v in par.items()}
-    # an epoch visits the first ceil(fraction x length) ratings of the keyed order: all of them at 1.0
-    n_use = data.lengths if model.local_fraction == 1.0 else torch.ceil(data.lengths * model.local_fraction).long()
+    # an epoch visits the first ceil(fraction x length) ratings of the keyed order (float64: exact at 1.0)
+    n_use = torch.ceil(data.lengths.to(torch.float64) * model.local_fraction).long()
     n_steps = (n_use + model.batch_size - 1) // model.batch_size
     t_max = int(n_steps.max()) if M else 0
     bs = model.batch_size

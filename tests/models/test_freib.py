@@ -33,6 +33,13 @@ def tiny_data() -> PlatformData:
     return PlatformData(torch.arange(2), users, items, ratings, level, torch.tensor([4, 6]))
 
 
+def shared_changes(model: PlatformModel, shared: dict[str, torch.Tensor], upload: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One platform's upload split into its shared-parameter changes, by name and in their shapes."""
+    names = model.shared_names()
+    parts = torch.split(upload[: model.shared_dim()], [shared[n].numel() for n in names])
+    return {n: part.view(shared[n].shape) for n, part in zip(names, parts)}
+
+
 def state(model: PlatformModel, M: int = 2) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return (
         model.init_shared(torch.Generator().manual_seed(0)),
@@ -243,8 +250,8 @@ def test_decay_embeddings_false_keeps_weight_decay_off_the_embedding_rows() -> N
         m = tiny(weight_decay=0.5, decay_embeddings=flag, guidance=False, prototypes=False)
         shared, user, plat = state(m, M=1)
         res = local_train(m, shared, user, plat, d, None, 0, 0)
-        upd = dict(zip(m.shared_names(), torch.split(res.update[0, : m.shared_dim()], [shared[n].numel() for n in m.shared_names()])))
-        out[flag] = {n: upd[n].view(shared[n].shape) for n in ("Qg", "Eb", "W0")}
+        upd = shared_changes(m, shared, res.update[0])
+        out[flag] = {n: upd[n] for n in ("Qg", "Eb", "W0")}
     assert bool((out[True]["Qg"][6] != 0).all()) and bool((out[True]["Eb"][6] != 0).all())
     assert torch.equal(out[False]["Qg"][6], torch.zeros(4)) and torch.equal(out[False]["Eb"][6], torch.zeros(3))
     assert float(out[False]["W0"].abs().sum()) > 0  # the network weights still move
@@ -275,10 +282,10 @@ def test_local_fraction_trains_on_a_keyed_share_of_each_platform_and_keeps_rows_
     d = tiny_data()
     res = local_train(m, shared, user, plat, d, None, 2, seed=3)
     order = _order(d, 3, 2, 0)
-    upd = dict(zip(m.shared_names(), torch.split(res.update[:, : m.shared_dim()], [shared[n].numel() for n in m.shared_names()], dim=1)))
     for row, n in ((0, 2), (1, 3)):  # lengths 4 and 6
         used = {int(d.items[row, j]) for j in order[row, :n]}
-        moved = {i for i in range(m.n_items) if bool((upd["Qg"][row].view(m.n_items, -1)[i] != 0).any())}
+        q_change = shared_changes(m, shared, res.update[row])["Qg"]
+        moved = {i for i in range(m.n_items) if bool((q_change[i] != 0).any())}
         assert moved == used
         alone = local_train(m, shared, user, plat, d.row(row), None, 2, seed=3)
         assert torch.allclose(alone.update[0], res.update[row], atol=1e-5)
