@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup test demo bench clean images base-images wheelhouse up down
+.PHONY: setup test demo bench clean images base-images wheelhouse up down gpu-check gpu-check-reference
 
 setup: $(STAMP)
 
@@ -24,7 +24,29 @@ bench: setup
 	$(PY) -m secagg.bench --clients 100 --dim 53824 --neighbors all --dropout 0.1 --dropout-stage unmasking --seed 0
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache deploy/.wheelhouse deploy/.state
+	rm -rf $(VENV) build *.egg-info .pytest_cache deploy/.wheelhouse deploy/.state .gpu-site
+
+# ---------------------------------------------------------------- accelerator
+# `make gpu-check OUT=DIR` proves and times fedmask on a CUDA GPU in one command
+# (docs/gpu.md): the `cuda` tests, FedRAP for 100 rounds on ML-100K and the
+# ML-1M-shaped population on the GPU, 5 rounds on the GPU and on the CPU cores
+# (parameters compared), the full runs against the CPU reference in
+# $(REFERENCE) when it exists, and a gRPC federation with a GPU client. Last
+# line: one JSON object. It runs on .venv when there is one, else on the
+# machine's python3 with the wheels of .whl/ (scripts/gpu_check_wheels.sh)
+# installed into .gpu-site/ (a machine with no network).
+REFERENCE ?= gpu-ref
+GPU_PY     = $(if $(wildcard $(PY)),$(PY),$(PYTHON))
+gpu-check:
+	@test -n "$(OUT)" || { echo "usage: make gpu-check OUT=DIR [REFERENCE=$(REFERENCE)]" >&2; exit 2; }
+	@if [ ! -x $(PY) ] && [ -d .whl ]; then \
+	    $(PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu-site .whl/*.whl; fi
+	PYTHONPATH=$(CURDIR)/.gpu-site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) scripts/gpu_check.py --out $(OUT) \
+	    $(if $(wildcard $(REFERENCE)/ml1m.json),--reference $(REFERENCE))
+
+# The CPU reference of the full runs (FedRAP, 100 rounds, both populations) on this machine's CPU.
+gpu-check-reference: setup
+	$(PY) scripts/gpu_check.py --make-reference --out $(REFERENCE)
 
 # ---------------------------------------------------------------- containers
 # `make images` builds the fedmask images with podman (deploy/README.md):

@@ -38,7 +38,7 @@ from edge_client.task import TaskSpec
 from edge_client.trainer import TrainingError, TrainingFailure, TrainOutput, Trainer
 from models.data.platforms import PlatformSplit, make_platform_split
 from models.data.types import Interactions
-from models.freib import PlatformModel, local_train, predict
+from models.freib import PlatformModel, local_train, params_to, predict
 from models.platform_federation import CROSS_SILO_MODELS, PlatformHyperparameterError, platform_model_from_hyperparameters, unpack_global
 
 log = logging.getLogger("edge_client.platform_trainer")
@@ -102,7 +102,7 @@ class PlatformTrainer(Trainer):
         self.platform_device = device
         self.n_users, self.n_items = self.split.n_users, self.split.n_items
         m = hosting.index
-        self.platform_ratings = platform_data(self.split, self.split.user_platform, self.split.n_platforms).row(m)
+        self.platform_ratings = platform_data(self.split, self.split.user_platform, self.split.n_platforms).row(m).to(self.device)
         self.users = np.flatnonzero(self.split.user_platform == m)
         lo, hi = self.split.rating_range
         self.center = (lo + hi) / 2.0
@@ -155,7 +155,7 @@ class PlatformTrainer(Trainer):
             else:
                 log.warning("%s: stored %s state does not fit this platform's users or the model; re-initialising",
                             self.platform_device.local_id, name)
-        return table
+        return params_to(table, self.device)
 
     # ------------------------------------------------------------ training
     def train(self, task: TaskSpec, numbers: Sequence[int]) -> TrainOutput:
@@ -167,9 +167,12 @@ class PlatformTrainer(Trainer):
             shared, protos = unpack_global(model, task.global_params)
         except ValueError as e:
             raise TrainingError(str(e), TrainingFailure.MODEL_MISMATCH) from None
+        shared = params_to(shared, self.device)
+        protos = None if protos is None else protos.to(self.device)
         self.latest.remember(task)
         user = self._load_user(model, task.model_name)
-        res = local_train(model, shared, user, model.init_platform(1), self.platform_ratings, protos, task.round_idx, self.seed)
+        platform = params_to(model.init_platform(1), self.device)
+        res = local_train(model, shared, user, platform, self.platform_ratings, protos, task.round_idx, self.seed)
         upd = res.update
         norms = torch.linalg.vector_norm(upd, dim=1)
         clip_norm = None
@@ -183,16 +186,16 @@ class PlatformTrainer(Trainer):
                 upd = add_gaussian_noise(upd, std=task.dp_noise_stddev, generator=self._secure_generator())
         if not bool(torch.isfinite(upd).all()):
             raise TrainingError("local training produced a non-finite update")
-        idx = torch.from_numpy(self.users)
+        idx = torch.from_numpy(self.users).to(self.device)
         self.platform_device.store.save_model(
             task.model_name,
-            {"users": self.users, **{k: v[idx].numpy() for k, v in res.user.items()}},
+            {"users": self.users, **{k: v[idx].cpu().numpy() for k, v in res.user.items()}},
             {"model_version": int(task.model_version), "round_number": int(task.round_number), "saved_at": time.time()},
         )
         return TrainOutput(
-            updates=upd.detach().to(torch.float64).numpy(),
+            updates=upd.detach().to("cpu", torch.float64).numpy(),
             examples=np.array([int(self.platform_ratings.lengths[0])], dtype=np.int64),
-            norms=norms.detach().to(torch.float64).numpy(),
+            norms=norms.detach().to("cpu", torch.float64).numpy(),
             clip_norm=clip_norm,
             seconds=time.perf_counter() - t0,
             val_rows=[self._validation(model, shared, res.user)],
@@ -204,10 +207,11 @@ class PlatformTrainer(Trainer):
 
         val = self.split.val
         rows = np.flatnonzero(self.split.user_platform[val.user] == self.hosting.index)
+        dev = self.device
         with torch.no_grad():
-            pred = predict(model, shared, user, model.init_platform(1), 0,
-                           torch.from_numpy(val.user[rows]), torch.from_numpy(val.item[rows]))  # fmt: skip
-            return rating_sums(pred, torch.from_numpy(val.rating[rows]), None, self.split.rating_range)
+            pred = predict(model, shared, user, params_to(model.init_platform(1), dev), 0,
+                           torch.from_numpy(val.user[rows]).to(dev), torch.from_numpy(val.item[rows]).to(dev))  # fmt: skip
+            return rating_sums(pred, torch.from_numpy(val.rating[rows]).to(dev), None, self.split.rating_range)
 
 
 __all__ = ["PlatformHosting", "PlatformTrainer"]

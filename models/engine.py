@@ -412,12 +412,22 @@ def _hybrid_mean(
 # ============================================================ the simulation
 
 
+EVAL_BATCH_CPU = 256  # devices scored at a time when evaluating on the CPU
+EVAL_BATCH_ACCELERATOR = 2048  # and on an accelerator
+
+
 def _generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
     """Independent seeded streams, so e.g. turning DP on does not change the cohorts.
-    (Initialisation and training draws are keyed, see the module doc.)"""
+    (Initialisation and training draws are keyed, see the module doc.)
+
+    The cohort stream is a CPU generator whatever the device, so a run on an
+    accelerator selects the same cohorts as on the CPU. The DP stream lives on
+    the device: drawing a cohort's noise on the CPU and copying it over would
+    cost more than the round, so CPU and CUDA runs with DP add different
+    draws of the same distribution (docs/decisions.md D81)."""
     out = {}
     for i, name in ((1, "cohort"), (3, "dp")):
-        g = torch.Generator(device=device)
+        g = torch.Generator(device=device if name == "dp" else "cpu")
         g.manual_seed(int(np.random.SeedSequence([seed, i]).generate_state(1)[0]))
         out[name] = g
     return out
@@ -452,13 +462,15 @@ def evaluate_state(
         rows = users if row_of is None else row_of[users]
         return model.score(global_, take(rows), users, items)
 
+    # an accelerator scores larger batches (fewer launches); the sums do not depend on the batching
+    batch = EVAL_BATCH_ACCELERATOR if device.type != "cpu" else EVAL_BATCH_CPU
     with torch.no_grad():
         if isinstance(split, ImplicitSplit):
             sums = evaluate_implicit(
-                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population
+                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population, batch_size=batch
             )
         else:
-            sums = evaluate_explicit(score_fn, split, stage, device=device, users=population)
+            sums = evaluate_explicit(score_fn, split, stage, device=device, users=population, batch_size=batch)
     return finalize(sums)
 
 
@@ -688,6 +700,13 @@ def simulate(
         "memory": plan.as_dict() | {"disk_bytes_peak": disk_peak},
         "protocol": _protocol_note(explicit),
     }
+    if device_is_cuda(device):  # what the accelerator held at most (the tensors torch allocated)
+        out["accelerator"] = {
+            "name": torch.cuda.get_device_name(device),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(device)),
+        }
     if saved_global is not None:
         out["saved_global"] = saved_global
     if diverged_at is not None:

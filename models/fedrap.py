@@ -284,8 +284,9 @@ class FedRAP(FederatedRecommender):
         upd = torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
         # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
         lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
-        # CPU: small chunks stay in the processor's cache; an accelerator wants larger batches
-        chunk = self.chunk if dev_t.type == "cpu" else max(self.chunk, 64)
+        # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
+        # chunk its free memory holds, so that a round is a few hundred kernel launches
+        chunk = self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t)
 
         def train_chunk(s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
             """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
@@ -393,6 +394,29 @@ class FedRAP(FederatedRecommender):
         if self.has_d:
             new_private["D"] = d_out
         return new_private, upd
+
+    def chunk_bytes(self, history: int) -> int:
+        """Scratch bytes one device of an inner chunk needs when devices hold
+        `history` training positives: the accumulator A, the regulariser temporary
+        and C_i - C (m*k floats each), its group's negative counts (E*m bytes) and
+        one epoch's sample tensors."""
+        m, k = self.n_items, self.k
+        samples = (1 + self.n_neg) * history * (3 * 4 * k + 64)
+        return 3 * 4 * m * k + self.local_epochs * m + 8 * m + samples
+
+    def accelerator_chunk(self, nb: int, positives: int, device: torch.device) -> int:
+        """Devices per inner chunk on an accelerator, for a cohort of `nb` devices with
+        `positives` training positives in all: as many as a quarter of its free memory
+        holds (sized at twice the mean history; at least `chunk` and 64, at most the
+        cohort). Each device's rows are its own, so the chunk changes the number of
+        kernel launches, not what is computed."""
+        floor = max(self.chunk, 64)
+        if device.type != "cuda":
+            return floor
+        free, _total = torch.cuda.mem_get_info(device)
+        history = 2 * -(-positives // max(1, nb))
+        fits = int(free // 4) // max(1, self.chunk_bytes(history))
+        return max(1, min(nb, max(floor, fits)))
 
     def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
         """local_update's tensors (see FederatedRecommender.train_memory): per

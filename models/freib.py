@@ -67,6 +67,13 @@ Backbone = Literal["ncf", "mf", "biasedmf", "pfedrec"]
 EMBEDDING_TABLES = frozenset({"Pg", "Pm", "Qg", "Qm", "P", "Q", "Eb", "bu", "bi"})
 Scope = Literal["shared", "user", "platform"]
 Params = dict[str, torch.Tensor]
+
+
+def params_to(params: Params, device: torch.device | str) -> Params:
+    """The same tensors on `device`."""
+    return {k: v.to(device) for k, v in params.items()}
+
+
 _PLATFORM_STREAM = 0x46524549  # "FREI": keyed draws of platform-level training
 
 
@@ -250,6 +257,13 @@ class PlatformData:
     def mask(self) -> torch.Tensor:
         L = self.users.shape[1]
         return torch.arange(L, device=self.users.device).unsqueeze(0) < self.lengths.unsqueeze(1)
+
+    def to(self, device: torch.device | str) -> PlatformData:
+        """The same ratings on `device`."""
+        return PlatformData(
+            self.platforms.to(device), self.users.to(device), self.items.to(device), self.ratings.to(device),
+            self.level.to(device), self.lengths.to(device),
+        )  # fmt: skip
 
     def row(self, m: int) -> PlatformData:
         """Platform m alone (M = 1), trimmed."""

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from models.base import divergence_note, diverged
+from models.base import divergence_note, diverged, resolve_device
 from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
 from models.data.types import Interactions
-from models.freib import Params, PlatformData, PlatformModel, local_train, predict, server_step
+from models.freib import Params, PlatformData, PlatformModel, local_train, params_to, predict, server_step
 
 if TYPE_CHECKING:
     from models.engine import SimulationEvents
@@ -97,6 +97,7 @@ class PlatformSimConfig:
     #: write the FINAL global state (shared parameters, prototypes and their
     #: presence flags: models/platform_federation.py) to this .npz
     save_global: str | None = None
+    device: str = "cpu"  # cpu or cuda[:N]: where the platforms train (the draws are made on the CPU)
 
 
 def build_platform_model(
@@ -161,14 +162,14 @@ def evaluate_platforms(
     from models.evaluation import finalize, merge_sums, rating_sums
 
     plat = user_platform[part.user]
+    dev = next(iter(user.values())).device  # where the state lives
     sums = [{"sse": 0.0, "sae": 0.0, "rating_count": 0.0}]
     with torch.no_grad():
         for m in np.unique(plat):
             rows = np.flatnonzero(plat == m)
-            pred = predict(
-                model, shared, user, platform, int(m), torch.from_numpy(part.user[rows]), torch.from_numpy(part.item[rows])
-            )
-            sums.append(rating_sums(pred, torch.from_numpy(part.rating[rows]), None, rating_range))
+            users, items = torch.from_numpy(part.user[rows]).to(dev), torch.from_numpy(part.item[rows]).to(dev)
+            pred = predict(model, shared, user, platform, int(m), users, items)
+            sums.append(rating_sums(pred, torch.from_numpy(part.rating[rows]).to(dev), None, rating_range))
     out = finalize(merge_sums(sums))
     return {"rmse": out["rmse"], "mae": out["mae"], "n_ratings": out["n_ratings"]}
 
@@ -224,11 +225,13 @@ def run_platform_simulation(
     user_platform = np.zeros(split.n_users, dtype=np.int64) if central else split.user_platform
     model = build_platform_model(config.model, split, config.params, config.ablate)
     rounds = config.rounds if config.rounds is not None else DEFAULT_PLATFORM_ROUNDS[config.model]
-    data = platform_data(split, user_platform, M)
+    device = resolve_device(config.device, PlatformConfigError)
+    data = platform_data(split, user_platform, M).to(device)
 
-    shared = model.init_shared(global_init_generator(config.seed))
-    user = model.init_user(torch.arange(split.n_users), config.seed)
-    platform = model.init_platform(M)
+    # drawn on the CPU (the coordinator's and the keyed draws), then moved: the same start on every device
+    shared = params_to(model.init_shared(global_init_generator(config.seed)), device)
+    user = params_to(model.init_user(torch.arange(split.n_users), config.seed), device)
+    platform = params_to(model.init_platform(M), device)
     protos: torch.Tensor | None = None
     secure = SecureAggregator(seed=config.seed, neighbors="all") if config.secagg else None
     ldp_gen = torch.Generator().manual_seed(int(np.random.SeedSequence([config.seed, 5]).generate_state(1)[0]))

@@ -330,7 +330,7 @@ def register_simulate(app: typer.Typer) -> None:
                 model=model, out=out, dataset=dataset, seed=seed, rounds=rounds, platforms=platforms,
                 beta=dirichlet_beta, ablate=tuple(ablate or ()), secagg=secagg, secagg_clip=secagg_clip,
                 ldp_scale=ldp_scale, ldp_clip=ldp_clip, eval_every=eval_every, data_dir=data_dir,
-                params=_parse_params(param or []), quiet=quiet, save_global=save_global, unsupported={
+                params=_parse_params(param or []), quiet=quiet, save_global=save_global, device=device, unsupported={
                     "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                     "--users": users, "--secagg-neighbors": secagg_neighbors,
                     "--plaintext-j-bound": plaintext_j_bound,
@@ -439,6 +439,7 @@ def _simulate_platforms(
     quiet: bool,
     unsupported: dict[str, object],
     save_global: Path | None = None,
+    device: str = "cpu",
 ) -> None:
     """`fedmask simulate` at the platform level (models/platform_sim.py)."""
     from rich.console import Console
@@ -457,7 +458,7 @@ def _simulate_platforms(
             model=model, dataset=dataset, seed=seed, n_platforms=5 if platforms is None else platforms, beta=beta,
             rounds=rounds, ablate=ablate, secagg=secagg, secagg_clip=secagg_clip, ldp_scale=ldp_scale,
             ldp_clip=ldp_clip, eval_every=eval_every, data_dir=None if data_dir is None else str(data_dir),
-            params=params, save_global=None if save_global is None else str(save_global),
+            params=params, save_global=None if save_global is None else str(save_global), device=device,
         )  # fmt: skip
         with SimulationProgress(model, quiet=quiet) as events:
             results = run_platform_simulation(cfg, events=events)

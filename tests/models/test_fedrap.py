@@ -350,3 +350,19 @@ def test_fedmf_keeps_its_own_defaults_when_fedraps_change() -> None:
     mf, rap = FedMF(5, 7), FedRAP(5, 7)
     assert mf.recency == 0.0 and mf.v2 == 1e-4 and mf.weight_decay_u == 0.03
     assert rap.recency == 2.0 and rap.v2 == 3e-4 and rap.weight_decay_u == 0.05
+
+
+def test_accelerator_chunk_follows_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA an inner chunk holds as many devices as a quarter of the free
+    memory fits (at least 64, at most the cohort); the CPU keeps `chunk`."""
+    from models.fedrap import FedRAP
+
+    model = FedRAP(100, 3706, k=32, chunk=8)
+    per = model.chunk_bytes(2 * 160)
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * 1000 * per, 80 * 1024**3))
+    assert model.accelerator_chunk(6040, 6040 * 160, cuda) == 1000
+    assert model.accelerator_chunk(500, 500 * 160, cuda) == 500  # the whole cohort fits
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4 * 10 * per, 80 * 1024**3))
+    assert model.accelerator_chunk(6040, 6040 * 160, cuda) == 64  # never below 64
+    assert model.accelerator_chunk(6040, 6040 * 160, torch.device("cpu")) == 64
