@@ -4,8 +4,11 @@ give on the CPU.
 
 Tolerances: float32 kernels differ between the two devices (CUDA's
 `index_add_` adds with atomics, in no fixed order), so parameters are compared
-within 1e-4 after a few rounds, never bit for bit; integer draws are compared
-exactly. What the secure sum adds up is exact on both (its own tests).
+within 1e-4 after a few rounds, relative to the parameter's largest magnitude
+where that exceeds 1 (a sampled FedRAP cohort on this small population grows
+entries of C past 100, where float32's own rounding is ~1e-5: two chunkings on
+the CPU alone differ by 1.7e-4 there), never bit for bit; integer draws are
+compared exactly. What the secure sum adds up is exact on both (its own tests).
 
 Skipped, with the reason in the output, where torch sees no CUDA device.
 With FEDMASK_TEST_ACCELERATOR=cpu the CPU stands in for the accelerator: that
@@ -92,7 +95,8 @@ def test_every_model_simulates_on_the_accelerator_as_on_the_cpu(
     assert sorted(g_c) == sorted(g_a)
     for name in g_c:
         diff = float(np.abs(g_c[name].astype(np.float64) - g_a[name]).max())
-        assert diff <= PARAM_TOL, f"{model} {name}: max |cpu - {accel}| = {diff:.3g}"
+        scale = max(1.0, float(np.abs(g_c[name]).max()))
+        assert diff <= PARAM_TOL * scale, f"{model} {name}: max |cpu - {accel}| = {diff:.3g} (max |{name}| {scale:.3g})"
     assert res_a["best_round"] == res_c["best_round"]
     n = res_c["n_users"]
     for key, v in res_c["test"].items():
@@ -102,14 +106,17 @@ def test_every_model_simulates_on_the_accelerator_as_on_the_cpu(
 
 def test_dp_runs_on_the_accelerator_with_the_same_accounting(accel: str, x) -> None:
     """The DP noise is drawn on the device (a different draw than the CPU's,
-    of the same distribution); the clipping and the epsilon are the same."""
+    of the same distribution, D81); the epsilon is the same, and so are the
+    first round's clipping and update norms (the same model and cohort before
+    any noise; from the second round on the models differ by the noise)."""
     kw: dict[str, Any] = {"model": "fedmf", "rounds": 2, "dp_noise": 1.0, "dp_clip": 0.5, "clients_per_round": 60}
     cpu = simulate(SimulationConfig(device="cpu", **kw), interactions=x)
     dev = simulate(SimulationConfig(device=accel, **kw), interactions=x)
     assert dev["epsilon"] == pytest.approx(cpu["epsilon"], rel=1e-12)
-    for a, b in zip(cpu["rounds"], dev["rounds"], strict=True):
-        assert a["clipped_fraction"] == pytest.approx(b["clipped_fraction"], abs=1e-6)
-        assert a["update_norm_mean"] == pytest.approx(b["update_norm_mean"], rel=1e-4)
+    a, b = cpu["rounds"][0], dev["rounds"][0]
+    assert a["clipped_fraction"] == pytest.approx(b["clipped_fraction"], abs=1e-6)
+    assert a["update_norm_mean"] == pytest.approx(b["update_norm_mean"], rel=1e-4)
+    assert all(r["update_norm_mean"] > 0 for r in dev["rounds"])
 
 
 # ------------------------------------------------------------ the edge client
