@@ -1,0 +1,170 @@
+"""What the admin routes depend on: the services of an app, the role guards
+and the parameter guards (no routes here; admin/routes/ has them).
+
+One `Services` per app, built by `build_services` and kept in
+`app.state.services`; a route reaches it through the `ServicesDep`
+dependency, so the routers hold no state of their own and one process may
+serve several apps (the tests do).
+
+Role guards (D45): `Reader` admits viewer and operator tokens, `Recommender`
+recommender and operator tokens, `Operator` operator tokens only and
+`AnyRole` every role. No token or an unknown one is a 401 with
+`WWW-Authenticate`; a role the route does not admit is a 403.
+"""
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from fastapi import Depends, Query, Request, Security
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from starlette.concurrency import run_in_threadpool
+
+from admin import history, live_views
+from admin.auth import ANY, OPERATE, READ, TOP_K, Forbidden, Principal, TokenTable, Unauthenticated
+from admin.live import LiveError, LiveLink
+from admin.live_cache import LiveStateCache
+from admin.metrics import AdminMetrics
+from admin.problems import InvalidParam, ProblemError, problem_responses
+from admin.settings import AdminSettings, Role
+from coordinator.store import Store, StoreError
+
+_log = logging.getLogger("fedmask.admin")
+T = TypeVar("T")
+#: Largest k a top-k request may ask for (the device checks k <= its items).
+MAX_K = 10_000
+_bearer = HTTPBearer(auto_error=False, description="An API token (`fedmask admin-token`): viewer, recommender or "
+                                                   "operator")
+
+
+@dataclass
+class Services:
+    """What the routes use; one per app."""
+
+    settings: AdminSettings
+    store: Store
+    live: LiveLink
+    tokens: TokenTable
+    metrics: AdminMetrics
+    rounds: history.RoundCounter
+    #: the live state for status reads (D58); /readyz and actions call the coordinator directly
+    live_state: LiveStateCache
+
+    async def read(self, fn: Callable[[], T]) -> T:
+        """Run a blocking store read in a worker thread; StoreError -> 503."""
+        try:
+            return await run_in_threadpool(fn)
+        except StoreError as exc:
+            _log.warning("store read failed: %s", exc)
+            raise ProblemError(503, "the coordinator's store is not reachable",
+                               headers={"Retry-After": str(self.settings.retry_after_s)}) from None
+
+    async def live_call(self, call: Awaitable[T], *, what: str) -> T:
+        """Await a call to the coordinator's admin listener; LiveError -> its problem document."""
+        try:
+            return await call
+        except LiveError as exc:
+            raise live_views.problem_for(exc, what=what, retry_after_s=self.settings.retry_after_s) from None
+
+
+def open_store_read_only(url: str) -> Store:
+    """The coordinator's store, without migrating it (the coordinator owns the
+    schema). A SQLite file must exist already (never created here)."""
+    from pathlib import Path as FsPath
+
+    from coordinator.store import open_store
+    from coordinator.store.engine import normalize_url
+
+    if url != "memory://":
+        parsed = normalize_url(url)
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            if not FsPath(parsed.database).expanduser().is_file():
+                raise StoreError(f"no store at {parsed.database} (start the coordinator first)")
+    return open_store(url, migrate=False)
+
+
+def build_services(settings: AdminSettings, *, store: Store | None = None, live: LiveLink | None = None) -> Services:
+    """An app's services; `store` and `live` default to the ones the settings name."""
+    link = live or LiveLink(settings.coordinator)
+    return Services(settings=settings, store=store or open_store_read_only(settings.database_url),
+                    live=link, tokens=TokenTable(settings.tokens),
+                    metrics=AdminMetrics(), rounds=history.RoundCounter(),
+                    live_state=LiveStateCache(link.live_state,
+                                              max_age_s=settings.coordinator.live_state_max_age_s,
+                                              stale_s=settings.coordinator.live_state_stale_s))
+
+
+def get_services(request: Request) -> Services:
+    """The services of the app serving `request` (set by `admin.app.create_app`)."""
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+# ------------------------------------------------------------------ roles
+def _guard(roles: frozenset[Role]) -> Any:
+    """A dependency: the request's principal if its token's role is in `roles`."""
+    async def check(request: Request, _: Any = Security(_bearer)) -> Principal:
+        try:
+            return get_services(request).tokens.authorize(request.headers.get("authorization"), roles)
+        except Unauthenticated as exc:
+            raise ProblemError(401, str(exc), headers={"WWW-Authenticate": 'Bearer realm="fedmask"'}) from None
+        except Forbidden as exc:
+            raise ProblemError(403, str(exc)) from None
+    return Depends(check)
+
+
+Reader = Annotated[Principal, _guard(READ)]
+Recommender = Annotated[Principal, _guard(TOP_K)]
+Operator = Annotated[Principal, _guard(OPERATE)]
+AnyRole = Annotated[Principal, _guard(ANY)]
+
+#: OpenAPI `responses=` of the errors a guarded route may answer.
+AUTH_ERRORS = problem_responses(401, 403)
+STORE_ERRORS = problem_responses(401, 403, 503)
+LIVE_ERRORS = problem_responses(401, 403, 502, 503)
+
+
+# ------------------------------------------------------------- parameters
+async def reject_unknown_query_parameters(request: Request) -> None:
+    """A query parameter the route does not take is a 422 (a typo such as
+    `?limt=5` never passes silently). The app's dependency: every route has it."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    known: set[str] = set()
+    pending = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        known.update(p.alias for p in dependant.query_params)
+        pending.extend(dependant.dependencies)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise ProblemError(422, f"unknown query parameter(s): {', '.join(repr(u[:40]) for u in unknown[:10])}",
+                           invalid_params=[InvalidParam(name=f"query.{u[:40]}", reason="not a parameter of this route")
+                                           for u in unknown[:10]])
+
+
+def page_size(settings: AdminSettings) -> Any:
+    """The `limit` of a listing: 1 to `settings.max_page_size` (the OpenAPI
+    document states that bound, so the routers that take it are built per app)."""
+    return Query(ge=1, le=settings.max_page_size, description="Items per page")
+
+
+def cursor_q(kind: str) -> Any:
+    """The `cursor` of a listing of `kind` (admin/history.py's cursor pattern)."""
+    return Query(pattern=history.cursor_pattern(kind), description="The next_cursor of the previous page")
+
+
+def cursor_problem(exc: history.BadCursor) -> ProblemError:
+    """A cursor that does not decode: 422 naming `query.cursor`."""
+    return ProblemError(422, str(exc), invalid_params=[InvalidParam(name="query.cursor", reason=str(exc))])
+
+
+#: The `k` and `exclude_seen` of a top-k request.
+k_q = Query(ge=1, le=MAX_K, description="How many items (at most the model's items)")
+seen_q = Query(description="Leave out the items the user already interacted with")

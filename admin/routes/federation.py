@@ -1,0 +1,82 @@
+"""The federation's summary and its rounds: history from the coordinator's
+store, the running round live from its admin listener (viewer)."""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from admin import history, live_views, schemas
+from admin.deps import LIVE_ERRORS, STORE_ERRORS, Reader, ServicesDep, cursor_problem, cursor_q, page_size
+from admin.live import LiveError
+from admin.problems import ProblemError, problem_responses
+from admin.settings import AdminSettings
+from fedmask_proto.v1 import admin_service_pb2 as pb
+
+
+async def federation(_: Reader, services: ServicesDep) -> schemas.Federation:
+    """The model, its current version, rounds by outcome, devices, and the live phase."""
+    def read() -> tuple[dict[schemas.Outcome, int], Any, int, int]:
+        latest = services.store.list_model_versions(limit=1).items
+        devices = services.store.list_devices()
+        revoked = sum(1 for d in devices if d.status.value == "revoked")
+        return services.rounds.counts(services.store), latest[0] if latest else None, len(devices), revoked
+
+    counts, latest, enrolled, revoked = await services.read(read)
+    spent = await services.read(lambda: services.store.privacy_summary().cumulative_epsilon)
+    state: pb.LiveState | None
+    try:
+        state = await services.live_state.get()
+    except LiveError:
+        state = None
+    return schemas.Federation(
+        model_name=latest.model_name if latest is not None else None,
+        current_version=state.model_version if state is not None else (latest.id if latest else None),
+        rounds_committed=counts["committed"], rounds_aborted=counts["aborted"], rounds_running=counts["running"],
+        devices_enrolled=enrolled, devices_revoked=revoked,
+        devices_connected=state.devices.connected if state is not None else None,
+        phase=live_views.phase(state) if state is not None else None, coordinator_reachable=state is not None,
+        epsilon_spent=spent,
+        epsilon_budget=(state.privacy.epsilon_budget or None) if state is not None else None)
+
+
+async def round_current(_: Reader, services: ServicesDep) -> schemas.CurrentRound:
+    """The running round from the coordinator: stage, survivors per stage against the threshold."""
+    return live_views.current_round(await services.live_call(services.live_state.get(), what="live state"))
+
+
+async def round_detail(_: Reader, services: ServicesDep,
+                       number: Annotated[int, Path(ge=1, le=2**62)]) -> schemas.RoundDetail:
+    """One round: cohort, threshold, survivors and dropouts per stage, time per stage, outcome, metrics, epsilon."""
+    found = await services.read(lambda: history.get_round(services.store, number))
+    if found is None:
+        raise ProblemError(404, f"no round {number}")
+    return found
+
+
+def router(settings: AdminSettings) -> APIRouter:
+    """The routes, `/v1/rounds`'s `limit` bounded by `settings.max_page_size`."""
+    limit_q = page_size(settings)
+
+    outcome_q = Query(description="Only rounds of this outcome")
+
+    async def rounds(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
+                     cursor: Annotated[str | None, cursor_q("rounds")] = None,
+                     outcome: Annotated[schemas.Outcome | None, outcome_q] = None) -> schemas.RoundPage:
+        """Rounds, newest first. A filtered page may hold fewer than `limit` rounds and still have a cursor."""
+        n = limit or services.settings.page_size
+        try:
+            return await services.read(lambda: history.list_rounds(services.store, limit=n, cursor=cursor,
+                                                                   outcome=outcome))
+        except history.BadCursor as exc:
+            raise cursor_problem(exc) from None
+
+    routes = APIRouter()
+    routes.add_api_route("/v1/federation", federation, response_model=schemas.Federation, tags=["federation"],
+                         responses=STORE_ERRORS)
+    routes.add_api_route("/v1/rounds", rounds, response_model=schemas.RoundPage, tags=["rounds"],
+                         responses=problem_responses(401, 403, 422, 503))
+    routes.add_api_route("/v1/rounds/current", round_current, response_model=schemas.CurrentRound, tags=["rounds"],
+                         responses=LIVE_ERRORS)
+    routes.add_api_route("/v1/rounds/{number}", round_detail, response_model=schemas.RoundDetail, tags=["rounds"],
+                         responses=problem_responses(401, 403, 404, 422, 503))
+    return routes

@@ -1,0 +1,46 @@
+"""The privacy ledger and the operator audit log, read from the
+coordinator's store (viewer)."""
+
+from typing import Annotated
+
+from fastapi import APIRouter
+
+from admin import history, schemas
+from admin.deps import STORE_ERRORS, Reader, ServicesDep, cursor_problem, cursor_q, page_size
+from admin.live import LiveError
+from admin.problems import problem_responses
+from admin.settings import AdminSettings
+
+
+async def privacy(_: Reader, services: ServicesDep) -> schemas.Privacy:
+    """The privacy ledger per round and the epsilon budget."""
+    budget: float | None = None
+    exhausted: bool | None = None
+    try:
+        state = await services.live.live_state()
+        budget = state.privacy.epsilon_budget or None
+        exhausted = state.privacy.exhausted
+    except LiveError:
+        pass
+    return await services.read(lambda: history.privacy(services.store, budget=budget, exhausted=exhausted))
+
+
+def router(settings: AdminSettings) -> APIRouter:
+    """The routes, `/v1/audit`'s `limit` bounded by `settings.max_page_size`."""
+    limit_q = page_size(settings)
+
+    async def audit(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
+                    cursor: Annotated[str | None, cursor_q("audit")] = None) -> schemas.AuditPage:
+        """The operator audit log (who did what, when, how it ended), newest first."""
+        n = limit or services.settings.page_size
+        try:
+            return await services.read(lambda: history.list_audit(services.store, limit=n, cursor=cursor))
+        except history.BadCursor as exc:
+            raise cursor_problem(exc) from None
+
+    routes = APIRouter()
+    routes.add_api_route("/v1/privacy", privacy, response_model=schemas.Privacy, tags=["privacy"],
+                         responses=STORE_ERRORS)
+    routes.add_api_route("/v1/audit", audit, response_model=schemas.AuditPage, tags=["operator"],
+                         responses=problem_responses(401, 403, 422, 503))
+    return routes
