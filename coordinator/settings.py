@@ -288,7 +288,7 @@ class LimitsSettings(SettingsGroup):
     max_device_lookups: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
-class AdminSettings(SettingsGroup):
+class AdminListenerSettings(SettingsGroup):
     """The admin gRPC listener (fedmask.v1.CoordinatorAdmin: live state,
     events, operator actions, the top-k relay), separate from the devices'
     listener so a network policy can keep devices away from it (D40).
@@ -325,7 +325,7 @@ class AdminSettings(SettingsGroup):
         return value
 
     @model_validator(mode="after")
-    def _one_credential(self) -> AdminSettings:
+    def _one_credential(self) -> AdminListenerSettings:
         given = [n for n in ("token", "token_file", "token_sha256") if getattr(self, n) is not None]
         if self.auth == "token":
             if self.listen is not None and len(given) != 1:
@@ -404,7 +404,7 @@ class CoordinatorSettings(LayeredSettings):
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
-    admin: AdminSettings = Field(default_factory=AdminSettings)
+    admin: AdminListenerSettings = Field(default_factory=AdminListenerSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     hybrid: HybridSettings = Field(default_factory=HybridSettings)

@@ -226,7 +226,7 @@ MAX_AUDIT_OUTCOME = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AuditEntry:
+class AuditRecord:
     """One operator action (pause, resume, abort_round, rollback, ...):
     who did what, when, and how it ended. `details` holds the action's
     arguments and results (e.g. {"version": 3, "new_version": 7}); JSON
