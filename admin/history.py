@@ -32,9 +32,9 @@ from coordinator.store import (
 MAX_SCAN_PAGES = 20
 #: Lineage shown per model version.
 MAX_LINEAGE = 50
-#: The order stages are shown in.
-STAGE_ORDER = ("selected", "training", "advertise_keys", "share_keys", "share_check", "masked_input",
-               "consistency_check", "unmasking", "aggregating")
+#: The order a round record's stages are shown in: its selection and
+#: training, then the stages it ran (secagg's, then aggregating).
+STAGE_ORDER: tuple[str, ...] = ("selected", "training", *schemas.ROUND_STAGES)
 _PREFIX = {"rounds": "R", "models": "M", "audit": "A"}
 
 

@@ -10,7 +10,17 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from coordinator.store import RoundState
+from secagg.stages import Stage
+
 Outcome = Literal["committed", "aborted", "running"]
+
+#: The stages a round goes through while it runs, in order: every
+#: secure-aggregation stage (secagg's `Stage`, protocol order), then the
+#: coordinator's aggregation. The values a live round's `stage` and
+#: `Federation.phase` take while a round runs; `Federation.round_stages`
+#: serves them to the dashboard's stage strip.
+ROUND_STAGES: tuple[str, ...] = (*(s.value for s in Stage), RoundState.AGGREGATING.value)
 
 
 class Health(BaseModel):
@@ -28,8 +38,7 @@ class Readiness(BaseModel):
 
 
 class StageProgress(BaseModel):
-    stage: str = Field(description="advertise_keys, share_keys, share_check, masked_input, consistency_check, unmasking, "
-                                   "aggregating, committed or aborted")
+    stage: str = Field(description=f"{', '.join(ROUND_STAGES)}, committed or aborted")
     survivors: int
     dropouts: int
     pending: int = Field(description="Devices the open stage still waits for")
@@ -102,6 +111,10 @@ class Federation(BaseModel):
     coordinator_reachable: bool
     epsilon_spent: float
     epsilon_budget: float | None
+    round_stages: list[str] = Field(default_factory=lambda: list(ROUND_STAGES),
+                                    description="The stages a round goes through while it runs, in order (the "
+                                                "values `phase` takes then): every secure-aggregation stage, "
+                                                "then aggregating")
 
 
 # ----------------------------------------------------------------- rounds

@@ -1,7 +1,7 @@
 """Admin-service configuration: `AdminSettings.load(...)`.
 
-Sources, highest precedence first (nested groups merged key by key), in the
-style of the coordinator's settings:
+Sources, highest precedence first (nested groups merged key by key), read
+by the loader the coordinator's settings use too (fedmask_settings):
   1. flags      `overrides` mapping, dotted keys ({"coordinator.address": x});
                 None values mean "flag not given" and are dropped. Secrets
                 are refused here (SECRET_KEYS): a flag shows in `ps` and in
@@ -23,18 +23,11 @@ variable; secret values are never echoed. Unknown keys are errors.
 
 from __future__ import annotations
 
-import os
-import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, ClassVar
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     FilePath,
     PositiveFloat,
@@ -43,18 +36,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+# SettingsError and split_host_port are this module's too (callers import them from here).
+from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, split_host_port
 from wire.protocol import is_loopback
 
 ENV_PREFIX = "FEDMASK_ADMIN_"
 CONFIG_ENV = "FEDMASK_ADMIN_CONFIG"
 #: Settings that may come from env or file only, never from a flag.
 SECRET_KEYS = frozenset({"coordinator.token", "tokens"})
-
-
-class SettingsError(ValueError):
-    """Invalid configuration; the message lists every problem."""
 
 
 class Role(StrEnum):
@@ -68,11 +59,7 @@ class Role(StrEnum):
     OPERATOR = "operator"
 
 
-class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TokenEntry(_Group):
+class TokenEntry(SettingsGroup):
     """One accepted API token, by its hash."""
 
     #: Who holds it; recorded as the actor of operator actions. Never the token.
@@ -82,7 +69,7 @@ class TokenEntry(_Group):
     sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
-class CoordinatorLink(_Group):
+class CoordinatorLink(SettingsGroup):
     """How the admin service reaches the coordinator's gRPC admin listener."""
 
     #: HOST:PORT of the admin listener (not the devices' listener).
@@ -127,19 +114,13 @@ class CoordinatorLink(_Group):
         return self
 
 
-_CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_admin_config_data", default=None)
+class AdminSettings(LayeredSettings):
+    """All admin-service settings (see the module docstring for the sources;
+    the loader is fedmask_settings.LayeredSettings.load)."""
 
-
-class AdminSettings(BaseSettings):
-    """All admin-service settings (see the module docstring for the sources)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-        validate_default=True,
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+    config_env: ClassVar[str] = CONFIG_ENV
+    secret_keys: ClassVar[frozenset[str]] = SECRET_KEYS
 
     #: HTTP listen address HOST:PORT.
     listen_address: str = "127.0.0.1:8080"
@@ -193,77 +174,8 @@ class AdminSettings(BaseSettings):
         return self
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        data = _CONFIG_DATA.get()
-        if data:
-            sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
-        return tuple(sources)
-
-    @classmethod
-    def load(
-        cls, *, config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
-    ) -> AdminSettings:
-        """Build the settings from flags (`overrides`), env, file, defaults.
-        Raises SettingsError with every problem listed; a secret among the
-        overrides is refused (secrets come from env or file only)."""
-        given = {k for k, v in (overrides or {}).items() if v is not None}
-        secret = sorted(k for k in given if k in SECRET_KEYS or any(k.startswith(s + ".") for s in SECRET_KEYS))
-        if secret:
-            raise SettingsError(f"{', '.join(secret)}: secrets are read from the environment or the config file, "
-                                "never from a flag")
-        path = config_file if config_file is not None else os.environ.get(CONFIG_ENV) or None
-        file_data = read_config_file(Path(path)) if path is not None else {}
-        with _config_data(file_data):
-            try:
-                return cls(**unflatten(overrides or {}))
-            except ValidationError as exc:
-                raise SettingsError(format_validation_error(exc, source=path)) from None
-
-
-@contextmanager
-def _config_data(data: dict[str, Any]) -> Iterator[None]:
-    token = _CONFIG_DATA.set(data)
-    try:
-        yield
-    finally:
-        _CONFIG_DATA.reset(token)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The parsed TOML file; SettingsError if missing or malformed."""
-    if path.suffix.lower() not in (".toml", ""):
-        raise SettingsError(f"config file {path}: only TOML is supported (got {path.suffix})")
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SettingsError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """{"coordinator.address": x} -> {"coordinator": {"address": x}}; None dropped."""
-    nested: dict[str, Any] = {}
-    for dotted, value in flat.items():
-        if value is None:
-            continue
-        *parents, leaf = dotted.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise SettingsError(f"override {dotted!r} conflicts with a scalar override of {part!r}")
-        node[leaf] = value
-    return nested
+    def format_validation_error(cls, exc: ValidationError, *, source: str | Path | None = None) -> str:
+        return format_validation_error(exc, source=source)
 
 
 def format_validation_error(exc: ValidationError, *, source: str | Path | None = None) -> str:
@@ -285,17 +197,3 @@ def format_validation_error(exc: ValidationError, *, source: str | Path | None =
     tail = [f"  (config file: {source})"] if source is not None else []
     return "\n".join([head, *lines, *tail])
 
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"address must be HOST:PORT, got {address!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} is out of range 0..65535")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f"malformed IPv6 address in {address!r}")
-        host = host[1:-1]
-    return host, port

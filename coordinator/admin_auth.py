@@ -30,7 +30,7 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from coordinator.auth import AUTHORIZATION_KEY, BEARER_PREFIX, HEALTH_SERVICE_PREFIX, TokenFile, denying_handler
-from coordinator.settings import MIN_TOKEN_LENGTH, AdminSettings
+from coordinator.settings import MIN_TOKEN_LENGTH, AdminListenerSettings
 
 #: The organizational unit (OU) of an admin client certificate's subject.
 ADMIN_ROLE = "admin"
@@ -48,7 +48,7 @@ def token_digest(token: bytes) -> bytes:
 Digests = Callable[[], Sequence[bytes]]
 
 
-def admin_token_digests(admin: AdminSettings) -> Digests | None:
+def admin_token_digests(admin: AdminListenerSettings) -> Digests | None:
     """The SHA-256 digests of the accepted admin tokens now: fixed for
     admin.token and admin.token_sha256; for admin.token_file one token per
     line (blank and "#" lines ignored, at least MIN_TOKEN_LENGTH

@@ -39,7 +39,7 @@ from coordinator.errors import (
 )
 from coordinator.events import HubClosed, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
-from coordinator.operator_actions import ActionResult, Recommendation
+from coordinator.operator_actions import ActionOutcome, Recommendation
 from coordinator.service import Coordinator
 from coordinator.servicer import abort
 from fedmask_proto.v1 import admin_service_pb2 as A
@@ -163,7 +163,7 @@ class AdminServicer:
     async def _action(self, context: grpc.aio.ServicerContext[Any, Any], method: str,
                       result: Any) -> A.OperatorActionResponse:
         try:
-            done: ActionResult = await result
+            done: ActionOutcome = await result
             return A.OperatorActionResponse(state=self.coordinator.live_state(), changed=done.changed,
                                             audit_id=done.audit.id, new_model_version=done.new_model_version or 0)
         except Exception as exc:

@@ -17,22 +17,23 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from coordinator.rounds import RoundMachine
+from coordinator.rounds import RoundMachine, RoundPhase
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.round_task import seconds_to_duration
 
-#: Phase value -> RoundStage.
-STAGE: dict[str, A.RoundStage.ValueType] = {
-    "advertise_keys": A.ROUND_STAGE_ADVERTISE_KEYS,
-    "share_keys": A.ROUND_STAGE_SHARE_KEYS,
-    "share_check": A.ROUND_STAGE_SHARE_CHECK,
-    "masked_input": A.ROUND_STAGE_MASKED_INPUT,
-    "consistency_check": A.ROUND_STAGE_CONSISTENCY_CHECK,
-    "unmasking": A.ROUND_STAGE_UNMASKING,
-    "aggregating": A.ROUND_STAGE_AGGREGATING,
-    "committed": A.ROUND_STAGE_COMMITTED,
-    "aborted": A.ROUND_STAGE_ABORTED,
-}
+
+def _round_stage(phase: RoundPhase) -> A.RoundStage.ValueType:
+    """ROUND_STAGE_<NAME> of `phase`; every phase has one (a phase the proto
+    cannot name fails when this module is imported, not in a live view)."""
+    try:
+        return A.RoundStage.Value(f"ROUND_STAGE_{phase.name}")
+    except ValueError:
+        raise TypeError(f"fedmask.v1.RoundStage has no value for the round phase {phase.value!r}") from None
+
+
+#: Phase value -> RoundStage, for every RoundPhase (the secagg stages, then
+#: aggregating, committed, aborted).
+STAGE: dict[str, A.RoundStage.ValueType] = {p.value: _round_stage(p) for p in RoundPhase}
 
 
 @dataclass

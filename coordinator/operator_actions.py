@@ -37,7 +37,7 @@ from coordinator.relay import TopKAnswer
 from coordinator.round_report import PrivacyLedger
 from coordinator.rounds import Action, RoundMachine
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import AuditEntry, DeviceRecord, NewModelVersion, NotFoundError, Store
+from coordinator.store import AuditRecord, DeviceRecord, NewModelVersion, NotFoundError, Store
 from coordinator.store.blobs import unpack_parameters
 from fedmask_proto.v1 import admin_service_pb2, common_pb2
 
@@ -46,12 +46,12 @@ MAX_REASON_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
-class ActionResult:
+class ActionOutcome:
     """What an operator action did: whether it changed anything, its audit
     entry, and (rollback) the new model version."""
 
     changed: bool
-    audit: AuditEntry
+    audit: AuditRecord
     new_model_version: int | None = None
 
 
@@ -146,7 +146,7 @@ class OperatorActions:
             committed=self.rounds_committed, aborted=self.rounds_aborted,
         )
 
-    async def _audit(self, operator: str, action: str, outcome: str, **details: object) -> AuditEntry:
+    async def _audit(self, operator: str, action: str, outcome: str, **details: object) -> AuditRecord:
         return await asyncio.to_thread(self.store.append_audit, operator=operator, action=action, outcome=outcome,
                                        details={k: v for k, v in details.items() if v not in (None, "")})
 
@@ -156,7 +156,7 @@ class OperatorActions:
             paused=self.paused, budget_exhausted=self.budget_exhausted, model_version=self.model_version or 0,
             action=action, operator=operator))
 
-    async def pause(self, operator: str, reason: str = "") -> ActionResult:
+    async def pause(self, operator: str, reason: str = "") -> ActionOutcome:
         """No new round opens until `resume` (a running round finishes)."""
         check_operator(operator, reason)
         self._check_running()
@@ -167,9 +167,9 @@ class OperatorActions:
         if changed:
             log_event("paused", operator=operator)
             self._announce("pause", operator)
-        return ActionResult(changed, entry)
+        return ActionOutcome(changed, entry)
 
-    async def resume(self, operator: str, reason: str = "") -> ActionResult:
+    async def resume(self, operator: str, reason: str = "") -> ActionOutcome:
         check_operator(operator, reason)
         self._check_running()
         changed = self.paused
@@ -180,9 +180,9 @@ class OperatorActions:
         if changed:
             log_event("resumed", operator=operator)
             self._announce("resume", operator)
-        return ActionResult(changed, entry)
+        return ActionOutcome(changed, entry)
 
-    async def abort_round(self, operator: str, reason: str = "") -> ActionResult:
+    async def abort_round(self, operator: str, reason: str = "") -> ActionOutcome:
         """Abort the collecting round with AbortReason CANCELLED;
         FailedPrecondition when none is collecting (audited as refused)."""
         check_operator(operator, reason)
@@ -197,9 +197,9 @@ class OperatorActions:
         log_event("round_cancelled", round=r.number, operator=operator)
         entry = await self._audit(operator, "abort_round", "ok", round=r.number, reason=reason)
         self._announce("abort_round", operator)
-        return ActionResult(True, entry)
+        return ActionOutcome(True, entry)
 
-    async def rollback(self, version: int, operator: str, reason: str = "") -> ActionResult:
+    async def rollback(self, version: int, operator: str, reason: str = "") -> ActionOutcome:
         """Store a new model version whose parameters equal `version`'s
         (hyperparameters["rollback_of"] = version) and make it current; a
         collecting round is aborted first (CANCELLED). InvalidArgument
@@ -243,7 +243,7 @@ class OperatorActions:
         log_event("rolled_back", version=version, new_version=summary.id, operator=operator)
         entry = await self._audit(operator, "rollback", "ok", version=version, new_version=summary.id, reason=reason)
         self._announce("rollback", operator)
-        return ActionResult(True, entry, summary.id)
+        return ActionOutcome(True, entry, summary.id)
 
     async def device_of_handle(self, handle: str) -> int:
         """The device id of a user handle (its enrolment local_id); NotFound."""
@@ -298,4 +298,4 @@ def top_k_status(exc: BaseException) -> str:
     return "error"
 
 
-__all__ = ["ActionResult", "OperatorActions", "Recommendation", "check_operator", "top_k_status"]
+__all__ = ["ActionOutcome", "OperatorActions", "Recommendation", "check_operator", "top_k_status"]

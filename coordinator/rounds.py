@@ -6,8 +6,9 @@ It drives the `secagg` server states and speaks proto on its edges (through
 
 Phases (RoundPhase) and what moves them:
 
-    ADVERTISE_KEYS --close--> SHARE_KEYS --close--> MASKED_INPUT --close-->
-      [CONSISTENCY_CHECK --close-->] UNMASKING --close--> AGGREGATING
+    ADVERTISE_KEYS --close--> SHARE_KEYS --close--> SHARE_CHECK --close-->
+      MASKED_INPUT --close--> [CONSISTENCY_CHECK --close-->] UNMASKING
+      --close--> AGGREGATING
       --committed()--> COMMITTED
     any close with too few devices, cancel(), commit_failed() --> ABORTED
 
@@ -57,7 +58,7 @@ from secagg import messages as sm
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason, DropReason
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
-from secagg.stages import Stage
+from secagg.stages import Stage, check_mirrors_stages
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
 from wire.protocol import CLIENT_MESSAGE_STAGE
@@ -71,15 +72,16 @@ _STAGE_BY_VALUE = {s.value: s for s in Stage}
 
 
 class RoundPhase(enum.StrEnum):
-    """The round's lifecycle: one phase per secagg `Stage` (same values),
-    then AGGREGATING and a terminal phase."""
+    """The round's lifecycle: one phase per secagg `Stage` (same name and
+    value, in protocol order; checked when this module is imported), then
+    AGGREGATING and a terminal phase."""
 
-    ADVERTISE_KEYS = "advertise_keys"
-    SHARE_KEYS = "share_keys"
-    SHARE_CHECK = "share_check"
-    MASKED_INPUT = "masked_input"
-    CONSISTENCY_CHECK = "consistency_check"
-    UNMASKING = "unmasking"
+    ADVERTISE_KEYS = Stage.ADVERTISE_KEYS.value
+    SHARE_KEYS = Stage.SHARE_KEYS.value
+    SHARE_CHECK = Stage.SHARE_CHECK.value
+    MASKED_INPUT = Stage.MASKED_INPUT.value
+    CONSISTENCY_CHECK = Stage.CONSISTENCY_CHECK.value
+    UNMASKING = Stage.UNMASKING.value
     AGGREGATING = "aggregating"
     COMMITTED = "committed"
     ABORTED = "aborted"
@@ -96,6 +98,9 @@ class RoundPhase(enum.StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (RoundPhase.COMMITTED, RoundPhase.ABORTED)
+
+
+check_mirrors_stages((p.value for p in RoundPhase), owner="RoundPhase")
 
 
 # --------------------------------------------------------------------------- actions

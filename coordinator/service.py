@@ -27,8 +27,8 @@ methods of coordinator/operator_actions.py, mixed in):
     coordinator.live_state()                        -> LiveState (admin_service.proto)
     coordinator.events.watch()                      the event stream (coordinator/events.py)
     await coordinator.recommend(device_id=..., handle=..., k=..., ...)  -> Recommendation
-    await coordinator.pause(operator, reason) / resume / abort_round    -> ActionResult
-    await coordinator.rollback(version, operator, reason)               -> ActionResult
+    await coordinator.pause(operator, reason) / resume / abort_round    -> ActionOutcome
+    await coordinator.rollback(version, operator, reason)               -> ActionOutcome
 
 Operator actions are written to the store's audit log (refusals too).
 Pause holds the round loop before it selects (a running round finishes);

@@ -1,6 +1,7 @@
 """Coordinator configuration: `CoordinatorSettings.load(...)`.
 
-Sources, highest precedence first (nested groups are merged key by key):
+Sources, highest precedence first (nested groups are merged key by key),
+read by the loader the admin service's settings use too (fedmask_settings):
   1. flags      `overrides` mapping, dotted keys ({"cohort.size": 50});
                 None values mean "flag not given" and are dropped
   2. env        FEDMASK_<FIELD>, nested with "__": FEDMASK_COHORT__SIZE=50,
@@ -21,17 +22,11 @@ paths are resolved against the working directory.
 from __future__ import annotations
 
 import math
-import os
-import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     FilePath,
     PositiveFloat,
@@ -41,13 +36,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    InitSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import SettingsConfigDict
 
+# SettingsError and unflatten are this module's too (callers import them from here).
+from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, unflatten
+from fedmask_settings import split_host_port as _split_host_port
 from wire.protocol import is_loopback
 
 ENV_PREFIX = "FEDMASK_"
@@ -55,22 +48,14 @@ CONFIG_ENV = "FEDMASK_CONFIG"
 MIN_TOKEN_LENGTH = 16
 
 
-class SettingsError(ValueError):
-    """Invalid configuration; the message lists every problem."""
-
-
-class _Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSettings(_Group):
+class ModelSettings(SettingsGroup):
     #: Model to train ("fedrap", "fedmmf", "fedmf", "pfedrec", ...).
     name: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_\-]*$")] = "fedrap"
     #: Passed to the model as is (learning rate, embedding size, ...).
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
 
 
-class CohortSettings(_Group):
+class CohortSettings(SettingsGroup):
     #: Devices per round (n), before over-selection.
     size: PositiveInt = 100
     #: A round starts only with at least this many devices available.
@@ -94,7 +79,7 @@ class CohortSettings(_Group):
         return math.ceil(self.size * (1 + self.over_selection))
 
 
-class DeadlineSettings(_Group):
+class DeadlineSettings(SettingsGroup):
     """Seconds each stage may take once the server opens it. With the
     adaptive policy (default) these are the ceilings and the starting
     values; each stage's deadline is learnt from what honest devices took
@@ -130,7 +115,7 @@ class DeadlineSettings(_Group):
 ThresholdPolicy = Literal["majority", "two_thirds"] | Annotated[float, Field(gt=0.5, le=1.0)]
 
 
-class SecaggSettings(_Group):
+class SecaggSettings(SettingsGroup):
     #: "full" (Bonawitz), "auto" (sparse SecAgg+ graph sized by secagg for
     #: large cohorts), or a fixed number of neighbours per device.
     graph: Literal["full", "auto"] | Annotated[int, Field(ge=2)] = "auto"
@@ -190,7 +175,7 @@ class SecaggSettings(_Group):
         return min(max(t, 1), group_size)
 
 
-class DpSettings(_Group):
+class DpSettings(SettingsGroup):
     #: none: no clipping/noise; local: every device adds the full noise
     #: (FedRAP paper); distributed: noise split across the cohort.
     mode: Literal["none", "local", "distributed"] = "local"
@@ -215,7 +200,7 @@ class DpSettings(_Group):
         return self
 
 
-class TlsSettings(_Group):
+class TlsSettings(SettingsGroup):
     #: Server certificate chain (PEM) and its private key.
     cert: FilePath | None = None
     key: FilePath | None = None
@@ -238,7 +223,7 @@ class TlsSettings(_Group):
         return self.cert is not None
 
 
-class AuthSettings(_Group):
+class AuthSettings(SettingsGroup):
     #: mtls: client certificates from the federation CA (needs tls.*);
     #: token: "authorization: Bearer <token>" metadata on every call;
     #: none: no authentication, allowed on a loopback address only.
@@ -269,7 +254,7 @@ class AuthSettings(_Group):
         return self
 
 
-class LimitsSettings(_Group):
+class LimitsSettings(SettingsGroup):
     """What one peer can make the coordinator do (coordinator/limits.py,
     docs/decisions.md D24). A peer is the client's certificate CN in mTLS
     mode, else its host (an IPv6 /64): with token auth, clients behind one
@@ -303,7 +288,7 @@ class LimitsSettings(_Group):
     max_device_lookups: Annotated[int, Field(ge=1, le=100_000)] = 256
 
 
-class AdminSettings(_Group):
+class AdminListenerSettings(SettingsGroup):
     """The admin gRPC listener (fedmask.v1.CoordinatorAdmin: live state,
     events, operator actions, the top-k relay), separate from the devices'
     listener so a network policy can keep devices away from it (D40).
@@ -340,7 +325,7 @@ class AdminSettings(_Group):
         return value
 
     @model_validator(mode="after")
-    def _one_credential(self) -> AdminSettings:
+    def _one_credential(self) -> AdminListenerSettings:
         given = [n for n in ("token", "token_file", "token_sha256") if getattr(self, n) is not None]
         if self.auth == "token":
             if self.listen is not None and len(given) != 1:
@@ -355,7 +340,7 @@ class AdminSettings(_Group):
         return self
 
 
-class MetricsSettings(_Group):
+class MetricsSettings(SettingsGroup):
     #: HOST:PORT of the Prometheus endpoint (GET /metrics); None: off.
     listen: str | None = None
 
@@ -367,7 +352,7 @@ class MetricsSettings(_Group):
         return value
 
 
-class DebugSettings(_Group):
+class DebugSettings(SettingsGroup):
     #: DEBUG ONLY. Write each round's decoded sum (first `sum_coordinates`
     #: coordinates, its L1/L2 norms and an exact checksum of the encoded
     #: sum) into the round record's metrics, so tests can compare it with
@@ -383,7 +368,7 @@ class DebugSettings(_Group):
     insecure_plaintext: bool = False
 
 
-class HybridSettings(_Group):
+class HybridSettings(SettingsGroup):
     #: UNPROTECTED UPDATES (FedMMF hybrid rounds, coordinator/hybrid.py,
     #: docs/decisions.md D64-D66). A device whose FedMMF privacy indicator J
     #: (the mean squared residual of its personalised mask on its own
@@ -400,19 +385,12 @@ class HybridSettings(_Group):
         return self.unprotected_plaintext_j_bound is not None
 
 
-_CONFIG_DATA: ContextVar[dict[str, Any] | None] = ContextVar("fedmask_config_data", default=None)
+class CoordinatorSettings(LayeredSettings):
+    """All coordinator settings (see module docstring for the sources; the
+    loader is fedmask_settings.LayeredSettings.load)."""
 
-
-class CoordinatorSettings(BaseSettings):
-    """All coordinator settings (see module docstring for the sources)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-        validate_default=True,
-    )
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+    config_env: ClassVar[str] = CONFIG_ENV
 
     #: gRPC listen address, HOST:PORT ("[::]:50051" for IPv6).
     listen_address: str = "127.0.0.1:50051"
@@ -426,7 +404,7 @@ class CoordinatorSettings(BaseSettings):
     tls: TlsSettings = Field(default_factory=TlsSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     limits: LimitsSettings = Field(default_factory=LimitsSettings)
-    admin: AdminSettings = Field(default_factory=AdminSettings)
+    admin: AdminListenerSettings = Field(default_factory=AdminListenerSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
@@ -534,72 +512,8 @@ class CoordinatorSettings(BaseSettings):
                 and not is_loopback(split_host_port(self.listen_address)[0]))
 
     @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        data = _CONFIG_DATA.get()
-        if data:
-            sources.append(InitSettingsSource(settings_cls, init_kwargs=data))
-        return tuple(sources)
-
-    @classmethod
-    def load(
-        cls, *, config_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None
-    ) -> CoordinatorSettings:
-        """Build the settings from flags (`overrides`), env, file, defaults.
-        Raises SettingsError with every problem listed."""
-        path = config_file if config_file is not None else os.environ.get(CONFIG_ENV) or None
-        file_data = read_config_file(Path(path)) if path is not None else {}
-        with _config_data(file_data):
-            try:
-                return cls(**unflatten(overrides or {}))
-            except ValidationError as exc:
-                raise SettingsError(format_validation_error(exc, source=path)) from None
-
-
-@contextmanager
-def _config_data(data: dict[str, Any]) -> Iterator[None]:
-    token = _CONFIG_DATA.set(data)
-    try:
-        yield
-    finally:
-        _CONFIG_DATA.reset(token)
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The parsed TOML file; SettingsError if missing or malformed."""
-    if path.suffix.lower() not in (".toml", ""):
-        raise SettingsError(f"config file {path}: only TOML is supported (got {path.suffix})")
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SettingsError(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SettingsError(f"config file {path} is not valid TOML: {exc}") from None
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """{"cohort.size": 5, "listen_address": x} -> {"cohort": {"size": 5}, ...};
-    None values are dropped (an option that was not given)."""
-    nested: dict[str, Any] = {}
-    for dotted, value in flat.items():
-        if value is None:
-            continue
-        *parents, leaf = dotted.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise SettingsError(f"override {dotted!r} conflicts with a scalar override of {part!r}")
-        node[leaf] = value
-    return nested
+    def format_validation_error(cls, exc: ValidationError, *, source: str | Path | None = None) -> str:
+        return format_validation_error(exc, source=source)
 
 
 def format_validation_error(exc: ValidationError, *, source: str | Path | None = None) -> str:
@@ -644,15 +558,6 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"listen address must be HOST:PORT, got {address!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port {port} is out of range 0..65535")
-    if host.startswith("["):
-        if not host.endswith("]"):
-            raise ValueError(f"malformed IPv6 address in {address!r}")
-        host = host[1:-1]
-    return host, port
+    """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed
+    (the message calls it a listen address)."""
+    return _split_host_port(address, what="listen address")

@@ -75,7 +75,7 @@ from models.memory import (
 from models.private_tables import PrivateTables
 
 if TYPE_CHECKING:
-    from models.evaluation import Stage
+    from models.evaluation import EvalSplit
     from models.privacy import Accountant
     from secagg.config import Neighbors, SecAggConfig
 
@@ -438,7 +438,7 @@ def evaluate_state(
     global_: GlobalState,
     private: PrivateState | Callable[[torch.Tensor], PrivateState],
     split: ImplicitSplit | ExplicitSplit,
-    stage: Stage,
+    stage: EvalSplit,
     *,
     full: bool,
     placebo: bool,

@@ -47,7 +47,9 @@ from models.data.types import ExplicitSplit, ImplicitSplit
 
 ScoreFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Sums = dict[str, float]
-Stage = Literal["val", "test"]
+#: The held-out split an evaluation scores: validation or test (not a
+#: secure-aggregation stage: that is secagg.stages.Stage).
+EvalSplit = Literal["val", "test"]
 
 K_DEFAULT = 10
 
@@ -174,7 +176,7 @@ def _scores(score_fn: ScoreFn, users: np.ndarray, items: np.ndarray, device: tor
 def evaluate_implicit(
     score_fn: ScoreFn,
     split: ImplicitSplit,
-    stage: Stage = "test",
+    stage: EvalSplit = "test",
     *,
     users: np.ndarray | torch.Tensor | None = None,
     k: int = K_DEFAULT,
@@ -234,7 +236,7 @@ def evaluate_implicit(
 def evaluate_explicit(
     score_fn: ScoreFn,
     split: ExplicitSplit,
-    stage: Stage = "test",
+    stage: EvalSplit = "test",
     *,
     users: np.ndarray | torch.Tensor | None = None,
     clip: bool = True,
@@ -273,7 +275,7 @@ def evaluate_explicit(
 def evaluate(
     score_fn: ScoreFn,
     split: ImplicitSplit | ExplicitSplit,
-    stage: Stage = "test",
+    stage: EvalSplit = "test",
     **kwargs,
 ) -> Sums:
     """`evaluate_implicit` or `evaluate_explicit` by the split's type."""

@@ -35,11 +35,12 @@ from secagg.client import ClientAdvertiseKeys, ClientState
 from secagg.config import SecAggConfig
 from secagg.messages import AdvertiseKeys
 from secagg.randomness import DeterministicRandom
+from secagg.stages import Stage
 from wire import RoundIds
 from wire import secagg_codec as codec
 
-DEADLINES = {s: 60.0 for s in ("advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check",
-                                "unmasking")}
+#: A generous deadline for every secagg stage.
+DEADLINES = {s.value: 60.0 for s in Stage}
 
 
 @dataclass

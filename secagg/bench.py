@@ -34,8 +34,10 @@ import numpy as np
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
 from secagg.inprocess import DropoutPlan, run_round
+from secagg.stages import CLI_NAMES
 
-STAGE_CHOICES = ("none", "advertise-keys", "share-keys", "masked-input", "consistency-check", "unmasking")
+#: --dropout-stage: "none" or any stage's command-line spelling, in protocol order.
+STAGE_CHOICES: tuple[str, ...] = ("none", *CLI_NAMES)
 
 
 def _neighbors(value: str) -> int | str:
@@ -73,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=STAGE_CHOICES,
         default="none",
         help="stage at which they drop: advertise-keys (never advertise), share-keys (advertised, never "
-        "share), masked-input (shared keys, never send the masked input), unmasking (sent the masked "
-        "input, never answer the unmasking request)",
+        "share), share-check (shared keys, never report on the relayed shares), masked-input (shared "
+        "keys, never send the masked input), consistency-check (sent the masked input, never sign "
+        "the consistency check; --active), unmasking (sent the masked input, never answer the unmasking "
+        "request)",
     )
     p.add_argument(
         "--expected-dropout",

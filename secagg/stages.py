@@ -17,6 +17,7 @@ the senders whose shares they could not decrypt, before anyone masks
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 
 class Stage(enum.StrEnum):
@@ -53,4 +54,25 @@ STAGES: tuple[Stage, ...] = tuple(Stage)
 #: Their command-line spellings, in protocol order.
 CLI_NAMES: tuple[str, ...] = tuple(s.cli_name for s in Stage)
 
-__all__ = ["CLI_NAMES", "STAGES", "Stage"]
+
+
+def check_mirrors_stages(values: Iterable[str], *, owner: str) -> None:
+    """The contract of a list that mirrors the stages (a round's phases, its
+    stored states): the stage values among `values` are every `Stage`, in
+    protocol order, one after another (nothing else between two of them).
+    Raises TypeError naming `owner` otherwise. The modules that spell such a
+    list as an enum (so the type checker knows its members) call this when
+    they are imported, so a stage added here cannot be missed there."""
+    listed = list(values)
+    at = [i for i, v in enumerate(listed) if v in _VALUES]
+    found = [listed[i] for i in at]
+    contiguous = at == list(range(at[0], at[0] + len(at))) if at else False
+    if found != list(_VALUES) or not contiguous:
+        raise TypeError(f"{owner} must list every secagg stage once, in protocol order and one after another "
+                        f"({', '.join(_VALUES)}); it lists {listed}")
+
+
+#: The stages' values in protocol order (`check_mirrors_stages`).
+_VALUES: tuple[str, ...] = tuple(s.value for s in Stage)
+
+__all__ = ["CLI_NAMES", "STAGES", "Stage", "check_mirrors_stages"]

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("secagg", "models", "wire", "fedmask_proto", "coordinator", "edge_client", "admin", "fedmask")
+PACKAGES = ("secagg", "models", "wire", "fedmask_proto", "fedmask_settings", "coordinator", "edge_client", "admin",
+            "fedmask")
 _STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 

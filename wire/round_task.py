@@ -38,6 +38,7 @@ from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
 from secagg.errors import SecAggConfigError
+from secagg.stages import Stage
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
@@ -45,7 +46,9 @@ from wire.tensors import params_from_proto, params_to_proto
 
 MAX_HYPERPARAMETERS_CHARS = 64 * 1024
 MAX_MODEL_NAME_CHARS = 64
-STAGES = ("advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check", "unmasking")
+#: The stages a deadline is given for (StageDeadlines' fields): every secagg
+#: stage, by value, in protocol order.
+STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 
 
 def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings:

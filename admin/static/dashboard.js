@@ -5,13 +5,14 @@
 "use strict";
 
 const KEY = "fedmask-admin-token";
-const STAGES = ["advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check", "unmasking",
-                "aggregating"];
+// The stages of a running round, in order, as GET /v1/federation lists them (round_stages:
+// every secure-aggregation stage of the protocol, then aggregating). Empty until it answers.
+let stages = [];
 // Stages a round runs only in some modes: shown as skipped unless the round opened them.
 const OPTIONAL = ["share_check", "consistency_check"];
-const LABELS = { advertise_keys: "advertise keys", share_keys: "share keys", share_check: "share check",
-                 masked_input: "masked input",
-                 consistency_check: "consistency", unmasking: "unmasking", aggregating: "aggregating" };
+// A stage's label is its name with spaces ("share_check" -> "share check"), unless named here.
+const LABELS = { consistency_check: "consistency" };
+const label = (stage) => LABELS[stage] || stage.replace(/_/g, " ");
 let token = sessionStorage.getItem(KEY);
 let live = null;          // the live round as /v1/rounds/current gives it (updated by events)
 let watching = null;      // AbortController of the event stream
@@ -75,11 +76,11 @@ function renderLive() {
   strip.replaceChildren();
   const round = live;
   $("live-number").textContent = round ? "#" + round.number : "(none running)";
-  const current = round ? STAGES.indexOf(round.stage) : -1;
+  const current = round ? stages.indexOf(round.stage) : -1;
   const byStage = {};
   for (const s of (round && round.stages) || []) byStage[s.stage] = s;
-  for (const [i, stage] of STAGES.entries()) {
-    const li = el("li", LABELS[stage]);
+  for (const [i, stage] of stages.entries()) {
+    const li = el("li", label(stage));
     li.dataset.stage = stage;
     const skipped = OPTIONAL.includes(stage) && !byStage[stage];
     if (round && i < current) li.classList.add(skipped ? "skipped" : "done");
@@ -134,9 +135,13 @@ async function refreshLive() {
 async function refreshOverview() {
   try {
     const f = await api("/v1/federation");
+    if (f.round_stages.join() !== stages.join()) {
+      stages = f.round_stages;
+      renderLive();
+    }
     const phase = $("phase");
     phase.textContent = f.phase || "coordinator unreachable";
-    phase.className = "badge " + (STAGES.includes(f.phase) ? "running" : (f.phase || ""));
+    phase.className = "badge " + (stages.includes(f.phase) ? "running" : (f.phase || ""));
     $("summary").textContent = (f.model_name || "no model") + " v" + (f.current_version ?? "-") + " · " +
       f.rounds_committed + " committed, " + f.rounds_aborted + " aborted · devices " +
       (f.devices_connected ?? "?") + " connected of " + f.devices_enrolled;

@@ -24,7 +24,7 @@ from coordinator.store.interface import Store
 from coordinator.store.memory import InMemoryStore
 from coordinator.store.records import (
     COORDINATOR_RESTART,
-    AuditEntry,
+    AuditRecord,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -41,7 +41,7 @@ from coordinator.store.records import (
 MEMORY_URL = "memory://"
 
 __all__ = [
-    "COORDINATOR_RESTART", "MEMORY_URL", "AuditEntry", "ConflictError", "CorruptBlobError", "DeviceRecord",
+    "COORDINATOR_RESTART", "MEMORY_URL", "AuditRecord", "ConflictError", "CorruptBlobError", "DeviceRecord",
     "DeviceStatus", "EnrollmentConflictError", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
     "NewModelVersion", "NotFoundError", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord",
     "RoundState", "Store", "StoreError", "open_store",

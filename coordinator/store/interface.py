@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from coordinator.store.records import (
-    AuditEntry,
+    AuditRecord,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -173,7 +173,7 @@ class Store(Protocol):
     def append_audit(
         self, *, operator: str, action: str, outcome: str,
         details: Mapping[str, Any] | None = None, at: datetime | None = None,
-    ) -> AuditEntry:
+    ) -> AuditRecord:
         """Append one operator action to the audit log (`at` defaults to the
         store clock); returns it with its id (ascending, never reused).
         Raises InvalidRecordError for an empty or over-long operator,
@@ -181,7 +181,7 @@ class Store(Protocol):
         not a JSON object."""
         ...
 
-    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditRecord]:
         """Newest first; `before` is an exclusive entry id."""
         ...
 

@@ -23,7 +23,7 @@ from coordinator.store.errors import (
 )
 from coordinator.store.records import (
     COORDINATOR_RESTART,
-    AuditEntry,
+    AuditRecord,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -57,7 +57,7 @@ class _State:
     ledger: dict[int, PrivacyEntry]
     #: the last number next_round_number handed out
     last_round_number: int = 0
-    audit: list[AuditEntry] = field(default_factory=list)
+    audit: list[AuditRecord] = field(default_factory=list)
 
     def copy(self) -> _State:
         return _State(
@@ -285,18 +285,18 @@ class InMemoryStore:
     def append_audit(
         self, *, operator: str, action: str, outcome: str,
         details: Mapping[str, Any] | None = None, at: datetime | None = None,
-    ) -> AuditEntry:
+    ) -> AuditRecord:
         check_audit_fields(operator, action, outcome)
         clean = check_audit_details(details)
         with self._lock:
             staged = self._state.copy()
-            entry = AuditEntry(id=len(staged.audit) + 1, at=at or self._clock(), operator=operator, action=action,
+            entry = AuditRecord(id=len(staged.audit) + 1, at=at or self._clock(), operator=operator, action=action,
                                outcome=outcome, details=clean)
             staged.audit.append(entry)
             self._state = staged
             return replace(entry)
 
-    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditRecord]:
         validate_limit(limit)
         with self._lock:
             newest = [e for e in reversed(self._state.audit) if before is None or e.id < before]

@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from coordinator.store.errors import InvalidRecordError
+from secagg.stages import Stage, check_mirrors_stages
 
 #: abort_reason recorded by `mark_interrupted_rounds_aborted` (the lower-case
 #: suffix of fedmask.v1.AbortReason.ABORT_REASON_COORDINATOR_RESTART).
@@ -54,16 +55,19 @@ class DeviceStatus(StrEnum):
 
 
 class RoundState(StrEnum):
-    """Round lifecycle. Non-terminal states name the stage in progress."""
+    """Round lifecycle. Non-terminal states name the stage in progress: one
+    state per secagg `Stage` (same name and value, in protocol order; checked
+    when this module is imported) between TRAINING and AGGREGATING. The
+    values are what the store records."""
 
     SELECTING = "selecting"
     TRAINING = "training"
-    ADVERTISE_KEYS = "advertise_keys"
-    SHARE_KEYS = "share_keys"
-    SHARE_CHECK = "share_check"
-    MASKED_INPUT = "masked_input"
-    CONSISTENCY_CHECK = "consistency_check"
-    UNMASKING = "unmasking"
+    ADVERTISE_KEYS = Stage.ADVERTISE_KEYS.value
+    SHARE_KEYS = Stage.SHARE_KEYS.value
+    SHARE_CHECK = Stage.SHARE_CHECK.value
+    MASKED_INPUT = Stage.MASKED_INPUT.value
+    CONSISTENCY_CHECK = Stage.CONSISTENCY_CHECK.value
+    UNMASKING = Stage.UNMASKING.value
     AGGREGATING = "aggregating"
     COMMITTED = "committed"
     ABORTED = "aborted"
@@ -71,6 +75,9 @@ class RoundState(StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (RoundState.COMMITTED, RoundState.ABORTED)
+
+
+check_mirrors_stages((s.value for s in RoundState), owner="RoundState")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -219,7 +226,7 @@ MAX_AUDIT_OUTCOME = 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AuditEntry:
+class AuditRecord:
     """One operator action (pause, resume, abort_round, rollback, ...):
     who did what, when, and how it ended. `details` holds the action's
     arguments and results (e.g. {"version": 3, "new_version": 7}); JSON

@@ -52,7 +52,7 @@ from coordinator.store.errors import (
 from coordinator.store.orm import AuditRow, DeviceRow, ModelVersionRow, PrivacyLedgerRow, RoundCounterRow, RoundRow
 from coordinator.store.records import (
     COORDINATOR_RESTART,
-    AuditEntry,
+    AuditRecord,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -418,11 +418,11 @@ class SqlStore:
     def append_audit(
         self, *, operator: str, action: str, outcome: str,
         details: Mapping[str, Any] | None = None, at: datetime | None = None,
-    ) -> AuditEntry:
+    ) -> AuditRecord:
         check_audit_fields(operator, action, outcome)
         clean = check_audit_details(details)
 
-        def body(s: Session) -> AuditEntry:
+        def body(s: Session) -> AuditRecord:
             row = AuditRow(at=at or self._clock(), operator=operator, action=action, outcome=outcome, details=clean)
             s.add(row)
             s.flush()
@@ -430,7 +430,7 @@ class SqlStore:
 
         return self._write(body)
 
-    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditEntry]:
+    def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditRecord]:
         validate_limit(limit)
         query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit + 1)
         if before is not None:
@@ -455,8 +455,8 @@ def _device(row: DeviceRow) -> DeviceRecord:
     )
 
 
-def _audit(row: AuditRow) -> AuditEntry:
-    return AuditEntry(id=row.id, at=row.at, operator=row.operator, action=row.action, outcome=row.outcome,
+def _audit(row: AuditRow) -> AuditRecord:
+    return AuditRecord(id=row.id, at=row.at, operator=row.operator, action=row.action, outcome=row.outcome,
                       details=dict(row.details))
 
 

@@ -32,6 +32,7 @@ from admin_harness import (
 from admin.settings import Role
 from coordinator.store.blobs import unpack_parameters
 from fedmask_proto.v1 import admin_service_pb2 as pb
+from secagg.stages import Stage
 
 V, R, O = Role.VIEWER, Role.RECOMMENDER, Role.OPERATOR
 PROBLEM = "application/problem+json"
@@ -125,6 +126,20 @@ def test_federation_overview(w: World) -> None:
     assert (f["devices_enrolled"], f["devices_revoked"], f["devices_connected"]) == (12, 1, 9)
     assert f["phase"] == "masked_input" and f["coordinator_reachable"] is True
     assert f["epsilon_budget"] == 50.0 and f["epsilon_spent"] == pytest.approx(sum(0.5 + i for i in (0, 1, 3, 4, 6)))
+
+
+def test_the_stage_strip_shows_every_stage_the_protocol_has(w: World) -> None:
+    """The dashboard's stage strip draws the stages /v1/federation lists:
+    every secagg Stage in protocol order (the share check included), then
+    aggregating; the served script spells no stage list of its own."""
+    f = get(w, "/v1/federation").json()
+    assert f["round_stages"] == [*(s.value for s in Stage), "aggregating"]
+    assert "share_check" in f["round_stages"]
+    script = w.http.get("/static/dashboard.js")
+    assert script.status_code == 200
+    assert "stages = f.round_stages" in script.text
+    # a list of the stages would start with the first one
+    assert f'"{Stage.ADVERTISE_KEYS.value}"' not in script.text
 
 
 # ------------------------------------------------------------------ rounds

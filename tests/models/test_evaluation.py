@@ -13,7 +13,7 @@ from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
 from models.data.types import ImplicitSplit
 from models.evaluation import (
-    Stage,
+    EvalSplit,
     evaluate,
     evaluate_explicit,
     evaluate_implicit,
@@ -75,7 +75,7 @@ def reference_implicit(S: np.ndarray, s: ImplicitSplit, stage: str) -> dict[str,
 
 @pytest.mark.parametrize("stage", ["test", "val"])
 @pytest.mark.parametrize("ties", [False, True])
-def test_batched_matches_reference(split: ImplicitSplit, stage: Stage, ties: bool) -> None:
+def test_batched_matches_reference(split: ImplicitSplit, stage: EvalSplit, ties: bool) -> None:
     g = torch.Generator().manual_seed(3)
     S = torch.rand(split.n_users, split.n_items, generator=g, dtype=torch.float64)
     if ties:  # coarse scores: many ties, and a few NaNs
