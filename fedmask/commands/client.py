@@ -144,12 +144,7 @@ def client(
 ) -> None:
     """Host devices of a dataset, enrol them, and train with the coordinator.
 
-    One process hosts one device per selected user. The devices are enrolled
-    once (the result is kept in --state-dir), one Session stream is opened,
-    and whenever a RoundTask arrives the selected devices train together,
-    clip and noise their updates as the task says, and run the secure
-    aggregation stages. Private state never leaves --state-dir. Reconnects
-    with exponential backoff and full jitter. Ctrl-C stops.
+    One process hosts one device per selected user. The devices are enrolled once (the result is kept in --state-dir), one Session stream is opened, and whenever a RoundTask arrives the selected devices train together, clip and noise their updates as the task says, and run the secure aggregation stages. Private state never leaves --state-dir. Reconnects with exponential backoff and full jitter. Ctrl-C stops.
     """
     import logging
 

@@ -98,17 +98,7 @@ def demo(
 ) -> None:
     """Run a real federation on this machine, with its admin service, and report every round.
 
-    Starts a coordinator (SQLite), edge-client processes and the admin
-    service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and
-    prints the dashboard's address, an API token and a curl line for a
-    top-k query. The devices (ML-100K users) train the model locally and
-    the coordinator aggregates their updates with secure aggregation and
-    distributed DP noise. Each round is reported as it ends: survivors per
-    stage, stage timings, the devices' validation totals (from the secure
-    sum), the model version and epsilon. At the end: the validation HR@10
-    against the popularity baseline on the same users, and one user's top-k
-    computed on their device next to what they rated highly. Everything is
-    stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
+    Starts a coordinator (SQLite), edge-client processes and the admin service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and prints the dashboard's address, an API token and a curl line for a top-k query. The devices (ML-100K users) train the model locally and the coordinator aggregates their updates with secure aggregation and distributed DP noise. Each round is reported as it ends: survivors per stage, stage timings, the devices' validation totals (from the secure sum), the model version and epsilon. At the end: the validation HR@10 against the popularity baseline on the same users, and one user's top-k computed on their device next to what they rated highly. Everything is stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
     """
     if secagg_only:
         secagg_demo()

@@ -50,7 +50,9 @@ def register_data(app: typer.Typer) -> None:
         """Download a public dataset (hash-pinned) into DATA_DIR/NAME.
 
         ml-100k: the recbole 1.2.1 wheel from PyPI (pip download, never installed).
+
         ml-latest-small: the lenskit 2025.8.1 source distribution from PyPI.
+
         ml-1m, lastfm: GroupLens' official archives (files.grouplens.org).
         """
         from rich.console import Console
@@ -307,10 +309,7 @@ def register_simulate(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a federation and write OUT/results.json and OUT/metrics.png.
 
-        Every round: pick a cohort, train it locally (batched), optionally clip and
-        noise the updates (DP) and aggregate them (mean, or SecAgg+), evaluate on
-        validation. The best validation round is kept and tested once at the end.
-        The defaults of each model are its tuned ones (docs/tuning.md).
+        Every round: pick a cohort, train it locally (batched), optionally clip and noise the updates (DP) and aggregate them (mean, or SecAgg+), evaluate on validation. The best validation round is kept and tested once at the end. The defaults of each model are its tuned ones (docs/tuning.md).
         """
         from rich.console import Console
 
@@ -527,12 +526,7 @@ def register_reference(app: typer.Typer) -> None:
     ) -> None:
         """What centralised models reach under the sound protocol, to judge federated figures by.
 
-        Each reference model sees all training data at once (nothing is federated or
-        private). Its hyperparameters are chosen on validation HR@10 from a fixed grid;
-        the test metrics and the placebo are computed once for that choice, on exactly
-        the split, negatives and ranking `fedmask simulate --seed` uses. ease-recency
-        also weighs each user's recent items more, the only one that uses the order of
-        interactions.
+        Each reference model sees all training data at once (nothing is federated or private). Its hyperparameters are chosen on validation HR@10 from a fixed grid; the test metrics and the placebo are computed once for that choice, on exactly the split, negatives and ranking `fedmask simulate --seed` uses. ease-recency also weighs each user's recent items more, the only one that uses the order of interactions.
         """
         import json
 
