@@ -192,12 +192,11 @@ def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:
     """Run `bench(log)` (progress to stderr), print its result as the last
     stdout line (JSON; {"ok": false, "error": ...} when a process failed),
     exit 1 unless ok."""
-    from rich.console import Console
-
     from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
+    from fedmask.console import err as stderr_console
 
-    err = Console(stderr=True)
+    err = stderr_console()
     try:
         with _interruptible():
             result = bench(lambda m: err.print(m, markup=False, highlight=False))

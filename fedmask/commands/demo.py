@@ -103,9 +103,9 @@ def demo(
     if secagg_only:
         secagg_demo()
         return
-    from rich.console import Console
+    from fedmask.console import out
 
-    console = Console()
+    console = out()
     if neighbors not in ("auto", "full") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
         raise typer.BadParameter("auto, full or an even number", param_hint="--neighbors")
     if dp_mode not in ("local", "distributed", "none"):
@@ -176,6 +176,7 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
     from coordinator.store import open_store
     from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, health_serving, split_users, wait_until
     from fedmask.commands.demo_product import popularity_val_hr, rated_highly, start_admin, top_k_table
+    from fedmask.console import print_command
 
     port, coord_admin = free_port(), free_port()
     http_port = admin_port or free_port()
@@ -304,9 +305,11 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
             console.print(top_k_table(answer, rated_highly(x, 0), user))
             _print_access(console, admin)
             if keep_running:
-                console.print("[bold]--keep-running[/bold]: the federation (paused; resume it from the dashboard "
-                              f"or with curl -X POST -H 'Authorization: Bearer {admin.token}' "
-                              f"{admin.base}/v1/federation/resume) and the dashboard stay up; Ctrl-C stops them")
+                console.print("[bold]--keep-running[/bold]: the federation stays up, paused; resume its rounds "
+                              "from the dashboard or with:")
+                print_command(console, admin.curl_resume())
+                # the last line: a caller waiting for the demo to be up reads it
+                console.print("the federation and the dashboard stay up; Ctrl-C stops them")
                 while True:
                     group.check_alive()
                     time.sleep(1.0)
@@ -322,8 +325,13 @@ def _model_params(model: str, dp_mode: str) -> dict[str, Any]:
 
 
 def _print_access(console: Any, admin: Any) -> None:
+    """The dashboard's address and token, then the curl line of a top-k
+    query alone on its line (fedmask.console.print_command), to be pasted."""
+    from fedmask.console import print_command
+
     console.print(f"dashboard: [bold]{admin.base}/[/bold]  (token: {admin.token})")
-    console.print(f"top-k over REST: {admin.curl_top_k('user-1')}")
+    console.print("top-k over REST:")
+    print_command(console, admin.curl_top_k("user-1"))
 
 
 def _drop_inputs(state_dirs: list[Path], number: int) -> None:
@@ -431,14 +439,15 @@ def secagg_demo(
 ) -> None:
     """Run one secure-aggregation round among simulated devices in this process and report it."""
     import numpy as np
-    from rich.console import Console
     from rich.table import Table
+
+    from fedmask.console import out
 
     from secagg.config import Neighbors, SecAggConfig
     from secagg.errors import SecAggError
     from secagg.inprocess import DROPOUT_STAGES, DropoutPlan, run_round
 
-    console = Console()
+    console = out()
     stages = [s.replace("-", "_") for s in (first_stage, second_stage)]
     for s in stages:
         if s not in DROPOUT_STAGES:
