@@ -41,10 +41,7 @@ def admin(
 ) -> None:
     """Run the admin service: REST API under /v1, dashboard at /, /metrics, /healthz, /readyz.
 
-    Stateless (run several behind a load balancer): history comes from the
-    coordinator's store, read only; live state, events, top-k and operator
-    actions from the coordinator's admin listener. Every route but /healthz,
-    /readyz and the dashboard page needs `Authorization: Bearer <token>`.
+    Stateless (run several behind a load balancer): history comes from the coordinator's store, read only; live state, events, top-k and operator actions from the coordinator's admin listener. Every route but /healthz, /readyz and the dashboard page needs `Authorization: Bearer <token>`.
     """
     import logging
 

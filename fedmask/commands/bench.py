@@ -50,20 +50,9 @@ def round_(
 ) -> None:
     """Time secure rounds against plaintext rounds over gRPC.
 
-    Starts a coordinator (SQLite in a temp folder, the synthetic model of
-    length --dim) and --client-processes edge clients hosting --devices
-    devices in synthetic-update mode (no local training), all on 127.0.0.1;
-    runs --rounds secure rounds with --dropout of the devices going silent at
-    --dropout-stage, and checks each committed aggregate bit for bit against
-    the sum of the counted devices' encoded inputs. Then runs the same rounds
-    in the coordinator's INSECURE plaintext mode (devices upload unmasked
-    updates; no secagg stages) with fresh processes. A round's time runs from
-    the coordinator opening it to its commit. Dropped devices stay silent, so
-    a stage with a dropout lasts its whole deadline (reported in the JSON).
+    Starts a coordinator (SQLite in a temp folder, the synthetic model of length --dim) and --client-processes edge clients hosting --devices devices in synthetic-update mode (no local training), all on 127.0.0.1; runs --rounds secure rounds with --dropout of the devices going silent at --dropout-stage, and checks each committed aggregate bit for bit against the sum of the counted devices' encoded inputs. Then runs the same rounds in the coordinator's INSECURE plaintext mode (devices upload unmasked updates; no secagg stages) with fresh processes. A round's time runs from the coordinator opening it to its commit. Dropped devices stay silent, so a stage with a dropout lasts its whole deadline (reported in the JSON).
 
-    Last stdout line: JSON with ok, secure_round_s_median,
-    plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the
-    deadlines and per-round details.
+    Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines and per-round details.
     """
     from fedmask.bench.federation import RoundBenchConfig, run_round_bench
 
@@ -98,26 +87,11 @@ def hybrid(
 ) -> None:
     """Time FedMMF hybrid rounds against all-secure rounds over gRPC and mTLS.
 
-    For each mode, fresh processes on 127.0.0.1: a PKI, a coordinator
-    (SQLite in a temp folder, model fedmmf, mTLS) and --client-processes edge
-    clients hosting users 1..--devices of --dataset, training FedMMF for
-    real, no injected dropout. --rounds all-secure rounds, then --rounds
-    hybrid rounds (coordinator and clients at --unprotected-plaintext-j-bound
-    --j-bound: devices with J <= --j-bound upload their update in PLAINTEXT,
-    the rest run secure aggregation). Every committed aggregate is checked
-    bit for bit against the counted devices' encoded inputs. A round's time
-    runs from the coordinator opening it to its commit (training included).
+    For each mode, fresh processes on 127.0.0.1: a PKI, a coordinator (SQLite in a temp folder, model fedmmf, mTLS) and --client-processes edge clients hosting users 1..--devices of --dataset, training FedMMF for real, no injected dropout. --rounds all-secure rounds, then --rounds hybrid rounds (coordinator and clients at --unprotected-plaintext-j-bound --j-bound: devices with J <= --j-bound upload their update in PLAINTEXT, the rest run secure aggregation). Every committed aggregate is checked bit for bit against the counted devices' encoded inputs. A round's time runs from the coordinator opening it to its commit (training included).
 
-    A hybrid round whose secure part aborts (fewer than t secure devices on
-    the complete graph; on a SecAgg+ graph, the pruning of devices with fewer
-    than t secure devices in their neighbourhood, which can cascade) commits
-    the plaintext sum alone when at least t devices went plaintext: it is
-    committed and exact but leaves the secure devices out (all_counted false).
+    A hybrid round whose secure part aborts (fewer than t secure devices on the complete graph; on a SecAgg+ graph, the pruning of devices with fewer than t secure devices in their neighbourhood, which can cascade) commits the plaintext sum alone when at least t devices went plaintext: it is committed and exact but leaves the secure devices out (all_counted false).
 
-    Last stdout line: JSON with ok (every round committed, exact), all_counted,
-    secure / hybrid (round_s, round_s_median, stage_s_median,
-    plaintext_devices and secure_devices per round, per-round detail) and
-    hybrid_over_secure_median.
+    Last stdout line: JSON with ok (every round committed, exact), all_counted, secure / hybrid (round_s, round_s_median, stage_s_median, plaintext_devices and secure_devices per round, per-round detail) and hybrid_over_secure_median.
     """
     import json
 
@@ -151,10 +125,7 @@ def connections(
 ) -> None:
     """Connect --devices idle devices to one coordinator and measure it.
 
-    The coordinator (SQLite in a temp folder) never starts a round (its cohort
-    minimum is devices + 1); the devices enrol, open their sessions, check in
-    and heartbeat. Last stdout line: JSON with ok (all devices admitted and
-    still connected after --hold seconds) and coordinator_rss_mb.
+    The coordinator (SQLite in a temp folder) never starts a round (its cohort minimum is devices + 1); the devices enrol, open their sessions, check in and heartbeat. Last stdout line: JSON with ok (all devices admitted and still connected after --hold seconds) and coordinator_rss_mb.
     """
     from fedmask.bench.federation import ConnectionsBenchConfig, run_connections_bench
 
@@ -176,13 +147,7 @@ def hostile(
 ) -> None:
     """Run live secure rounds under hostile traffic and check nothing breaks.
 
-    Two hostile client processes sit in the cohorts (devices that seal
-    garbage shares; devices that send garbage metric coordinates) while the
-    bench sends random bytes, malformed and oversized messages,
-    out-of-order stage messages and enrolment floods to the coordinator.
-    Last stdout line: JSON with ok, coordinator_crashes, rounds_committed,
-    rounds_aborted, aggregates_exact and honest_devices_dropped (target: no
-    crash, every round commits exactly, no honest device dropped).
+    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates) while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages and enrolment floods to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact and honest_devices_dropped (target: no crash, every round commits exactly, no honest device dropped).
     """
     from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
 
@@ -209,15 +174,7 @@ def admin(
 ) -> None:
     """Load `fedmask admin` with an open-loop request stream while secure rounds run.
 
-    Starts a coordinator (the synthetic model, with an item catalogue so the
-    devices answer top-k), --client-processes edge clients hosting --devices
-    devices (no injected dropout) and `fedmask admin`, all on 127.0.0.1.
-    After the first round, --seconds with no request (the idle rounds),
-    then --seconds of --rate requests per second sent on schedule whatever
-    the latency (open loop). Last stdout line: JSON with ok, topk_p50_ms,
-    topk_p99_ms, topk_rps, status_p99_ms, status_rps, errors,
-    secure_round_s_median_loaded, secure_round_s_median_idle and targets
-    (issue 10's, each with whether it was met).
+    Starts a coordinator (the synthetic model, with an item catalogue so the devices answer top-k), --client-processes edge clients hosting --devices devices (no injected dropout) and `fedmask admin`, all on 127.0.0.1. After the first round, --seconds with no request (the idle rounds), then --seconds of --rate requests per second sent on schedule whatever the latency (open loop). Last stdout line: JSON with ok, topk_p50_ms, topk_p99_ms, topk_rps, status_p99_ms, status_rps, errors, secure_round_s_median_loaded, secure_round_s_median_idle and targets (the benchmark's targets, each with whether it was met).
     """
     from fedmask.bench.admin_load import AdminBenchConfig, run_admin_bench
 
@@ -235,12 +192,11 @@ def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:
     """Run `bench(log)` (progress to stderr), print its result as the last
     stdout line (JSON; {"ok": false, "error": ...} when a process failed),
     exit 1 unless ok."""
-    from rich.console import Console
-
     from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
+    from fedmask.console import err as stderr_console
 
-    err = Console(stderr=True)
+    err = stderr_console()
     try:
         with _interruptible():
             result = bench(lambda m: err.print(m, markup=False, highlight=False))

@@ -24,8 +24,10 @@ def init(
     device_ca: Annotated[bool, typer.Option(help="Also create the device CA (device-ca.pem/.key), which signs device identity certificates.")] = True,
     device_ca_only: Annotated[bool, typer.Option("--device-ca-only", help="Create only the device CA (for an operator who keeps it on another machine than the coordinator's CA).")] = False,
 ) -> None:
-    """Create (or complete) a CA, a coordinator certificate, N device TLS
-    certificates and the device CA. Existing files are kept unless --force."""
+    """Create (or complete) a CA, a coordinator certificate, N device TLS certificates and the device CA.
+
+    Existing files are kept unless --force.
+    """
     from fedmask.certs import InitReport, PkiLayout, init_device_ca, init_pki
 
     if device_ca_only:
@@ -59,9 +61,10 @@ def issue_admin_cmd(
     directory: Annotated[Path, typer.Argument(help="The PKI directory of `fedmask certs init`.")],
     name: Annotated[str, typer.Argument(help="The admin's name: the certificate's CN (letters, digits, - _ .).")],
 ) -> None:
-    """Issue a client certificate with the admin role (subject OU "admin")
-    for the coordinator's admin listener (--admin-auth mtls). The device
-    listener refuses it, and the admin listener refuses device certificates."""
+    """Issue a client certificate with the admin role (subject OU "admin") for the coordinator's admin listener.
+
+    For --admin-auth mtls. The device listener refuses it, and the admin listener refuses device certificates.
+    """
     from fedmask.certs import issue_admin
 
     try:
@@ -76,10 +79,10 @@ def issue_device(
     requests: Annotated[list[Path], typer.Argument(help="Certificate requests the edge client wrote (STATE_DIR/devices/*/identity-csr.pem).")],
     device_ca_dir: Annotated[Path, typer.Option(help="Directory holding device-ca.pem and device-ca.key.")],
 ) -> None:
-    """Sign device identity certificates with the device CA: each request
-    must be signed by the device's Ed25519 identity key and name its device
-    id; the certificate is written next to it (identity-cert.pem), where the
-    edge client reads it at its next round."""
+    """Sign device identity certificates with the device CA.
+
+    Each request must be signed by the device's Ed25519 identity key and name its device id; the certificate is written next to it (identity-cert.pem), where the edge client reads it at its next round.
+    """
     from fedmask.certs import issue_device_certificates
 
     try:

@@ -144,20 +144,14 @@ def client(
 ) -> None:
     """Host devices of a dataset, enrol them, and train with the coordinator.
 
-    One process hosts one device per selected user. The devices are enrolled
-    once (the result is kept in --state-dir), one Session stream is opened,
-    and whenever a RoundTask arrives the selected devices train together,
-    clip and noise their updates as the task says, and run the secure
-    aggregation stages. Private state never leaves --state-dir. Reconnects
-    with exponential backoff and full jitter. Ctrl-C stops.
+    One process hosts one device per selected user. The devices are enrolled once (the result is kept in --state-dir), one Session stream is opened, and whenever a RoundTask arrives the selected devices train together, clip and noise their updates as the task says, and run the secure aggregation stages. Private state never leaves --state-dir. Reconnects with exponential backoff and full jitter. Ctrl-C stops.
     """
     import logging
-
-    from rich.logging import RichHandler
 
     from edge_client.app import ClientConfig, run_client
     from edge_client.faults import DROP_STAGES, FaultPlan
     from edge_client.transport_policy import token_in_clear, token_transport_refusal
+    from fedmask.console import log_handler
 
     refusal = token_transport_refusal(coordinator, has_token=token is not None, has_tls_ca=tls_ca is not None,
                                       allow_insecure=insecure_token_without_tls)
@@ -169,7 +163,7 @@ def client(
         raise typer.BadParameter(f"unknown level {log_level!r}", param_hint="--log-level")
     logging.basicConfig(
         level=level, format="%(message)s", datefmt="%H:%M:%S",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False, markup=False)], force=True,
+        handlers=[log_handler()], force=True,
     )
     logging.getLogger("grpc").setLevel(max(level, logging.WARNING))
     if token_in_clear(coordinator, has_token=token is not None, has_tls_ca=tls_ca is not None):

@@ -109,14 +109,14 @@ def coordinator(
     unprotected_plaintext_j_bound: Annotated[float | None, typer.Option("--unprotected-plaintext-j-bound", help="UNPROTECTED UPDATES (FedMMF hybrid rounds, docs/decisions.md D64; setting hybrid.unprotected_plaintext_j_bound): a device whose privacy indicator J is at most this (and at most its client's own cap) sends its update in PLAINTEXT, the others through secure aggregation; the coordinator learns the plaintext updates. Needs TLS and model fedmmf. Default: off.", rich_help_panel="Security", show_default=False)] = None,
     debug_insecure_plaintext: Annotated[bool | None, typer.Option("--debug-insecure-plaintext/--no-debug-insecure-plaintext", help="INSECURE, benchmarks only (loopback only): rounds WITHOUT secure aggregation; devices send unmasked updates (clients must opt in with --debug-allow-insecure-plaintext).", rich_help_panel="Debug")] = None,
 ) -> None:
-    """Run the coordinator: enrolment, session streams, cohort selection and
-    secure-aggregation rounds. Ctrl-C / SIGTERM stops it gracefully (running
-    round aborted with COORDINATOR_SHUTDOWN, clients told, store closed).
-    The bearer token is read from FEDMASK_AUTH__TOKEN or the TOML file only,
-    never from a flag (flags show up in process listings). Limits on what a
-    peer can make the coordinator do are under "Limits" (all of them, bursts
-    and store look-ups included, in the [limits] table of the TOML file or
-    FEDMASK_LIMITS__*)."""
+    """Run the coordinator: enrolment, session streams, cohort selection and secure-aggregation rounds.
+
+    Ctrl-C / SIGTERM stops it gracefully (running round aborted with COORDINATOR_SHUTDOWN, clients told, store closed).
+
+    The bearer token is read from FEDMASK_AUTH__TOKEN or the TOML file only, never from a flag (flags show up in process listings).
+
+    Limits on what a peer can make the coordinator do are under "Limits" (all of them, bursts and store look-ups included, in the \\[limits] table of the TOML file or FEDMASK_LIMITS__*).
+    """
     import asyncio
 
     from coordinator.logs import configure_logging

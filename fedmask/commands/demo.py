@@ -98,24 +98,14 @@ def demo(
 ) -> None:
     """Run a real federation on this machine, with its admin service, and report every round.
 
-    Starts a coordinator (SQLite), edge-client processes and the admin
-    service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and
-    prints the dashboard's address, an API token and a curl line for a
-    top-k query. The devices (ML-100K users) train the model locally and
-    the coordinator aggregates their updates with secure aggregation and
-    distributed DP noise. Each round is reported as it ends: survivors per
-    stage, stage timings, the devices' validation totals (from the secure
-    sum), the model version and epsilon. At the end: the validation HR@10
-    against the popularity baseline on the same users, and one user's top-k
-    computed on their device next to what they rated highly. Everything is
-    stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
+    Starts a coordinator (SQLite), edge-client processes and the admin service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and prints the dashboard's address, an API token and a curl line for a top-k query. The devices (ML-100K users) train the model locally and the coordinator aggregates their updates with secure aggregation and distributed DP noise. Each round is reported as it ends: survivors per stage, stage timings, the devices' validation totals (from the secure sum), the model version and epsilon. At the end: the validation HR@10 against the popularity baseline on the same users, and one user's top-k computed on their device next to what they rated highly. Everything is stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
     """
     if secagg_only:
         secagg_demo()
         return
-    from rich.console import Console
+    from fedmask.console import out
 
-    console = Console()
+    console = out()
     if neighbors not in ("auto", "full") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
         raise typer.BadParameter("auto, full or an even number", param_hint="--neighbors")
     if dp_mode not in ("local", "distributed", "none"):
@@ -186,6 +176,7 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
     from coordinator.store import open_store
     from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, health_serving, split_users, wait_until
     from fedmask.commands.demo_product import popularity_val_hr, rated_highly, start_admin, top_k_table
+    from fedmask.console import print_command
 
     port, coord_admin = free_port(), free_port()
     http_port = admin_port or free_port()
@@ -314,9 +305,11 @@ def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, 
             console.print(top_k_table(answer, rated_highly(x, 0), user))
             _print_access(console, admin)
             if keep_running:
-                console.print("[bold]--keep-running[/bold]: the federation (paused; resume it from the dashboard "
-                              f"or with curl -X POST -H 'Authorization: Bearer {admin.token}' "
-                              f"{admin.base}/v1/federation/resume) and the dashboard stay up; Ctrl-C stops them")
+                console.print("[bold]--keep-running[/bold]: the federation stays up, paused; resume its rounds "
+                              "from the dashboard or with:")
+                print_command(console, admin.curl_resume())
+                # the last line: a caller waiting for the demo to be up reads it
+                console.print("the federation and the dashboard stay up; Ctrl-C stops them")
                 while True:
                     group.check_alive()
                     time.sleep(1.0)
@@ -332,8 +325,13 @@ def _model_params(model: str, dp_mode: str) -> dict[str, Any]:
 
 
 def _print_access(console: Any, admin: Any) -> None:
+    """The dashboard's address and token, then the curl line of a top-k
+    query alone on its line (fedmask.console.print_command), to be pasted."""
+    from fedmask.console import print_command
+
     console.print(f"dashboard: [bold]{admin.base}/[/bold]  (token: {admin.token})")
-    console.print(f"top-k over REST: {admin.curl_top_k('user-1')}")
+    console.print("top-k over REST:")
+    print_command(console, admin.curl_top_k("user-1"))
 
 
 def _drop_inputs(state_dirs: list[Path], number: int) -> None:
@@ -441,14 +439,15 @@ def secagg_demo(
 ) -> None:
     """Run one secure-aggregation round among simulated devices in this process and report it."""
     import numpy as np
-    from rich.console import Console
     from rich.table import Table
+
+    from fedmask.console import out
 
     from secagg.config import Neighbors, SecAggConfig
     from secagg.errors import SecAggError
     from secagg.inprocess import DROPOUT_STAGES, DropoutPlan, run_round
 
-    console = Console()
+    console = out()
     stages = [s.replace("-", "_") for s in (first_stage, second_stage)]
     for s in stages:
         if s not in DROPOUT_STAGES:

@@ -37,8 +37,13 @@ class AdminService:
         return {"Authorization": f"Bearer {self.token}"}
 
     def curl_top_k(self, user: str) -> str:
+        """A curl command line (one line) asking for `user`'s top-k."""
         return (f"curl -s -H 'Authorization: Bearer {self.token}' "
                 f"'{self.base}/v1/users/{user}/recommendations?k={TOP_K}'")
+
+    def curl_resume(self) -> str:
+        """A curl command line (one line) resuming the paused federation's rounds."""
+        return f"curl -X POST -H 'Authorization: Bearer {self.token}' {self.base}/v1/federation/resume"
 
     def get(self, path: str, **params: Any) -> Any:
         import httpx

@@ -92,9 +92,10 @@ def health(
     client_state: Annotated[Path | None, typer.Option(help="Edge client state folder: healthy once a device has enrolled.")] = None,
     http: Annotated[str | None, typer.Option(help="URL to GET: healthy on a 2xx answer (the admin service's /readyz).")] = None,
 ) -> None:
-    """Probe a coordinator (grpc.health.v1), an edge client (enrolment) or an HTTP endpoint (2xx);
-    exit 0 healthy, 1 not healthy, 2 usage error. For container healthchecks
-    and Kubernetes exec probes."""
+    """Probe a coordinator (grpc.health.v1), an edge client (enrolment) or an HTTP endpoint (2xx).
+
+    Exit 0 healthy, 1 not healthy, 2 usage error. For container healthchecks and Kubernetes exec probes.
+    """
     if sum(x is not None for x in (address, client_state, http)) != 1:
         typer.echo("fedmask health: give exactly one of --address, --client-state or --http", err=True)
         raise typer.Exit(2)

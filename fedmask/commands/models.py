@@ -50,14 +50,16 @@ def register_data(app: typer.Typer) -> None:
         """Download a public dataset (hash-pinned) into DATA_DIR/NAME.
 
         ml-100k: the recbole 1.2.1 wheel from PyPI (pip download, never installed).
+
         ml-latest-small: the lenskit 2025.8.1 source distribution from PyPI.
+
         ml-1m, lastfm: GroupLens' official archives (files.grouplens.org).
         """
-        from rich.console import Console
+        from fedmask import console as cli_console
 
         from models.data.fetch import FetchError, fetch_dataset
 
-        console = Console(stderr=True)
+        console = cli_console.err()
         try:
             with console.status(f"[bold]fetching {name}[/bold]") as status:
 
@@ -79,16 +81,16 @@ def register_data(app: typer.Typer) -> None:
         data_dir: DataDirOption = None,
     ) -> None:
         """Load a dataset and print its size and side features."""
-        from rich.console import Console
+        from fedmask import console as cli_console
 
         from models.data.fetch import resolve_data_dir
         from models.data.loaders import DataFormatError, DatasetNotFoundError, load_dataset
 
-        console = Console()
+        console = cli_console.out()
         try:
             d = load_dataset(name, resolve_data_dir(data_dir))
         except (DataFormatError, DatasetNotFoundError) as e:
-            Console(stderr=True).print(f"[red]error:[/red] {e}")
+            cli_console.err().print(f"[red]error:[/red] {e}")
             raise typer.Exit(1) from e
         console.print(
             f"{d.name}: {d.n_users} users, {d.n_items} items, {len(d.user)} interactions, "
@@ -307,12 +309,9 @@ def register_simulate(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a federation and write OUT/results.json and OUT/metrics.png.
 
-        Every round: pick a cohort, train it locally (batched), optionally clip and
-        noise the updates (DP) and aggregate them (mean, or SecAgg+), evaluate on
-        validation. The best validation round is kept and tested once at the end.
-        The defaults of each model are its tuned ones (docs/tuning.md).
+        Every round: pick a cohort, train it locally (batched), optionally clip and noise the updates (DP) and aggregate them (mean, or SecAgg+), evaluate on validation. The best validation round is kept and tested once at the end. The defaults of each model are its tuned ones (docs/tuning.md).
         """
-        from rich.console import Console
+        from fedmask import console as cli_console
 
         from fedmask.commands.sim_progress import SimulationProgress
         from models.engine import (
@@ -324,7 +323,7 @@ def register_simulate(app: typer.Typer) -> None:
         )
         from models.memory import PrivatePlacement
 
-        err = Console(stderr=True)
+        err = cli_console.err()
         if platforms is not None or model in ("freib", "central-mf"):
             _simulate_platforms(
                 model=model, out=out, dataset=dataset, seed=seed, rounds=rounds, platforms=platforms,
@@ -406,7 +405,7 @@ def register_simulate(app: typer.Typer) -> None:
             h = results["hybrid"]
             line += (f"  UNPROTECTED plaintext share {h['plaintext_share']:.3f} (J <= {h['plaintext_j_bound']:g}, "
                      f"{h['plaintext_contributions']} plaintext contributions)")
-        Console().print(
+        cli_console.out().print(
             f"[green]done[/green] {results['model']} on {results['dataset']}: best round {results['best_round']}, "
             f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
             + (f"\n  {results['saved_global']}" if "saved_global" in results else "")
@@ -442,13 +441,13 @@ def _simulate_platforms(
     device: str = "cpu",
 ) -> None:
     """`fedmask simulate` at the platform level (models/platform_sim.py)."""
-    from rich.console import Console
+    from fedmask import console as cli_console
 
     from models.engine import write_results
     from fedmask.commands.sim_progress import SimulationProgress
     from models.platform_sim import PlatformConfigError, PlatformSimConfig, run_platform_simulation
 
-    err = Console(stderr=True)
+    err = cli_console.err()
     bad = [name for name, v in unsupported.items() if v is not None]
     if bad:
         err.print(f"[red]error:[/red] {', '.join(bad)} are device-level options; not available with platforms")
@@ -475,7 +474,7 @@ def _simulate_platforms(
             f"L1 clip {d['l1_clip']:g}), {d['epsilon_total_basic_composition']:.4g} over {d['releases_per_platform']}"
         )
     line += _diverged(results)
-    Console().print(
+    cli_console.out().print(
         f"[green]done[/green] {results['model']} on {results['dataset']}, {results['n_platforms']} platforms, "
         f"beta {results['dirichlet_beta']:g}: best round {results['best_round']}, {line}, "
         f"{results['seconds_total']:.1f} s\n  {j}\n  {p}"
@@ -527,16 +526,11 @@ def register_reference(app: typer.Typer) -> None:
     ) -> None:
         """What centralised models reach under the sound protocol, to judge federated figures by.
 
-        Each reference model sees all training data at once (nothing is federated or
-        private). Its hyperparameters are chosen on validation HR@10 from a fixed grid;
-        the test metrics and the placebo are computed once for that choice, on exactly
-        the split, negatives and ranking `fedmask simulate --seed` uses. ease-recency
-        also weighs each user's recent items more, the only one that uses the order of
-        interactions.
+        Each reference model sees all training data at once (nothing is federated or private). Its hyperparameters are chosen on validation HR@10 from a fixed grid; the test metrics and the placebo are computed once for that choice, on exactly the split, negatives and ranking `fedmask simulate --seed` uses. ease-recency also weighs each user's recent items more, the only one that uses the order of interactions.
         """
         import json
 
-        from rich.console import Console
+        from fedmask import console as cli_console
         from rich.table import Table
 
         from models.data.types import ImplicitSplit
@@ -544,7 +538,7 @@ def register_reference(app: typer.Typer) -> None:
         from models.progress import Progress
         from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
-        err = Console(stderr=True)
+        err = cli_console.err()
         try:
             split = make_split(load_interactions(dataset, None if data_dir is None else str(data_dir), seed), False, seed)
             names = model or None
@@ -574,8 +568,8 @@ def register_reference(app: typer.Typer) -> None:
                 f"{r['test']['full_hr@10']:.3f}",
                 f"{r['placebo']['hr@10']:.3f}",
             )
-        Console().print(table)
-        Console().print(
+        cli_console.out().print(table)
+        cli_console.out().print(
             f"wall seconds ({threads} BLAS thread{'s' if threads > 1 else ''}): "
             + ", ".join(f"{k} {v:.1f}" for k, v in ctx.timings.items())
         )
@@ -583,4 +577,4 @@ def register_reference(app: typer.Typer) -> None:
             out.mkdir(parents=True, exist_ok=True)
             path = out / "reference.json"
             path.write_text(json.dumps({"dataset": dataset, "seed": seed, "models": results}, indent=2))
-            Console().print(f"  {path}")
+            cli_console.out().print(f"  {path}")

@@ -82,14 +82,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Every model over the seeds against the centralised yardsticks: OUT/study.json, study.png, study.md.
 
-        For each seed: `fedmask simulate` for every model (fedmf-explicit is fedmf
-        --explicit) and `fedmask reference` on the same split, then the mean and the
-        sample standard deviation over the seeds of test HR@10, NDCG@10, full-ranking
-        HR@10 and placebo HR@10 (RMSE and MAE for the explicit models).
+        For each seed: `fedmask simulate` for every model (fedmf-explicit is fedmf --explicit) and `fedmask reference` on the same split, then the mean and the sample standard deviation over the seeds of test HR@10, NDCG@10, full-ranking HR@10 and placebo HR@10 (RMSE and MAE for the explicit models).
         """
-        from rich.console import Console
+        from fedmask.console import err as stderr_console
 
-        err = Console(stderr=True)
+        err = stderr_console()
         try:
             seed_list = parse_seeds(seeds)
             study_json, table = _run_study(

@@ -8,6 +8,14 @@ launcher `fedmask bench` and `fedmask demo` use; `Proc` is its `Child`).
 test fails or times out) sends SIGTERM to every group still alive, waits a
 little, then SIGKILLs it.
 
+Every process a `Processes` starts carries `PROCESS_TAG=<a tag of that
+Processes>` in its environment, and so does everything it starts in turn
+(coordinators and clients of `fedmask bench` / `fedmask demo`, in process
+groups of their own; orphans re-parented to init keep it too).
+`Processes.leftovers()` lists the live ones from /proc: a test checks that
+the processes it started cleaned up after themselves, and is blind to any
+other fedmask process on the machine.
+
 `InProcessCoordinator` runs the coordinator's server module on a thread of
 the test process instead, for tests that call the Coordinator's in-process
 API (the relay of device requests).
@@ -22,8 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
+import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,17 +53,64 @@ REPO = Path(__file__).resolve().parents[2]
 COORDINATOR_SERVICE = "fedmask.v1.CoordinatorService"
 
 
+#: The environment variable that marks the processes of one `Processes` (see the module doc).
+PROCESS_TAG = "INTEGRATION_TESTS_PROCESS_TAG"  # outside the FEDMASK_ settings prefix
+
+
 class Processes(ProcessGroup):
     """Starts fedmask processes (fedmask.bench.processes.ProcessGroup with
     the tests' environment: the repository's data folder, one OpenMP
-    thread); `close()` cleans every one of them up."""
+    thread, this launcher's PROCESS_TAG); `close()` cleans every one of them
+    up; `leftovers()` lists those still alive, descendants included."""
 
     def __init__(self, workdir: Path, env: Mapping[str, str] | None = None) -> None:
-        super().__init__(workdir, env={"FEDMASK_DATA_DIR": str(REPO / "data"), "OMP_NUM_THREADS": "1", **(env or {})})
+        self.tag = uuid.uuid4().hex
+        super().__init__(workdir, env={"FEDMASK_DATA_DIR": str(REPO / "data"), "OMP_NUM_THREADS": "1",
+                                       **(env or {}), PROCESS_TAG: self.tag})
 
     @property
     def procs(self) -> list[Proc]:
         return self.children
+
+    def leftovers(self, grace: float = 5.0) -> dict[int, str]:
+        """The processes started through this launcher, or by one of them,
+        still alive after up to `grace` seconds (pid -> command line); {} once
+        all are gone. A process that is being killed gets the grace period to
+        finish dying; one that was left running stays listed."""
+        end = time.monotonic() + grace
+        while True:
+            alive = tagged_processes(self.tag)
+            if not alive or time.monotonic() > end:
+                return alive
+            time.sleep(0.1)
+
+
+def tagged_processes(tag: str) -> dict[int, str]:
+    """The live processes whose environment holds PROCESS_TAG=tag (pid ->
+    command line), read from /proc. Zombies (dead, not yet reaped) and
+    processes of other users (their environment is unreadable; never ours)
+    are not listed. The environment read is the one the process started
+    with, so a process cannot drop the tag by changing its own."""
+    if not os.path.exists("/proc/self/environ"):
+        raise AssertionError("no /proc: the processes a test started cannot be listed")
+    marker = f"{PROCESS_TAG}={tag}".encode()
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                if marker not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]  # the field after "(comm)"
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile, or another user's
+            continue
+        if state != b"Z":
+            found[int(entry.name)] = cmdline
+    return found
 
 
 # --------------------------------------------------------------------------- coordinator / clients

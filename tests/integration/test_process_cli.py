@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
-import subprocess
 from pathlib import Path
 
 import httpx
@@ -20,13 +18,6 @@ from integration_harness import Processes, wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 
 
-def _fedmask_processes() -> set[str]:
-    if shutil.which("pgrep") is None:  # no procps: nothing to compare
-        return set()
-    out = subprocess.run(["pgrep", "-f", "-a", "fedmask (coordinator|client|admin)"], capture_output=True, text=True).stdout
-    return {line for line in out.splitlines() if line}
-
-
 def _last_json(proc) -> dict:
     lines = [ln for ln in proc.log().splitlines() if ln.startswith("{")]
     assert lines, proc.tail()
@@ -34,7 +25,6 @@ def _last_json(proc) -> dict:
 
 
 def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
-    before = _fedmask_processes()
     p = procs.start("bench-round", ["bench", "round", "--devices", "6", "--client-processes", "2", "--dim", "64",
                                     "--rounds", "2", "--dropout", "0.2", "--masked-input-deadline", "1.0"])
     assert p.wait(120) == 0, p.tail()
@@ -47,14 +37,13 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
     # metric totals only from the secure sum: one "devices" per counted device; none in plaintext rounds
     assert all(d["metric_devices"] == d["counted"] for d in r["secure_detail"])
     assert all(d["metric_devices"] is None for d in r["plaintext_detail"])
-    assert _fedmask_processes() <= before  # the benchmark cleaned up after itself
+    assert procs.leftovers() == {}  # the benchmark cleaned up after itself: no process it started is left
 
 
 def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
-    """Issue 15 over real processes: garbage shares and metrics inside the
+    """Hostile traffic over real processes: garbage shares and metrics inside the
     cohorts, random bytes, malformed, oversized and out-of-order messages
     and enrolment floods at the port; the rounds go on, exact."""
-    before = _fedmask_processes()
     p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "8", "--dim", "64",
                                       "--rate", "5"])
     assert p.wait(120) == 0, p.tail()
@@ -65,14 +54,13 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     first = r["rounds"][0]
     assert len(first["dropped"]) == 2  # the garbage-share devices, reported at the share check
     assert first["metrics_unavailable"] is True  # the garbage-metric devices cost only the metrics
-    assert _fedmask_processes() <= before
+    assert procs.leftovers() == {}
 
 
 def test_bench_admin_serves_an_open_loop_stream_during_secure_rounds(procs: Processes) -> None:
     """`fedmask bench admin` at tiny sizes: idle then loaded secure rounds, and
     every request of the open-loop stream (top-k computed on the synthetic
     model's devices, the live round) answered."""
-    before = _fedmask_processes()
     p = procs.start("bench-admin", ["bench", "admin", "--devices", "6", "--client-processes", "2", "--dim", "640",
                                     "--rate", "20", "--seconds", "4"])
     assert p.wait(120) == 0, p.tail()
@@ -83,7 +71,7 @@ def test_bench_admin_serves_an_open_loop_stream_during_secure_rounds(procs: Proc
     assert r["secure_round_s_median_idle"] > 0 and r["secure_round_s_median_loaded"] > 0
     assert set(r["targets"]) == {"errors == 0", "topk_p99_ms <= 150", "status_p99_ms <= 25",
                                  "loaded median <= 1.25 x idle"}
-    assert _fedmask_processes() <= before
+    assert procs.leftovers() == {}
 
 
 def test_bench_connections(procs: Processes) -> None:
@@ -100,20 +88,21 @@ def test_demo_runs_a_federation_shows_the_product_and_keeps_running(procs: Proce
     line with a token that works, the popularity baseline beside the
     federated HR@10, one user's top-k from the device next to their ratings;
     then everything stays up until SIGTERM, which stops every process."""
-    before = _fedmask_processes()
     p = procs.start("demo", ["demo", "--rounds", "2", "--devices", "30", "--dataset", "synthetic",
                              "--dropout", "0.2", "--keep", str(tmp_path / "run"), "--keep-running"])
     wait_until(lambda: "Ctrl-C stops them" in p.log(), 120, what="the demo's rounds", watch=[p], step=0.5)
-    out = " ".join(p.log().split())  # rich wraps long lines
+    out = " ".join(p.log().split())  # one space between words (tables align with runs of spaces)
     assert "round 1 committed" in out and "round 2 committed" in out and "secure sum exact" in out
     assert out.count("val HR@10") >= 2 and "(secure totals)" in out and "metrics unavailable" not in out
     assert "per stage" in out and re.search(r"(\d+) of \1 rounds committed", out)
     assert re.search(r"validation HR@10 [01]\.\d{3} after round \d+, over the validation items of the \d+ of 30 "
                      r"hosted users counted in its secure sum; popularity on the same 30 users: [01]\.\d{3}", out)
     assert "user-1: top-10 computed on the device" in out
-    curl = re.search(r"curl -s -H 'Authorization: Bearer (\S+)' '(http://127\.0\.0\.1:\d+)/v1/users/user-1/"
-                     r"recommendations\?k=10'", out)
-    assert curl, out
+    # the curl line whole, alone on its line (to be pasted), also in a log file
+    curl = next((m for line in p.log().splitlines() if (m := re.fullmatch(
+        r"curl -s -H 'Authorization: Bearer (\S+)' '(http://127\.0\.0\.1:\d+)/v1/users/user-1/recommendations\?k=10'",
+        line))), None)
+    assert curl, p.log()
     token, base = curl.group(1), curl.group(2)
     assert f"dashboard: {base}/" in out
     answer = httpx.get(f"{base}/v1/users/user-1/recommendations", params={"k": 10},
@@ -124,4 +113,4 @@ def test_demo_runs_a_federation_shows_the_product_and_keeps_running(procs: Proce
     p.signal_group(signal.SIGTERM)
     assert p.wait(60) == 130, p.tail()
     assert (tmp_path / "run" / "coordinator.db").exists()
-    assert _fedmask_processes() <= before
+    assert procs.leftovers() == {}
