@@ -20,7 +20,7 @@ Estimates, not measurements: every figure is an upper estimate of the tensors
 the engine and the model hold at once, on top of the resident memory measured
 when the plan is made (interpreter, torch, the loaded dataset and its padded
 training table; `BASELINE_BYTES` where nothing was measured); the measured peak resident memory
-of a run is reported next to it (README, "Memory and scale").
+of a run is reported next to it (docs/performance.md, "Memory and scale").
 """
 
 from __future__ import annotations

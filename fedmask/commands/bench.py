@@ -74,7 +74,7 @@ def round_(
 def hybrid(
     devices: Annotated[int, typer.Option(min=3, help="Devices: users 1..N of --dataset, one each (the whole cohort of every round).")] = 100,
     client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices (one client certificate each).")] = 2,
-    j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client). It must leave at least t devices secure (README, 'Hybrid rounds (FedMMF)': at 0.8 the 100-user rounds lose their secure part).")] = 0.5,
+    j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client). It must leave at least t devices secure (docs/performance.md, 'Hybrid rounds over real processes': at 0.8 the 100-user rounds lose their secure part).")] = 0.5,
     neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
     threshold: Annotated[str, typer.Option(help="Shamir threshold policy (majority, two_thirds or a fraction), chosen for the whole cohort; a hybrid round's secure part needs at least t secure devices, and commits the plaintext sum alone only if at least t went plaintext.")] = "two_thirds",
     rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (all-secure, then hybrid).")] = 5,

@@ -45,7 +45,7 @@ _WHEN = {
 }
 # passive mode (no signatures): every stage but the consistency check
 _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
-# the demo's defaults: every hosted device in every round, enough rounds to learn (README "fedmask demo")
+# the demo's defaults: every hosted device in every round, enough rounds to learn (docs/performance.md, "The demo")
 DEMO_DEVICES = 450
 DEMO_ROUNDS = 24
 # stage deadlines (s): with injected dropouts a silent device costs its stage's (learnt) deadline
@@ -84,7 +84,8 @@ def demo(
     neighbors: Annotated[str, typer.Option(help="SecAgg graph: auto (SecAgg+), full (Bonawitz) or an even K.")] = "auto",
     dp_mode: Annotated[str, typer.Option(help="Differential privacy: distributed (each device adds N(0, (z tau)^2 / "
                                          "cohort), so the secure sum carries the full noise; tau 0.1, z 1), local "
-                                         "(every device adds it all: the model learns nothing, README) or none.")]
+                                         "(every device adds it all: the model learns nothing; docs/performance.md, "
+                                         "\"Recommendation quality on ML-100K\") or none.")]
     = "distributed",
     seed: Annotated[int, typer.Option(help="Seed of selection, splits and dropout draws.")] = 0,
     keep: Annotated[Path | None, typer.Option(help="Run in this folder and keep it (logs, database, device state).",
