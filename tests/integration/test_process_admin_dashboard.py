@@ -68,7 +68,7 @@ def test_the_dashboard_over_a_real_federation(procs: Processes, tmp_path: Path, 
     wait_for(d, lambda: len(items()) == 10, "the top-k items", timeout=60)
     assert [row.text.split()[0] for row in items()] == [str(i) for i in range(1, 11)]
     assert "computed on device" in d.find_element(By.ID, "topk-meta").text
-    shot = os.environ.get("FEDMASK_DASHBOARD_SCREENSHOT")  # =docs/admin-dashboard.png renews the README's picture
+    shot = os.environ.get("FEDMASK_DASHBOARD_SCREENSHOT")  # this toy federation (README: make screenshot)
     if shot:
         wait_for(d, lambda: len(rows()) >= 8, "eight rounds for the picture", timeout=150)
         d.save_screenshot(shot)
