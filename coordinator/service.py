@@ -17,18 +17,12 @@ model step go to worker threads. The gRPC servicer only calls:
 and drains `session.outbox` (ServerMessage, or a StreamEnd that ends the
 stream with a status). Errors are `coordinator.errors` exceptions.
 
-In-process callers (the admin) relay queries to a device over its stream:
-
-    answer = await coordinator.request_top_k(device_id, k, exclude_seen=True, timeout_s=10)
-
-The admin servicer (coordinator/admin_servicer.py) also calls (the
-methods of coordinator/operator_actions.py, mixed in):
-
-    coordinator.live_state()                        -> LiveState (admin_service.proto)
-    coordinator.events.watch()                      the event stream (coordinator/events.py)
-    await coordinator.recommend(device_id=..., handle=..., k=..., ...)  -> Recommendation
-    await coordinator.pause(operator, reason) / resume / abort_round    -> ActionOutcome
-    await coordinator.rollback(version, operator, reason)               -> ActionOutcome
+It composes the device-request relay (`device_relay.py`: `coordinator.relay`,
+fed the DeviceResponses and stream closes) and the operator actions
+(`operator_actions.py`: `coordinator.actions`), for which it is the
+in-process `FederationControl` (pause, cancel, replace the model). The
+admin servicer (`admin_servicer.py`) gets the actions, `live_state` and
+the event hub.
 
 Operator actions are written to the store's audit log (refusals too).
 Pause holds the round loop before it selects (a running round finishes);
@@ -43,31 +37,26 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime
 
 import grpc
 import numpy as np
 from cryptography import x509
 
-from coordinator.errors import (
-    DeviceNotConnected,
-    DeviceRequestError,
-    ProtocolViolation,
-    Unavailable,
-    UnknownDevice,
-)
+from coordinator.device_relay import DeviceRelay
+from coordinator.errors import ProtocolViolation, Unavailable
 from coordinator.events import EventHub
-from coordinator.live_state import RoundTimeline, device_counts, stage_changed
+from coordinator.live_state import RoundTimeline, device_counts, live_round, live_state, privacy_budget, stage_changed
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
-from coordinator.operator_actions import OperatorActions, top_k_status
+from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
-from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
+from coordinator.relay import TopKAnswer
 from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, metric_names_for, round_vector_for
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.rounds import (
@@ -113,8 +102,8 @@ BUDGET_EXHAUSTED = reason_name(common_pb2.ABORT_REASON_BUDGET_EXHAUSTED)
 COUNTS_INTERVAL_S = 0.25
 
 
-class Coordinator(OperatorActions):
-    """See the module doc."""
+class Coordinator:
+    """See the module doc; implements operator_actions.FederationControl."""
 
     def __init__(
         self,
@@ -163,10 +152,14 @@ class Coordinator(OperatorActions):
         self._stopping = False
         self.rounds_run = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._requests = PendingRequests(token=token_source)
         admin = settings.admin
         self.events = EventHub(queue_size=admin.watcher_queue, max_watchers=admin.max_watchers, wall_clock=wall_clock)
         self.metrics = metrics if metrics is not None else CoordinatorMetrics()
+        self.relay = DeviceRelay(self.registry, n_items=model.n_items, metrics=self.metrics, clock=clock,
+                                 check_running=self.check_running, token=token_source)
+        self.actions = OperatorActions(store=store, registry=self.registry, events=self.events, metrics=self.metrics,
+                                       relay=self.relay, control=self, model=model,
+                                       top_k_timeout_s=admin.top_k_timeout_s, clock=clock)
         self.paused = False
         self.budget_exhausted = False
         self._held = asyncio.Event()  # set when paused / budget_exhausted may have changed
@@ -260,7 +253,7 @@ class Coordinator(OperatorActions):
             self._counter.cancel()
         self._held.set()
         self.events.close()
-        self._requests.fail_all("coordinator shutting down")
+        self.relay.fail_all("coordinator shutting down")
         self.registry.end_all(session_pb2.ServerMessage(
             shutdown=session_pb2.ServerShutdown(reason=reason, retry_after=seconds_to_duration(retry_after))
         ))
@@ -269,23 +262,77 @@ class Coordinator(OperatorActions):
     def stopping(self) -> bool:
         return self._stopping
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
         if not self._started or self._stopping:
             raise Unavailable("the coordinator is starting or shutting down")
+
+    # ================================================================== the admin's view and control
+
+    def live_state(self) -> admin_service_pb2.LiveState:
+        """What the coordinator is doing now (GetLiveState); Unavailable
+        while starting or shutting down."""
+        self.check_running()
+        enrolled, revoked, connected, available = self.device_counts()
+        r = self.round
+        current = None
+        if r is not None:
+            current = live_round(r, self._timeline, base_version=self._round_base,
+                                 started_at=self._round_started_at or self._wall(),
+                                 secure=not self.settings.debug.insecure_plaintext)
+        return live_state(
+            model_name=self.model.name, model_version=self.model_version, paused=self.paused,
+            privacy=privacy_budget(spent=self.epsilon_spent, budget=self.ledger.budget, delta=self.settings.dp.delta,
+                                   exhausted=self.budget_exhausted, mode=self.settings.dp.mode),
+            devices=device_counts(enrolled=enrolled, revoked=revoked, connected=connected, available=available),
+            round_=current, as_of=self._wall(), last_sequence=self.events.sequence,
+            committed=self.rounds_committed, aborted=self.rounds_aborted,
+        )
+
+    def set_paused(self, paused: bool) -> bool:
+        changed = paused != self.paused
+        self.paused = paused
+        self._held.set()
+        if not paused:
+            self._changed.set()
+        return changed
+
+    def cancel_round(self, detail: str) -> int | None:
+        r = self.round
+        if r is None or not r.phase.is_collecting:
+            return None
+        self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, detail, self._clock()))
+        self._round_event.set()
+        return r.number
+
+    @contextlib.asynccontextmanager
+    async def replacing_model(self, cancel_detail: str) -> AsyncIterator[None]:
+        self._rollbacks += 1  # no round opens until the new version is current
+        try:
+            self.cancel_round(cancel_detail)
+            async with self._model_lock:  # after a commit in progress, never during it
+                yield
+        finally:
+            self._rollbacks -= 1
+            self._held.set()
+
+    def adopt_model(self, version: int, parameters: dict[str, np.ndarray], step: int) -> None:
+        self._params, self._params_proto = parameters, None
+        self.model_version = version
+        self._step = step
 
     # ================================================================== devices and sessions
 
     def enroll_challenge(self) -> enrollment_pb2.EnrollChallengeResponse:
-        self._check_running()
+        self.check_running()
         return self.registry.enroll_challenge()
 
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
-        self._check_running()
+        self.check_running()
         return await self.registry.enroll(request, client_id=client_id)
 
     def check_hello(self, hello: session_pb2.Hello) -> None:
         """Refuse a Hello before its challenge (version rule; see DeviceRegistry.check_hello)."""
-        self._check_running()
+        self.check_running()
         self.registry.check_hello(hello)
 
     def session_nonce(self) -> bytes:
@@ -296,7 +343,7 @@ class Coordinator(OperatorActions):
                            proofs: Iterable[session_pb2.DeviceProof] = (),
                            client_id: str | None, peer: str = "") -> ClientSession:
         """A new stream sent its Hello and its proofs to `nonce` (see DeviceRegistry.open)."""
-        self._check_running()
+        self.check_running()
         return await self.registry.open(hello, nonce=nonce, proofs=proofs, client_id=client_id, peer=peer)
 
     def close_session(self, session: ClientSession, why: str = "stream ended") -> None:
@@ -304,7 +351,7 @@ class Coordinator(OperatorActions):
         its pending device requests fail."""
         if not self.registry.close(session, why):
             return
-        failed = self._requests.fail_session(session.sid, why)
+        failed = self.relay.fail_session(session.sid, why)
         log_event("session_closed", session=session.sid, why=why, **({"pending_requests_failed": failed} if failed else {}))
 
     def _registry_changed(self) -> None:
@@ -367,7 +414,7 @@ class Coordinator(OperatorActions):
             self._changed.set()
             return
         if kind == "device_response":
-            self._requests.resolve(session.sid, message.device_response)
+            self.relay.resolve(session.sid, message.device_response)
             return
         inner = getattr(message, kind)
         if type(inner) in CLIENT_MESSAGE_STAGE or isinstance(inner, common_pb2.AbortNotice):
@@ -429,47 +476,6 @@ class Coordinator(OperatorActions):
                     log_event("revocation_refresh_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
         except asyncio.CancelledError:
             pass
-
-    # ================================================================== device requests
-
-    async def request_top_k(self, device_id: int, k: int, *, exclude_seen: bool = True,
-                            timeout_s: float = DEFAULT_TIMEOUT_S) -> TopKAnswer:
-        """The device's top-k recommendation, computed on the device from its
-        private parameters and relayed over the stream hosting it.
-
-        Raises InvalidArgument (k not in 1..n_items, bad timeout, a model
-        without items; nothing is sent), UnknownDevice (never enrolled) or
-        DeviceNotConnected (no open stream hosts it), DeviceTimeout,
-        DeviceDisconnected (its stream closed first), DeviceAnswerError (the
-        device answered with an error code), InvalidDeviceAnswer, and
-        Unavailable (starting or shutting down)."""
-        self._check_running()
-        n_items = self.model.n_items
-        check_top_k(k, n_items=n_items, timeout_s=timeout_s)
-        assert n_items is not None
-        session = self.registry.owner(device_id)
-        if session is None or session.closed:
-            raise DeviceNotConnected(device_id) if device_id in self.registry.devices else UnknownDevice(device_id)
-        pending = self._requests.open(session.sid, device_id, "top_k")
-        t0 = self._clock()
-        outcome, status = "ok", "ok"
-        try:
-            session.send(top_k_request(pending.correlation_id, device_id, k=k, exclude_seen=exclude_seen,
-                                       timeout_s=timeout_s))
-            response = await self._requests.wait(pending, timeout_s)
-            return top_k_answer(response, k=k, n_items=n_items)
-        except DeviceRequestError as exc:
-            outcome = type(exc).__name__
-            status = top_k_status(exc)
-            raise
-        except asyncio.CancelledError:
-            outcome = status = "cancelled"
-            raise
-        finally:
-            seconds = self._clock() - t0
-            self.metrics.top_k(status, seconds)
-            log_event("device_request", session=session.sid, device=device_id, kind="top_k", k=k,
-                      exclude_seen=exclude_seen, outcome=outcome, seconds=f"{seconds:.3f}")
 
     # ================================================================== actions
 
