@@ -129,7 +129,11 @@ def _stage_names(value: Any) -> Any:
     return value
 
 
-_STATUS = {
+#: The admin listener's gRPC status -> the HTTP status of the problem
+#: document (the one translation of a coordinator failure in the admin
+#: service; the coordinator's own is coordinator/status_codes.py). A status
+#: not listed is 502.
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.INVALID_ARGUMENT: 422,
     grpc.StatusCode.PERMISSION_DENIED: 403,
@@ -137,6 +141,7 @@ _STATUS = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 503,
+    grpc.StatusCode.INTERNAL: 502,
 }
 
 
@@ -146,7 +151,7 @@ def problem_for(exc: LiveError, *, what: str, retry_after_s: int) -> ProblemErro
     (UNAUTHENTICATED) is a 502: the client's token was fine."""
     if exc.code is grpc.StatusCode.UNAUTHENTICATED:
         return ProblemError(502, f"{what}: the coordinator refused the admin service's credential")
-    status = _STATUS.get(exc.code, 502)
+    status = HTTP_STATUS.get(exc.code, 502)
     headers: dict[str, str] = {}
     if status == 503:
         wait = retry_after_s if exc.retry_after_ms is None else max(1, math.ceil(exc.retry_after_ms / 1000))

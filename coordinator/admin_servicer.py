@@ -1,15 +1,13 @@
 """The gRPC servicer of fedmask.v1.CoordinatorAdmin (admin_service.proto):
-thin, like `servicer.py`. Decode, call the Coordinator, encode, map
-exceptions to status codes:
+thin, like `servicer.py`. Decode, call the operator actions
+(operator_actions.py) or the live view, encode; errors become status codes
+by coordinator/status_codes.py (`admin_status`), a device that is not
+connected with a grpc-retry-pushback-ms hint, bugs INTERNAL (logged with
+their traceback).
 
-    InvalidArgument, a device's invalid_argument      -> INVALID_ARGUMENT
-    NotFound, UnknownDevice                           -> NOT_FOUND
-    DeviceNotConnected / DeviceDisconnected, a device's
-      unknown_device, Unavailable                     -> UNAVAILABLE (+ grpc-retry-pushback-ms)
-    DeviceTimeout                                     -> DEADLINE_EXCEEDED
-    a device's refused                                -> PERMISSION_DENIED
-    a device's not_ready, FailedPrecondition          -> FAILED_PRECONDITION
-    InvalidDeviceAnswer, other device errors, bugs    -> INTERNAL (bugs logged with their traceback)
+It takes what it calls, not the `Coordinator`: the `OperatorActions`, the
+live view (a function returning the LiveState), the event hub and the
+metrics.
 
 WatchEvents writes a `snapshot` event first (its sequence is that of the
 latest event the snapshot includes), then each event of the hub; a watcher
@@ -21,27 +19,18 @@ with RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
-from coordinator.errors import (
-    CoordinatorError,
-    DeviceAnswerError,
-    DeviceNotConnected,
-    DeviceTimeout,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    UnknownDevice,
-    Unavailable,
-)
-from coordinator.events import HubClosed, WatcherDropped, WatcherLimit
+from coordinator.errors import CoordinatorError, DeviceNotConnected, InvalidArgument
+from coordinator.events import EventHub, HubClosed, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
-from coordinator.operator_actions import ActionOutcome, Recommendation
-from coordinator.service import Coordinator
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.operator_actions import ActionOutcome, OperatorActions, Recommendation
 from coordinator.servicer import abort
+from coordinator.status_codes import admin_status
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.protocol import RETRY_PUSHBACK_KEY
 from wire.round_task import seconds_to_duration
@@ -49,33 +38,6 @@ from wire.round_task import seconds_to_duration
 #: How long an admin client should wait before asking again for a device
 #: that is not connected (the grpc-retry-pushback-ms trailer).
 RETRY_NOT_CONNECTED_MS = 2000
-
-_DEVICE_CODES = {
-    "refused": grpc.StatusCode.PERMISSION_DENIED,
-    "not_ready": grpc.StatusCode.FAILED_PRECONDITION,
-    "invalid_argument": grpc.StatusCode.INVALID_ARGUMENT,
-    "unknown_device": grpc.StatusCode.UNAVAILABLE,
-}
-
-
-def admin_status(exc: CoordinatorError) -> grpc.StatusCode:
-    """The status code of a coordinator error on the admin service."""
-    if isinstance(exc, NotFound | UnknownDevice):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, DeviceNotConnected | Unavailable):
-        return grpc.StatusCode.UNAVAILABLE
-    if isinstance(exc, DeviceTimeout):
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    if isinstance(exc, DeviceAnswerError):
-        return _DEVICE_CODES.get(exc.code, grpc.StatusCode.INTERNAL)
-    if isinstance(exc, InvalidArgument):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, FailedPrecondition):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    if isinstance(exc, PermissionDenied):
-        return grpc.StatusCode.PERMISSION_DENIED
-    return grpc.StatusCode.INTERNAL
-
 
 def recommendation_proto(rec: Recommendation) -> A.RecommendTopKResponse:
     a = rec.answer
@@ -94,8 +56,12 @@ def recommendation_proto(rec: Recommendation) -> A.RecommendTopKResponse:
 class AdminServicer:
     """See the module doc."""
 
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, actions: OperatorActions, *, live: Callable[[], A.LiveState], events: EventHub,
+                 metrics: CoordinatorMetrics) -> None:
+        self.actions = actions
+        self.live = live
+        self.events = events
+        self.metrics = metrics
 
     async def _fail(self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
         if isinstance(exc, CoordinatorError):
@@ -110,36 +76,35 @@ class AdminServicer:
 
     async def GetLiveState(self, request: A.GetLiveStateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> A.LiveState:
         try:
-            return self.coordinator.live_state()
+            return self.live()
         except Exception as exc:
             await self._fail(context, exc, "GetLiveState")
             raise AssertionError("unreachable") from exc  # pragma: no cover
 
     async def WatchEvents(self, request: A.WatchEventsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        coord = self.coordinator
-        hub = coord.events
+        hub, metrics = self.events, self.metrics
         try:
             watcher = hub.watch()
         except WatcherLimit as exc:
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except HubClosed as exc:
             await abort(context, grpc.StatusCode.UNAVAILABLE, str(exc))
-        coord.metrics.watchers.set(hub.watchers)
+        metrics.watchers.set(hub.watchers)
         code, detail = None, ""
         try:
-            snapshot = A.AdminEvent(sequence=hub.sequence, snapshot=coord.live_state())
+            snapshot = A.AdminEvent(sequence=hub.sequence, snapshot=self.live())
             snapshot.at.CopyFrom(snapshot.snapshot.as_of)
             await context.write(snapshot)
             while True:
                 await context.write(await watcher.next())
         except WatcherDropped as exc:
-            coord.metrics.watchers_dropped.inc()
+            metrics.watchers_dropped.inc()
             code, detail = grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; watch again"
         except HubClosed as exc:
             code, detail = grpc.StatusCode.UNAVAILABLE, str(exc)
         finally:
             hub.unwatch(watcher)
-            coord.metrics.watchers.set(hub.watchers)
+            metrics.watchers.set(hub.watchers)
         if code is not None:
             await abort(context, code, detail)
 
@@ -150,7 +115,7 @@ class AdminServicer:
             if target is None:
                 raise InvalidArgument("name the device: device_id or user_handle")
             timeout = request.timeout.ToTimedelta().total_seconds() if request.HasField("timeout") else None
-            rec = await self.coordinator.recommend(
+            rec = await self.actions.recommend(
                 device_id=request.device_id if target == "device_id" else None,
                 handle=request.user_handle if target == "user_handle" else None,
                 k=int(request.k), exclude_seen=request.exclude_seen, timeout_s=timeout,
@@ -164,37 +129,36 @@ class AdminServicer:
                       result: Any) -> A.OperatorActionResponse:
         try:
             done: ActionOutcome = await result
-            return A.OperatorActionResponse(state=self.coordinator.live_state(), changed=done.changed,
+            return A.OperatorActionResponse(state=self.live(), changed=done.changed,
                                             audit_id=done.audit.id, new_model_version=done.new_model_version or 0)
         except Exception as exc:
             await self._fail(context, exc, method)
             raise AssertionError("unreachable") from exc  # pragma: no cover
 
     async def Pause(self, request: A.OperatorRequest, context: grpc.aio.ServicerContext[Any, Any]) -> A.OperatorActionResponse:
-        return await self._action(context, "Pause", self.coordinator.pause(request.operator, request.reason))
+        return await self._action(context, "Pause", self.actions.pause(request.operator, request.reason))
 
     async def Resume(self, request: A.OperatorRequest, context: grpc.aio.ServicerContext[Any, Any]) -> A.OperatorActionResponse:
-        return await self._action(context, "Resume", self.coordinator.resume(request.operator, request.reason))
+        return await self._action(context, "Resume", self.actions.resume(request.operator, request.reason))
 
     async def AbortRound(self, request: A.OperatorRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> A.OperatorActionResponse:
-        return await self._action(context, "AbortRound", self.coordinator.abort_round(request.operator, request.reason))
+        return await self._action(context, "AbortRound", self.actions.abort_round(request.operator, request.reason))
 
     async def Rollback(self, request: A.RollbackRequest,
                        context: grpc.aio.ServicerContext[Any, Any]) -> A.OperatorActionResponse:
         return await self._action(context, "Rollback",
-                                  self.coordinator.rollback(int(request.version), request.operator, request.reason))
+                                  self.actions.rollback(int(request.version), request.operator, request.reason))
 
 
 _SERVICE = A.DESCRIPTOR.services_by_name["CoordinatorAdmin"]
 SERVICE_NAME = _SERVICE.full_name
 
 
-def add_admin_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> AdminServicer:
-    """Serve fedmask.v1.CoordinatorAdmin on `server` (registered by hand, as
-    in servicer.add_to_server: WatchEvents uses grpc.aio's write API).
-    RuntimeError if the service has a method without a handler here."""
-    s = AdminServicer(coordinator)
+def add_admin_to_server(s: AdminServicer, server: grpc.aio.Server) -> AdminServicer:
+    """Serve fedmask.v1.CoordinatorAdmin by `s` on `server` (registered by
+    hand, as in servicer.add_to_server: WatchEvents uses grpc.aio's write
+    API). RuntimeError if the service has a method without a handler here."""
     unary = grpc.unary_unary_rpc_method_handler
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "GetLiveState": unary(s.GetLiveState, A.GetLiveStateRequest.FromString, A.LiveState.SerializeToString),
@@ -215,4 +179,4 @@ def add_admin_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> Ad
     return s
 
 
-__all__ = ["AdminServicer", "SERVICE_NAME", "add_admin_to_server", "admin_status", "recommendation_proto"]
+__all__ = ["AdminServicer", "SERVICE_NAME", "add_admin_to_server", "recommendation_proto"]

@@ -1,5 +1,6 @@
-"""Errors the coordinator's handlers raise; the servicer maps each to one
-gRPC status code (and nothing else escapes as INTERNAL)."""
+"""Errors the coordinator's handlers raise; coordinator/status_codes.py maps
+each to one gRPC status code per listener (and nothing else escapes as
+INTERNAL)."""
 
 from __future__ import annotations
 
@@ -35,9 +36,9 @@ class FailedPrecondition(CoordinatorError):
 
 
 # ---------------------------------------------------------------- device requests
-# Raised by `Coordinator.request_top_k` (the relay of DeviceRequests over the
-# session stream, coordinator/relay.py); the admin servicer
-# (coordinator/admin_servicer.py) maps them to status codes.
+# Raised by `DeviceRelay.request_top_k` (the relay of DeviceRequests over the
+# session stream, coordinator/device_relay.py); coordinator/status_codes.py
+# maps them to the admin listener's status codes.
 
 
 class DeviceRequestError(CoordinatorError):
@@ -77,13 +78,15 @@ class DeviceTimeout(DeviceRequestError):
 
 
 class DeviceAnswerError(DeviceRequestError):
-    """The device answered with a DeviceError. `code` is the lower-case
-    DeviceErrorCode suffix ("not_ready", "invalid_argument", ...)."""
+    """The device answered with a DeviceError. `error_code` is its
+    DeviceErrorCode value (session.proto), `code` that value's lower-case
+    suffix for messages and logs ("not_ready", "invalid_argument", ...)."""
 
-    def __init__(self, device_id: int, code: str, message: str) -> None:
+    def __init__(self, device_id: int, code: str, message: str, *, error_code: int) -> None:
         super().__init__(f"device {device_id} answered {code}: {message}" if message else f"device {device_id} answered {code}")
         self.device_id = device_id
         self.code = code
+        self.error_code = error_code
         self.device_message = message
 
 

@@ -1,45 +1,42 @@
-"""What the admin listener asks of the running coordinator: its live state,
-the operator actions (pause, resume, abort, rollback; each written to the
-store's audit log) and top-k by device id or user handle.
+"""What the admin listener asks of the running coordinator besides its
+live state: the operator actions (pause, resume, abort, rollback; each
+written to the store's audit log, refusals too) and top-k by device id or
+user handle.
 
-`OperatorActions` is mixed into `Coordinator` (service.py): it acts on the
-coordinator's runtime state, declared below, on the coordinator's event
-loop. The pure parts (the action result, the operator check, the top-k
-metric status) are module functions. See docs/decisions.md D40-D44.
+`OperatorActions` is constructed with its collaborators: the store (audit
+log, model versions, user handles), the device registry, the event hub,
+the metrics, the device relay (device_relay.py) and a `FederationControl`,
+the small protocol through which an action changes the running
+federation (hold the round loop, cancel the collecting round, replace the
+model). The in-process `FederationControl` is the `Coordinator`
+(service.py); a replicated coordinator could give a store-backed one. The
+pure parts (the action result, the operator check) are module functions.
+Every method runs on the coordinator's event loop. See docs/decisions.md
+D40-D44.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import datetime
+from typing import Protocol
 
 import numpy as np
 
-from coordinator.errors import (
-    DeviceAnswerError,
-    DeviceNotConnected,
-    DeviceTimeout,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    UnknownDevice,
-)
+from coordinator.device_relay import DeviceRelay
+from coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
 from coordinator.events import EventHub
-from coordinator.live_state import RoundTimeline, device_counts, live_round, live_state, privacy_budget
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
 from coordinator.registry import DeviceRegistry
 from coordinator.relay import TopKAnswer
-from coordinator.round_report import PrivacyLedger
-from coordinator.rounds import Action, RoundMachine
-from coordinator.settings import CoordinatorSettings
 from coordinator.store import AuditRecord, DeviceRecord, NewModelVersion, NotFoundError, Store
 from coordinator.store.blobs import unpack_parameters
-from fedmask_proto.v1 import admin_service_pb2, common_pb2
+from fedmask_proto.v1 import admin_service_pb2
 
 MAX_OPERATOR_CHARS = 128
 MAX_REASON_CHARS = 1024
@@ -75,127 +72,97 @@ def check_operator(operator: str, reason: str) -> None:
         raise InvalidArgument(f"reason must be at most {MAX_REASON_CHARS} characters")
 
 
-#: DeviceErrorCode suffix -> the error the admin sees (and its top-k metric status).
-_DEVICE_CODE_STATUS = {"refused": "refused", "not_ready": "not_ready", "invalid_argument": "invalid_argument",
-                       "unknown_device": "unavailable"}
+class FederationControl(Protocol):
+    """What operator actions change in the running federation (D44)."""
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def budget_exhausted(self) -> bool: ...
+
+    @property
+    def model_version(self) -> int | None:
+        """The current model version (None before the start)."""
+
+    def check_running(self) -> None:
+        """Raise Unavailable while the coordinator starts or shuts down."""
+
+    def set_paused(self, paused: bool) -> bool:
+        """Hold (True) or release the round loop before it selects a cohort
+        (a running round finishes); whether that changed anything."""
+
+    def cancel_round(self, detail: str) -> int | None:
+        """Cancel the collecting round (AbortReason CANCELLED, `detail`); its
+        number, or None when no round is collecting (nothing changes)."""
+
+    def replacing_model(self, cancel_detail: str) -> AbstractAsyncContextManager[None]:
+        """Inside: no round opens, a collecting round was cancelled
+        (`cancel_detail`), and no commit runs (one in progress finished)."""
+
+    def adopt_model(self, version: int, parameters: dict[str, np.ndarray], step: int) -> None:
+        """Make stored model `version` current (inside `replacing_model`)."""
 
 
 class OperatorActions:
-    """The admin-facing methods of `Coordinator` (see the module doc)."""
+    """See the module doc. `top_k_timeout_s` is admin.top_k_timeout_s, the
+    longest (and default) wait for a device's answer."""
 
-    # The coordinator's runtime state these methods use (Coordinator.__init__ sets it).
-    settings: CoordinatorSettings
-    store: Store
-    model: ServerModel
-    registry: DeviceRegistry
-    ledger: PrivacyLedger
-    events: EventHub
-    metrics: CoordinatorMetrics
-    round: RoundMachine | None
-    model_version: int | None
-    paused: bool
-    budget_exhausted: bool
-    epsilon_spent: float
-    rounds_committed: int
-    rounds_aborted: int
-    _timeline: RoundTimeline
-    _round_base: int | None
-    _round_started_at: datetime | None
-    _held: asyncio.Event
-    _changed: asyncio.Event
-    _round_event: asyncio.Event
-    _rollbacks: int
-    _model_lock: asyncio.Lock
-    _params: dict[str, np.ndarray]
-    _params_proto: common_pb2.ModelParameters | None
-    _step: int
-    _wall: Callable[[], datetime]
-    _clock: Callable[[], float]
-
-    # Implemented by Coordinator.
-    def _check_running(self) -> None:
-        raise NotImplementedError
-
-    def _apply(self, actions: Iterable[Action]) -> None:
-        raise NotImplementedError
-
-    def device_counts(self) -> tuple[int, int, int, int]:
-        raise NotImplementedError
-
-    async def request_top_k(self, device_id: int, k: int, *, exclude_seen: bool = True,
-                            timeout_s: float = 10.0) -> TopKAnswer:
-        raise NotImplementedError
-
-    def live_state(self) -> admin_service_pb2.LiveState:
-        """What the coordinator is doing now (GetLiveState); Unavailable
-        while starting or shutting down."""
-        self._check_running()
-        enrolled, revoked, connected, available = self.device_counts()
-        r = self.round
-        current = None
-        if r is not None:
-            current = live_round(r, self._timeline, base_version=self._round_base,
-                                 started_at=self._round_started_at or self._wall(),
-                                 secure=not self.settings.debug.insecure_plaintext)
-        return live_state(
-            model_name=self.model.name, model_version=self.model_version, paused=self.paused,
-            privacy=privacy_budget(spent=self.epsilon_spent, budget=self.ledger.budget, delta=self.settings.dp.delta,
-                                   exhausted=self.budget_exhausted, mode=self.settings.dp.mode),
-            devices=device_counts(enrolled=enrolled, revoked=revoked, connected=connected, available=available),
-            round_=current, as_of=self._wall(), last_sequence=self.events.sequence,
-            committed=self.rounds_committed, aborted=self.rounds_aborted,
-        )
+    def __init__(self, *, store: Store, registry: DeviceRegistry, events: EventHub, metrics: CoordinatorMetrics,
+                 relay: DeviceRelay, control: FederationControl, model: ServerModel, top_k_timeout_s: float,
+                 clock: Callable[[], float]) -> None:
+        self.store = store
+        self.registry = registry
+        self.events = events
+        self.metrics = metrics
+        self.relay = relay
+        self.control = control
+        self.model = model
+        self.top_k_timeout_s = top_k_timeout_s
+        self._clock = clock
 
     async def _audit(self, operator: str, action: str, outcome: str, **details: object) -> AuditRecord:
         return await asyncio.to_thread(self.store.append_audit, operator=operator, action=action, outcome=outcome,
                                        details={k: v for k, v in details.items() if v not in (None, "")})
 
     def _announce(self, action: str, operator: str) -> None:
-        self.metrics.paused.set(1 if self.paused else 0)
+        c = self.control
+        self.metrics.paused.set(1 if c.paused else 0)
         self.events.publish(federation_changed=admin_service_pb2.FederationChanged(
-            paused=self.paused, budget_exhausted=self.budget_exhausted, model_version=self.model_version or 0,
+            paused=c.paused, budget_exhausted=c.budget_exhausted, model_version=c.model_version or 0,
             action=action, operator=operator))
+
+    async def _set_paused(self, paused: bool, operator: str, reason: str) -> ActionOutcome:
+        check_operator(operator, reason)
+        self.control.check_running()
+        changed = self.control.set_paused(paused)
+        action = "pause" if paused else "resume"
+        entry = await self._audit(operator, action, "ok" if changed else
+                                  "ok: already paused" if paused else "ok: not paused", reason=reason)
+        if changed:
+            log_event("paused" if paused else "resumed", operator=operator)
+            self._announce(action, operator)
+        return ActionOutcome(changed, entry)
 
     async def pause(self, operator: str, reason: str = "") -> ActionOutcome:
         """No new round opens until `resume` (a running round finishes)."""
-        check_operator(operator, reason)
-        self._check_running()
-        changed = not self.paused
-        self.paused = True
-        self._held.set()
-        entry = await self._audit(operator, "pause", "ok" if changed else "ok: already paused", reason=reason)
-        if changed:
-            log_event("paused", operator=operator)
-            self._announce("pause", operator)
-        return ActionOutcome(changed, entry)
+        return await self._set_paused(True, operator, reason)
 
     async def resume(self, operator: str, reason: str = "") -> ActionOutcome:
-        check_operator(operator, reason)
-        self._check_running()
-        changed = self.paused
-        self.paused = False
-        self._held.set()
-        self._changed.set()
-        entry = await self._audit(operator, "resume", "ok" if changed else "ok: not paused", reason=reason)
-        if changed:
-            log_event("resumed", operator=operator)
-            self._announce("resume", operator)
-        return ActionOutcome(changed, entry)
+        return await self._set_paused(False, operator, reason)
 
     async def abort_round(self, operator: str, reason: str = "") -> ActionOutcome:
         """Abort the collecting round with AbortReason CANCELLED;
         FailedPrecondition when none is collecting (audited as refused)."""
         check_operator(operator, reason)
-        self._check_running()
-        r = self.round
-        if r is None or not r.phase.is_collecting:
+        self.control.check_running()
+        detail = f"cancelled by operator {operator}" + (f": {reason}" if reason else "")
+        number = self.control.cancel_round(detail[:500])
+        if number is None:
             await self._audit(operator, "abort_round", "refused: no round is collecting", reason=reason)
             raise FailedPrecondition("no round is collecting (nothing to abort)")
-        detail = f"cancelled by operator {operator}" + (f": {reason}" if reason else "")
-        self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, detail[:500], self._clock()))
-        self._round_event.set()
-        log_event("round_cancelled", round=r.number, operator=operator)
-        entry = await self._audit(operator, "abort_round", "ok", round=r.number, reason=reason)
+        log_event("round_cancelled", round=number, operator=operator)
+        entry = await self._audit(operator, "abort_round", "ok", round=number, reason=reason)
         self._announce("abort_round", operator)
         return ActionOutcome(True, entry)
 
@@ -206,7 +173,7 @@ class OperatorActions:
         (version 0, parameters that do not fit the model), NotFound (no
         such version of this model); refusals are audited."""
         check_operator(operator, reason)
-        self._check_running()
+        self.control.check_running()
         if version < 1:
             raise InvalidArgument("version must be >= 1")
         try:
@@ -222,24 +189,12 @@ class OperatorActions:
             await self._audit(operator, "rollback", "refused: parameters do not fit the model", version=version,
                               reason=reason)
             raise InvalidArgument(f"model version {version} has parameters that do not fit the configured model")
-        self._rollbacks += 1  # no round opens until the new version is current
-        try:
-            r = self.round
-            if r is not None and r.phase.is_collecting:
-                self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, f"rollback to version {version} by {operator}",
-                                     self._clock()))
-                self._round_event.set()
-            async with self._model_lock:  # after a commit in progress, never during it
-                summary = await asyncio.to_thread(self.store.add_model_version, NewModelVersion(
-                    model_name=old.model_name, parameters=old.parameters,
-                    hyperparameters={**old.hyperparameters, "rollback_of": version},
-                ))
-                self._params, self._params_proto = params, None
-                self.model_version = summary.id
-                self._step = int(old.hyperparameters.get("step", 0))
-        finally:
-            self._rollbacks -= 1
-            self._held.set()
+        async with self.control.replacing_model(f"rollback to version {version} by {operator}"):
+            summary = await asyncio.to_thread(self.store.add_model_version, NewModelVersion(
+                model_name=old.model_name, parameters=old.parameters,
+                hyperparameters={**old.hyperparameters, "rollback_of": version},
+            ))
+            self.control.adopt_model(summary.id, params, int(old.hyperparameters.get("step", 0)))
         log_event("rolled_back", version=version, new_version=summary.id, operator=operator)
         entry = await self._audit(operator, "rollback", "ok", version=version, new_version=summary.id, reason=reason)
         self._announce("rollback", operator)
@@ -259,13 +214,13 @@ class OperatorActions:
 
     async def recommend(self, *, device_id: int | None = None, handle: str | None = None, k: int,
                         exclude_seen: bool = True, timeout_s: float | None = None) -> Recommendation:
-        """`request_top_k` for a device named by id or by user handle (one of
+        """`DeviceRelay.request_top_k` for a device named by id or by user handle (one of
         them), with its latency and a fresh recommendation id. Raises as
-        `request_top_k`, plus NotFound (unknown handle)."""
-        self._check_running()
+        `DeviceRelay.request_top_k`, plus NotFound (unknown handle)."""
+        self.control.check_running()
         if (device_id is None) == (handle is None):
             raise InvalidArgument("name the device by id or by user handle (one of them)")
-        limit = self.settings.admin.top_k_timeout_s
+        limit = self.top_k_timeout_s
         timeout = limit if timeout_s is None else timeout_s
         if not 0 < timeout <= limit:
             raise InvalidArgument(f"timeout must be in (0, {limit:g}] s")
@@ -277,25 +232,10 @@ class OperatorActions:
                 raise
         assert device_id is not None
         t0 = self._clock()
-        answer = await self.request_top_k(device_id, k, exclude_seen=exclude_seen, timeout_s=timeout)
+        answer = await self.relay.request_top_k(device_id, k, exclude_seen=exclude_seen, timeout_s=timeout)
         rec = self.registry.devices.get(device_id)
         return Recommendation(answer=answer, device_id=device_id, handle=rec.local_id if rec is not None else "",
                               latency_s=self._clock() - t0, recommendation_id=uuid.uuid4().hex)
 
 
-def top_k_status(exc: BaseException) -> str:
-    """The fedmask_topk_requests_total status label of a failed request."""
-    if isinstance(exc, UnknownDevice):
-        return "not_found"
-    if isinstance(exc, DeviceNotConnected):
-        return "unavailable"
-    if isinstance(exc, DeviceTimeout):
-        return "timeout"
-    if isinstance(exc, DeviceAnswerError):
-        return _DEVICE_CODE_STATUS.get(exc.code, "device_error")
-    if isinstance(exc, InvalidArgument):
-        return "invalid_argument"
-    return "error"
-
-
-__all__ = ["ActionOutcome", "OperatorActions", "Recommendation", "check_operator", "top_k_status"]
+__all__ = ["ActionOutcome", "FederationControl", "OperatorActions", "Recommendation", "check_operator"]

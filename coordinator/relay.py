@@ -15,8 +15,8 @@ The session's receive loop calls `registry.resolve(session_sid, response)`
 (an answer that matches nothing, typically one arriving after its timeout,
 is logged and dropped), and closing a stream calls
 `registry.fail_session(sid, why)`, which fails its pending requests with
-DeviceDisconnected. No I/O here: `Coordinator.request_top_k` (service.py)
-does the sending.
+DeviceDisconnected. No I/O here: `DeviceRelay` (device_relay.py) owns the
+`PendingRequests` and does the sending.
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int) 
     device = response.device_id
     kind = response.WhichOneof("response")
     if kind == "error":
-        raise DeviceAnswerError(device, device_error_code(response.error.code), response.error.message[:500])
+        code = response.error.code
+        raise DeviceAnswerError(device, device_error_code(code), response.error.message[:500], error_code=code)
     if kind != "top_k":
         raise InvalidDeviceAnswer(device, f"expected top_k, got {kind or 'an empty response'}")
     r = response.top_k

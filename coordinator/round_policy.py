@@ -50,13 +50,14 @@ import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from coordinator.settings import CoordinatorSettings, DeadlineSettings, DpSettings
 from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
+from wire.protocol import HYBRID_J_BOUND_HYPERPARAMETER, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_metrics import MetricLayout
 
 # --------------------------------------------------------------------------- secure aggregation
@@ -150,6 +151,19 @@ def dp_settings_for(dp: DpSettings, cohort_size: int) -> session_pb2.DpSettings:
         mode = session_pb2.DP_MODE_DISTRIBUTED
         std = std / math.sqrt(cohort_size)
     return session_pb2.DpSettings(mode=mode, clip_norm=dp.clip, noise_multiplier=dp.noise_multiplier, noise_stddev=std)
+
+
+def task_hyperparameters(settings: CoordinatorSettings, model_hyperparameters: Mapping[str, Any],
+                         step: int) -> dict[str, Any]:
+    """The hyperparameters a RoundTask carries: the model's, the round index
+    (the model's `step`) and wire.protocol's markers of a plaintext round and
+    of the hybrid rounds' J bound (D64)."""
+    hp = {**model_hyperparameters, ROUND_INDEX_HYPERPARAMETER: step}
+    if settings.debug.insecure_plaintext:
+        hp[PLAINTEXT_HYPERPARAMETER] = True
+    if settings.hybrid.unprotected_plaintext_j_bound is not None:
+        hp[HYBRID_J_BOUND_HYPERPARAMETER] = settings.hybrid.unprotected_plaintext_j_bound
+    return hp
 
 
 # --------------------------------------------------------------------------- deadlines

@@ -30,7 +30,7 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator.admin_auth import AdminListenerAuth, DeviceListenerGuard, admin_token_digests
 from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
-from coordinator.admin_servicer import add_admin_to_server
+from coordinator.admin_servicer import AdminServicer, add_admin_to_server
 from coordinator.auth import TokenAuthInterceptor, TokenFile
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
@@ -185,7 +185,8 @@ async def build_admin_server(coordinator: Coordinator,
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ])
-    add_admin_to_server(coordinator, server)
+    add_admin_to_server(AdminServicer(coordinator.actions, live=coordinator.live_state, events=coordinator.events,
+                                      metrics=coordinator.metrics), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -1,10 +1,9 @@
 """The coordinator's asyncio runtime: the round loop that wires together the
 device registry (`registry.py`), the round policy (`round_policy.py`), the
 pure `RoundMachine` (`rounds.py`), the round report (`round_report.py`) and
-the device-request relay (`relay.py`).
-
-Everything here runs on one event loop; store calls (blocking SQL) and the
-model step go to worker threads. The gRPC servicer only calls:
+the model it serves (`current_model.py`). Everything here runs on one event
+loop; store calls (blocking SQL) and the model step go to worker threads.
+The gRPC servicer only calls:
 
     coordinator.enroll_challenge()                             -> EnrollChallengeResponse
     await coordinator.enroll(request, client_id=...)          -> EnrollResponse
@@ -17,22 +16,12 @@ model step go to worker threads. The gRPC servicer only calls:
 and drains `session.outbox` (ServerMessage, or a StreamEnd that ends the
 stream with a status). Errors are `coordinator.errors` exceptions.
 
-In-process callers (the admin) relay queries to a device over its stream:
-
-    answer = await coordinator.request_top_k(device_id, k, exclude_seen=True, timeout_s=10)
-
-The admin servicer (coordinator/admin_servicer.py) also calls (the
-methods of coordinator/operator_actions.py, mixed in):
-
-    coordinator.live_state()                        -> LiveState (admin_service.proto)
-    coordinator.events.watch()                      the event stream (coordinator/events.py)
-    await coordinator.recommend(device_id=..., handle=..., k=..., ...)  -> Recommendation
-    await coordinator.pause(operator, reason) / resume / abort_round    -> ActionOutcome
-    await coordinator.rollback(version, operator, reason)               -> ActionOutcome
-
-Operator actions are written to the store's audit log (refusals too).
-Pause holds the round loop before it selects (a running round finishes);
-the epsilon budget holds it for good once a round could exceed it (D42).
+It composes `relay` (device_relay.py: requests to devices), `actions`
+(operator_actions.py, for which it is the in-process `FederationControl`),
+`outcomes` (round_outcomes.py: round ends, the epsilon budget, D42),
+`census` (device_census.py) and `delivery` (round_delivery.py: messages to
+the streams, identity certificates, D33). The admin servicer gets
+`actions`, `live_state` and the event hub.
 """
 
 from __future__ import annotations
@@ -43,91 +32,55 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime
 
 import grpc
 import numpy as np
-from cryptography import x509
 
-from coordinator.errors import (
-    DeviceNotConnected,
-    DeviceRequestError,
-    ProtocolViolation,
-    Unavailable,
-    UnknownDevice,
-)
+from coordinator.current_model import CurrentModel
+from coordinator.device_census import DeviceCensus
+from coordinator.device_relay import DeviceRelay
+from coordinator.errors import ProtocolViolation, Unavailable
 from coordinator.events import EventHub
-from coordinator.live_state import RoundTimeline, device_counts, stage_changed
+from coordinator.live_state import RoundTimeline, device_counts, live_round, live_state, privacy_budget, stage_changed
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
-from coordinator.operator_actions import OperatorActions, top_k_status
+from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import PeerReports, ReportPolicy
 from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
-from coordinator.relay import DEFAULT_TIMEOUT_S, PendingRequests, TopKAnswer, check_top_k, top_k_answer, top_k_request
-from coordinator.round_policy import AdaptiveDeadlines, dp_settings_for, metric_names_for, round_vector_for
+from coordinator.relay import TopKAnswer
+from coordinator.round_policy import (AdaptiveDeadlines, dp_settings_for, metric_names_for, round_vector_for,
+                                     task_hyperparameters)
+from coordinator.round_delivery import RoundDelivery
+from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
-from coordinator.rounds import (
-    Action,
-    AggregateReady,
-    Broadcast,
-    LogEvent,
-    PhaseChanged,
-    RoundEnded,
-    RoundMachine,
-    RoundPhase,
-    Send,
-)
+from coordinator.rounds import (Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine,
+                                RoundPhase, Send)
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import (
-    DeviceStatus,
-    NewModelVersion,
-    RoundRecord,
-    RoundState,
-    Store,
-    utc_now,
-)
-from coordinator.store.blobs import pack_parameters, unpack_parameters
+from coordinator.store import RoundRecord, RoundState, Store, utc_now
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
-from secagg.device_certificates import MAX_CERTIFICATE_BYTES, certificate_refusal
 from secagg.errors import SecAggConfigError
-from wire import WireError, build_round_task, params_to_proto
+from wire import build_round_task
 from wire.possession import SESSION_NONCE_BYTES
-from wire.protocol import (
-    CLIENT_MESSAGE_STAGE,
-    HYBRID_J_BOUND_HYPERPARAMETER,
-    PLAINTEXT_HYPERPARAMETER,
-    ROUND_INDEX_HYPERPARAMETER,
-)
+from wire.protocol import CLIENT_MESSAGE_STAGE
 from wire.round_task import seconds_to_duration
-from wire.secagg_codec import expand_abort, reason_name
+from wire.secagg_codec import expand_abort
 
 SILENT_INTERVALS = 3
-#: abort_reason of the round record the epsilon budget leaves (D42).
-BUDGET_EXHAUSTED = reason_name(common_pb2.ABORT_REASON_BUDGET_EXHAUSTED)
-#: Device counts are re-published at most this often (seconds).
-COUNTS_INTERVAL_S = 0.25
 
 
-class Coordinator(OperatorActions):
-    """See the module doc."""
+class Coordinator:
+    """See the module doc; implements operator_actions.FederationControl."""
 
-    def __init__(
-        self,
-        settings: CoordinatorSettings,
-        *,
-        store: Store,
-        model: ServerModel,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], datetime] = utc_now,
-        rng: random.Random | None = None,
-        token_source: Callable[[int], bytes] = os.urandom,
-        metrics: CoordinatorMetrics | None = None,
-    ) -> None:
+    def __init__(self, settings: CoordinatorSettings, *, store: Store, model: ServerModel,
+                 clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], datetime] = utc_now,
+                 rng: random.Random | None = None, token_source: Callable[[int], bytes] = os.urandom,
+                 metrics: CoordinatorMetrics | None = None) -> None:
         self.settings = settings
         self.store = store
         self.model = model
@@ -155,38 +108,31 @@ class Coordinator(OperatorActions):
             quarantine_rounds=s.report_quarantine_rounds,
         ))
         self._last_round_number = 0
-        self._params: dict[str, np.ndarray] = {}
-        self._params_proto: common_pb2.ModelParameters | None = None
-        self.model_version: int | None = None
-        self._step = 0
+        self.current = CurrentModel(store, model)
         self._started = False
         self._stopping = False
         self.rounds_run = 0
         self._reaper: asyncio.Task[None] | None = None
-        self._requests = PendingRequests(token=token_source)
         admin = settings.admin
         self.events = EventHub(queue_size=admin.watcher_queue, max_watchers=admin.max_watchers, wall_clock=wall_clock)
         self.metrics = metrics if metrics is not None else CoordinatorMetrics()
+        self.relay = DeviceRelay(self.registry, n_items=model.n_items, metrics=self.metrics, clock=clock,
+                                 check_running=self.check_running, token=token_source)
+        self.actions = OperatorActions(store=store, registry=self.registry, events=self.events, metrics=self.metrics,
+                                       relay=self.relay, control=self, model=model,
+                                       top_k_timeout_s=admin.top_k_timeout_s, clock=clock)
         self.paused = False
-        self.budget_exhausted = False
         self._held = asyncio.Event()  # set when paused / budget_exhausted may have changed
         self._timeline = RoundTimeline()
-        self._model_lock = asyncio.Lock()  # a commit and a rollback never interleave
-        self.rounds_committed = 0
-        self.rounds_aborted = 0
-        self.epsilon_spent = 0.0
-        self._counts_dirty = asyncio.Event()
-        self._counts: tuple[int, int, int, int] | None = None
+        self.outcomes = RoundOutcomes(store=store, ledger=self.ledger, events=self.events, metrics=self.metrics,
+                                      wall_clock=wall_clock, on_hold=self._held.set)
+        self.census = DeviceCensus(self.registry, metrics=self.metrics, events=self.events)
         self._counter: asyncio.Task[None] | None = None
         #: bound ports by listener ("device", "admin", "metrics"), set by server.serve
         self.ports: dict[str, int] = {}
         self._round_base: int | None = None  # the model version the running round started from
         self._rollbacks = 0  # rollbacks in progress: the loop opens no round meanwhile
-        #: Identity certificates the running round's devices sent with their
-        #: AdvertiseKeys (device id -> DER), relayed unread in PeerKeys (D33).
-        self._certificates: dict[int, bytes] = {}
-        self._device_ca = (x509.load_pem_x509_certificate(settings.secagg.device_ca.read_bytes())
-                           if settings.secagg.device_ca is not None else None)
+        self.delivery = RoundDelivery(self.registry, device_ca=settings.secagg.device_ca, wall_clock=wall_clock)
 
     # ================================================================== lifecycle
 
@@ -196,49 +142,13 @@ class Coordinator(OperatorActions):
         interrupted = await asyncio.to_thread(self.store.mark_interrupted_rounds_aborted)
         if interrupted:
             log_event("rounds_marked_aborted", logging.WARNING, rounds=",".join(map(str, interrupted)))
-        latest = await asyncio.to_thread(self.store.latest_model_version, self.model.name)
-        want = self.model.parameter_shapes()
-        if latest is None:
-            params = self.model.init_parameters(self.settings.seed or 0)
-            summary = await asyncio.to_thread(
-                self.store.add_model_version,
-                NewModelVersion(
-                    model_name=self.model.name,
-                    parameters=pack_parameters(params),
-                    hyperparameters={**self.model.hyperparameters(), "step": 0},
-                ),
-            )
-            self._params, self.model_version, self._step = params, summary.id, 0
-            log_event("model_initialized", model=self.model.name, version=summary.id)
-        else:
-            params = unpack_parameters(latest.parameters)
-            got = {k: tuple(v.shape) for k, v in params.items()}
-            if got != want:
-                raise ValueError(
-                    f"stored model version {latest.id} of {self.model.name!r} has parameters {got}, "
-                    f"but the configured model has {want}: use another database or matching hyperparameters"
-                )
-            self._params, self.model_version = params, latest.id
-            self._step = int(latest.hyperparameters.get("step", 0))
-            log_event("model_resumed", model=self.model.name, version=latest.id, step=self._step)
+        await self.current.load(self.settings.seed or 0)
         await self.registry.load()
-        await self._load_budget()
+        await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
         self._started = True
         self._reaper = asyncio.create_task(self._reap_silent_sessions(), name="fedmask-session-reaper")
-        self._counter = asyncio.create_task(self._publish_counts(), name="fedmask-device-counts")
-        self._counts_dirty.set()
-
-    async def _load_budget(self) -> None:
-        """The epsilon spent so far (from the store's ledger) and whether the
-        budget is exhausted already: when even a round with every device
-        counted would exceed it (a restart never resets the budget)."""
-        ledger = self.ledger
-        self.epsilon_spent = await asyncio.to_thread(ledger.spent)
-        if ledger.budget is not None:
-            best = await asyncio.to_thread(ledger.epsilon_after, cohort=1, counted=1)
-            if best > ledger.budget:
-                await self._exhaust_budget(best)
-        self.metrics.privacy(spent=self.epsilon_spent, budget=ledger.budget, exhausted=self.budget_exhausted)
+        self._counter = asyncio.create_task(self.census.run(), name="fedmask-device-counts")
+        self.census.changed()
 
     async def shutdown(self, reason: str = "coordinator shutting down", retry_after: float = 5.0) -> None:
         """Abort a running round (COORDINATOR_SHUTDOWN), tell every client
@@ -260,7 +170,7 @@ class Coordinator(OperatorActions):
             self._counter.cancel()
         self._held.set()
         self.events.close()
-        self._requests.fail_all("coordinator shutting down")
+        self.relay.fail_all("coordinator shutting down")
         self.registry.end_all(session_pb2.ServerMessage(
             shutdown=session_pb2.ServerShutdown(reason=reason, retry_after=seconds_to_duration(retry_after))
         ))
@@ -269,23 +179,83 @@ class Coordinator(OperatorActions):
     def stopping(self) -> bool:
         return self._stopping
 
-    def _check_running(self) -> None:
+    def check_running(self) -> None:
         if not self._started or self._stopping:
             raise Unavailable("the coordinator is starting or shutting down")
+
+    # ================================================================== the admin's view and control
+
+    def live_state(self) -> admin_service_pb2.LiveState:
+        """What the coordinator is doing now (GetLiveState); Unavailable
+        while starting or shutting down."""
+        self.check_running()
+        enrolled, revoked, connected, available = self.census.counts()
+        r, o = self.round, self.outcomes
+        current = None
+        if r is not None:
+            current = live_round(r, self._timeline, base_version=self._round_base,
+                                 started_at=self._round_started_at or self._wall(),
+                                 secure=not self.settings.debug.insecure_plaintext)
+        return live_state(
+            model_name=self.model.name, model_version=self.model_version, paused=self.paused,
+            privacy=privacy_budget(spent=o.epsilon_spent, budget=self.ledger.budget, delta=self.settings.dp.delta,
+                                   exhausted=o.budget_exhausted, mode=self.settings.dp.mode),
+            devices=device_counts(enrolled=enrolled, revoked=revoked, connected=connected, available=available),
+            round_=current, as_of=self._wall(), last_sequence=self.events.sequence,
+            committed=o.rounds_committed, aborted=o.rounds_aborted,
+        )
+
+    @property
+    def model_version(self) -> int | None:
+        return self.current.version
+
+    @property
+    def budget_exhausted(self) -> bool:
+        return self.outcomes.budget_exhausted
+
+    def set_paused(self, paused: bool) -> bool:
+        changed = paused != self.paused
+        self.paused = paused
+        self._held.set()
+        if not paused:
+            self._changed.set()
+        return changed
+
+    def cancel_round(self, detail: str) -> int | None:
+        r = self.round
+        if r is None or not r.phase.is_collecting:
+            return None
+        self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, detail, self._clock()))
+        self._round_event.set()
+        return r.number
+
+    @contextlib.asynccontextmanager
+    async def replacing_model(self, cancel_detail: str) -> AsyncIterator[None]:
+        self._rollbacks += 1  # no round opens until the new version is current
+        try:
+            self.cancel_round(cancel_detail)
+            async with self.current.lock:  # after a commit in progress, never during it
+                yield
+        finally:
+            self._rollbacks -= 1
+            self._held.set()
+
+    def adopt_model(self, version: int, parameters: dict[str, np.ndarray], step: int) -> None:
+        self.current.adopt(version, parameters, step)
 
     # ================================================================== devices and sessions
 
     def enroll_challenge(self) -> enrollment_pb2.EnrollChallengeResponse:
-        self._check_running()
+        self.check_running()
         return self.registry.enroll_challenge()
 
     async def enroll(self, request: enrollment_pb2.EnrollRequest, *, client_id: str | None) -> enrollment_pb2.EnrollResponse:
-        self._check_running()
+        self.check_running()
         return await self.registry.enroll(request, client_id=client_id)
 
     def check_hello(self, hello: session_pb2.Hello) -> None:
         """Refuse a Hello before its challenge (version rule; see DeviceRegistry.check_hello)."""
-        self._check_running()
+        self.check_running()
         self.registry.check_hello(hello)
 
     def session_nonce(self) -> bytes:
@@ -296,7 +266,7 @@ class Coordinator(OperatorActions):
                            proofs: Iterable[session_pb2.DeviceProof] = (),
                            client_id: str | None, peer: str = "") -> ClientSession:
         """A new stream sent its Hello and its proofs to `nonce` (see DeviceRegistry.open)."""
-        self._check_running()
+        self.check_running()
         return await self.registry.open(hello, nonce=nonce, proofs=proofs, client_id=client_id, peer=peer)
 
     def close_session(self, session: ClientSession, why: str = "stream ended") -> None:
@@ -304,37 +274,12 @@ class Coordinator(OperatorActions):
         its pending device requests fail."""
         if not self.registry.close(session, why):
             return
-        failed = self._requests.fail_session(session.sid, why)
+        failed = self.relay.fail_session(session.sid, why)
         log_event("session_closed", session=session.sid, why=why, **({"pending_requests_failed": failed} if failed else {}))
 
     def _registry_changed(self) -> None:
         self._changed.set()
-        self._counts_dirty.set()
-
-    def device_counts(self) -> tuple[int, int, int, int]:
-        """(enrolled, revoked, connected, available) now."""
-        reg = self.registry
-        revoked = sum(1 for rec in reg.devices.values() if rec.status is not DeviceStatus.ACTIVE)
-        open_sessions = [s for s in reg.sessions.values() if not s.closed]
-        return (len(reg.devices), revoked, sum(len(s.devices) for s in open_sessions),
-                sum(len(s.available) for s in open_sessions))
-
-    async def _publish_counts(self) -> None:
-        """Publish the device counts when they changed, at most every COUNTS_INTERVAL_S."""
-        try:
-            while not self._stopping:
-                await self._counts_dirty.wait()
-                self._counts_dirty.clear()
-                counts = self.device_counts()
-                if counts != self._counts:
-                    self._counts = counts
-                    enrolled, revoked, connected, available = counts
-                    self.metrics.devices(enrolled=enrolled, connected=connected, available=available)
-                    self.events.publish(device_counts=device_counts(
-                        enrolled=enrolled, revoked=revoked, connected=connected, available=available))
-                await asyncio.sleep(COUNTS_INTERVAL_S)
-        except asyncio.CancelledError:
-            pass
+        self.census.changed()
 
     def _device_left_round(self, device_id: int, why: str) -> None:
         r = self.round
@@ -354,11 +299,8 @@ class Coordinator(OperatorActions):
         if kind == "proof":
             raise ProtocolViolation("DeviceProofs only answer the SessionChallenge (later proofs travel in CheckIn)")
         if kind == "heartbeat":
-            session.send(
-                session_pb2.ServerMessage(
-                    heartbeat=session_pb2.Heartbeat(sequence=message.heartbeat.sequence, sent_at=now_timestamp(self._wall))
-                )
-            )
+            beat = session_pb2.Heartbeat(sequence=message.heartbeat.sequence, sent_at=now_timestamp(self._wall))
+            session.send(session_pb2.ServerMessage(heartbeat=beat))
             return
         if kind == "check_in":
             admission = await self.registry.admit(session, message.check_in.available_device_ids,
@@ -367,7 +309,7 @@ class Coordinator(OperatorActions):
             self._changed.set()
             return
         if kind == "device_response":
-            self._requests.resolve(session.sid, message.device_response)
+            self.relay.resolve(session.sid, message.device_response)
             return
         inner = getattr(message, kind)
         if type(inner) in CLIENT_MESSAGE_STAGE or isinstance(inner, common_pb2.AbortNotice):
@@ -395,17 +337,12 @@ class Coordinator(OperatorActions):
                           why="no round is running")
                 continue
             if isinstance(m, secagg_pb2.AdvertiseKeys) and r.ids.has_device(device_id):
-                if self._device_ca is not None and r.config.active_adversary and device_id not in self._certificates:
-                    why = certificate_refusal(bytes(m.identity_certificate), self._device_ca,
-                                              self.registry.devices[device_id].identity_public_key, device_id,
-                                              now=self._wall())
-                    if why is not None:  # a protocol violation of that device only (D33)
-                        log_event("identity_certificate_refused", logging.WARNING, round=r.number,
-                                  device=device_id, why=why)
-                        self._apply(r.device_lost(device_id, self._clock(), f"identity certificate: {why}"))
-                        continue
-                if m.identity_certificate:
-                    self._certificates.setdefault(device_id, bytes(m.identity_certificate[:MAX_CERTIFICATE_BYTES]))
+                why = self.delivery.certificate_refusal(device_id, m, active=r.config.active_adversary)
+                if why is not None:  # a protocol violation of that device only (D33)
+                    log_event("identity_certificate_refused", logging.WARNING, round=r.number,
+                              device=device_id, why=why)
+                    self._apply(r.device_lost(device_id, self._clock(), f"identity certificate: {why}"))
+                    continue
             if isinstance(m, secagg_pb2.MaskedInput):
                 self.metrics.update_bytes.inc(m.ByteSize())
             self._apply(r.handle(device_id, m, self._clock()))
@@ -430,65 +367,14 @@ class Coordinator(OperatorActions):
         except asyncio.CancelledError:
             pass
 
-    # ================================================================== device requests
-
-    async def request_top_k(self, device_id: int, k: int, *, exclude_seen: bool = True,
-                            timeout_s: float = DEFAULT_TIMEOUT_S) -> TopKAnswer:
-        """The device's top-k recommendation, computed on the device from its
-        private parameters and relayed over the stream hosting it.
-
-        Raises InvalidArgument (k not in 1..n_items, bad timeout, a model
-        without items; nothing is sent), UnknownDevice (never enrolled) or
-        DeviceNotConnected (no open stream hosts it), DeviceTimeout,
-        DeviceDisconnected (its stream closed first), DeviceAnswerError (the
-        device answered with an error code), InvalidDeviceAnswer, and
-        Unavailable (starting or shutting down)."""
-        self._check_running()
-        n_items = self.model.n_items
-        check_top_k(k, n_items=n_items, timeout_s=timeout_s)
-        assert n_items is not None
-        session = self.registry.owner(device_id)
-        if session is None or session.closed:
-            raise DeviceNotConnected(device_id) if device_id in self.registry.devices else UnknownDevice(device_id)
-        pending = self._requests.open(session.sid, device_id, "top_k")
-        t0 = self._clock()
-        outcome, status = "ok", "ok"
-        try:
-            session.send(top_k_request(pending.correlation_id, device_id, k=k, exclude_seen=exclude_seen,
-                                       timeout_s=timeout_s))
-            response = await self._requests.wait(pending, timeout_s)
-            return top_k_answer(response, k=k, n_items=n_items)
-        except DeviceRequestError as exc:
-            outcome = type(exc).__name__
-            status = top_k_status(exc)
-            raise
-        except asyncio.CancelledError:
-            outcome = status = "cancelled"
-            raise
-        finally:
-            seconds = self._clock() - t0
-            self.metrics.top_k(status, seconds)
-            log_event("device_request", session=session.sid, device=device_id, kind="top_k", k=k,
-                      exclude_seen=exclude_seen, outcome=outcome, seconds=f"{seconds:.3f}")
-
     # ================================================================== actions
 
     def _apply(self, actions: Iterable[Action]) -> None:
         for a in actions:
             if isinstance(a, Send):
-                owner = self.registry.owner(a.device_id)
-                if owner is not None:
-                    if a.message.WhichOneof("message") == "advertised_keys":
-                        for peer in a.message.advertised_keys.peers:  # relayed as sent (D33)
-                            peer.identity_certificate = self._certificates.get(peer.device_id, b"")
-                    owner.send(a.message)
+                self.delivery.send(a.device_id, a.message)
             elif isinstance(a, Broadcast):
-                seen: set[int] = set()
-                for d in a.device_ids:
-                    owner = self.registry.owner(d)
-                    if owner is not None and owner.sid not in seen:
-                        seen.add(owner.sid)
-                        owner.send(a.message)
+                self.delivery.broadcast(a.device_ids, a.message)
             elif isinstance(a, LogEvent):
                 log_event(a.event, **a.fields)
             elif isinstance(a, PhaseChanged):
@@ -564,44 +450,9 @@ class Coordinator(OperatorActions):
         cohort = select_cohort(self.eligible(), target=target, minimum=minimum, rng=self._rng)
         if cohort is None:
             number = await asyncio.to_thread(self.store.next_round_number)
-            await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, "devices left during selection")
+            await self.outcomes.record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES,
+                                                  "devices left during selection", base_version=self.model_version)
         return cohort
-
-    async def _record_abort_only(self, number: int, reason: int, detail: str, cohort_size: int = 0) -> None:
-        now = self._wall()
-        rec = RoundRecord(
-            number=number, state=RoundState.ABORTED, started_at=now, ended_at=now, cohort_size=cohort_size,
-            abort_reason=reason_name(reason), base_model_version=self.model_version,
-        )
-        await asyncio.to_thread(self.store.abort_round, rec)
-        log_event("round_aborted", logging.WARNING, round=number, reason=reason_name(reason), detail=detail)
-        self.rounds_aborted += 1
-        self.metrics.round_ended(committed=False, reason=reason_name(reason), duration_s=0.0, timings={}, dropouts={})
-        self.events.publish(round_aborted=admin_service_pb2.RoundAbortedEvent(
-            round_number=number, reason=common_pb2.AbortReason.ValueType(reason), detail=detail[:500]))
-
-    async def _exhaust_budget(self, epsilon_after: float, cohort_size: int = 0) -> None:
-        """The next round could exceed dp.epsilon_budget: hold the loop for
-        good, say so (event, metric), and leave one aborted round record
-        with reason budget_exhausted (not another one if the latest round
-        already says so: a restart does not add records)."""
-        budget = self.ledger.budget
-        first = not self.budget_exhausted
-        self.budget_exhausted = True
-        self._held.set()
-        if not first:
-            return
-        detail = f"epsilon after the next round could reach {epsilon_after:.4g} > budget {budget:g}"
-        log_event("budget_exhausted", logging.WARNING, spent=f"{self.epsilon_spent:.4g}", budget=budget,
-                  next=f"{epsilon_after:.4g}")
-        self.metrics.privacy(spent=self.epsilon_spent, budget=budget, exhausted=True)
-        self.events.publish(federation_changed=admin_service_pb2.FederationChanged(
-            paused=self.paused, budget_exhausted=True, model_version=self.model_version or 0, action="budget"))
-        latest = (await asyncio.to_thread(self.store.list_rounds, limit=1)).items
-        if latest and latest[0].abort_reason == BUDGET_EXHAUSTED:
-            return
-        number = await asyncio.to_thread(self.store.next_round_number)
-        await self._record_abort_only(number, common_pb2.ABORT_REASON_BUDGET_EXHAUSTED, detail, cohort_size)
 
     def _record(self, r: RoundMachine, state: RoundState, *, ended: bool = False,
                 metrics: Mapping[str, float] | None = None, timings: Mapping[str, float] | None = None) -> RoundRecord:
@@ -620,17 +471,19 @@ class Coordinator(OperatorActions):
             )
         except SecAggConfigError as exc:
             number = await asyncio.to_thread(self.store.next_round_number)
-            await self._record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc), len(cohort))
+            await self.outcomes.record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc),
+                                                  base_version=self.model_version, cohort_size=len(cohort))
             return
         budget = self.ledger.budget
         if budget is not None:  # priced at the fewest devices a committed round can count
             worst = await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(cohort), counted=config.threshold)
             if worst > budget:
-                await self._exhaust_budget(worst, len(cohort))
+                await self.outcomes.exhaust_budget(worst, paused=self.paused, model_version=self.model_version,
+                                                   cohort_size=len(cohort))
                 return
         number = await asyncio.to_thread(self.store.next_round_number)
         identity = None
-        self._certificates = {}
+        self.delivery.new_round()
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary)
@@ -650,7 +503,7 @@ class Coordinator(OperatorActions):
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
         try:
             await asyncio.to_thread(self.store.save_round_progress, self._record(r, RoundState(r.phase.value)))
-            self._send_tasks(r, windows.task, plaintext=plaintext)
+            self._send_tasks(r, windows.task)
             self._apply(r.start(self._clock()))
             saved_phase = r.phase
             while r.phase.is_collecting:
@@ -668,13 +521,13 @@ class Coordinator(OperatorActions):
                 await self._commit(r)
             if r.phase is RoundPhase.ABORTED:
                 await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
-                self._round_over(r)
+                self.outcomes.round_over(r, started_at=self._round_started_at or self._wall())
         except Exception:
             if not r.phase.is_terminal:  # tell the cohort; try to leave a record
                 self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, "internal coordinator error", self._clock()))
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
-                self._round_over(r)
+                self.outcomes.round_over(r, started_at=self._round_started_at or self._wall())
             raise
         finally:
             self._last_round_number = max(self._last_round_number, number)
@@ -700,65 +553,27 @@ class Coordinator(OperatorActions):
         if not phase.is_terminal:
             self.events.publish(stage_changed=stage_changed(r, self._timeline, closed))
 
-    def _round_over(self, r: RoundMachine, new_version: int | None = None) -> None:
-        """Count, measure and announce the end of round `r`."""
-        started = self._round_started_at or self._wall()
-        duration = (self._wall() - started).total_seconds()
-        committed = r.phase is RoundPhase.COMMITTED
-        reason = reason_name(r.abort_reason) if r.abort_reason is not None else None
-        self.metrics.round_ended(committed=committed, reason=reason, duration_s=duration, timings=r.timings,
-                                 dropouts={k: len(v) for k, v in r.dropouts.items()})
-        span = seconds_to_duration(max(0.0, duration))
-        if committed:
-            self.rounds_committed += 1
-            self.events.publish(round_committed=admin_service_pb2.RoundCommittedEvent(
-                round_number=r.number, new_model_version=new_version or 0,
-                contributors=len(r.result.counted) if r.result is not None else 0, cohort_size=len(r.cohort),
-                duration=span, epsilon_spent=self.epsilon_spent))
-        else:
-            self.rounds_aborted += 1
-            self.events.publish(round_aborted=admin_service_pb2.RoundAbortedEvent(
-                round_number=r.number, reason=common_pb2.AbortReason.ValueType(r.abort_reason or 0),
-                detail=r.abort_detail[:500], duration=span))
-
-    def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float], *, plaintext: bool) -> None:
-        if self._params_proto is None:
-            self._params_proto = params_to_proto(self._params)
-        groups: dict[int, list[int]] = {}
-        sessions: dict[int, ClientSession] = {}
-        for d in r.cohort:
-            s = self.registry.owner(d)
-            if s is None:  # left between selection and now
-                self._apply(r.device_lost(d, self._clock(), "gone before the round task"))
-                continue
-            groups.setdefault(s.sid, []).append(d)
-            sessions[s.sid] = s
-        hp = {**self.model.hyperparameters(), ROUND_INDEX_HYPERPARAMETER: self._step}
-        if plaintext:
-            hp[PLAINTEXT_HYPERPARAMETER] = True
-        if self.settings.hybrid.unprotected_plaintext_j_bound is not None:
-            hp[HYBRID_J_BOUND_HYPERPARAMETER] = self.settings.hybrid.unprotected_plaintext_j_bound
+    def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float]) -> None:
+        hp = task_hyperparameters(self.settings, self.model.hyperparameters(), self.current.step)
         dp = dp_settings_for(self.settings.dp, len(r.cohort))
-        for sid, devices in groups.items():
-            task = build_round_task(
-                config=r.config, round_number=r.number, ids=r.ids, devices=devices, model_name=self.model.name,
-                model_version=self.model_version or 0, global_parameters=self._params_proto, hyperparameters=hp,
-                dp=dp, deadlines=deadlines, metrics=r.metrics,
-            )
-            sessions[sid].send(session_pb2.ServerMessage(round_task=task))
+        self.delivery.send_tasks(r.cohort, lambda devices: build_round_task(
+            config=r.config, round_number=r.number, ids=r.ids, devices=devices, model_name=self.model.name,
+            model_version=self.model_version or 0, global_parameters=self.current.proto(), hyperparameters=hp,
+            dp=dp, deadlines=deadlines, metrics=r.metrics,
+        ), gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
 
     async def _commit(self, r: RoundMachine) -> None:
         result = r.result
         assert result is not None
         t0 = self._clock()
-        async with self._model_lock:  # a rollback waits for the commit, or the commit sees it
+        current = self.current
+        async with current.lock:  # a rollback waits for the commit, or the commit sees it
             if self.model_version != self._round_base:
                 log_event("commit_failed", logging.WARNING, round=r.number, error="the model was rolled back")
                 self._apply(r.commit_failed("the model was rolled back during the round", self._clock()))
                 return
             try:
-                new_params = await asyncio.to_thread(self.model.apply_mean, self._params, result.decoded_mean,
-                                                     self._step)
+                new_params, version = await current.stepped(result.decoded_mean)
                 try:
                     metrics = round_metrics(r, model_name=self.model.name, debug=self.settings.debug)
                 except Exception as exc:  # a report must never fail a commit: commit without metrics
@@ -767,26 +582,16 @@ class Coordinator(OperatorActions):
                 privacy = await asyncio.to_thread(self.ledger.entry_for, r)
                 timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
                 record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
-                version = NewModelVersion(
-                    model_name=self.model.name,
-                    parameters=pack_parameters(new_params),
-                    hyperparameters={**self.model.hyperparameters(), "step": self._step + 1},
-                )
                 summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
-                self._params, self._params_proto = new_params, None
-                self.model_version = summary.id
-                self._step += 1
+                current.adopt(summary.id, new_params, current.step + 1)
             except Exception as exc:  # the model step or the store failed: the round is lost, not the service
                 log_event("commit_failed", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
                 self._apply(r.commit_failed(f"{type(exc).__name__}", self._clock()))
                 return
-        self.ledger.committed(privacy)
-        if privacy is not None:
-            self.epsilon_spent = privacy.cumulative_epsilon
-            self.metrics.privacy(spent=self.epsilon_spent, budget=self.ledger.budget, exhausted=self.budget_exhausted)
+        self.outcomes.spent(privacy)
         self._previous_contributors = frozenset(result.counted)
         self._apply(r.committed(summary.id, self._clock()))
-        self._round_over(r, summary.id)
+        self.outcomes.round_over(r, started_at=self._round_started_at or self._wall(), new_version=summary.id)
 
 
 __all__ = ["ClientSession", "Coordinator", "StreamEnd", "TopKAnswer"]

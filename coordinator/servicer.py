@@ -1,5 +1,6 @@
 """The gRPC servicer: thin (Flower style). Decode, call the Coordinator,
-encode, map exceptions to status codes:
+encode, map exceptions to status codes by coordinator/status_codes.py's
+DEVICE_LISTENER table:
 
     InvalidArgument    -> INVALID_ARGUMENT      PermissionDenied -> PERMISSION_DENIED
     ProtocolViolation  -> FAILED_PRECONDITION   Unavailable      -> UNAVAILABLE
@@ -41,7 +42,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from coordinator.auth import peer_common_name
-from coordinator.errors import CoordinatorError, InvalidArgument, PermissionDenied, ProtocolViolation, Unavailable
+from coordinator import status_codes
+from coordinator.errors import CoordinatorError
 from coordinator.limits import LogBudget, RateLimiter, StreamSlots, TokenBucket, announced_refusal, peer_key
 from coordinator.logs import log_event, logger, sanitize
 from coordinator.registry import ClientSession, StreamEnd
@@ -49,19 +51,9 @@ from coordinator.service import Coordinator
 from fedmask_proto.v1 import coordinator_service_pb2, enrollment_pb2, session_pb2
 from wire.protocol import RETRY_PUSHBACK_KEY
 
-_STATUS = {
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-    ProtocolViolation: grpc.StatusCode.FAILED_PRECONDITION,
-    Unavailable: grpc.StatusCode.UNAVAILABLE,
-}
-
-
 def status_of(exc: CoordinatorError) -> grpc.StatusCode:
-    for cls, code in _STATUS.items():
-        if isinstance(exc, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
+    """The device listener's status of `exc` (coordinator/status_codes.py)."""
+    return status_codes.status_of(exc, status_codes.DEVICE_LISTENER)
 
 
 @dataclass(frozen=True)

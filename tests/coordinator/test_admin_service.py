@@ -436,7 +436,7 @@ def test_pause_resume_abort_and_rollback_are_applied_and_audited() -> None:
                 assert rolled.new_model_version == rolled.state.model_version and rolled.new_model_version > current
                 new, old = r.store.get_model_version(rolled.new_model_version), r.store.get_model_version(1)
                 assert new.parameters == old.parameters and new.hyperparameters["rollback_of"] == 1
-                assert np.array_equal(r.coord._params["mean"], unpack_parameters(old.parameters)["mean"])
+                assert np.array_equal(r.coord.current.parameters["mean"], unpack_parameters(old.parameters)["mean"])
                 audit = list(reversed(r.store.list_audit(limit=20).items))
                 assert [(e.operator, e.action, e.outcome) for e in audit] == [
                     ("alice", "abort_round", "refused: no round is collecting"),
@@ -582,7 +582,7 @@ def test_the_epsilon_budget_stops_the_federation_at_the_right_round_also_after_a
     async def main() -> None:
         async with running(settings, store=open_store(url), close_store=True) as r:
             clients, _ = await clients_for(r.target, 3)
-            await until(lambda: r.coord.budget_exhausted and r.coord.rounds_aborted == 1)
+            await until(lambda: r.coord.budget_exhausted and r.coord.outcomes.rounds_aborted == 1)
             async with grpc.aio.insecure_channel(r.admin_target) as ch:
                 state = await admin_stub(ch).GetLiveState(A.GetLiveStateRequest())
             assert state.budget_exhausted and state.privacy.exhausted

@@ -330,7 +330,7 @@ def test_crash_recovery_resumes_from_the_latest_version(backend, tmp_path):
         async with running(make_settings(rounds=None), store) as (coord, target, _, rounds):
             assert store.get_round(2).state is RoundState.ABORTED
             assert store.get_round(2).abort_reason == "coordinator_restart"
-            assert coord.model_version == v1.id and coord._step == 1
+            assert coord.model_version == v1.id and coord.current.step == 1
             assert store.next_round_number() == 3
         store.close()
 

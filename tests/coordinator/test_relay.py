@@ -1,7 +1,8 @@
 """Requests relayed to devices over their session stream: the pending-request
 registry and the top-k codec (coordinator/relay.py), then
-`Coordinator.request_top_k` on in-memory sessions (no gRPC: the servicer's
-receive loop is `coordinator.handle`, its stream end `close_session`)."""
+`DeviceRelay.request_top_k` (coordinator/device_relay.py, the `Coordinator`'s
+relay) on in-memory sessions (no gRPC: the servicer's receive loop is
+`coordinator.handle`, its stream end `close_session`)."""
 
 from __future__ import annotations
 
@@ -249,7 +250,7 @@ def test_top_k_answer_refuses_a_broken_contract(response, why) -> None:
         top_k_answer(response, k=3, n_items=10)
 
 
-# ============================================================ Coordinator.request_top_k
+# ============================================================ DeviceRelay.request_top_k
 
 
 @dataclass
@@ -302,7 +303,7 @@ def test_request_top_k_goes_to_the_stream_hosting_the_device(caplog: pytest.LogC
         coord, (d1, d2, _d3) = await _coordinator()
         s1, s2 = await _session(coord, [d1]), await _session(coord, [d2])
         with caplog.at_level(logging.INFO, logger=LOGGER_NAME):
-            call = asyncio.create_task(coord.request_top_k(d2, 3, exclude_seen=True, timeout_s=5))
+            call = asyncio.create_task(coord.relay.request_top_k(d2, 3, exclude_seen=True, timeout_s=5))
             req = await _next_request(s2)
             assert s1.outbox.empty()
             assert (req.device_id, req.top_k.k, req.top_k.exclude_seen) == (d2, 3, True)
@@ -313,7 +314,7 @@ def test_request_top_k_goes_to_the_stream_hosting_the_device(caplog: pytest.LogC
                                                                     model_version=1)
         assert answer.scores == pytest.approx((0.9, 0.8, 0.1))
         assert "event=device_request" in caplog.text and "outcome=ok" in caplog.text
-        assert len(coord._requests) == 0
+        assert len(coord.relay) == 0
         await coord.shutdown()
 
     run(main())
@@ -325,8 +326,8 @@ def test_k_out_of_range_is_refused_before_anything_is_sent() -> None:
         s = await _session(coord, [d1])
         for k in (0, 21):
             with pytest.raises(InvalidArgument, match=r"1\.\.20"):
-                await coord.request_top_k(d1, k)
-        assert s.outbox.empty() and len(coord._requests) == 0
+                await coord.relay.request_top_k(d1, k)
+        assert s.outbox.empty() and len(coord.relay) == 0
         await coord.shutdown()
 
     run(main())
@@ -337,7 +338,7 @@ def test_a_model_without_items_refuses_top_k() -> None:
         coord, (d1, _, _) = await _coordinator(SyntheticModel(4))
         await _session(coord, [d1])
         with pytest.raises(InvalidArgument, match="recommender model"):
-            await coord.request_top_k(d1, 1)
+            await coord.relay.request_top_k(d1, 1)
         await coord.shutdown()
 
     run(main())
@@ -348,9 +349,9 @@ def test_unknown_and_unconnected_devices_are_told_apart() -> None:
         coord, (d1, d2, _) = await _coordinator()
         await _session(coord, [d1])
         with pytest.raises(UnknownDevice, match="device 999 is not connected: no such enrolled device"):
-            await coord.request_top_k(999, 3)
+            await coord.relay.request_top_k(999, 3)
         with pytest.raises(DeviceNotConnected, match=f"device {d2} is not connected: no open session") as info:
-            await coord.request_top_k(d2, 3)
+            await coord.relay.request_top_k(d2, 3)
         assert not isinstance(info.value, UnknownDevice)
         await coord.shutdown()
 
@@ -361,14 +362,14 @@ def test_the_stream_closing_fails_the_pending_request() -> None:
     async def main() -> None:
         coord, (d1, _, _) = await _coordinator()
         s = await _session(coord, [d1])
-        call = asyncio.create_task(coord.request_top_k(d1, 3, timeout_s=30))
+        call = asyncio.create_task(coord.relay.request_top_k(d1, 3, timeout_s=30))
         await _next_request(s)
         coord.close_session(s, "client closed the stream")
         with pytest.raises(DeviceDisconnected, match="client closed the stream"):
             await asyncio.wait_for(call, 5)
-        assert len(coord._requests) == 0
+        assert len(coord.relay) == 0
         with pytest.raises(DeviceNotConnected):  # and the next one is not sent at all
-            await coord.request_top_k(d1, 3)
+            await coord.relay.request_top_k(d1, 3)
         await coord.shutdown()
 
     run(main())
@@ -378,13 +379,13 @@ def test_shutdown_fails_pending_requests_and_refuses_new_ones() -> None:
     async def main() -> None:
         coord, (d1, _, _) = await _coordinator()
         s = await _session(coord, [d1])
-        call = asyncio.create_task(coord.request_top_k(d1, 3, timeout_s=30))
+        call = asyncio.create_task(coord.relay.request_top_k(d1, 3, timeout_s=30))
         await _next_request(s)
         await coord.shutdown()
         with pytest.raises(DeviceDisconnected, match="coordinator shutting down"):
             await asyncio.wait_for(call, 5)
         with pytest.raises(Unavailable):
-            await coord.request_top_k(d1, 3)
+            await coord.relay.request_top_k(d1, 3)
 
     run(main())
 
@@ -393,7 +394,7 @@ def test_device_error_timeout_and_late_answer(caplog: pytest.LogCaptureFixture) 
     async def main() -> None:
         coord, (d1, _, _) = await _coordinator()
         s = await _session(coord, [d1])
-        call = asyncio.create_task(coord.request_top_k(d1, 3))
+        call = asyncio.create_task(coord.relay.request_top_k(d1, 3))
         req = await _next_request(s)
         await coord.handle(s, S.ClientMessage(device_response=error_response(
             req.correlation_id, d1, S.DEVICE_ERROR_CODE_NOT_READY, "no trained model on this device yet")))
@@ -401,7 +402,7 @@ def test_device_error_timeout_and_late_answer(caplog: pytest.LogCaptureFixture) 
             await call
         assert info.value.code == "not_ready"
 
-        call = asyncio.create_task(coord.request_top_k(d1, 3, timeout_s=0.05))
+        call = asyncio.create_task(coord.relay.request_top_k(d1, 3, timeout_s=0.05))
         req = await _next_request(s)
         with pytest.raises(DeviceTimeout):
             await call
@@ -409,12 +410,12 @@ def test_device_error_timeout_and_late_answer(caplog: pytest.LogCaptureFixture) 
             await coord.handle(s, S.ClientMessage(device_response=top_k_response(req.correlation_id, d1, [1], [0.5])))
         assert "event=device_response_unmatched" in caplog.text and not s.closed
 
-        call = asyncio.create_task(coord.request_top_k(d1, 2))
+        call = asyncio.create_task(coord.relay.request_top_k(d1, 2))
         req = await _next_request(s)
         await coord.handle(s, S.ClientMessage(device_response=top_k_response(req.correlation_id, d1, [1, 2], [0, 1])))
         with pytest.raises(InvalidDeviceAnswer, match="descending"):
             await call
-        assert not s.closed and len(coord._requests) == 0
+        assert not s.closed and len(coord.relay) == 0
         await coord.shutdown()
 
     run(main())

@@ -141,12 +141,12 @@ def wait_serving(port: int, proc: Proc, timeout: float = 60.0, credentials: Any 
 class InProcessCoordinator:
     """`coordinator.server.serve` on its own event loop in a thread of the
     test process, so a test can call the Coordinator's in-process API
-    (`request_top_k`, what the admin service uses) while the edge clients
+    (`relay.request_top_k`, what the admin service uses) while the edge clients
     are real processes. Its log lines go to WORKDIR/coordinator.log (read
     them with `events(c.log())`).
 
         with InProcessCoordinator(settings, tmp_path) as c:
-            answer = c.call(lambda coord: coord.request_top_k(device, 10))
+            answer = c.call(lambda coord: coord.relay.request_top_k(device, 10))
     """
 
     def __init__(self, settings: Any, workdir: Path, *, ready_timeout: float = 60.0) -> None:

@@ -2,7 +2,7 @@
 
 The coordinator runs in the test process (`InProcessCoordinator`: the
 server module on its own thread), because the relay is an in-process API
-(`Coordinator.request_top_k`, what the admin service calls); two edge-client
+(`DeviceRelay.request_top_k`, what the admin service calls); two edge-client
 processes host two FedRAP devices each. After one committed round the test
 asks every device for its top-k over the gRPC session stream and checks the
 answer against what the device's own trainer computes from its state on
@@ -83,24 +83,24 @@ def test_top_k_is_computed_on_the_device_and_relayed(procs: Processes, tmp_path:
         for name, numbers in devices.items():
             for number, device_id in numbers.items():
                 answers[(name, number, True)] = coord.call(
-                    lambda c, d=device_id: c.request_top_k(d, K, exclude_seen=True, timeout_s=30))
+                    lambda c, d=device_id: c.relay.request_top_k(d, K, exclude_seen=True, timeout_s=30))
         name0, (number0, device0) = "client-a", next(iter(devices["client-a"].items()))
-        answers[(name0, number0, False)] = coord.call(lambda c: c.request_top_k(device0, K, exclude_seen=False))
+        answers[(name0, number0, False)] = coord.call(lambda c: c.relay.request_top_k(device0, K, exclude_seen=False))
 
         # refused before anything is sent: k outside the catalogue
         for k in (0, N_ITEMS + 1):
             with pytest.raises(InvalidArgument, match=f"1..{N_ITEMS}"):
-                coord.call(lambda c, k=k: c.request_top_k(device0, k))
+                coord.call(lambda c, k=k: c.relay.request_top_k(device0, k))
         # a device id no client hosts (never enrolled)
         with pytest.raises(DeviceNotConnected, match="device 9999 is not connected") as info:
-            coord.call(lambda c: c.request_top_k(9999, K))
+            coord.call(lambda c: c.relay.request_top_k(9999, K))
         assert isinstance(info.value, UnknownDevice)
         # an enrolled device whose client has gone
         assert clients["client-b"].stop() == 0
         wait_until(lambda: events(coord.log(), "session_closed"), 30, what="client-b's session to close")
         device_b = next(iter(devices["client-b"].values()))
         with pytest.raises(DeviceNotConnected, match=f"device {device_b} is not connected: no open session") as info:
-            coord.call(lambda c: c.request_top_k(device_b, K))
+            coord.call(lambda c: c.relay.request_top_k(device_b, K))
         assert not isinstance(info.value, UnknownDevice)
         assert clients["client-a"].stop() == 0
         logged = events(coord.log(), "device_request")
