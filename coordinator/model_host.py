@@ -11,7 +11,7 @@
   answer top-k by reading the mean as an M x (L // M) item table
   (edge_client/queries.py `synthetic_scores`), so `fedmask bench admin` can
   load the relay without training a real model.
-* any name of `models.engine.build_model` ("fedrap", "fedmf", "pfedrec",
+* any name of `models.registry.build_model` ("fedrap", "fedmf", "pfedrec",
   "fedmmf"): hyper-parameters must include ``n_users`` and ``n_items`` (the
   federation's catalogue; the server needs them to shape the global
   parameters) and may include ``explicit`` (fedmf) and the model's own
@@ -191,8 +191,8 @@ def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = No
         except ValueError as exc:
             raise ModelConfigError(str(exc)) from exc
     try:
-        from models.engine import SimulationConfigError as EngineConfigError
-        from models.engine import build_model
+        from models.registry import ConfigError as CatalogueConfigError
+        from models.registry import build_model
     except ImportError as exc:  # pragma: no cover - models is part of the distribution
         raise ModelConfigError(f"cannot import the models package: {exc}") from exc
     missing = [k for k in ("n_users", "n_items") if k not in hp]
@@ -207,7 +207,7 @@ def build_server_model(name: str, hyperparameters: Mapping[str, Any] | None = No
             n_items=int(hp["n_items"]),
             overrides=overrides,
         )
-    except (EngineConfigError, TypeError, ValueError) as exc:
+    except (CatalogueConfigError, TypeError, ValueError) as exc:
         raise ModelConfigError(str(exc)) from exc
     if model.update_dim < 1:
         raise ModelConfigError(f"model {name!r} with these hyperparameters sends no update (update_dim 0)")

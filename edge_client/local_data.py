@@ -32,11 +32,12 @@ class DatasetError(ValueError):
 
 def load_interactions(dataset: str, data_dir: str | None, seed: int):
     """The dataset as `models.data.types.Interactions` (same loader as `fedmask simulate`)."""
-    from models.engine import SimulationConfigError, load_interactions as _load
+    from models.data.entry import load_interactions as _load
+    from models.registry import ConfigError
 
     try:
         return _load(dataset, data_dir, seed)
-    except SimulationConfigError as e:
+    except ConfigError as e:
         raise DatasetError(f"unknown or missing dataset {dataset!r}: {e}") from None
     except (ValueError, OSError) as e:
         raise DatasetError(f"cannot load dataset {dataset!r}: {e}") from None

@@ -39,6 +39,7 @@ from edge_client.trainer import TrainingError, TrainingFailure, TrainOutput, Tra
 from models.data.platforms import PlatformSplit, make_platform_split
 from models.data.types import Interactions
 from models.freib import PlatformModel, local_train, params_to, predict
+from models.platforms import platform_data
 from models.platform_federation import CROSS_SILO_MODELS, PlatformHyperparameterError, platform_model_from_hyperparameters, unpack_global
 
 log = logging.getLogger("edge_client.platform_trainer")
@@ -90,8 +91,6 @@ class PlatformTrainer(Trainer):
     ) -> None:
         super().__init__(LocalData(x, [], split_seed=seed), seed=seed, torch_device=torch_device,
                          global_path=global_path, secure_random=secure_random)  # fmt: skip
-        from models.platform_sim import platform_data
-
         if device.number != hosting.platform:
             raise ValueError(f"the platform device must have number {hosting.platform}, got {device.number}")
         try:

@@ -158,7 +158,7 @@ class Trainer:
 
     # ------------------------------------------------------------ models
     def model_for(self, name: str, hyper: Mapping[str, Any]) -> _ModelEntry:
-        from models.engine import SimulationConfigError, build_model
+        from models.registry import ConfigError, build_model
 
         if "n_items" in hyper and hyper["n_items"] != self.n_items:
             raise TrainingError(
@@ -180,7 +180,7 @@ class Trainer:
                     item_features=self.x.item_features,
                     overrides=params,
                 )
-            except (SimulationConfigError, ValueError) as e:
+            except (ConfigError, ValueError) as e:
                 raise TrainingError(f"cannot build model {name!r}: {e}", TrainingFailure.MODEL_MISMATCH) from None
             g = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad():

@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import torch
@@ -61,6 +61,7 @@ from models.base import (
     take_cohort,
     take_rows,
 )
+from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.memory import (
     BASELINE_BYTES,
@@ -73,70 +74,15 @@ from models.memory import (
     resident_bytes,
 )
 from models.private_tables import PrivateTables
+from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
 
 if TYPE_CHECKING:
     from models.evaluation import EvalSplit
     from models.privacy import Accountant
     from secagg.config import Neighbors, SecAggConfig
 
-MODEL_NAMES: tuple[str, ...] = ("fedrap", "fedmmf", "pfedrec", "fedmf")
-IMPLICIT_ONLY = ("fedrap", "pfedrec")
-
-
-class SimulationConfigError(ValueError):
-    """A simulation was asked for something that cannot run (message is user-facing).
-
-    Not to be confused with `secagg.errors.SecAggConfigError` (a secure-aggregation
-    configuration that cannot run safely)."""
-
-
-# ============================================================ models
-
-
-def build_model(
-    name: str,
-    *,
-    explicit: bool,
-    n_users: int,
-    n_items: int,
-    item_features: np.ndarray | torch.Tensor | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> FederatedRecommender:
-    """A model with its tuned defaults (the constructors' defaults), plus `overrides`."""
-    kw = dict(overrides or {})
-    try:
-        if name == "fedrap":
-            from models.fedrap import FedRAP
-
-            return FedRAP(n_users, n_items, **kw)
-        if name == "pfedrec":
-            from models.pfedrec import PFedRec
-
-            return PFedRec(n_users, n_items, **kw)
-        if name == "fedmf":
-            from models.fedmf import FedMF, FedMFExplicit
-
-            return FedMFExplicit(n_users, n_items, **kw) if explicit else FedMF(n_users, n_items, **kw)
-        if name == "fedmmf":
-            from models.fedmmf import FedMMF
-
-            feats = None
-            if item_features is not None:
-                feats = torch.as_tensor(np.asarray(item_features), dtype=torch.float32)
-            return FedMMF(n_users, n_items, feats, **kw)
-    except TypeError as e:  # an unknown hyperparameter name
-        raise SimulationConfigError(f"bad parameter for model {name!r}: {e}") from e
-    raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-
-
-def model_is_explicit(name: str, explicit_flag: bool) -> bool:
-    if name not in MODEL_NAMES:
-        raise SimulationConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
-    if name == "fedmmf":
-        return True
-    if explicit_flag and name in IMPLICIT_ONLY:
-        raise SimulationConfigError(f"--explicit is only for fedmf (fedmmf is always explicit); {name} is implicit")
-    return explicit_flag
+#: the simulator's name for the catalogue's one configuration error (the same class)
+SimulationConfigError = ConfigError
 
 
 # ============================================================ config and results
@@ -251,46 +197,12 @@ class DPSettings:
     mode: DPMode  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / B)
 
 
-# rounds of the tuned defaults (docs/tuning.md)
-DEFAULT_ROUNDS: dict[str, int] = {"fedrap": 100, "pfedrec": 100, "fedmf": 100, "fedmmf": 150}
-DEFAULT_ROUNDS_EXPLICIT_FEDMF = 150
-
-
-def default_rounds(model: str, explicit: bool) -> int:
-    if model == "fedmf" and explicit:
-        return DEFAULT_ROUNDS_EXPLICIT_FEDMF
-    return DEFAULT_ROUNDS[model]
-
-
 def _select_key(explicit: bool) -> tuple[str, int]:
     """(metric, sign): the validation metric that picks the best round; sign +1 = higher is better."""
     return ("rmse", -1) if explicit else ("hr@10", +1)
 
 
 # ============================================================ data
-
-
-def load_interactions(dataset: str, data_dir: str | None, seed: int) -> Interactions:
-    if dataset == "synthetic":
-        from models.data.synthetic import synthetic
-
-        return synthetic(seed=seed)
-    from models.data.loaders import load_dataset
-
-    try:
-        return load_dataset(dataset, data_dir)
-    except FileNotFoundError as e:
-        raise SimulationConfigError(str(e)) from e
-
-
-@overload
-def make_split(interactions: Interactions, explicit: Literal[False], seed: int) -> ImplicitSplit: ...
-@overload
-def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit: ...
-def make_split(interactions: Interactions, explicit: bool, seed: int) -> ImplicitSplit | ExplicitSplit:
-    from models.data.splits import leave_one_out, random_explicit_split
-
-    return random_explicit_split(interactions, seed) if explicit else leave_one_out(interactions, seed)
 
 
 class _Cohorts:

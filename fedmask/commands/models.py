@@ -534,7 +534,8 @@ def register_reference(app: typer.Typer) -> None:
         from rich.table import Table
 
         from models.data.types import ImplicitSplit
-        from models.engine import SimulationConfigError, load_interactions, make_split
+        from models.data.entry import load_interactions, make_split
+        from models.registry import ConfigError
         from models.progress import Progress
         from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
@@ -552,7 +553,7 @@ def register_reference(app: typer.Typer) -> None:
             ) as bar, blas_threads(threads):
                 ctx = ReferenceContext(split, bar)
                 results = run_references(split, names, context=ctx)
-        except (SimulationConfigError, ValueError) as e:
+        except (ConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         table = Table(title=f"centralised references on {dataset}, seed {seed} (HR@10, 99 sampled negatives)")

@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
                 rounds=rounds, threads=threads, reference_threads=reference_threads,
                 data_dir=None if data_dir is None else str(data_dir), quiet=quiet, log=err.print,
             )  # fmt: skip
-        except ValueError as e:  # SimulationConfigError is a ValueError
+        except ValueError as e:  # models.registry.ConfigError is a ValueError
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         print(table)
@@ -118,15 +118,9 @@ def _run_study(
     import numpy as np
 
     from fedmask.commands.sim_progress import SimulationProgress
-    from models.engine import (
-        SimulationConfig,
-        build_model,
-        default_rounds,
-        load_interactions,
-        make_split,
-        simulate,
-        write_results,
-    )
+    from models.data.entry import load_interactions, make_split
+    from models.engine import SimulationConfig, simulate, write_results
+    from models.registry import build_model, default_rounds
     from models.progress import Progress
     from models.reference import blas_threads, reference_names, run_references, run_steps
     from models.results import save_json

@@ -185,7 +185,7 @@ def test_coordinator_starts_from_the_simulated_initial_model() -> None:
     """Version 1 of the coordinator (model_host.init_parameters(seed)) is the
     engine's initial global state for the same seed."""
     from coordinator.model_host import build_server_model
-    from models.engine import build_model
+    from models.registry import build_model
     from models.keyed_random import global_init_generator
 
     server = build_server_model("fedrap", {"n_users": N_USERS, "n_items": N_ITEMS})
