@@ -2,7 +2,7 @@
 the functions the simulation engine uses.
 
 All devices selected in a round train together, as one cohort, like the
-engine does (`models/engine.py`): their local data is stacked
+engine does (`models/sim/engine.py`): their local data is stacked
 (`edge_client.local_data`) and padded into one `CohortData`, their private
 rows are loaded from the state store and stacked, `model.local_update` runs
 once for the batch, updates are clipped and noised per row

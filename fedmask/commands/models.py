@@ -132,7 +132,7 @@ def _parse_neighbors(value: str | None) -> int | str | None:
 
 
 def register_simulate(app: typer.Typer) -> None:
-    """`fedmask simulate`: a whole federation in one process (models/engine.py)."""
+    """`fedmask simulate`: a whole federation in one process (models/sim/engine.py)."""
 
     @app.command("simulate")
     def simulate(
@@ -314,14 +314,14 @@ def register_simulate(app: typer.Typer) -> None:
         from fedmask import console as cli_console
 
         from fedmask.commands.sim_progress import SimulationProgress
-        from models.engine import (
+        from models.sim.engine import (
             MemorySettings,
             SimulationConfig,
             SimulationConfigError,
             simulate as run_simulation,
             write_results,
         )
-        from models.memory import PrivatePlacement
+        from models.sim.memory import PrivatePlacement
 
         err = cli_console.err()
         if platforms is not None or model in ("freib", "central-mf"):
@@ -440,12 +440,12 @@ def _simulate_platforms(
     save_global: Path | None = None,
     device: str = "cpu",
 ) -> None:
-    """`fedmask simulate` at the platform level (models/platform_sim.py)."""
+    """`fedmask simulate` at the platform level (models/sim/platform_runner.py)."""
     from fedmask import console as cli_console
 
-    from models.engine import write_results
+    from models.sim.engine import write_results
     from fedmask.commands.sim_progress import SimulationProgress
-    from models.platform_sim import PlatformConfigError, PlatformSimConfig, run_platform_simulation
+    from models.sim.platform_runner import PlatformConfigError, PlatformSimConfig, run_platform_simulation
 
     err = cli_console.err()
     bad = [name for name, v in unsupported.items() if v is not None]
@@ -536,7 +536,7 @@ def register_reference(app: typer.Typer) -> None:
         from models.data.types import ImplicitSplit
         from models.data.entry import load_interactions, make_split
         from models.registry import ConfigError
-        from models.progress import Progress
+        from models.sim.progress import Progress
         from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
         err = cli_console.err()

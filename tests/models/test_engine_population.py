@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfigError, SimulationConfig, load_global_state, simulate
+from models.sim.engine import SimulationConfigError, SimulationConfig, load_global_state, simulate
 from models.keyed_random import global_init_generator
 
 

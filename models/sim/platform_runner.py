@@ -9,7 +9,7 @@ for the models). Each round (the paper's communication epoch):
    norm C and gets Laplace(0, lambda) noise on the platform, before anything
    leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
 3. aggregation: the plain mean of the M uploads, or with `secagg` the real
-   Bonawitz protocol in process (`models.engine.SecureAggregator`, i.e.
+   Bonawitz protocol in process (`models.sim.engine.SecureAggregator`, i.e.
    `secagg.inprocess.run_round`) on the complete graph of the M platforms with
    the majority threshold floor(M/2) + 1; the library checks that the
    unmasked sum equals the sum of the encoded inputs;
@@ -40,7 +40,7 @@ from models.freib import Params, PlatformModel, local_train, params_to, predict,
 from models.platforms import DEFAULT_PLATFORM_ROUNDS, PlatformConfigError, build_platform_model, platform_data
 
 if TYPE_CHECKING:
-    from models.engine import SimulationEvents
+    from models.sim.engine import SimulationEvents
 
 SECAGG_PLATFORM_CLIP = 32.0
 
@@ -124,7 +124,7 @@ def run_platform_simulation(
     """Run a platform-level federation; returns the results dict (results.json).
     `events` hears of every round (the CLI shows them as progress)."""
     from models.data.entry import load_interactions
-    from models.engine import SecureAggregator, SimulationEvents
+    from models.sim.engine import SecureAggregator, SimulationEvents
     from models.registry import ConfigError
     from models.keyed_random import global_init_generator
     from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
@@ -199,7 +199,7 @@ def run_platform_simulation(
             break
     last_round = rounds - 1 if diverged_at is None else diverged_at
     if config.save_global is not None:
-        from models.engine import save_global_state
+        from models.sim.engine import save_global_state
         from models.platform_federation import pack_global
 
         final = {k: torch.from_numpy(v) for k, v in pack_global(model, shared, protos).items()}

@@ -9,7 +9,7 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
    edge client's --users);
 2. gather the cohort's private rows (`PrivateTables.take`) and training data
    (`cohort_data`), the whole cohort at once or, when the memory plan says so
-   (`models/memory.py`, printed before training), chunk by chunk;
+   (`models/sim/memory.py`, printed before training), chunk by chunk;
 3. `model.local_update` -> new private rows and the (B, update_dim) updates
    (chunked: their running sum, or the whole table with DP or SecAgg);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
@@ -17,7 +17,7 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
 5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
    in-process (fixed-point encoding, pairwise and self masks, unmasking);
 6. `model.apply_mean_update` -> the new global state; the private rows go back
-   into the tables (RAM, or memory-mapped files; `models/private_tables.py`);
+   into the tables (RAM, or memory-mapped files; `models/sim/private_tables.py`);
 7. every `eval_every` rounds (and after the last) evaluate on *validation*
    (metric sums from `models/evaluation.py`).
 
@@ -33,7 +33,7 @@ sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
 of the best validation round is kept (its private tables are never written
-again: a round then writes the other buffer, `models/private_tables.py`) and the test metrics are computed once, on that
+again: a round then writes the other buffer, `models/sim/private_tables.py`) and the test metrics are computed once, on that
 state, after training. Test numbers never influence anything.
 """
 
@@ -63,7 +63,7 @@ from models.base import (
 )
 from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
-from models.memory import (
+from models.sim.memory import (
     BASELINE_BYTES,
     Footprint,
     MemoryBudgetError,
@@ -73,7 +73,7 @@ from models.memory import (
     plan_memory,
     resident_bytes,
 )
-from models.private_tables import PrivateTables
+from models.sim.private_tables import PrivateTables
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class SimulationConfig:
         if self.eval_every < 1:
             raise SimulationConfigError("--eval-every must be >= 1")
         if self.plaintext_j_bound is not None:
-            from models.hybrid import check_bound
+            from models.sim.hybrid import check_bound
 
             if self.model != "fedmmf":
                 raise SimulationConfigError("--plaintext-j-bound is FedMMF's policy (its privacy indicator J): --model fedmmf")
@@ -301,7 +301,7 @@ def _hybrid_mean(
     update in the clear, the others through the secure sum (the in-process
     SecAgg with --secagg, else the plain sum); the mean over the counted
     devices, or None when none is counted. Records how many took each path."""
-    from models.hybrid import hybrid_sum, plaintext_choice
+    from models.sim.hybrid import hybrid_sum, plaintext_choice
 
     plain = plaintext_choice(J.to(upd.device), config.plaintext_j_bound)
 
@@ -388,7 +388,7 @@ def evaluate_state(
 
 @dataclass(frozen=True)
 class MemorySettings:
-    """How the simulator may use memory (models/memory.py). None of these
+    """How the simulator may use memory (models/sim/memory.py). None of these
     changes what is computed: a chunked run reaches the same global model as an
     unchunked one up to float32 summation order (tests/models/test_engine_memory.py)."""
 
@@ -400,7 +400,7 @@ class MemorySettings:
 
 class SimulationEvents:
     """What a caller may hear about a running simulation (all optional; the CLI
-    turns them into the progress display, models/progress.py)."""
+    turns them into the progress display, models/sim/progress.py)."""
 
     def note(self, text: str) -> None:
         """A one-off message (the memory plan, the setup time)."""
@@ -741,7 +741,7 @@ def _plan_memory(
     config: SimulationConfig,
 ) -> MemoryPlan:
     """Measure the sizes (one device's private state, the data table) and plan
-    (models/memory.py); MemoryBudgetError when the budget cannot be met."""
+    (models/sim/memory.py); MemoryBudgetError when the budget cannot be met."""
     import shutil
     import tempfile
 
@@ -886,7 +886,7 @@ def _secagg_clip(config: SimulationConfig) -> float:
 
 def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
     """Write DIR/results.json and DIR/metrics.png; returns their paths."""
-    from models.results import plot_metrics, save_json
+    from models.sim.results import plot_metrics, save_json
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
