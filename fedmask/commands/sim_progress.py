@@ -1,5 +1,5 @@
 """The progress display of `fedmask simulate` and `fedmask study` (the engine only
-reports events, `models.sim.engine.SimulationEvents`).
+reports events, `models.sim.events.SimulationEvents`).
 
 On a terminal a rich bar of the rounds; when stderr is a file or a pipe, plain
 `[progress]` lines now and then (round, elapsed, estimate, the validation
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from models.sim.engine import SimulationEvents
+from models.sim.events import SimulationEvents
 from models.sim.progress import DEFAULT_INTERVAL_S, Mode, Progress
 
 

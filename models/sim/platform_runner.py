@@ -9,7 +9,7 @@ for the models). Each round (the paper's communication epoch):
    norm C and gets Laplace(0, lambda) noise on the platform, before anything
    leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
 3. aggregation: the plain mean of the M uploads, or with `secagg` the real
-   Bonawitz protocol in process (`models.sim.engine.SecureAggregator`, i.e.
+   Bonawitz protocol in process (`models.sim.aggregation.SecureAggregator`, i.e.
    `secagg.inprocess.run_round`) on the complete graph of the M platforms with
    the majority threshold floor(M/2) + 1; the library checks that the
    unmasked sum equals the sum of the encoded inputs;
@@ -26,21 +26,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from models.base import divergence_note, diverged, resolve_device
-from models.data.platforms import Ratings, make_platform_split
+from models.data.platforms import PlatformSplit, Ratings, make_platform_split
 from models.data.types import Interactions
 from models.freib import Params, PlatformModel, local_train, params_to, predict, server_step
 from models.platforms import DEFAULT_PLATFORM_ROUNDS, PlatformConfigError, build_platform_model, platform_data
+from models.sim.aggregation import SecureAggregator
+from models.sim.events import SimulationEvents
 
-if TYPE_CHECKING:
-    from models.sim.engine import SimulationEvents
 
 SECAGG_PLATFORM_CLIP = 32.0
 
@@ -124,10 +124,9 @@ def run_platform_simulation(
     """Run a platform-level federation; returns the results dict (results.json).
     `events` hears of every round (the CLI shows them as progress)."""
     from models.data.entry import load_interactions
-    from models.sim.engine import SecureAggregator, SimulationEvents
-    from models.registry import ConfigError
     from models.keyed_random import global_init_generator
-    from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
+    from models.laplace_ldp import privatize_laplace
+    from models.registry import ConfigError
 
     t_start = time.perf_counter()
     _check(config)
@@ -199,8 +198,8 @@ def run_platform_simulation(
             break
     last_round = rounds - 1 if diverged_at is None else diverged_at
     if config.save_global is not None:
-        from models.sim.engine import save_global_state
         from models.platform_federation import pack_global
+        from models.sim.global_state import save_global_state
 
         final = {k: torch.from_numpy(v) for k, v in pack_global(model, shared, protos).items()}
         save_global_state(final, config.save_global, model=config.model, rounds=last_round + 1, seed=config.seed)
@@ -209,10 +208,35 @@ def run_platform_simulation(
     bs, bu, bp = best["state"]
     test = evaluate_platforms(model, bs, bu, bp, split.test, user_platform, split.rating_range)
     seconds_total = time.perf_counter() - t_start
+    return _platform_results(
+        config, x.name, split, model, rounds=rounds, records=records, best=best, test=test,
+        seconds_total=seconds_total, seconds_setup=t_setup, last_round=last_round, diverged_at=diverged_at,
+    )
+
+
+def _platform_results(
+    config: PlatformSimConfig,
+    dataset: str,
+    split: PlatformSplit,
+    model: PlatformModel,
+    *,
+    rounds: int,
+    records: list[dict[str, Any]],
+    best: Mapping[str, Any],
+    test: Mapping[str, float],
+    seconds_total: float,
+    seconds_setup: float,
+    last_round: int,
+    diverged_at: int | None,
+) -> dict[str, Any]:
+    """The results document of a platform-level run (results.json)."""
+    from models.laplace_ldp import epsilon_per_release, epsilon_total
+
+    ldp_clip, ldp_scale = config.ldp_clip, config.ldp_scale
     label_dist = split.label_distribution()
     out: dict[str, Any] = {
         "model": config.model,
-        "dataset": x.name,
+        "dataset": dataset,
         "seed": config.seed,
         "kind": "explicit",
         "level": "platform",
@@ -232,7 +256,7 @@ def run_platform_simulation(
         "best_val": best.get("val"),
         "test": {k: test[k] for k in ("rmse", "mae", "n_ratings")},
         "seconds_total": seconds_total,
-        "seconds_setup": t_setup,
+        "seconds_setup": seconds_setup,
         "config": asdict(config) | {"rounds": rounds},
         "model_config": model.config(),
         "protocol": (
