@@ -314,13 +314,8 @@ def register_simulate(app: typer.Typer) -> None:
         from fedmask import console as cli_console
 
         from fedmask.commands.sim_progress import SimulationProgress
-        from models.sim.engine import (
-            MemorySettings,
-            SimulationConfig,
-            SimulationConfigError,
-            simulate as run_simulation,
-            write_results,
-        )
+        from models.registry import ConfigError
+        from models.sim.engine import MemorySettings, SimulationConfig, simulate as run_simulation, write_results
         from models.sim.memory import PrivatePlacement
 
         err = cli_console.err()
@@ -376,7 +371,7 @@ def register_simulate(app: typer.Typer) -> None:
             )
             placements: dict[str, PrivatePlacement] = {"auto": "auto", "memory": "memory", "disk": "disk"}
             if private_state not in placements:
-                raise SimulationConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
+                raise ConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
             mem = MemorySettings(
                 budget_gb=memory_gb,
                 cohort_chunk=cohort_chunk,
@@ -385,7 +380,7 @@ def register_simulate(app: typer.Typer) -> None:
             )
             with SimulationProgress(model, quiet=quiet) as events:
                 results = run_simulation(cfg, memory=mem, events=events)
-        except SimulationConfigError as e:
+        except ConfigError as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         j, p = write_results(results, out)
