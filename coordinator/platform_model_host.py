@@ -14,6 +14,10 @@ cohort M, default 5; see `models.platform_federation` for why it only
 sets the presence threshold) and any FREIB setting (D27, D67). The devices
 check the catalogue and levels against their own split and withdraw with
 MODEL_MISMATCH when they differ.
+
+Imports: `models` at module level (it brings torch). coordinator/model_host.py
+imports this module only when it builds a model other than the synthetic one,
+so a coordinator without a real model still starts without torch.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from models.keyed_random import global_init_generator
+from models.platform_federation import global_shapes, pack_global, platform_model_from_hyperparameters, server_apply
 
 DEFAULT_PLATFORMS = 5
 
@@ -57,26 +64,17 @@ class PlatformServerModel:
 
     def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
         """`fedmask simulate --platforms M --seed S`'s initial global state."""
-        from models.keyed_random import global_init_generator
-        from models.platform_federation import pack_global
-
         return pack_global(self.model, self.model.init_shared(global_init_generator(int(seed))), None)
 
     def apply_mean(self, params: Mapping[str, np.ndarray], mean: np.ndarray, step: int) -> dict[str, np.ndarray]:
-        from models.platform_federation import server_apply
-
         return server_apply(self.model, params, mean, self.n_platforms)
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        from models.platform_federation import global_shapes
-
         return global_shapes(self.model)
 
 
 def build_platform_server_model(name: str, hyperparameters: Mapping[str, Any]) -> PlatformServerModel:
     """FREIB's server; ValueError (the caller's ModelConfigError) for bad hyper-parameters."""
-    from models.platform_federation import platform_model_from_hyperparameters
-
     hp = dict(hyperparameters)
     n = hp.get("n_platforms", DEFAULT_PLATFORMS)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -22,6 +22,10 @@ from typing import Any
 import numpy as np
 
 from edge_client.devices import Device
+from models.data.entry import load_interactions as _load
+from models.data.splits import leave_one_out, random_explicit_split
+from models.data.types import ExplicitSplit, ImplicitSplit
+from models.registry import ConfigError
 
 _DATA_VERSION = 1
 
@@ -32,11 +36,9 @@ class DatasetError(ValueError):
 
 def load_interactions(dataset: str, data_dir: str | None, seed: int):
     """The dataset as `models.data.types.Interactions` (same loader as `fedmask simulate`)."""
-    from models.engine import SimulationConfigError, load_interactions as _load
-
     try:
         return _load(dataset, data_dir, seed)
-    except SimulationConfigError as e:
+    except ConfigError as e:
         raise DatasetError(f"unknown or missing dataset {dataset!r}: {e}") from None
     except (ValueError, OSError) as e:
         raise DatasetError(f"cannot load dataset {dataset!r}: {e}") from None
@@ -72,8 +74,6 @@ def _device_arrays(imp, exp, user: int) -> dict[str, np.ndarray]:
 
 
 def _stack_splits(parts: Sequence[Mapping[str, np.ndarray]], n_items: int, rating_range, item_features) -> tuple:
-    from models.data.types import ExplicitSplit, ImplicitSplit
-
     B = len(parts)
     lens = np.array([len(p["imp_train"]) for p in parts], dtype=np.int64)
     indptr = np.zeros(B + 1, dtype=np.int64)
@@ -146,8 +146,6 @@ class LocalData:
                 )
             self._local[number] = arrays
         if missing:
-            from models.data.splits import leave_one_out, random_explicit_split
-
             imp = leave_one_out(self.x, self.split_seed)
             exp = random_explicit_split(self.x, self.split_seed)
             for number in missing:

@@ -38,8 +38,10 @@ from edge_client.task import TaskSpec
 from edge_client.trainer import TrainingError, TrainingFailure, TrainOutput, Trainer
 from models.data.platforms import PlatformSplit, make_platform_split
 from models.data.types import Interactions
+from models.evaluation import rating_sums
 from models.freib import PlatformModel, local_train, params_to, predict
 from models.platform_federation import CROSS_SILO_MODELS, PlatformHyperparameterError, platform_model_from_hyperparameters, unpack_global
+from models.platforms import platform_data
 
 log = logging.getLogger("edge_client.platform_trainer")
 
@@ -90,8 +92,6 @@ class PlatformTrainer(Trainer):
     ) -> None:
         super().__init__(LocalData(x, [], split_seed=seed), seed=seed, torch_device=torch_device,
                          global_path=global_path, secure_random=secure_random)  # fmt: skip
-        from models.platform_sim import platform_data
-
         if device.number != hosting.platform:
             raise ValueError(f"the platform device must have number {hosting.platform}, got {device.number}")
         try:
@@ -177,7 +177,7 @@ class PlatformTrainer(Trainer):
         norms = torch.linalg.vector_norm(upd, dim=1)
         clip_norm = None
         if task.dp_mode in ("local", "distributed"):
-            from models.privacy import add_gaussian_noise, clip_rows
+            from models.privacy import add_gaussian_noise, clip_rows  # on first use: edge_client/trainer.py's module doc
 
             if task.dp_clip_norm > 0:
                 upd, norms = clip_rows(upd, clip=task.dp_clip_norm)
@@ -203,8 +203,6 @@ class PlatformTrainer(Trainer):
 
     def _validation(self, model: PlatformModel, shared: dict[str, torch.Tensor], user: dict[str, torch.Tensor]) -> dict[str, float]:
         """Squared / absolute error sums over the platform's validation ratings (models/evaluation.py)."""
-        from models.evaluation import rating_sums
-
         val = self.split.val
         rows = np.flatnonzero(self.split.user_platform[val.user] == self.hosting.index)
         dev = self.device

@@ -168,7 +168,7 @@ class FederatedRecommender(ABC):
         counting its inputs (the cohort's private rows, `private_bytes` per
         device), outputs (new rows, the B x update_dim updates) and temporaries;
         `max_history` is the longest training history of the cohort. The
-        simulator plans its memory with it (models/memory.py). The default is
+        simulator plans its memory with it (models/sim/memory.py). The default is
         generic (four copies of the private rows, three of the update, 64 bytes
         per history entry); a model with large temporaries overrides it."""
         return 0, 4 * private_bytes + 12 * self.update_dim + 64 * max_history

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from models.freib import Params, PlatformModel, server_step
+from models.platforms import model_defaults
 
 #: Platform-level models the coordinator can host over gRPC (the baselines run in `fedmask simulate`).
 CROSS_SILO_MODELS: tuple[str, ...] = ("freib",)
@@ -48,8 +49,6 @@ def platform_model_from_hyperparameters(name: str, hp: Mapping[str, Any]) -> Pla
     ``center`` (the middle of the rating scale) and any `PlatformModel`
     field as an override of the tuned defaults (D27, D79, D80). Keys outside
     those (the protocol's own, e.g. ``round_idx``) are ignored."""
-    from models.platform_sim import model_defaults
-
     if name not in CROSS_SILO_MODELS:
         raise PlatformHyperparameterError(f"not a cross-silo platform model: {name!r} (one of {CROSS_SILO_MODELS})")
     missing = [k for k in ("n_users", "n_items", "n_levels") if k not in hp]

@@ -54,7 +54,7 @@ from threadpoolctl import threadpool_limits
 
 from models.data.types import ImplicitSplit
 from models.evaluation import evaluate_implicit, finalize
-from models.progress import NullProgress, Progress
+from models.sim.progress import NullProgress, Progress
 
 # Item-item models hold a dense n_items^2 matrix; beyond this they are refused
 # (about 1.6 GB of float32 per matrix) rather than left to exhaust memory.

@@ -204,7 +204,7 @@ class Check:
                 "multiprocessors": props.multi_processor_count,
             }
         missing = []
-        for mod in ("fedmask.cli", "coordinator.service", "edge_client.app", "secagg", "wire", "models.engine"):
+        for mod in ("fedmask.cli", "coordinator.service", "edge_client.app", "secagg", "wire", "models.sim.engine"):
             try:
                 __import__(mod)
             except Exception as e:  # noqa: BLE001 - reported, not raised
@@ -349,7 +349,7 @@ class Check:
         return 0 if self.summary["ok"] else 1
 
     def _compare_globals(self, key: str, rounds: int) -> None:
-        from models.engine import load_global_state
+        from models.sim.engine import load_global_state
 
         a = load_global_state(self.out / "runs" / f"cpu-{key}-{rounds}" / "global.npz")
         b = load_global_state(self.out / "runs" / f"gpu-{key}-{rounds}" / "global.npz")

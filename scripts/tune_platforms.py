@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, type=Path, help="JSON-lines file the results are appended to")
     ap.add_argument("--data-dir", default=None)
     a = ap.parse_args(argv)
-    from models.platform_sim import PlatformSimConfig, run_platform_simulation
+    from models.sim.platform_runner import PlatformSimConfig, run_platform_simulation
 
     grid = json.loads(a.grid.read_text())
     if not isinstance(grid, list):

@@ -28,7 +28,7 @@ class SecAggError(Exception):
 class SecAggConfigError(SecAggError, ValueError):
     """A secure-aggregation configuration that cannot run safely or correctly.
 
-    Not to be confused with `models.engine.SimulationConfigError` (a
+    Not to be confused with `models.registry.ConfigError` (a
     simulation's settings)."""
 
 

@@ -97,7 +97,7 @@ def _secure_part_aborted(log_text: str) -> dict[int, str]:
 
 
 def _dataset_size(cfg: HybridBenchConfig) -> tuple[int, int]:
-    from models.engine import load_interactions
+    from models.data.entry import load_interactions
 
     x = load_interactions(cfg.dataset, str(cfg.data_dir), cfg.seed)
     if cfg.devices > x.n_users:

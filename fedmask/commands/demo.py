@@ -113,11 +113,12 @@ def demo(
         raise typer.BadParameter("local, distributed or none", param_hint="--dp-mode")
     data_root = Path(data_dir) if data_dir is not None else Path("data")
     _ensure_dataset(console, dataset, data_root)
-    from models.engine import SimulationConfigError, load_interactions
+    from models.data.entry import load_interactions
+    from models.registry import ConfigError
 
     try:
         x = load_interactions(dataset, str(data_root), seed)
-    except SimulationConfigError as exc:
+    except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--dataset") from None
     if devices > x.n_users:
         raise typer.BadParameter(f"{dataset} has {x.n_users} users", param_hint="--devices")

@@ -132,7 +132,7 @@ def _parse_neighbors(value: str | None) -> int | str | None:
 
 
 def register_simulate(app: typer.Typer) -> None:
-    """`fedmask simulate`: a whole federation in one process (models/engine.py)."""
+    """`fedmask simulate`: a whole federation in one process (models/sim/engine.py)."""
 
     @app.command("simulate")
     def simulate(
@@ -314,14 +314,9 @@ def register_simulate(app: typer.Typer) -> None:
         from fedmask import console as cli_console
 
         from fedmask.commands.sim_progress import SimulationProgress
-        from models.engine import (
-            MemorySettings,
-            SimulationConfig,
-            SimulationConfigError,
-            simulate as run_simulation,
-            write_results,
-        )
-        from models.memory import PrivatePlacement
+        from models.registry import ConfigError
+        from models.sim.engine import MemorySettings, SimulationConfig, simulate as run_simulation, write_results
+        from models.sim.memory import PrivatePlacement
 
         err = cli_console.err()
         if platforms is not None or model in ("freib", "central-mf"):
@@ -376,7 +371,7 @@ def register_simulate(app: typer.Typer) -> None:
             )
             placements: dict[str, PrivatePlacement] = {"auto": "auto", "memory": "memory", "disk": "disk"}
             if private_state not in placements:
-                raise SimulationConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
+                raise ConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
             mem = MemorySettings(
                 budget_gb=memory_gb,
                 cohort_chunk=cohort_chunk,
@@ -385,7 +380,7 @@ def register_simulate(app: typer.Typer) -> None:
             )
             with SimulationProgress(model, quiet=quiet) as events:
                 results = run_simulation(cfg, memory=mem, events=events)
-        except SimulationConfigError as e:
+        except ConfigError as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         j, p = write_results(results, out)
@@ -440,12 +435,12 @@ def _simulate_platforms(
     save_global: Path | None = None,
     device: str = "cpu",
 ) -> None:
-    """`fedmask simulate` at the platform level (models/platform_sim.py)."""
+    """`fedmask simulate` at the platform level (models/sim/platform_runner.py)."""
     from fedmask import console as cli_console
 
-    from models.engine import write_results
+    from models.sim.engine import write_results
     from fedmask.commands.sim_progress import SimulationProgress
-    from models.platform_sim import PlatformConfigError, PlatformSimConfig, run_platform_simulation
+    from models.sim.platform_runner import PlatformConfigError, PlatformSimConfig, run_platform_simulation
 
     err = cli_console.err()
     bad = [name for name, v in unsupported.items() if v is not None]
@@ -534,8 +529,9 @@ def register_reference(app: typer.Typer) -> None:
         from rich.table import Table
 
         from models.data.types import ImplicitSplit
-        from models.engine import SimulationConfigError, load_interactions, make_split
-        from models.progress import Progress
+        from models.data.entry import load_interactions, make_split
+        from models.registry import ConfigError
+        from models.sim.progress import Progress
         from models.reference import ReferenceContext, blas_threads, reference_names, run_references, run_steps
 
         err = cli_console.err()
@@ -552,7 +548,7 @@ def register_reference(app: typer.Typer) -> None:
             ) as bar, blas_threads(threads):
                 ctx = ReferenceContext(split, bar)
                 results = run_references(split, names, context=ctx)
-        except (SimulationConfigError, ValueError) as e:
+        except (ConfigError, ValueError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         table = Table(title=f"centralised references on {dataset}, seed {seed} (HR@10, 99 sampled negatives)")

@@ -1,10 +1,10 @@
 """The progress display of `fedmask simulate` and `fedmask study` (the engine only
-reports events, `models.engine.SimulationEvents`).
+reports events, `models.sim.events.SimulationEvents`).
 
 On a terminal a rich bar of the rounds; when stderr is a file or a pipe, plain
 `[progress]` lines now and then (round, elapsed, estimate, the validation
 metric, or how much of a chunked round is done), as `fedmask reference` prints
-(models/progress.py). `quiet` prints nothing but the notes (the memory plan).
+(models/sim/progress.py). `quiet` prints nothing but the notes (the memory plan).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from models.engine import SimulationEvents
-from models.progress import DEFAULT_INTERVAL_S, Mode, Progress
+from models.sim.events import SimulationEvents
+from models.sim.progress import DEFAULT_INTERVAL_S, Mode, Progress
 
 
 class SimulationProgress(SimulationEvents):

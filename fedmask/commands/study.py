@@ -4,10 +4,10 @@ Layout of OUT (every file a run writes stays, so a study resumes where it stoppe
 
     OUT/runs/<model>/seed<S>/results.json, metrics.png   one simulate run each
     OUT/references/seed<S>/reference.json                one reference run per seed
-    OUT/study.json, OUT/study.png, OUT/study.md           the aggregate (models/study.py)
+    OUT/study.json, OUT/study.png, OUT/study.md           the aggregate (models/sim/study.py)
 
 A finished run is reused when its recorded config equals the one the study would
-run (models/study.py `config_matches`); a reference.json when it has the same
+run (models/sim/study.py `config_matches`); a reference.json when it has the same
 dataset and seed and every wanted reference model. Anything else is run again.
 """
 
@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
                 rounds=rounds, threads=threads, reference_threads=reference_threads,
                 data_dir=None if data_dir is None else str(data_dir), quiet=quiet, log=err.print,
             )  # fmt: skip
-        except ValueError as e:  # SimulationConfigError is a ValueError
+        except ValueError as e:  # models.registry.ConfigError is a ValueError
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from e
         print(table)
@@ -118,19 +118,13 @@ def _run_study(
     import numpy as np
 
     from fedmask.commands.sim_progress import SimulationProgress
-    from models.engine import (
-        SimulationConfig,
-        build_model,
-        default_rounds,
-        load_interactions,
-        make_split,
-        simulate,
-        write_results,
-    )
-    from models.progress import Progress
+    from models.data.entry import load_interactions, make_split
+    from models.sim.engine import SimulationConfig, simulate, write_results
+    from models.registry import build_model, default_rounds
+    from models.sim.progress import Progress
     from models.reference import blas_threads, reference_names, run_references, run_steps
-    from models.results import save_json
-    from models.study import aggregate, config_matches, markdown_table, plot_study, study_runs
+    from models.sim.results import save_json
+    from models.sim.study import aggregate, config_matches, markdown_table, plot_study, study_runs
 
     ref_names = list(reference_names()) if references is None else ([] if references == ["none"] else references)
     unknown = set(ref_names) - set(reference_names())

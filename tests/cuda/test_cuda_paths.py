@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfig, load_global_state, simulate
+from models.sim.engine import SimulationConfig, load_global_state, simulate
 
 pytestmark = pytest.mark.cuda
 
@@ -186,7 +186,7 @@ PLATFORM_PARAMS = {"k": 4, "k_bias": 3, "mlp": [4], "batch_size": 32, "local_epo
 def test_freib_simulates_on_the_accelerator_as_on_the_cpu(accel: str, tmp_path: Path, extra: dict[str, Any]) -> None:
     """The platform-level simulation on the device; the Laplace noise is drawn on
     the CPU, so it is the same draw on both devices."""
-    from models.platform_sim import PlatformSimConfig, run_platform_simulation
+    from models.sim.platform_runner import PlatformSimConfig, run_platform_simulation
 
     x = _platform_interactions()
     runs = []

@@ -15,7 +15,7 @@ from edge_client.faults import FaultPlan
 from edge_client.trainer import synthetic_updates
 from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
 from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
-from models.engine import build_model
+from models.registry import build_model
 from secagg.stages import Stage
 from wire.protocol import PROTOCOL_VERSION
 

@@ -25,7 +25,7 @@ from edge_client.state import ClientStore
 from edge_client.transport import session_message_kinds
 from edge_fake_coordinator import FakeCoordinator, RunningClient, run_async
 from fedmask_proto.v1 import secagg_pb2
-from models.engine import build_model
+from models.registry import build_model
 
 N = 6
 IMPLICIT_METRICS = ("devices", "examples", "update_norm", "val_sampled_hits@10", "val_sampled_ndcg@10",

@@ -86,8 +86,8 @@ def _hyper(csv: Path) -> dict[str, Any]:
 
 def _simulate(csv: Path, tmp_path: Path, name: str, **over: Any) -> dict[str, np.ndarray]:
     from models.data.loaders import load_dataset
-    from models.engine import load_global_state
-    from models.platform_sim import PlatformSimConfig, run_platform_simulation
+    from models.sim.engine import load_global_state
+    from models.sim.platform_runner import PlatformSimConfig, run_platform_simulation
 
     kw: dict[str, Any] = dict(model="freib", seed=SEED, n_platforms=M, beta=BETA, rounds=ROUNDS, eval_every=ROUNDS)
     kw.update(over)
@@ -207,7 +207,7 @@ def test_cross_silo_freib_over_grpc_reaches_the_simulated_model(
         tmp_path / "simulated.npz", "--out", tmp_path / "sim", "--eval-every", ROUNDS, "--quiet",
     ])  # fmt: skip
     assert sim.wait(240) == 0, sim.tail()
-    from models.engine import load_global_state
+    from models.sim.engine import load_global_state
 
     simulated = load_global_state(tmp_path / "simulated.npz")
     results = json.loads((tmp_path / "sim" / "results.json").read_text())

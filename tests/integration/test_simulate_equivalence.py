@@ -80,7 +80,7 @@ def tolerance(rounds: int = ROUNDS) -> float:
 
 
 def _simulate_in_process(tmp_path: Path, name: str, **over: Any) -> np.ndarray:
-    from models.engine import SimulationConfig, load_global_state, simulate
+    from models.sim.engine import SimulationConfig, load_global_state, simulate
 
     kw: dict[str, Any] = dict(model="fedrap", dataset="synthetic", seed=SEED, rounds=ROUNDS, users=tuple(range(1, N + 1)),
               secagg=True, secagg_clip=CLIP, secagg_neighbors="all", threads=1, eval_every=ROUNDS)  # fmt: skip
@@ -136,7 +136,7 @@ def test_federation_over_grpc_reaches_the_simulated_model(procs: Processes, tmp_
         "--eval-every", ROUNDS, "--quiet",
     ])  # fmt: skip
     assert sim.wait(240) == 0, sim.tail()
-    from models.engine import load_global_state
+    from models.sim.engine import load_global_state
 
     simulated = load_global_state(tmp_path / "simulated.npz")["C"]
     results = json.loads((tmp_path / "sim" / "results.json").read_text())
@@ -165,7 +165,7 @@ def test_tolerance_covers_the_worst_quantisation_error(tmp_path: Path, monkeypat
     random sign per coordinate) stays within the tolerance of the exact run."""
     import torch
 
-    import models.engine as engine
+    import models.sim.engine as engine
 
     def shifted_mean(self, updates, *, round_idx, clip):  # noqa: ANN001, ANN202
         g = torch.Generator().manual_seed(100 + round_idx)
@@ -185,7 +185,7 @@ def test_coordinator_starts_from_the_simulated_initial_model() -> None:
     """Version 1 of the coordinator (model_host.init_parameters(seed)) is the
     engine's initial global state for the same seed."""
     from coordinator.model_host import build_server_model
-    from models.engine import build_model
+    from models.registry import build_model
     from models.keyed_random import global_init_generator
 
     server = build_server_model("fedrap", {"n_users": N_USERS, "n_items": N_ITEMS})

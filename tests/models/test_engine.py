@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import models.engine as engine
+import models.sim.engine as engine
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfigError, SimulationConfig, simulate, write_results
+from models.sim.engine import SimulationConfigError, SimulationConfig, simulate, write_results
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from models.data.synthetic import synthetic
-from models.engine import MemorySettings, SimulationConfig, SimulationConfigError, load_global_state, simulate
-from models.memory import GIB, Footprint, MemoryBudgetError, plan_memory
-from models.private_tables import PrivateTables
+from models.sim.engine import MemorySettings, SimulationConfig, SimulationConfigError, load_global_state, simulate
+from models.sim.memory import GIB, Footprint, MemoryBudgetError, plan_memory
+from models.sim.private_tables import PrivateTables
 
 
 @pytest.fixture(scope="module")

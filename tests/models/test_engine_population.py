@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfigError, SimulationConfig, load_global_state, simulate
+from models.sim.engine import SimulationConfigError, SimulationConfig, load_global_state, simulate
 from models.keyed_random import global_init_generator
 
 
@@ -39,7 +39,7 @@ def test_population_and_saved_global(x, tmp_path: Path) -> None:
 def test_initial_global_comes_from_the_seeded_global_generator(x, tmp_path: Path) -> None:
     """The engine starts from init_global(global_init_generator(seed)), the
     coordinator's version 1 for that seed (server_lr 0: the global never moves)."""
-    from models.engine import build_model
+    from models.registry import build_model
 
     m = build_model("fedrap", explicit=False, n_users=x.n_users, n_items=x.n_items, overrides={"k": 8})
     for seed in (0, 7):

@@ -8,7 +8,7 @@ from models.base import CohortData
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import random_explicit_split
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfig, simulate
+from models.sim.engine import SimulationConfig, simulate
 from models.fedmf import FedMF, FedMFExplicit
 
 

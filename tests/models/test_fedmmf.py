@@ -8,7 +8,7 @@ import torch
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import random_explicit_split
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfig, simulate
+from models.sim.engine import SimulationConfig, simulate
 from models.fedmmf import FedMMF
 
 

@@ -12,7 +12,7 @@ from models.base import CohortData
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfig, simulate
+from models.sim.engine import SimulationConfig, simulate
 from models.fedrap import CURRICULA, FedRAP, curriculum_weight
 
 

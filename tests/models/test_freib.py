@@ -15,7 +15,8 @@ from models.data.synthetic import synthetic
 from models.data.types import Interactions
 from models.freib import PlatformData, PlatformModel, forward, local_prototypes, local_train, server_step
 from models.laplace_ldp import clip_l1, epsilon_per_release, epsilon_total, laplace_noise, privatize_laplace
-from models.platform_sim import PlatformSimConfig, build_platform_model, platform_data, run_platform_simulation
+from models.sim.platform_runner import PlatformSimConfig, run_platform_simulation
+from models.platforms import build_platform_model, platform_data
 
 
 def tiny(**kw: Any) -> PlatformModel:

@@ -1,4 +1,4 @@
-"""FedMMF hybrid rounds in the simulator (models/hybrid.py, the engine's
+"""FedMMF hybrid rounds in the simulator (models/sim/hybrid.py, the engine's
 --plaintext-j-bound): the path choice and the plaintext + secure sum."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from models.engine import SimulationConfig, SimulationConfigError, simulate
-from models.hybrid import SECURE_FLOOR, hybrid_sum, plaintext_choice
+from models.sim.engine import SimulationConfig, SimulationConfigError, simulate
+from models.sim.hybrid import SECURE_FLOOR, hybrid_sum, plaintext_choice
 
 
 def test_path_choice_is_j_at_most_the_bound_and_nan_stays_secure():

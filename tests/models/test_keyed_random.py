@@ -10,7 +10,7 @@ import torch
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
-from models.engine import build_model
+from models.registry import build_model
 from models.keyed_random import KeyedStream, Purpose, check_seed, mix32, mix32_int, user_normal
 
 

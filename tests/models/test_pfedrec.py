@@ -10,7 +10,7 @@ from models.base import CohortData
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
-from models.engine import SimulationConfig, simulate
+from models.sim.engine import SimulationConfig, simulate
 from models.keyed_random import KeyedStream, Purpose
 from models.pfedrec import PFedRec
 

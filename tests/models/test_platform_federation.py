@@ -27,9 +27,9 @@ def model() -> PlatformModel:
 def test_hyperparameters_build_the_tuned_model_with_overrides() -> None:
     m = model()
     assert (m.n_users, m.n_items, m.n_levels, m.k, m.mlp) == (6, 7, 3, 4, (4,))
-    from models.platform_sim import model_defaults
+    from models.platforms import model_defaults
 
-    tuned = model_defaults("freib")  # the tuned defaults of models/platform_sim.py (D79)
+    tuned = model_defaults("freib")  # the tuned defaults of models/platforms.py (D79)
     assert (m.lr, m.local_epochs, m.batch_size, m.backbone) == (tuned["lr"], tuned["local_epochs"], tuned["batch_size"], "ncf")
     assert platform_model_from_hyperparameters("freib", {**HP, "lr": 0.5, "round_idx": 3}).lr == 0.5
     with pytest.raises(PlatformHyperparameterError, match="n_levels"):

@@ -1,4 +1,4 @@
-"""models/progress.py: plain lines when not a terminal, a bar on one."""
+"""models/sim/progress.py: plain lines when not a terminal, a bar on one."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from models.progress import Progress
+from models.sim.progress import Progress
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""`fedmask study`: the aggregation (models/study.py) on small fake result files, and
+"""`fedmask study`: the aggregation (models/sim/study.py) on small fake result files, and
 one end-to-end run of the command on a tiny synthetic dataset."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from models import study as S
+from models.sim import study as S
 
 
 def _implicit(seed: int, hr: float, placebo: float = 0.1) -> dict[str, Any]:

@@ -71,3 +71,12 @@ def plot_metrics(results: Mapping[str, Any], path: str | Path) -> Path:
     fig.savefig(p)
     plt.close(fig)
     return p
+
+
+def write_results(results: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
+    """Write DIR/results.json and DIR/metrics.png; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    j = save_json(results, out / "results.json")
+    p = plot_metrics(results, out / "metrics.png")
+    return j, p

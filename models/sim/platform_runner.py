@@ -9,7 +9,7 @@ for the models). Each round (the paper's communication epoch):
    norm C and gets Laplace(0, lambda) noise on the platform, before anything
    leaves it (models/laplace_ldp.py; epsilon per release = 2C / lambda);
 3. aggregation: the plain mean of the M uploads, or with `secagg` the real
-   Bonawitz protocol in process (`models.engine.SecureAggregator`, i.e.
+   Bonawitz protocol in process (`models.sim.aggregation.SecureAggregator`, i.e.
    `secagg.inprocess.run_round`) on the complete graph of the M platforms with
    the majority threshold floor(M/2) + 1; the library checks that the
    unmasked sum equals the sum of the encoded inputs;
@@ -28,53 +28,21 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from models.base import divergence_note, diverged, resolve_device
-from models.data.platforms import PlatformSplit, Ratings, level_index, make_platform_split
+from models.data.platforms import PlatformSplit, Ratings, make_platform_split
 from models.data.types import Interactions
-from models.freib import Params, PlatformData, PlatformModel, local_train, params_to, predict, server_step
-
-if TYPE_CHECKING:
-    from models.engine import SimulationEvents
-
-PLATFORM_MODELS: tuple[str, ...] = ("freib", "fedmf", "pfedrec", "central-mf")
-ABLATIONS: dict[str, str] = {"bias": "bias_encoder", "guidance": "guidance", "prototypes": "prototypes"}
-
-# each model's defaults on top of PlatformModel's (chosen on validation, docs/decisions.md D27, D79, D80:
-# the federated baselines train one local epoch of batches of 128 per round over 150 rounds; FREIB a
-# quarter of an epoch per round over 600 rounds, its learning rate falling at D79's pace per step)
-_ONE_EPOCH: dict[str, Any] = {"local_epochs": 1, "batch_size": 128, "lr_decay": 0.96}
-_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "freib": {"backbone": "ncf", "local_epochs": 1, "local_fraction": 0.25, "batch_size": 128, "lr": 0.01,
-              "lr_decay": 0.99, "weight_decay": 3e-3, "init_std": 0.01},
-    "fedmf": {"backbone": "mf", "bias_encoder": False, "guidance": False, "prototypes": False,
-              **_ONE_EPOCH, "lr": 0.1, "l2": 0.02},
-    "pfedrec": {"backbone": "pfedrec", "bias_encoder": False, "guidance": False, "prototypes": False,
-                **_ONE_EPOCH, "lr": 0.05, "l2": 0.05},
-    "central-mf": {"backbone": "biasedmf", "bias_encoder": False, "guidance": False, "prototypes": False,
-                   "lr": 0.05, "l2": 0.05},
-}  # fmt: skip
+from models.freib import Params, PlatformModel, local_train, params_to, predict, server_step
+from models.platforms import DEFAULT_PLATFORM_ROUNDS, PlatformConfigError, build_platform_model, platform_data
+from models.sim.aggregation import SecureAggregator
+from models.sim.events import SimulationEvents
 
 
-def model_defaults(name: str) -> dict[str, Any]:
-    """The tuned defaults of a platform-level model (D27, D67, D79, D80), on top of PlatformModel's."""
-    if name not in _MODEL_DEFAULTS:
-        raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
-    return dict(_MODEL_DEFAULTS[name])
-
-
-#: rounds when --rounds is not given (the paper's E is 50 rounds of 10 local epochs): the baselines one
-#: epoch a round (D79), FREIB a quarter of one (D80), the centralised MF two (D27)
-DEFAULT_PLATFORM_ROUNDS: dict[str, int] = {"freib": 600, "fedmf": 150, "pfedrec": 150, "central-mf": 150}
 SECAGG_PLATFORM_CLIP = 32.0
-
-
-class PlatformConfigError(ValueError):
-    """A platform-level simulation was asked for something that cannot run (user-facing)."""
 
 
 @dataclass(frozen=True)
@@ -98,55 +66,6 @@ class PlatformSimConfig:
     #: presence flags: models/platform_federation.py) to this .npz
     save_global: str | None = None
     device: str = "cpu"  # cpu or cuda[:N]: where the platforms train (the draws are made on the CPU)
-
-
-def build_platform_model(
-    name: str, split: PlatformSplit, overrides: Mapping[str, Any] | None = None, ablate: tuple[str, ...] = ()
-) -> PlatformModel:
-    if name not in PLATFORM_MODELS:
-        raise PlatformConfigError(f"unknown platform-level model {name!r}; choose one of {', '.join(PLATFORM_MODELS)}")
-    kw: dict[str, Any] = dict(_MODEL_DEFAULTS[name])
-    lo, hi = split.rating_range
-    kw["center"] = (lo + hi) / 2.0  # public: the middle of the rating scale
-    for a in ablate:
-        if a not in ABLATIONS:
-            raise PlatformConfigError(f"--ablate takes {', '.join(ABLATIONS)}, not {a!r}")
-        if name != "freib":
-            raise PlatformConfigError("--ablate applies to --model freib only")
-        kw[ABLATIONS[a]] = False
-    kw.update(overrides or {})
-    if "mlp" in kw and isinstance(kw["mlp"], list):
-        kw["mlp"] = tuple(int(v) for v in kw["mlp"])
-    try:
-        return PlatformModel(n_users=split.n_users, n_items=split.n_items, n_levels=len(split.levels), **kw)
-    except (TypeError, ValueError) as e:
-        raise PlatformConfigError(f"bad parameter for {name}: {e}") from e
-
-
-def platform_data(split: PlatformSplit, user_platform: np.ndarray, n_platforms: int) -> PlatformData:
-    """The training ratings grouped by platform and padded."""
-    tr = split.train
-    plat = user_platform[tr.user]
-    order = np.argsort(plat, kind="stable")
-    counts = np.bincount(plat, minlength=n_platforms)
-    L = int(counts.max()) if len(counts) else 0
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    col = np.arange(len(order)) - starts[plat[order]]
-    U = np.zeros((n_platforms, L), dtype=np.int64)
-    It = np.zeros((n_platforms, L), dtype=np.int64)
-    R = np.zeros((n_platforms, L), dtype=np.float32)
-    Lv = np.zeros((n_platforms, L), dtype=np.int64)
-    row = plat[order]
-    U[row, col], It[row, col], R[row, col] = tr.user[order], tr.item[order], tr.rating[order]
-    Lv[row, col] = level_index(split.levels, tr.rating[order])
-    return PlatformData(
-        platforms=torch.arange(n_platforms),
-        users=torch.from_numpy(U),
-        items=torch.from_numpy(It),
-        ratings=torch.from_numpy(R),
-        level=torch.from_numpy(Lv),
-        lengths=torch.from_numpy(counts.astype(np.int64)),
-    )
 
 
 def evaluate_platforms(
@@ -204,9 +123,10 @@ def run_platform_simulation(
 ) -> dict[str, Any]:
     """Run a platform-level federation; returns the results dict (results.json).
     `events` hears of every round (the CLI shows them as progress)."""
-    from models.engine import SimulationConfigError, SecureAggregator, SimulationEvents, load_interactions
+    from models.data.entry import load_interactions
     from models.keyed_random import global_init_generator
-    from models.laplace_ldp import epsilon_per_release, epsilon_total, privatize_laplace
+    from models.laplace_ldp import privatize_laplace
+    from models.registry import ConfigError
 
     t_start = time.perf_counter()
     _check(config)
@@ -214,7 +134,7 @@ def run_platform_simulation(
         torch.set_num_threads(config.threads)
     try:
         x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
-    except SimulationConfigError as e:
+    except ConfigError as e:
         raise PlatformConfigError(str(e)) from e
     try:
         split = make_platform_split(x, n_platforms=config.n_platforms, beta=config.beta, seed=config.seed)
@@ -278,8 +198,8 @@ def run_platform_simulation(
             break
     last_round = rounds - 1 if diverged_at is None else diverged_at
     if config.save_global is not None:
-        from models.engine import save_global_state
         from models.platform_federation import pack_global
+        from models.sim.global_state import save_global_state
 
         final = {k: torch.from_numpy(v) for k, v in pack_global(model, shared, protos).items()}
         save_global_state(final, config.save_global, model=config.model, rounds=last_round + 1, seed=config.seed)
@@ -288,10 +208,35 @@ def run_platform_simulation(
     bs, bu, bp = best["state"]
     test = evaluate_platforms(model, bs, bu, bp, split.test, user_platform, split.rating_range)
     seconds_total = time.perf_counter() - t_start
+    return _platform_results(
+        config, x.name, split, model, rounds=rounds, records=records, best=best, test=test,
+        seconds_total=seconds_total, seconds_setup=t_setup, last_round=last_round, diverged_at=diverged_at,
+    )
+
+
+def _platform_results(
+    config: PlatformSimConfig,
+    dataset: str,
+    split: PlatformSplit,
+    model: PlatformModel,
+    *,
+    rounds: int,
+    records: list[dict[str, Any]],
+    best: Mapping[str, Any],
+    test: Mapping[str, float],
+    seconds_total: float,
+    seconds_setup: float,
+    last_round: int,
+    diverged_at: int | None,
+) -> dict[str, Any]:
+    """The results document of a platform-level run (results.json)."""
+    from models.laplace_ldp import epsilon_per_release, epsilon_total
+
+    ldp_clip, ldp_scale = config.ldp_clip, config.ldp_scale
     label_dist = split.label_distribution()
     out: dict[str, Any] = {
         "model": config.model,
-        "dataset": x.name,
+        "dataset": dataset,
         "seed": config.seed,
         "kind": "explicit",
         "level": "platform",
@@ -311,7 +256,7 @@ def run_platform_simulation(
         "best_val": best.get("val"),
         "test": {k: test[k] for k in ("rmse", "mae", "n_ratings")},
         "seconds_total": seconds_total,
-        "seconds_setup": t_setup,
+        "seconds_setup": seconds_setup,
         "config": asdict(config) | {"rounds": rounds},
         "model_config": model.config(),
         "protocol": (

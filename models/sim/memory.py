@@ -32,7 +32,7 @@ from typing import Any, Literal
 GIB = 1024**3
 BASELINE_BYTES = 700 * 1024**2  # interpreter, torch, numpy and the loaded dataset
 EVAL_BATCH = 256  # users per evaluation batch (models/evaluation.py)
-IO_STEP_BYTES = 128 * 1024**2  # mapped pages one disk access holds (models/private_tables.py)
+IO_STEP_BYTES = 128 * 1024**2  # mapped pages one disk access holds (models/sim/private_tables.py)
 SECAGG_BYTES_PER_COORD = 24  # the in-process SecAgg round: float64 input, uint32 encoding, masks, sums
 
 PrivatePlacement = Literal["auto", "memory", "disk"]

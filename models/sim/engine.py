@@ -1,0 +1,290 @@
+"""The batched federation simulator behind `fedmask simulate`.
+
+One process simulates a whole federation with exactly the per-device functions
+an edge client runs (`models/base.py`), stacked over the cohort. Each round:
+
+1. select a cohort (seeded; all devices of the population by default, or
+   `clients_per_round` drawn uniformly without replacement); the population
+   is every user of the dataset, or `users` (1-based user numbers, like an
+   edge client's --users);
+2. gather the cohort's private rows (`PrivateTables.take`) and training data
+   (`cohort_data`), the whole cohort at once or, when the memory plan says so
+   (`models/sim/memory.py`, printed before training), chunk by chunk;
+3. `model.local_update` -> new private rows and the (B, update_dim) updates
+   (chunked: their running sum, or the whole table with DP or SecAgg);
+4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
+   (`models/privacy.py`), on the device side, before aggregation;
+5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
+   in-process (fixed-point encoding, pairwise and self masks, unmasking);
+6. `model.apply_mean_update` -> the new global state; the private rows go back
+   into the tables (RAM, or memory-mapped files; `models/sim/private_tables.py`);
+7. every `eval_every` rounds (and after the last) evaluate on *validation*
+   (metric sums from `models/evaluation.py`).
+
+Randomness: the initial global state comes from
+`keyed_random.global_init_generator(seed)`, exactly like the coordinator's
+version 1; every per-device draw (private initialisation, negatives,
+mini-batch order) is keyed by (seed, round, user id, ...) inside the models
+(`models/keyed_random.py`). So a device trains exactly as it would on an edge
+client, whatever the cohort: with the same seed and settings a federation over
+gRPC reaches the same global model as `simulate` (up to the secagg
+quantisation; tests/integration/test_simulate_equivalence.py). Cohort
+sampling and DP noise use their own seeded generators.
+
+Model selection uses validation only: the state (global + all private rows)
+of the best validation round is kept (its private tables are never written
+again: a round then writes the other buffer, `models/sim/private_tables.py`) and the test metrics are computed once, on that
+state, after training. Test numbers never influence anything.
+
+The engine composes the simulator's parts, each a module of `models/sim/`:
+`config` (the settings), `training` (cohorts, private state, memory plan,
+local training), `aggregation` (one round's DP, SecAgg and hybrid mean),
+`evaluate`, `report` (the results document), `global_state` and `results`
+(the files written).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from models.base import (
+    FederatedRecommender,
+    GlobalState,
+    PrivateState,
+    divergence_note,
+    diverged,
+    resolve_device,
+)
+from models.data.entry import load_interactions, make_split
+from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
+from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
+from models.sim.aggregation import SecureAggregator, aggregate_round
+from models.sim.config import DPSettings, MemorySettings, SimulationConfig
+from models.sim.evaluate import evaluate_state
+from models.sim.events import SimulationEvents
+from models.sim.global_state import load_global_state, save_global_state
+from models.sim.memory import MemoryPlan
+from models.sim.private_tables import PrivateTables
+from models.sim.report import results_document, selection_key
+from models.sim.results import write_results
+from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
+
+if TYPE_CHECKING:
+    from models.privacy import RoundAccountant
+
+#: the simulator's name for the catalogue's one configuration error (the same class)
+SimulationConfigError = ConfigError
+
+# What callers import from the engine (tests, scripts/gpu_check.py, the commands).
+__all__ = [
+    "DPSettings",
+    "MemorySettings",
+    "SecureAggregator",
+    "SimulationConfig",
+    "SimulationConfigError",
+    "SimulationEvents",
+    "evaluate_state",
+    "load_global_state",
+    "save_global_state",
+    "simulate",
+    "write_results",
+]
+
+
+@dataclass
+class _Setup:
+    """What a simulation has built before its first round."""
+
+    explicit: bool
+    rounds: int
+    dataset: str
+    split: ImplicitSplit | ExplicitSplit
+    population: np.ndarray  # dense user ids of the simulated devices
+    cohort_size: int
+    model: FederatedRecommender
+    cohorts: Cohorts
+    global_: GlobalState
+    plan: MemoryPlan
+    tables: PrivateTables
+
+    @property
+    def full_cohort(self) -> bool:
+        return self.cohort_size == len(self.population)
+
+
+def _prepare(
+    config: SimulationConfig,
+    explicit: bool,
+    interactions: Interactions | None,
+    mem: MemorySettings,
+    ev: SimulationEvents,
+    device: torch.device,
+) -> _Setup:
+    """Data, population, model, initial global and private state, memory plan
+    (reported through `ev.note`); ConfigError for settings the data refuses."""
+    rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
+    x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
+    split = make_split(x, explicit, config.seed)
+    population = population_of(config.users, split.n_users, x.name)
+    n_pop = len(population)
+    cpr = config.clients_per_round
+    if cpr is not None and not 1 <= cpr <= n_pop:
+        raise SimulationConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
+    cohort_size = n_pop if cpr is None else cpr
+    model = build_model(
+        config.model,
+        explicit=explicit,
+        n_users=split.n_users,
+        n_items=split.n_items,
+        item_features=split.item_features,
+        overrides=config.params,
+    )
+    from models.keyed_random import global_init_generator
+
+    cohorts = Cohorts(split, population, device)
+    with torch.no_grad():
+        global_ = {k: v.to(device) for k, v in model.init_global(global_init_generator(config.seed)).items()}
+    plan = plan_cohort_memory(
+        model, cohorts, global_, mem, n_pop=n_pop, n_items=split.n_items, cohort=cohort_size, config=config
+    )
+    ev.note(plan.describe())
+    tables = init_private(model, cohorts, global_, plan, mem, config.seed, ev)
+    return _Setup(explicit, rounds, x.name, split, population, cohort_size, model, cohorts, global_, plan, tables)
+
+
+def _accountant(dp: DPSettings | None, sampling_rate: float) -> RoundAccountant | None:
+    """The round accountant of a run with DP noise, else None."""
+    if dp is None or not dp.noise > 0:
+        return None
+    from models.privacy import RoundAccountant
+
+    return RoundAccountant(
+        noise_multiplier=dp.noise, sampling_rate=sampling_rate, delta=dp.delta, accountant=dp.accountant
+    )
+
+
+def simulate(
+    config: SimulationConfig,
+    *,
+    interactions: Interactions | None = None,
+    memory: MemorySettings | None = None,
+    events: SimulationEvents | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run a whole federation; returns the results dict written to results.json.
+
+    The memory plan is made before training (MemoryBudgetError, a
+    SimulationConfigError, when `memory`'s budget cannot be met) and reported
+    through `events.note` and the results' "memory" block."""
+    t_start = time.perf_counter()
+    mem = memory or MemorySettings()
+    ev = events or SimulationEvents()
+    explicit = model_is_explicit(config.model, config.explicit)
+    device = resolve_device(config.device, SimulationConfigError)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    s = _prepare(config, explicit, interactions, mem, ev, device)
+    model, tables, global_, rounds, n_pop = s.model, s.tables, s.global_, s.rounds, len(s.population)
+    pop_arg = None if config.users is None else s.population  # evaluation over the population only
+    gens = generators(config.seed, device)
+    accountant = _accountant(config.dp, s.cohort_size / n_pop)
+    secure = SecureAggregator(seed=config.seed, neighbors=config.neighbors) if config.secagg else None
+    keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
+    sel_key, sel_sign = selection_key(explicit)
+    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None}
+    records: list[dict[str, Any]] = []
+    diverged_at: int | None = None
+    t_setup = time.perf_counter() - t_start
+    ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {s.split.n_items} items, {s.cohort_size} devices per round")
+    disk_peak = tables.disk_bytes()
+
+    try:
+        for r in range(rounds):
+            ev.round_started(r, rounds)
+            t0 = time.perf_counter()
+            rows = None
+            if not s.full_cohort:
+                perm = torch.randperm(n_pop, generator=gens["cohort"], device=gens["cohort"].device)
+                rows = perm[: s.cohort_size].sort().values.to(device)
+            tables.begin_round(covers_all=s.full_cohort)
+            upd = train_cohort(model, global_, tables, s.cohorts, rows, s.plan.chunk, r, config.seed, ev,
+                               keep_updates=keep_updates)  # fmt: skip
+            rec: dict[str, Any] = {"round": r}
+
+            def cohort_J(rows: torch.Tensor | None = rows) -> torch.Tensor:
+                return tables.take(rows)["J"]
+
+            mean = aggregate_round(upd, config=config, secure=secure, dp_generator=gens["dp"], cohort_J=cohort_J,
+                                   round_idx=r, rec=rec)  # fmt: skip
+            if accountant is not None:
+                accountant.step()
+            if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
+                global_ = model.apply_mean_update(global_, mean, r)
+            tables.end_round()
+            del upd
+            rec["train_seconds"] = time.perf_counter() - t0
+
+            t1 = time.perf_counter()
+            if (r + 1) % config.eval_every == 0 or r == rounds - 1:
+                val = evaluate_state(
+                    model, global_, tables.take, s.split, "val", full=config.full_val, placebo=False, device=device,
+                    population=pop_arg,
+                )
+                rec["val"] = val
+                v = sel_sign * val.get(sel_key, math.nan)
+                if math.isfinite(v) and v > best["value"]:
+                    best.update(round=r, value=v)
+                    best["global"] = global_  # new tensors every round: safe by reference
+                    tables.keep_best()  # never written again (copy on write)
+            rec["eval_seconds"] = time.perf_counter() - t1
+            rec.update(model.summary(global_, tables.table()))  # e.g. FedRAP's sparsity of C
+            tables.release()
+            disk_peak = max(disk_peak, tables.disk_bytes())
+            rec["seconds"] = time.perf_counter() - t0
+            records.append(rec)
+            ev.round_done(rec, best["round"])
+            if on_round is not None:
+                on_round(rec)
+            if diverged(global_):  # stop, keeping the best finite round
+                diverged_at = r
+                ev.note(divergence_note(r, rounds))
+                break
+
+        t_train_end = time.perf_counter()
+        last_round = rounds - 1 if diverged_at is None else diverged_at
+        saved_global = None
+        if config.save_global is not None:
+            saved_global = str(save_global_state(global_, config.save_global, round_=last_round, seed=config.seed))
+        if best["round"] is None:  # every validation value was NaN: fall back to the last round
+            best["round"] = last_round
+            best["global"] = global_
+            tables.keep_best()
+
+        def take_best(rows: torch.Tensor) -> PrivateState:
+            return tables.take(rows, "best")
+
+        test = evaluate_state(
+            model, best["global"], take_best, s.split, "test", full=True, placebo=True, device=device,
+            population=pop_arg,
+        )
+        summary_best = model.summary(best["global"], tables.table("best"))
+        tables.release()
+    finally:
+        tables.close()
+    seconds_total = time.perf_counter() - t_start
+    return results_document(
+        config, dataset=s.dataset, explicit=explicit, n_users=s.split.n_users, n_items=s.split.n_items,
+        cohort_size=s.cohort_size, population=n_pop, model=model, rounds=rounds, records=records,
+        best_round=best["round"], test=test, summary_best=summary_best,
+        timing={"seconds_total": seconds_total, "seconds_setup": t_setup,
+                "seconds_training": t_train_end - t_start - t_setup},
+        memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
+        diverged_at=diverged_at, epsilon=accountant.epsilon() if accountant is not None else math.inf,
+    )  # fmt: skip

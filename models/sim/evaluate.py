@@ -1,0 +1,61 @@
+"""Evaluation of a simulated state (the global state and the private rows of
+the population) on validation or test, batched for the device it runs on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from models.base import FederatedRecommender, GlobalState, PrivateState, take_rows
+from models.data.types import ExplicitSplit, ImplicitSplit
+
+if TYPE_CHECKING:
+    from models.evaluation import EvalSplit
+
+EVAL_BATCH_CPU = 256  # devices scored at a time when evaluating on the CPU
+EVAL_BATCH_ACCELERATOR = 2048  # and on an accelerator
+
+
+def evaluate_state(
+    model: FederatedRecommender,
+    global_: GlobalState,
+    private: PrivateState | Callable[[torch.Tensor], PrivateState],
+    split: ImplicitSplit | ExplicitSplit,
+    stage: EvalSplit,
+    *,
+    full: bool,
+    placebo: bool,
+    device: torch.device,
+    population: np.ndarray | None = None,
+) -> dict[str, float]:
+    """Metrics of the devices of `population` (dense user ids; row i of
+    the private state is user population[i]; None: every user, row = user id).
+    `private`: the state itself or a function taking its rows
+    (`PrivateTables.take`), so it may live on disk."""
+    from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
+
+    take = private if callable(private) else partial(take_rows, private)
+
+    row_of: torch.Tensor | None = None
+    if population is not None:
+        row_of = torch.full((split.n_users,), -1, dtype=torch.int64, device=device)
+        row_of[torch.as_tensor(population, device=device)] = torch.arange(len(population), device=device)
+
+    def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        rows = users if row_of is None else row_of[users]
+        return model.score(global_, take(rows), users, items)
+
+    # an accelerator scores larger batches (fewer launches); the sums do not depend on the batching
+    batch = EVAL_BATCH_ACCELERATOR if device.type != "cpu" else EVAL_BATCH_CPU
+    with torch.no_grad():
+        if isinstance(split, ImplicitSplit):
+            sums = evaluate_implicit(
+                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population, batch_size=batch
+            )
+        else:
+            sums = evaluate_explicit(score_fn, split, stage, device=device, users=population, batch_size=batch)
+    return finalize(sums)

@@ -1,0 +1,218 @@
+"""The cohort's side of a simulated round: its padded data, the population's
+private state (in RAM or memory-mapped, `models/sim/private_tables.py`), the
+memory plan that sizes the chunks (`models/sim/memory.py`, D70), and the
+local training of a cohort chunk by chunk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from models.base import CohortData, FederatedRecommender, GlobalState, take_cohort
+from models.data.types import ExplicitSplit, ImplicitSplit
+from models.registry import ConfigError
+from models.sim.aggregation import RunningSum
+from models.sim.config import MemorySettings, SimulationConfig
+from models.sim.events import SimulationEvents
+from models.sim.memory import (
+    BASELINE_BYTES,
+    Footprint,
+    MemoryBudgetError,
+    MemoryPlan,
+    default_budget,
+    plan_memory,
+    resident_bytes,
+)
+from models.sim.private_tables import PrivateTables
+
+
+class Cohorts:
+    """Padded training data of any cohort, cut from one table of the whole
+    population (row i = dense user `users[i]`)."""
+
+    def __init__(self, split: ImplicitSplit | ExplicitSplit, users: np.ndarray, device: torch.device) -> None:
+        from models.data.sampling import cohort_data, explicit_train_csr
+
+        csr = explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None
+        self.all = cohort_data(split, users, device=device, explicit_csr=csr)
+        self.size = len(users)
+        self.device = device
+
+    def get(self, rows: torch.Tensor | None) -> CohortData:
+        if rows is None:
+            return self.all
+        return take_cohort(self.all, rows)
+
+
+def generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
+    """Independent seeded streams, so e.g. turning DP on does not change the cohorts.
+    (Initialisation and training draws are keyed, see models/sim/engine.py.)
+
+    The cohort stream is a CPU generator whatever the device, so a run on an
+    accelerator selects the same cohorts as on the CPU. The DP stream lives on
+    the device: drawing a cohort's noise on the CPU and copying it over would
+    cost more than the round, so CPU and CUDA runs with DP add different
+    draws of the same distribution (docs/decisions.md D81)."""
+    out = {}
+    for i, name in ((1, "cohort"), (3, "dp")):
+        g = torch.Generator(device=device if name == "dp" else "cpu")
+        g.manual_seed(int(np.random.SeedSequence([seed, i]).generate_state(1)[0]))
+        out[name] = g
+    return out
+
+
+def train_cohort(
+    model: FederatedRecommender,
+    global_: GlobalState,
+    tables: PrivateTables,
+    cohorts: Cohorts,
+    rows: torch.Tensor | None,
+    chunk: int,
+    round_idx: int,
+    seed: int,
+    ev: SimulationEvents,
+    *,
+    keep_updates: bool,
+) -> torch.Tensor | RunningSum:
+    """Train the cohort (`rows` of the population; None: all) `chunk` devices at
+    a time, writing the new private rows to `tables`. Returns the (B, update_dim)
+    updates, or only their running sum when the round is chunked and
+    `keep_updates` is false (the plain mean: no DP, no SecAgg)."""
+    n = cohorts.size if rows is None else int(rows.numel())
+    dim = model.update_dim
+    if chunk >= n:  # one local_update call (rows None: the whole population, by reference in RAM)
+        parts = [rows]
+    else:
+        ids = torch.arange(n, device=cohorts.device) if rows is None else rows
+        parts = [ids[s : s + chunk] for s in range(0, n, chunk)]
+    out: torch.Tensor | RunningSum | None = None
+    done = 0
+    for part in parts:
+        data = cohorts.get(part)
+        with torch.no_grad():
+            new_priv, upd = model.local_update(global_, tables.take(part), data, round_idx, seed)
+        b = int(data.users.shape[0])
+        if upd.shape != (b, dim):
+            raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
+        tables.put(part, new_priv)
+        del new_priv
+        if len(parts) == 1:
+            return upd
+        if out is None:
+            out = torch.empty(n, dim, device=upd.device) if keep_updates else RunningSum(dim, upd.device)
+        if isinstance(out, RunningSum):
+            out.add(upd)
+        else:
+            out[done : done + b] = upd
+        done += b
+        del upd, data  # not alive during the next chunk's local_update (the plan counts one chunk)
+        ev.chunk_done(round_idx, done, n)
+    assert out is not None
+    return out
+
+
+def plan_cohort_memory(
+    model: FederatedRecommender,
+    cohorts: Cohorts,
+    global_: GlobalState,
+    mem: MemorySettings,
+    *,
+    n_pop: int,
+    n_items: int,
+    cohort: int,
+    config: SimulationConfig,
+) -> MemoryPlan:
+    """Measure the sizes (one device's private state, the data table) and plan
+    (models/sim/memory.py); MemoryBudgetError when the budget cannot be met."""
+    import shutil
+    import tempfile
+
+    one = cohorts.get(torch.zeros(1, dtype=torch.int64, device=cohorts.device))
+    with torch.no_grad():
+        row = model.init_private(one, global_, config.seed)
+    private_bytes = sum(v.element_size() * v[0].numel() for v in row.values())
+    data = cohorts.all
+    max_history = int(data.lengths.max()) if data.lengths.numel() else 0
+    fixed, per = model.train_memory(private_bytes, max_history)
+    fp = Footprint(
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
+        population=n_pop,
+        cohort=cohort,
+        private_per_device=private_bytes,
+        train_fixed=fixed,
+        train_per_device=per,
+        global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
+        update_dim=model.update_dim,
+        data_bytes=0,  # the padded data table is inside the measured baseline
+        eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
+        keep_updates=config.secagg or config.dp is not None,
+        secagg=config.secagg,
+    )
+    budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
+    folder = mem.state_dir if mem.state_dir is not None else tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free if Path(folder).exists() else None
+    try:
+        plan = plan_memory(fp, budget=budget, chunk=mem.cohort_chunk, private=mem.private, disk_free=free)
+    except MemoryBudgetError as e:
+        raise ConfigError(str(e)) from None
+    if plan.private_on_disk and device_is_cuda(cohorts.device):
+        raise ConfigError("the private state on disk (memory-mapped) needs --device cpu")
+    return plan
+
+
+def device_is_cuda(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+def init_private(
+    model: FederatedRecommender,
+    cohorts: Cohorts,
+    global_: GlobalState,
+    plan: MemoryPlan,
+    mem: MemorySettings,
+    seed: int,
+    ev: SimulationEvents,
+) -> PrivateTables:
+    """The population's initial private state, in RAM or on disk, made `plan.chunk`
+    devices at a time when the plan chunks (rows depend only on their own device)."""
+    n = cohorts.size
+    if not plan.chunked and not plan.private_on_disk:
+        with torch.no_grad():
+            return PrivateTables.in_memory(model.init_private(cohorts.all, global_, seed), n)
+    tables: PrivateTables | None = None
+    step = max(1, plan.chunk)
+    for s in range(0, n, step):
+        rows = torch.arange(s, min(n, s + step), device=cohorts.device)
+        with torch.no_grad():
+            part = model.init_private(cohorts.get(rows), global_, seed)
+        if tables is None:
+            row = {k: v[:1] for k, v in part.items()}
+            tables = (
+                PrivateTables.on_disk(row, n, mem.state_dir)
+                if plan.private_on_disk
+                else PrivateTables.empty_in_memory(row, n)
+            )
+            tables.begin_round(covers_all=True)
+            del row  # views of this chunk's tensors
+        tables.put(rows, part)
+        del part  # not alive while the next chunk is made
+        ev.chunk_done(-1, int(rows[-1]) + 1, n)  # round -1: the initialisation
+    assert tables is not None
+    tables.end_round()
+    return tables
+
+
+def population_of(users: tuple[int, ...] | None, n_users: int, name: str) -> np.ndarray:
+    """Dense user ids (sorted) of the simulated devices; `users` are 1-based numbers."""
+    if users is None:
+        return np.arange(n_users, dtype=np.int64)
+    pop = np.array(sorted(int(u) - 1 for u in users), dtype=np.int64)
+    if len(pop) == 0:
+        raise ConfigError("--users selects no device")
+    if len(np.unique(pop)) != len(pop):
+        raise ConfigError("--users lists a user twice")
+    if pop[0] < 0 or pop[-1] >= n_users:
+        raise ConfigError(f"--users must lie in 1..{n_users} for {name}")
+    return pop
