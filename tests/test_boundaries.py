@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,14 +48,12 @@ def test_allow_list_check_catches_a_forbidden_import(tmp_path: Path) -> None:
 
 
 def test_import_linter_contracts_hold() -> None:
-    # lint_imports reads [tool.importlinter] from pyproject.toml in the cwd.
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        sys.path.insert(0, str(ROOT))
-        assert lint_imports() == 0, "import-linter contracts are broken (run `.venv/bin/lint-imports`)"
-    finally:
-        os.chdir(cwd)
+    # lint_imports reads [tool.importlinter] from pyproject.toml in the cwd. It runs in a
+    # process of its own: it configures logging with dictConfig, which would disable the
+    # loggers every later test of this process captures (caplog).
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from importlinter.cli import {lint_imports.__name__} as f; raise SystemExit(f())"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert p.returncode == 0, "import-linter contracts are broken (run `.venv/bin/lint-imports`):\n" + p.stdout + p.stderr
 
 
 def test_admin_reaches_the_coordinator_only_through_its_store() -> None:
