@@ -1,1 +1,1 @@
-"""The gRPC coordinator (issue 4)."""
+"""The gRPC coordinator: enrolment, cohort selection and secure-aggregation rounds (docs/architecture.md)."""

@@ -67,7 +67,7 @@ from fedmask.bench.processes import (
 )
 
 K = 10
-#: Targets of issue 10 on the 2-core machine (reported, not part of `ok`).
+#: The benchmark's targets on the 2-core machine (reported, not part of `ok`).
 TOPK_P99_MS = 150.0
 STATUS_P99_MS = 25.0
 LOADED_OVER_IDLE = 1.25

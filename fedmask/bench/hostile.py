@@ -5,7 +5,7 @@ rounds for `seconds` with H honest devices in P edge-client processes and
 two hostile client processes inside the cohorts:
 
 - `hostile-shares` (`--fault-garbage-shares`): its devices seal random
-  bytes instead of their shares (issue 15, A2; reported at the share check);
+  bytes instead of their shares (reported at the share check);
 - `hostile-metrics` (`--fault-garbage-metrics`): its devices put 2^32 - 1
   in every metric coordinate of their masked input (A1/D).
 

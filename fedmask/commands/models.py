@@ -1,4 +1,4 @@
-"""`fedmask data ...`, `fedmask simulate` and `fedmask reference`: the models work (issue 3)."""
+"""`fedmask data ...`, `fedmask simulate` and `fedmask reference`."""
 
 from __future__ import annotations
 

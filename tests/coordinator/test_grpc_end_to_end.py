@@ -542,7 +542,7 @@ def test_protocol_versions_served_and_refused_with_advice():
 
 
 def test_hostile_metric_coordinates_cost_the_metrics_never_the_round():
-    """Issue 15, A1 and D: a device puts negative / huge values in its metric
+    """A device puts negative / huge values in its metric
     coordinates (all bits set: -1 as an int32, 2^32 - 1 as a uint32). The
     round commits, the model aggregate is exactly the counted devices' sum,
     and the round's metrics are marked unavailable instead of being wrong."""
@@ -715,7 +715,7 @@ class RecordingDevice(FakeDevice):
 
 
 def test_a_device_sealing_garbage_costs_only_itself_and_then_sits_out():
-    """Issue 15 A2 over real gRPC: a device whose ShareKeys carry random
+    """Over real gRPC: a device whose ShareKeys carry random
     ciphertexts is reported at the share check, left out of the masking,
     and every round still commits with the honest devices' exact sum; after
     reports from several peers in two rounds it is not selected again."""

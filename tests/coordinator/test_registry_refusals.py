@@ -1,6 +1,6 @@
 """In mTLS mode (a client identity per caller) the registry's refusals
 name nothing of another client: no device id, no revocation status of a
-device that is not the caller's (issue 15, E3)."""
+device that is not the caller's."""
 
 from __future__ import annotations
 

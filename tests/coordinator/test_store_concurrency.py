@@ -1,4 +1,4 @@
-"""The store under concurrency (security issue 15, part B), on every backend.
+"""The store under concurrency, on every backend.
 
 Several threads enrol batches of devices (overlapping keys between threads,
 and batches that must be refused as a whole) while two threads run the

@@ -1,5 +1,5 @@
-"""A token holder cannot take over another client's device (issue 15, E2;
-D32), with real processes on 127.0.0.1.
+"""A token holder cannot take over another client's device
+(D32), with real processes on 127.0.0.1.
 
 A coordinator in token mode runs two secure rounds with a real edge client
 (the victim: users 1-3). Between the rounds an attacker in the test process,

@@ -1,5 +1,5 @@
-"""Enrolments in parallel with live rounds, with real processes on 127.0.0.1
-(security issue 15, part B), on SQLite and PostgreSQL.
+"""Enrolments in parallel with live rounds, with real processes on 127.0.0.1,
+on SQLite and PostgreSQL.
 
 A coordinator (synthetic model, `--debug-record-sums`) runs secure rounds
 with two edge-client processes (10 devices, synthetic updates,

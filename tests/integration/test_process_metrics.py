@@ -1,4 +1,4 @@
-"""Round metrics over real processes: nothing per device on the wire (issue 15, D).
+"""Round metrics over real processes: nothing per device on the wire (D35).
 
 The coordinator runs in the test process (`InProcessCoordinator`) so that
 the test can see every ClientMessage it receives; two edge-client
@@ -119,7 +119,7 @@ def test_the_coordinator_learns_only_metric_totals(procs: Processes, tmp_path: P
 
 
 def test_a_device_with_garbage_metrics_costs_only_the_metrics(procs: Processes, tmp_path: Path) -> None:
-    """Issue 15, A1 over real processes: client-b's devices put 2^32 - 1 in every
+    """Over real processes: client-b's devices put 2^32 - 1 in every
     metric coordinate (--fault-garbage-metrics). The round commits with all four
     devices counted, the aggregate is exactly their inputs' sum, and the round's
     metrics are marked unavailable, not wrong."""
