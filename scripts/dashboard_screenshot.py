@@ -33,11 +33,9 @@ import argparse
 import contextlib
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -46,12 +44,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = Path(os.environ.get("FEDMASK_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("FEDMASK_CHROMEDRIVER", "/usr/bin/chromedriver"))
-# the flags of the project's browser tests (tests/chromium_driver.py)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling module below, also when imported
+import headless_chromium  # noqa: E402  (scripts/headless_chromium.py: the driver the browser tests use too)
+
 # the demo prints this line once the admin service is ready
 _ACCESS = re.compile(r"dashboard: (http://\S+?)/?\s+\(token: (\S+)\)")
 # extra rounds the demo runs beyond those the picture waits for, so a round is live when it is taken
@@ -99,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_browser() -> str | None:
     """Why the browser cannot be driven (a message naming the fix), or None."""
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        return (f"no {CHROMIUM} and {CHROMEDRIVER}: run .ci/ensure-chromium (installs Debian's chromium and "
+    if not headless_chromium.available():
+        return (f"no {headless_chromium.CHROMIUM} and {headless_chromium.CHROMEDRIVER}: run .ci/ensure-chromium (installs Debian's chromium and "
                 "chromium-driver), or set FEDMASK_CHROMIUM and FEDMASK_CHROMEDRIVER")
     try:
         import selenium  # noqa: F401
@@ -198,23 +193,9 @@ class Demo:
 
 @contextlib.contextmanager
 def chromium(width: int) -> Iterator[Any]:
-    """A selenium Chrome driver (system chromium, offline Selenium Manager) on
-    a fresh profile, quit and removed afterwards."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch anything
-    profile = tempfile.mkdtemp(prefix="fedmask-screenshot-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--window-size={width},1000", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    """The project's headless Chromium (scripts/headless_chromium.py), `width` pixels wide, scrollbars hidden."""
+    with headless_chromium.driver(f"--window-size={width},1000", "--hide-scrollbars") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def wait(what: str, condition: Callable[[], Any], deadline: float, demo: Demo, every: float = 0.5) -> Any:

@@ -7,9 +7,9 @@ fixture."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import shutil
-import tempfile
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,11 +17,21 @@ from typing import Any
 
 import pytest
 
-CHROMIUM = Path(os.environ.get("FEDMASK_CHROMIUM", "/usr/bin/chromium"))
-CHROMEDRIVER = Path(os.environ.get("FEDMASK_CHROMEDRIVER", "/usr/bin/chromedriver"))
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--window-size=1280,1400")
+
+def _load_headless_chromium() -> Any:
+    """scripts/headless_chromium.py: the one place the driver is built (also for `make screenshot`)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "headless_chromium.py"
+    spec = importlib.util.spec_from_file_location("headless_chromium", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("headless_chromium", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_hc = _load_headless_chromium()
+CHROMIUM: Path = _hc.CHROMIUM
+CHROMEDRIVER: Path = _hc.CHROMEDRIVER
 
 
 def _in_ci() -> bool:
@@ -31,26 +41,13 @@ def _in_ci() -> bool:
 @contextmanager
 def chromium() -> Iterator[Any]:
     """A selenium Chrome driver on a fresh profile, quit and removed afterwards."""
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+    if not _hc.available():
         message = f"no {CHROMIUM} and {CHROMEDRIVER} (run .ci/ensure-chromium)"
         if _in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch anything
-    profile = tempfile.mkdtemp(prefix="fedmask-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with _hc.driver("--window-size=1280,1400") as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def wait_for(driver: Any, condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
