@@ -58,8 +58,6 @@ from models.base import (
     FederatedRecommender,
     GlobalState,
     PrivateState,
-    divergence_note,
-    diverged,
     resolve_device,
 )
 from models.data.entry import load_interactions, make_split
@@ -68,7 +66,7 @@ from models.registry import ConfigError, build_model, default_rounds, model_is_e
 from models.sim.aggregation import SecureAggregator, aggregate_round
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
-from models.sim.events import SimulationEvents
+from models.sim.events import SimulationEvents, close_round
 from models.sim.global_state import load_global_state, save_global_state
 from models.sim.memory import MemoryPlan
 from models.sim.private_tables import PrivateTables
@@ -248,13 +246,8 @@ def simulate(
             tables.release()
             disk_peak = max(disk_peak, tables.disk_bytes())
             rec["seconds"] = time.perf_counter() - t0
-            records.append(rec)
-            ev.round_done(rec, best["round"])
-            if on_round is not None:
-                on_round(rec)
-            if diverged(global_):  # stop, keeping the best finite round
+            if close_round(rec, records, best["round"], global_, rounds, ev, on_round):
                 diverged_at = r
-                ev.note(divergence_note(r, rounds))
                 break
 
         t_train_end = time.perf_counter()

@@ -3,8 +3,10 @@ platform-level runner)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from models.base import GlobalState, divergence_note, diverged
 
 
 class SimulationEvents:
@@ -23,3 +25,25 @@ class SimulationEvents:
 
     def round_done(self, rec: Mapping[str, Any], best_round: int | None) -> None:
         """A round's record (as in results.json) and the best validation round so far."""
+
+
+def close_round(
+    rec: dict[str, Any],
+    records: list[dict[str, Any]],
+    best_round: int | None,
+    state: GlobalState,
+    rounds: int,
+    events: SimulationEvents,
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> bool:
+    """Record round `rec["round"]`, tell the caller, and say whether the run stops
+    there: True when `state` (the new global parameters) holds a NaN or an
+    infinity (the run keeps its best finite round; a note says so)."""
+    records.append(rec)
+    events.round_done(rec, best_round)
+    if on_round is not None:
+        on_round(rec)
+    if diverged(state):
+        events.note(divergence_note(int(rec["round"]), rounds))
+        return True
+    return False

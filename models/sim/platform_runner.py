@@ -33,13 +33,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.base import divergence_note, diverged, resolve_device
+from models.base import resolve_device
 from models.data.platforms import PlatformSplit, Ratings, make_platform_split
 from models.data.types import Interactions
 from models.freib import Params, PlatformModel, local_train, params_to, predict, server_step
 from models.platforms import DEFAULT_PLATFORM_ROUNDS, PlatformConfigError, build_platform_model, platform_data
 from models.sim.aggregation import SecureAggregator
-from models.sim.events import SimulationEvents
+from models.sim.events import SimulationEvents, close_round
 
 
 SECAGG_PLATFORM_CLIP = 32.0
@@ -188,13 +188,8 @@ def run_platform_simulation(
             if math.isfinite(val["rmse"]) and val["rmse"] < best["rmse"]:
                 best.update(round=r, rmse=val["rmse"], state=(shared, user, platform), val=val)
         rec["seconds"] = time.perf_counter() - t0
-        records.append(rec)
-        ev.round_done(rec, best["round"])
-        if on_round is not None:
-            on_round(rec)
-        if diverged(shared):  # stop, keeping the best finite round
+        if close_round(rec, records, best["round"], shared, rounds, ev, on_round):
             diverged_at = r
-            ev.note(divergence_note(r, rounds))
             break
     last_round = rounds - 1 if diverged_at is None else diverged_at
     if config.save_global is not None:
