@@ -64,7 +64,7 @@ import numpy as np  # noqa: E402
 TARGET_SECONDS = {"ml1m": 60.0, "ml100k": 15.0}
 PARAM_TOL = 1e-4  # max |cpu - gpu| of a global parameter after the compared rounds
 # The ML-1M-shaped population (docs/performance.md): 6,040 users, 3,706 items, ~993k ratings.
-ML1M_FLAGS = ("--users", "6040", "--items", "3706", "--mean-interactions", "140", "--max-interactions", "2314")
+ML1M_SHAPE = ("--items", "3706", "--mean-interactions", "140", "--max-interactions", "2314")  # and --users (6040)
 ML100K_SHAPE_FLAGS = ("--users", "943", "--items", "1682", "--mean-interactions", "106", "--max-interactions", "737")
 
 
@@ -262,9 +262,7 @@ class Check:
                 shutil.copyfileobj(src, dst)
             notes.append(f"{name} unpacked from {packed.name}")
         elif not path.exists():
-            flags = list(ML1M_FLAGS)
-            flags[1] = str(users)
-            self._make_population(path, tuple(flags))
+            self._make_population(path, ("--users", str(users), *ML1M_SHAPE))
             notes.append(f"{name} generated")
         out["ml1m"] = str(path)
         s.seconds, s.ok, s.note, s.details = time.perf_counter() - t0, True, "; ".join(notes), dict(out)
