@@ -213,136 +213,191 @@ def run_round(
     for stage in DROPOUT_STAGES:
         if any(not 0 <= d < n for d in getattr(plan, stage)):
             raise ValueError(f"dropout plan lists ids outside 0..{n - 1}")
-
-    cpu = np.zeros(n)
-    server_cpu: dict[str, float] = {}
-    sizes: dict[str, dict[str, int]] = {}
-    first_sizes: dict[str, int] = {}
-
-    encoded = np.empty((n, config.vector_length), dtype=np.uint32)
-    for i in range(n):
-        t0 = clock()
-        rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
-        encoded[i] = config.encoding.encode(inputs[i], rng)
-        cpu[i] += clock() - t0
-
-    id_priv, id_pub = _identities(n, seed, config.active_adversary)
-    starting: dict[int, ClientAdvertiseKeys] = {}
-    for i in range(n):
-        t0 = clock()
-        starting[i] = ClientAdvertiseKeys(
-            config,
-            i,
-            round_idx,
-            encoded[i],
-            rand=DeterministicRandom(seed, f"device-{i}-round-{round_idx}"),
-            identity_key=id_priv[i],
-            peer_identity_keys=id_pub,
-        )
-        cpu[i] += clock() - t0
-    t0 = clock()
-    server: ServerState[Any] = ServerAdvertiseKeys(config, round_idx, identity_keys=id_pub)
-    server_cpu[server.stage] = clock() - t0
-    silent: set[int] = set()
-    clients: dict[int, ClientState[Any]] = dict(starting)
-
-    def transmit(
-        sender: int, receiver: int, sent: Message, stage: str, direction: str
-    ) -> tuple[Message | bytes | None, float]:
-        """Hook, then wire round trip; returns (the message or, over the wire,
-        its bytes; None if the hook withheld it, encode seconds)."""
-        msg = sent
-        if intercept is not None:
-            hooked = intercept(sender, receiver, sent)
-            if hooked is None:
-                return None, 0.0
-            msg = hooked
-        if not wire:
-            return msg, 0.0
-        t0 = clock()
-        data = msg.to_bytes()
-        spent = clock() - t0
-        bucket = sizes.setdefault(stage, {"up": 0, "down": 0})
-        bucket[direction] += len(data)
-        if isinstance(msg, MaskedInput):
-            first_sizes.setdefault("masked_input", len(data))
-        if isinstance(msg, ShareKeys) and msg.shares:
-            first_sizes.setdefault("share", len(msg.shares[0][1]))
-        return data, spent
-
-    def to_server(i: int, msgs: list[Message]) -> None:
-        nonlocal server
-        stage = server.stage
-        for msg in msgs:
-            payload, spent = transmit(i, SERVER, msg, stage, "up")
-            cpu[i] += spent
-            if payload is None:
-                continue
-            t0 = clock()
-            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
-            server, _ = server.handle(i, delivered)
-            server_cpu[stage] = server_cpu.get(stage, 0.0) + clock() - t0
-
-    # Stage 0: every device that does not drop advertises its keys.
-    for i in range(n):
-        if i in plan.advertise_keys:
-            silent.add(i)
-            continue
-        t0 = clock()
-        clients[i], msgs = starting[i].start()
-        cpu[i] += clock() - t0
-        to_server(i, msgs)
-
-    while not server.is_terminal:
-        stage = server.stage
-        t0 = clock()
-        server, outbound = server.close()
-        server_cpu[stage] = server_cpu.get(stage, 0.0) + clock() - t0
-        next_stage = server.stage
-        for msg in outbound:
-            v = msg.device_id
-            if v in silent:
-                continue
-            trigger = _TRIGGER.get(type(msg))
-            if trigger is not None and v in getattr(plan, trigger):
-                silent.add(v)  # received the request, never answers
-                continue
-            payload, spent = transmit(SERVER, v, msg, next_stage, "down")
-            server_cpu[stage] += spent
-            if payload is None:
-                continue
-            t0 = clock()
-            delivered = decode_message(payload) if isinstance(payload, bytes) else payload
-            clients[v], replies = clients[v].handle(delivered)
-            cpu[v] += clock() - t0
-            to_server(v, replies)
-
-    rec = server.record
-    out = RoundOutcome(
-        ok=isinstance(server, ServerCompleted),
-        config=config,
-        survivors=dict(rec.survivors),
-        server_dropped=dict(rec.dropped),
-        client_aborts={i: s for i, s in clients.items() if isinstance(s, ClientAborted)},
-        client_states={i: type(s).__name__ for i, s in clients.items()},
-        client_cpu_ms=cpu * 1e3,
-        server_cpu_ms={k: v * 1e3 for k, v in server_cpu.items()},
-        message_bytes=sizes,
-        masked_input_bytes=first_sizes.get("masked_input"),
-        share_ciphertext_bytes=first_sizes.get("share"),
-        server_state=server,
-    )
-    if isinstance(server, ServerCompleted):
-        out.encoded_sum = server.encoded_sum
-        out.counted = server.counted
-        out.sum = server.decoded_sum()
-        out.mean = server.decoded_mean()
-        expected = encoded[list(server.counted)].sum(axis=0, dtype=np.uint64)
-        out.expected_encoded_sum = expected.astype(np.uint32)
-        out.exact = bool(np.array_equal(expected, server.encoded_sum.astype(np.uint64)))
-    elif isinstance(server, ServerAborted):
-        out.abort_reason = server.reason
-        out.abort_detail = server.detail
-        out.abort_stage = server.at_stage
+    rnd = _Round(config, plan, wire=wire, intercept=intercept, clock=clock)
+    encoded = rnd.encode(inputs, seed=seed, stochastic_rounding=stochastic_rounding)
+    starting = rnd.start(encoded, round_idx=round_idx, seed=seed)
+    rnd.advertise(starting)
+    while not rnd.server.is_terminal:
+        rnd.close_stage()
+    out = rnd.outcome(encoded)
     out.wall_s = time.perf_counter() - wall0
     return out
+
+
+class _Round:
+    """The parties of one `run_round` and what they have done so far: their
+    states, the bytes they sent and the time each spent. Every party's work
+    is timed with `clock` and charged to it: a device's to `cpu[device]`,
+    the server's to `server_cpu[stage]`, the stage it was closing or
+    collecting."""
+
+    def __init__(
+        self, config: SecAggConfig, plan: DropoutPlan, *, wire: bool, intercept: Intercept | None,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.wire = wire
+        self.intercept = intercept
+        self.clock = clock
+        self.cpu = np.zeros(config.num_clients)
+        self.server_cpu: dict[str, float] = {}
+        self.sizes: dict[str, dict[str, int]] = {}  # stage -> "up" / "down" byte totals
+        self.first_sizes: dict[str, int] = {}  # "masked_input", "share": the first one sent
+        self.silent: set[int] = set()  # devices that dropped out
+        self.clients: dict[int, ClientState[Any]] = {}
+        self.server: ServerState[Any]
+
+    def _charge(self, party: int, stage: str, seconds: float) -> None:
+        """Add `seconds` to device `party`, or to the server's `stage` when
+        `party` is SERVER."""
+        if party == SERVER:
+            self.server_cpu[stage] = self.server_cpu.get(stage, 0.0) + seconds
+        else:
+            self.cpu[party] += seconds
+
+    def encode(self, inputs: np.ndarray, *, seed: int, stochastic_rounding: bool) -> np.ndarray:
+        """Each device encodes its input, as `encode_inputs` does."""
+        encoded = np.empty((self.config.num_clients, self.config.vector_length), dtype=np.uint32)
+        for i in range(self.config.num_clients):
+            t0 = self.clock()
+            rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
+            encoded[i] = self.config.encoding.encode(inputs[i], rng)
+            self.cpu[i] += self.clock() - t0
+        return encoded
+
+    def start(self, encoded: np.ndarray, *, round_idx: int, seed: int) -> dict[int, ClientAdvertiseKeys]:
+        """Every device's first state, and the server's; with identity keys
+        in active mode."""
+        config = self.config
+        id_priv, id_pub = _identities(config.num_clients, seed, config.active_adversary)
+        starting: dict[int, ClientAdvertiseKeys] = {}
+        for i in range(config.num_clients):
+            t0 = self.clock()
+            starting[i] = ClientAdvertiseKeys(
+                config,
+                i,
+                round_idx,
+                encoded[i],
+                rand=DeterministicRandom(seed, f"device-{i}-round-{round_idx}"),
+                identity_key=id_priv[i],
+                peer_identity_keys=id_pub,
+            )
+            self.cpu[i] += self.clock() - t0
+        t0 = self.clock()
+        self.server = ServerAdvertiseKeys(config, round_idx, identity_keys=id_pub)
+        self.server_cpu[self.server.stage] = self.clock() - t0
+        self.clients = dict(starting)
+        return starting
+
+    def advertise(self, starting: dict[int, ClientAdvertiseKeys]) -> None:
+        """Stage 0: every device that does not drop advertises its keys."""
+        for i in range(self.config.num_clients):
+            if i in self.plan.advertise_keys:
+                self.silent.add(i)
+                continue
+            t0 = self.clock()
+            self.clients[i], msgs = starting[i].start()
+            self.cpu[i] += self.clock() - t0
+            self._to_server(i, msgs)
+
+    def close_stage(self) -> None:
+        """The server closes its stage; each device it addresses that does
+        not drop now handles its message, and its replies go to the server."""
+        stage = self.server.stage
+        t0 = self.clock()
+        self.server, outbound = self.server.close()
+        self._charge(SERVER, stage, self.clock() - t0)
+        next_stage = self.server.stage
+        for msg in outbound:
+            v = msg.device_id
+            if v in self.silent:
+                continue
+            trigger = _TRIGGER.get(type(msg))
+            if trigger is not None and v in getattr(self.plan, trigger):
+                self.silent.add(v)  # received the request, never answers
+                continue
+            replies = self._deliver(SERVER, v, msg, stage, bytes_stage=next_stage, direction="down")
+            self._to_server(v, replies)
+
+    def _to_server(self, i: int, msgs: list[Message]) -> None:
+        stage = self.server.stage
+        for msg in msgs:
+            self._deliver(i, SERVER, msg, stage, bytes_stage=stage, direction="up")
+
+    def _deliver(
+        self, sender: int, receiver: int, sent: Message, stage: str, *, bytes_stage: str, direction: str
+    ) -> list[Message]:
+        """Carry `sent` (through the hook, then over the wire) and have the
+        receiver handle it; returns the device's replies ([] when the
+        receiver is the server or the hook withheld the message). The
+        server's share of the work counts to `stage`, the bytes to
+        `bytes_stage`'s `direction` total ("up" or "down")."""
+        payload = self._transmit(sender, receiver, sent, stage, bytes_stage, direction)
+        if payload is None:
+            return []
+        t0 = self.clock()
+        delivered = decode_message(payload) if isinstance(payload, bytes) else payload
+        replies: list[Message] = []
+        if receiver == SERVER:
+            self.server, _ = self.server.handle(sender, delivered)
+        else:
+            self.clients[receiver], replies = self.clients[receiver].handle(delivered)
+        self._charge(receiver, stage, self.clock() - t0)
+        return replies
+
+    def _transmit(
+        self, sender: int, receiver: int, sent: Message, stage: str, bytes_stage: str, direction: str
+    ) -> Message | bytes | None:
+        """Hook, then encoding (charged to the sender): the message or, over
+        the wire, its bytes; None if the hook withheld it."""
+        msg = sent
+        if self.intercept is not None:
+            hooked = self.intercept(sender, receiver, sent)
+            if hooked is None:
+                return None
+            msg = hooked
+        if not self.wire:
+            return msg
+        t0 = self.clock()
+        data = msg.to_bytes()
+        self._charge(sender, stage, self.clock() - t0)
+        bucket = self.sizes.setdefault(bytes_stage, {"up": 0, "down": 0})
+        bucket[direction] += len(data)
+        if isinstance(msg, MaskedInput):
+            self.first_sizes.setdefault("masked_input", len(data))
+        if isinstance(msg, ShareKeys) and msg.shares:
+            self.first_sizes.setdefault("share", len(msg.shares[0][1]))
+        return data
+
+    def outcome(self, encoded: np.ndarray) -> RoundOutcome:
+        """What the round produced (its wall time is the caller's)."""
+        server = self.server
+        rec = server.record
+        out = RoundOutcome(
+            ok=isinstance(server, ServerCompleted),
+            config=self.config,
+            survivors=dict(rec.survivors),
+            server_dropped=dict(rec.dropped),
+            client_aborts={i: s for i, s in self.clients.items() if isinstance(s, ClientAborted)},
+            client_states={i: type(s).__name__ for i, s in self.clients.items()},
+            client_cpu_ms=self.cpu * 1e3,
+            server_cpu_ms={k: v * 1e3 for k, v in self.server_cpu.items()},
+            message_bytes=self.sizes,
+            masked_input_bytes=self.first_sizes.get("masked_input"),
+            share_ciphertext_bytes=self.first_sizes.get("share"),
+            server_state=server,
+        )
+        if isinstance(server, ServerCompleted):
+            out.encoded_sum = server.encoded_sum
+            out.counted = server.counted
+            out.sum = server.decoded_sum()
+            out.mean = server.decoded_mean()
+            expected = encoded[list(server.counted)].sum(axis=0, dtype=np.uint64)
+            out.expected_encoded_sum = expected.astype(np.uint32)
+            out.exact = bool(np.array_equal(expected, server.encoded_sum.astype(np.uint64)))
+        elif isinstance(server, ServerAborted):
+            out.abort_reason = server.reason
+            out.abort_detail = server.detail
+            out.abort_stage = server.at_stage
+        return out
