@@ -9,7 +9,7 @@ from secagg.config import SecAggConfig
 from secagg.errors import AbortReason, DropReason, MalformedMessage, ProtocolMisuse
 from secagg.keys import PUBLIC_KEY_BYTES, KeyPair, agree
 from secagg.messages import AdvertiseKeys, KeyEntry, KeyList
-from secagg.server.base import Drop, ServerRound, ServerState, Transition, prune
+from secagg.server.base import Drop, ServerRound, ServerState, Transition
 from secagg.server.share_keys import ServerShareKeys
 from secagg.stages import Stage
 
@@ -68,18 +68,14 @@ class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
     def _close(self) -> Transition:
         r = self._round
         cfg = r.config
-        accepted = self._live(self._answered)
-        u1 = prune(r.graph, accepted, cfg.threshold)
-        for v in sorted(accepted - u1):
-            self._drop(v, DropReason.NEIGHBOURHOOD_TOO_SMALL, "fewer than t advertised devices in its closure")
+        u1, pruned = self._prune_answered("fewer than t advertised devices in its closure")
         r.u1 = u1
-        r.survivors[self.stage] = tuple(sorted(u1))
         if len(u1) < cfg.threshold:
             return self._abort(AbortReason.TOO_FEW_ADVERTISED, f"{len(u1)} devices advertised keys, t={cfg.threshold}")
         entries = {
             v: KeyEntry(v, m.c_public, m.s_public, m.signature) for v, m in r.advertised.items() if v in u1
         }
-        out = self._notices(sorted(accepted - u1), AbortReason.TOO_FEW_ADVERTISED)
+        out = self._notices(pruned, AbortReason.TOO_FEW_ADVERTISED)
         if r.graph.is_complete:
             everyone = tuple(entries[v] for v in sorted(u1))
             out += [KeyList(**self._header(v), entries=everyone) for v in sorted(u1)]

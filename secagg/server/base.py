@@ -212,6 +212,21 @@ class ServerState(Generic[M]):
     def _live(self, ids: Iterable[int]) -> frozenset[int]:
         return frozenset(i for i in ids if i not in self._round.dropped)
 
+    def _prune_answered(self, detail: str) -> tuple[frozenset[int], list[int]]:
+        """The devices that answered and are not dropped, pruned (see `prune`)
+        so that each keeps >= t of them in its closure: records them as this
+        stage's survivors and drops the rest for NEIGHBOURHOOD_TOO_SMALL
+        (`detail`). Returns (survivors, the pruned devices in order); the
+        caller still sends the pruned their ServerAbort."""
+        r = self._round
+        accepted = self._live(self._answered)
+        survivors = prune(r.graph, accepted, r.config.threshold)
+        pruned = sorted(accepted - survivors)
+        for v in pruned:
+            self._drop(v, DropReason.NEIGHBOURHOOD_TOO_SMALL, detail)
+        r.survivors[self.stage] = tuple(sorted(survivors))
+        return survivors, pruned
+
     def _abort(self, reason: AbortReason, detail: str) -> Transition:
         """End the round; tell every device of this stage not dropped for cause."""
         r = self._round

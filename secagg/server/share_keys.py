@@ -5,7 +5,7 @@ from __future__ import annotations
 from secagg.aead import sealed_length
 from secagg.errors import AbortReason, DropReason
 from secagg.messages import ShareKeys, ShareRelay
-from secagg.server.base import Drop, ServerState, Transition, prune
+from secagg.server.base import Drop, ServerState, Transition
 from secagg.server.share_check import ServerShareCheck
 from secagg.shamir import ELEMENT_BYTES
 from secagg.stages import Stage
@@ -52,15 +52,11 @@ class ServerShareKeys(ServerState[ShareKeys]):
     def _close(self) -> Transition:
         r = self._round
         cfg = r.config
-        accepted = self._live(self._answered)
-        u2 = prune(r.graph, accepted, cfg.threshold)
-        for v in sorted(accepted - u2):
-            self._drop(v, DropReason.NEIGHBOURHOOD_TOO_SMALL, "fewer than t key-sharing devices in its closure")
+        u2, pruned = self._prune_answered("fewer than t key-sharing devices in its closure")
         r.u2 = u2
-        r.survivors[self.stage] = tuple(sorted(u2))
         if len(u2) < cfg.threshold:
             return self._abort(AbortReason.TOO_FEW_SHARED, f"{len(u2)} devices shared keys, t={cfg.threshold}")
-        out = self._notices(sorted(accepted - u2), AbortReason.TOO_FEW_SHARED)
+        out = self._notices(pruned, AbortReason.TOO_FEW_SHARED)
         for v in sorted(u2):
             senders = sorted(r.graph.neighbors(v) & u2)
             r.relayed[v] = frozenset(senders)
