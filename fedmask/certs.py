@@ -46,14 +46,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from secagg.device_certificates import device_id_of_request, issue_device_certificate
+from secagg.device_certificates import (
+    CLOCK_SKEW,
+    device_id_of_request,
+    issue_device_certificate,
+    leaf_certificate_builder,
+)
 
 ORGANIZATION = "fedmask"
 #: The subject OU of admin client certificates (coordinator.admin_auth.ADMIN_ROLE).
 ADMIN_ROLE = "admin"
 CA_VALIDITY = timedelta(days=3650)
 LEAF_VALIDITY = timedelta(days=825)
-CLOCK_SKEW = timedelta(minutes=5)
 DEFAULT_SERVER_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -124,20 +128,8 @@ def issue_leaf(
         [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
     )
     builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name, role))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(min(now + LEAF_VALIDITY, ca_cert.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=True, key_cert_sign=False, crl_sign=False,
-                          encipher_only=False, decipher_only=False),
-            critical=True,
-        )
+        leaf_certificate_builder(ca_cert, _name(common_name, role), key.public_key(), now=now, validity=LEAF_VALIDITY,
+                                 key_agreement=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(

@@ -27,6 +27,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import NameOID
 
 DEVICE_CN_PREFIX = "fedmask-device-"
@@ -72,25 +73,40 @@ def certificate_request(identity_key: Ed25519PrivateKey, device_id: int) -> x509
     return x509.CertificateSigningRequestBuilder().subject_name(subject).sign(identity_key, None)
 
 
+def leaf_certificate_builder(ca_cert: x509.Certificate, subject: x509.Name, public_key: CertificatePublicKeyTypes, *,
+                             now: datetime, validity: timedelta, key_agreement: bool) -> x509.CertificateBuilder:
+    """What every leaf certificate a CA of the federation issues has (this
+    module's device certificates, and `fedmask certs`' TLS ones): `subject`
+    and `public_key`, issued by `ca_cert`, a random serial, valid from `now`
+    less CLOCK_SKEW to `now + validity` but never past the CA's own expiry;
+    basicConstraints CA false and key usage digital signature (and key
+    agreement when `key_agreement`), both critical. The caller adds its own
+    extensions after these and signs."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(min(now + validity, ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
+                          data_encipherment=False, key_agreement=key_agreement, key_cert_sign=False, crl_sign=False,
+                          encipher_only=False, decipher_only=False),
+            critical=True,
+        )
+    )
+
+
 def issue_device_certificate(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
                              identity_public: Ed25519PublicKey, device_id: int, *, now: datetime) -> x509.Certificate:
     """The device CA's certificate binding `identity_public` to `device_id`."""
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, device_common_name(device_id))])
     return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(ca_cert.subject)
-        .public_key(identity_public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(min(now + DEVICE_CERT_VALIDITY, ca_cert.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                          encipher_only=False, decipher_only=False),
-            critical=True,
-        )
+        leaf_certificate_builder(ca_cert, subject, identity_public, now=now, validity=DEVICE_CERT_VALIDITY,
+                                 key_agreement=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -138,4 +154,5 @@ __all__ = [
     "device_common_name",
     "device_id_of_request",
     "issue_device_certificate",
+    "leaf_certificate_builder",
 ]
