@@ -19,8 +19,8 @@ from secagg import messages as sm
 from secagg.errors import AbortReason
 from wire.errors import WireError
 from wire.ids import RoundIds
+from wire.secagg_codec import fields
 from wire.secagg_codec.abort_reasons import ProtoAbortReason, abort_reason_from_proto, abort_reason_to_proto
-from wire.secagg_codec.fields import header_from_proto, header_to_proto
 
 MAX_DETAIL_CHARS = 1024
 
@@ -39,7 +39,7 @@ def abort_to_proto(m: sm.ClientAbort | sm.ServerAbort, ids: RoundIds, detail: st
     if not isinstance(m, sm.ClientAbort | sm.ServerAbort):
         raise WireError(f"not an abort message: {type(m).__name__}")
     return common_pb2.AbortNotice(
-        **header_to_proto(m, ids), reason=abort_reason_to_proto(m.reason), detail=_detail(m.reason, detail)
+        **fields.header_to_proto(m, ids), reason=abort_reason_to_proto(m.reason), detail=_detail(m.reason, detail)
     )
 
 
@@ -73,7 +73,7 @@ def _abort_from_proto(kind: type[_Abort], p: common_pb2.AbortNotice, ids: RoundI
     what = "AbortNotice"
     if len(p.detail) > MAX_DETAIL_CHARS:
         raise WireError(f"{what}.detail is longer than {MAX_DETAIL_CHARS} characters")
-    return kind(**header_from_proto(p, ids, what), reason=abort_reason_from_proto(p.reason, p.detail))
+    return kind(**fields.header_from_proto(p, ids, what), reason=abort_reason_from_proto(p.reason, p.detail))
 
 
 def client_abort_from_proto(p: common_pb2.AbortNotice, ids: RoundIds) -> sm.ClientAbort:

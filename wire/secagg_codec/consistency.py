@@ -11,12 +11,12 @@ from fedmask_proto.v1 import secagg_pb2
 from secagg import messages as sm
 from wire.ids import RoundIds
 from wire.protocol import SIGNATURE_BYTES
-from wire.secagg_codec.fields import device_list, fixed, header_from_proto, header_to_proto, to_device_list
+from wire.secagg_codec import fields
 
 
 def consistency_request_to_proto(m: sm.ConsistencyRequest, ids: RoundIds) -> secagg_pb2.ConsistencyCheckRequest:
     return secagg_pb2.ConsistencyCheckRequest(
-        **header_to_proto(m, ids), survivors=to_device_list(m.alive, ids, "ConsistencyCheckRequest.survivors")
+        **fields.header_to_proto(m, ids), survivors=fields.to_device_list(m.alive, ids, "ConsistencyCheckRequest.survivors")
     )
 
 
@@ -25,16 +25,16 @@ def consistency_request_from_proto(p: secagg_pb2.ConsistencyCheckRequest, ids: R
     so in a sparse graph `ids` must be the full cohort map: build it from
     RoundTask.cohort (sent when the consistency check is on)."""
     what = "ConsistencyCheckRequest"
-    header = header_from_proto(p, ids, what)
-    return sm.ConsistencyRequest(**header, alive=device_list(p.survivors, ids, f"{what}.survivors"))
+    header = fields.header_from_proto(p, ids, what)
+    return sm.ConsistencyRequest(**header, alive=fields.device_list(p.survivors, ids, f"{what}.survivors"))
 
 
 def consistency_check_to_proto(m: sm.ConsistencySignature, ids: RoundIds) -> secagg_pb2.ConsistencyCheck:
-    return secagg_pb2.ConsistencyCheck(**header_to_proto(m, ids), signature=fixed(m.signature, SIGNATURE_BYTES, "signature"))
+    return secagg_pb2.ConsistencyCheck(**fields.header_to_proto(m, ids), signature=fields.fixed(m.signature, SIGNATURE_BYTES, "signature"))
 
 
 def consistency_check_from_proto(p: secagg_pb2.ConsistencyCheck, ids: RoundIds) -> sm.ConsistencySignature:
     what = "ConsistencyCheck"
     return sm.ConsistencySignature(
-        **header_from_proto(p, ids, what), signature=fixed(p.signature, SIGNATURE_BYTES, f"{what}.signature")
+        **fields.header_from_proto(p, ids, what), signature=fields.fixed(p.signature, SIGNATURE_BYTES, f"{what}.signature")
     )

@@ -11,36 +11,7 @@ from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm
 from wire.errors import WireError
 from wire.ids import RoundIds
-from wire.secagg_codec.aborts import abort_to_proto, client_abort_from_proto, server_abort_from_proto
-from wire.secagg_codec.consistency import (
-    consistency_check_from_proto,
-    consistency_check_to_proto,
-    consistency_request_from_proto,
-    consistency_request_to_proto,
-)
-from wire.secagg_codec.keys import (
-    advertise_keys_from_proto,
-    advertise_keys_to_proto,
-    key_list_from_proto,
-    key_list_to_proto,
-)
-from wire.secagg_codec.masked_input import masked_input_from_proto, masked_input_to_proto
-from wire.secagg_codec.shares import (
-    masking_request_from_proto,
-    masking_request_to_proto,
-    share_keys_from_proto,
-    share_keys_to_proto,
-    share_receipt_from_proto,
-    share_receipt_to_proto,
-    share_relay_from_proto,
-    share_relay_to_proto,
-)
-from wire.secagg_codec.unmasking import (
-    unmasking_request_from_proto,
-    unmasking_request_to_proto,
-    unmasking_response_from_proto,
-    unmasking_response_to_proto,
-)
+from wire.secagg_codec import aborts, consistency, keys, masked_input, shares, unmasking
 
 #: The proto stage messages a client sends (unwrapped from ClientMessage).
 ClientStageProto: TypeAlias = (
@@ -86,38 +57,38 @@ def client_to_proto(m: sm.Message, ids: RoundIds, *, modulus_bits: int = 32, det
     """Any secagg client -> server message as its proto message (unwrapped;
     put it in ClientMessage(**{CLIENT_FIELDS[type(p)]: p}))."""
     if isinstance(m, sm.AdvertiseKeys):
-        return advertise_keys_to_proto(m, ids)
+        return keys.advertise_keys_to_proto(m, ids)
     if isinstance(m, sm.ShareKeys):
-        return share_keys_to_proto(m, ids)
+        return shares.share_keys_to_proto(m, ids)
     if isinstance(m, sm.ShareReceipt):
-        return share_receipt_to_proto(m, ids)
+        return shares.share_receipt_to_proto(m, ids)
     if isinstance(m, sm.MaskedInput):
-        return masked_input_to_proto(m, ids, modulus_bits=modulus_bits)
+        return masked_input.masked_input_to_proto(m, ids, modulus_bits=modulus_bits)
     if isinstance(m, sm.ConsistencySignature):
-        return consistency_check_to_proto(m, ids)
+        return consistency.consistency_check_to_proto(m, ids)
     if isinstance(m, sm.UnmaskingResponse):
-        return unmasking_response_to_proto(m, ids)
+        return unmasking.unmasking_response_to_proto(m, ids)
     if isinstance(m, sm.ClientAbort):
-        return abort_to_proto(m, ids, detail)
+        return aborts.abort_to_proto(m, ids, detail)
     raise WireError(f"not a client message: {type(m).__name__}")
 
 
 def client_from_proto(p: object, ids: RoundIds, *, vector_length: int, modulus_bits: int) -> sm.Message:
     """Server side: one proto stage message (unwrapped) as its secagg message."""
     if isinstance(p, secagg_pb2.AdvertiseKeys):
-        return advertise_keys_from_proto(p, ids)
+        return keys.advertise_keys_from_proto(p, ids)
     if isinstance(p, secagg_pb2.ShareKeys):
-        return share_keys_from_proto(p, ids)
+        return shares.share_keys_from_proto(p, ids)
     if isinstance(p, secagg_pb2.ShareReceipt):
-        return share_receipt_from_proto(p, ids)
+        return shares.share_receipt_from_proto(p, ids)
     if isinstance(p, secagg_pb2.MaskedInput):
-        return masked_input_from_proto(p, ids, vector_length=vector_length, modulus_bits=modulus_bits)
+        return masked_input.masked_input_from_proto(p, ids, vector_length=vector_length, modulus_bits=modulus_bits)
     if isinstance(p, secagg_pb2.ConsistencyCheck):
-        return consistency_check_from_proto(p, ids)
+        return consistency.consistency_check_from_proto(p, ids)
     if isinstance(p, secagg_pb2.UnmaskingResponse):
-        return unmasking_response_from_proto(p, ids)
+        return unmasking.unmasking_response_from_proto(p, ids)
     if isinstance(p, common_pb2.AbortNotice):
-        return client_abort_from_proto(p, ids)
+        return aborts.client_abort_from_proto(p, ids)
     raise WireError(f"not a client stage message: {type(p).__name__}")
 
 
@@ -126,17 +97,17 @@ def server_to_proto(
 ) -> ServerStageProto:
     """Any secagg server -> client message as its proto message (unwrapped)."""
     if isinstance(m, sm.KeyList):
-        return key_list_to_proto(m, ids, identity_keys)
+        return keys.key_list_to_proto(m, ids, identity_keys)
     if isinstance(m, sm.ShareRelay):
-        return share_relay_to_proto(m, ids)
+        return shares.share_relay_to_proto(m, ids)
     if isinstance(m, sm.MaskingRequest):
-        return masking_request_to_proto(m, ids)
+        return shares.masking_request_to_proto(m, ids)
     if isinstance(m, sm.ConsistencyRequest):
-        return consistency_request_to_proto(m, ids)
+        return consistency.consistency_request_to_proto(m, ids)
     if isinstance(m, sm.UnmaskingRequest):
-        return unmasking_request_to_proto(m, ids)
+        return unmasking.unmasking_request_to_proto(m, ids)
     if isinstance(m, sm.ServerAbort):
-        return abort_to_proto(m, ids, detail)
+        return aborts.abort_to_proto(m, ids, detail)
     raise WireError(f"not a server message: {type(m).__name__}")
 
 
@@ -147,15 +118,15 @@ def server_from_proto(p: object, ids: RoundIds, *, own: sm.AdvertiseKeys | None 
     if isinstance(p, secagg_pb2.AdvertisedKeys):
         if own is None:
             raise WireError("AdvertisedKeys needs the device's own AdvertiseKeys (own=)")
-        return key_list_from_proto(p, ids, own)[0]
+        return keys.key_list_from_proto(p, ids, own)[0]
     if isinstance(p, secagg_pb2.ForwardedShares):
-        return share_relay_from_proto(p, ids)
+        return shares.share_relay_from_proto(p, ids)
     if isinstance(p, secagg_pb2.MaskingRequest):
-        return masking_request_from_proto(p, ids)
+        return shares.masking_request_from_proto(p, ids)
     if isinstance(p, secagg_pb2.ConsistencyCheckRequest):
-        return consistency_request_from_proto(p, ids)
+        return consistency.consistency_request_from_proto(p, ids)
     if isinstance(p, secagg_pb2.UnmaskingRequest):
-        return unmasking_request_from_proto(p, ids)
+        return unmasking.unmasking_request_from_proto(p, ids)
     if isinstance(p, common_pb2.AbortNotice):
-        return server_abort_from_proto(p, ids)
+        return aborts.server_abort_from_proto(p, ids)
     raise WireError(f"not a server stage message: {type(p).__name__}")

@@ -18,33 +18,25 @@ from secagg import messages as sm
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.protocol import IDENTITY_KEY_BYTES, PUBLIC_KEY_BYTES
-from wire.secagg_codec.fields import (
-    bounded,
-    fixed,
-    header_from_proto,
-    header_to_proto,
-    optional_signature,
-    to_device_id,
-    to_secagg_id,
-)
+from wire.secagg_codec import fields
 
 
 def advertise_keys_to_proto(m: sm.AdvertiseKeys, ids: RoundIds) -> secagg_pb2.AdvertiseKeys:
     return secagg_pb2.AdvertiseKeys(
-        **header_to_proto(m, ids),
-        c_pk=fixed(m.c_public, PUBLIC_KEY_BYTES, "c_pk"),
-        s_pk=fixed(m.s_public, PUBLIC_KEY_BYTES, "s_pk"),
-        signature=optional_signature(m.signature, "signature"),
+        **fields.header_to_proto(m, ids),
+        c_pk=fields.fixed(m.c_public, PUBLIC_KEY_BYTES, "c_pk"),
+        s_pk=fields.fixed(m.s_public, PUBLIC_KEY_BYTES, "s_pk"),
+        signature=fields.optional_signature(m.signature, "signature"),
     )
 
 
 def advertise_keys_from_proto(p: secagg_pb2.AdvertiseKeys, ids: RoundIds) -> sm.AdvertiseKeys:
     what = "AdvertiseKeys"
     return sm.AdvertiseKeys(
-        **header_from_proto(p, ids, what),
-        c_public=fixed(p.c_pk, PUBLIC_KEY_BYTES, f"{what}.c_pk"),
-        s_public=fixed(p.s_pk, PUBLIC_KEY_BYTES, f"{what}.s_pk"),
-        signature=optional_signature(p.signature, f"{what}.signature"),
+        **fields.header_from_proto(p, ids, what),
+        c_public=fields.fixed(p.c_pk, PUBLIC_KEY_BYTES, f"{what}.c_pk"),
+        s_public=fields.fixed(p.s_pk, PUBLIC_KEY_BYTES, f"{what}.s_pk"),
+        signature=fields.optional_signature(p.signature, f"{what}.signature"),
     )
 
 
@@ -64,7 +56,7 @@ def key_list_to_proto(
             ident = identity_keys.get(e.device_id, b"")
         peers.append(
             secagg_pb2.PeerKeys(
-                device_id=to_device_id(ids, e.device_id, what),
+                device_id=fields.to_device_id(ids, e.device_id, what),
                 c_pk=e.c_public,
                 s_pk=e.s_public,
                 signature=e.signature,
@@ -72,7 +64,7 @@ def key_list_to_proto(
             )
         )
     peers.sort(key=lambda p: p.device_id)
-    return secagg_pb2.AdvertisedKeys(**header_to_proto(m, ids), peers=peers)
+    return secagg_pb2.AdvertisedKeys(**fields.header_to_proto(m, ids), peers=peers)
 
 
 def key_list_from_proto(
@@ -90,28 +82,28 @@ def key_list_from_proto(
     device's own consistency signature too, so the map they get as
     `peer_identity_keys` must hold it."""
     what = "AdvertisedKeys"
-    header = header_from_proto(p, ids, what)
+    header = fields.header_from_proto(p, ids, what)
     if header["device_id"] != own.device_id:
         raise WireError(f"{what} is for device {p.device_id}, not the device whose keys were given")
-    bounded(p.peers, ids, f"{what}.peers")
+    fields.bounded(p.peers, ids, f"{what}.peers")
     entries = [sm.KeyEntry(own.device_id, own.c_public, own.s_public, own.signature)]
     identity: dict[int, bytes] = {}
     if own_identity_public_key is not None:
-        identity[own.device_id] = fixed(own_identity_public_key, IDENTITY_KEY_BYTES, "own_identity_public_key")
+        identity[own.device_id] = fields.fixed(own_identity_public_key, IDENTITY_KEY_BYTES, "own_identity_public_key")
     for peer in p.peers:
         if peer.device_id == p.device_id:
             raise WireError(f"{what} lists the addressee itself")
-        sid = to_secagg_id(ids, peer.device_id, f"{what}.peers")
+        sid = fields.to_secagg_id(ids, peer.device_id, f"{what}.peers")
         entries.append(
             sm.KeyEntry(
                 sid,
-                fixed(peer.c_pk, PUBLIC_KEY_BYTES, f"{what}.peers.c_pk"),
-                fixed(peer.s_pk, PUBLIC_KEY_BYTES, f"{what}.peers.s_pk"),
-                optional_signature(peer.signature, f"{what}.peers.signature"),
+                fields.fixed(peer.c_pk, PUBLIC_KEY_BYTES, f"{what}.peers.c_pk"),
+                fields.fixed(peer.s_pk, PUBLIC_KEY_BYTES, f"{what}.peers.s_pk"),
+                fields.optional_signature(peer.signature, f"{what}.peers.signature"),
             )
         )
         if peer.identity_public_key:
-            identity[sid] = fixed(peer.identity_public_key, IDENTITY_KEY_BYTES, f"{what}.peers.identity_public_key")
+            identity[sid] = fields.fixed(peer.identity_public_key, IDENTITY_KEY_BYTES, f"{what}.peers.identity_public_key")
     entries.sort(key=lambda e: e.device_id)
     return sm.KeyList(**header, entries=tuple(entries)), identity
 

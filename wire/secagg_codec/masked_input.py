@@ -12,7 +12,7 @@ from fedmask_proto.v1 import secagg_pb2
 from secagg import messages as sm
 from wire.errors import WireError
 from wire.ids import RoundIds
-from wire.secagg_codec.fields import header_from_proto, header_to_proto
+from wire.secagg_codec import fields
 
 
 def masked_input_to_proto(m: sm.MaskedInput, ids: RoundIds, *, modulus_bits: int) -> secagg_pb2.MaskedInput:
@@ -20,7 +20,7 @@ def masked_input_to_proto(m: sm.MaskedInput, ids: RoundIds, *, modulus_bits: int
     if not isinstance(v, np.ndarray) or v.dtype != np.uint32 or v.ndim != 1:
         raise WireError("MaskedInput.vector must be a 1-D np.uint32 array")
     return secagg_pb2.MaskedInput(
-        **header_to_proto(m, ids),
+        **fields.header_to_proto(m, ids),
         masked_vector=v.astype("<u4", copy=False).tobytes(),
         length=v.shape[0],
         modulus_bits=modulus_bits,
@@ -36,7 +36,7 @@ def masked_input_from_proto(
     Note: secagg masks modulo 2^32 whatever modulus_bits is, so the words
     are arbitrary uint32; `modulus_bits` is only checked to match the round."""
     what = "MaskedInput"
-    header = header_from_proto(p, ids, what)
+    header = fields.header_from_proto(p, ids, what)
     if p.length != vector_length:
         raise WireError(f"{what}.length is {p.length}, the round's vector_length is {vector_length}")
     if len(p.masked_vector) != 4 * vector_length:

@@ -19,16 +19,7 @@ from secagg import messages as sm
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.protocol import SEALED_SHARES_BYTES
-from wire.secagg_codec.fields import (
-    bounded,
-    device_list,
-    fixed,
-    header_from_proto,
-    header_to_proto,
-    to_device_id,
-    to_device_list,
-    to_secagg_id,
-)
+from wire.secagg_codec import fields
 
 
 # The end of an EncryptedShare that the message's own device is: ShareKeys
@@ -38,82 +29,81 @@ _End = Literal["sender", "receiver"]
 _OTHER_END: dict[_End, _End] = {"sender": "receiver", "receiver": "sender"}
 
 
+def _encrypted_shares_to_proto(
+    m: sm.ShareKeys | sm.ShareRelay, ids: RoundIds, what: str, own_end: _End
+) -> list[secagg_pb2.EncryptedShare]:
+    """m.shares, (peer secagg id, sealed blob) pairs, as EncryptedShares
+    with m's device at `own_end` and each peer at the other."""
+    own = fields.to_device_id(ids, m.device_id, what)
+    out = []
+    for peer, blob in m.shares:
+        other = fields.to_device_id(ids, peer, what)
+        sender, receiver = (own, other) if own_end == "sender" else (other, own)
+        out.append(secagg_pb2.EncryptedShare(sender=sender, receiver=receiver, ciphertext=blob))
+    return out
+
+
 def _encrypted_shares_from_proto(
     shares: Sequence[secagg_pb2.EncryptedShare], device_id: int, ids: RoundIds, what: str, own_end: _End
 ) -> tuple[tuple[int, bytes], ...]:
     """The (peer secagg id, sealed blob) pairs of a bounded list of
     EncryptedShares whose `own_end` is `device_id` (the message's device)."""
-    bounded(shares, ids, f"{what}.shares")
+    fields.bounded(shares, ids, f"{what}.shares")
     peer_end = _OTHER_END[own_end]
     out = []
     for s in shares:
         own, peer = (s.sender, s.receiver) if own_end == "sender" else (s.receiver, s.sender)
         if own != device_id:
             raise WireError(f"{what}: a share names {own_end} {own}, not {device_id}")
-        out.append(
-            (to_secagg_id(ids, peer, f"{what}.shares.{peer_end}"), fixed(s.ciphertext, SEALED_SHARES_BYTES, f"{what}.ciphertext"))
-        )
+        peer_id = fields.to_secagg_id(ids, peer, f"{what}.shares.{peer_end}")
+        out.append((peer_id, fields.fixed(s.ciphertext, SEALED_SHARES_BYTES, f"{what}.ciphertext")))
     return tuple(out)
 
 
 def share_keys_to_proto(m: sm.ShareKeys, ids: RoundIds) -> secagg_pb2.ShareKeys:
-    what = "ShareKeys"
-    sender = to_device_id(ids, m.device_id, what)
-    return secagg_pb2.ShareKeys(
-        **header_to_proto(m, ids),
-        shares=[
-            secagg_pb2.EncryptedShare(sender=sender, receiver=to_device_id(ids, r, what), ciphertext=blob)
-            for r, blob in m.shares
-        ],
-    )
+    shares = _encrypted_shares_to_proto(m, ids, "ShareKeys", "sender")
+    return secagg_pb2.ShareKeys(**fields.header_to_proto(m, ids), shares=shares)
 
 
 def share_keys_from_proto(p: secagg_pb2.ShareKeys, ids: RoundIds) -> sm.ShareKeys:
     what = "ShareKeys"
-    header = header_from_proto(p, ids, what)
+    header = fields.header_from_proto(p, ids, what)
     return sm.ShareKeys(**header, shares=_encrypted_shares_from_proto(p.shares, p.device_id, ids, what, "sender"))
 
 
 def share_relay_to_proto(m: sm.ShareRelay, ids: RoundIds) -> secagg_pb2.ForwardedShares:
-    what = "ForwardedShares"
-    receiver = to_device_id(ids, m.device_id, what)
-    return secagg_pb2.ForwardedShares(
-        **header_to_proto(m, ids),
-        shares=[
-            secagg_pb2.EncryptedShare(sender=to_device_id(ids, s, what), receiver=receiver, ciphertext=blob)
-            for s, blob in m.shares
-        ],
-    )
+    shares = _encrypted_shares_to_proto(m, ids, "ForwardedShares", "receiver")
+    return secagg_pb2.ForwardedShares(**fields.header_to_proto(m, ids), shares=shares)
 
 
 def share_relay_from_proto(p: secagg_pb2.ForwardedShares, ids: RoundIds) -> sm.ShareRelay:
     what = "ForwardedShares"
-    header = header_from_proto(p, ids, what)
+    header = fields.header_from_proto(p, ids, what)
     return sm.ShareRelay(**header, shares=_encrypted_shares_from_proto(p.shares, p.device_id, ids, what, "receiver"))
 
 
 def share_receipt_to_proto(m: sm.ShareReceipt, ids: RoundIds) -> secagg_pb2.ShareReceipt:
     return secagg_pb2.ShareReceipt(
-        **header_to_proto(m, ids),
-        undecryptable=to_device_list(m.undecryptable, ids, "ShareReceipt.undecryptable"),
+        **fields.header_to_proto(m, ids),
+        undecryptable=fields.to_device_list(m.undecryptable, ids, "ShareReceipt.undecryptable"),
     )
 
 
 def share_receipt_from_proto(p: secagg_pb2.ShareReceipt, ids: RoundIds) -> sm.ShareReceipt:
     what = "ShareReceipt"
-    header = header_from_proto(p, ids, what)
-    return sm.ShareReceipt(**header, undecryptable=device_list(p.undecryptable, ids, f"{what}.undecryptable"))
+    header = fields.header_from_proto(p, ids, what)
+    return sm.ShareReceipt(**header, undecryptable=fields.device_list(p.undecryptable, ids, f"{what}.undecryptable"))
 
 
 def masking_request_to_proto(m: sm.MaskingRequest, ids: RoundIds) -> secagg_pb2.MaskingRequest:
     return secagg_pb2.MaskingRequest(
-        **header_to_proto(m, ids), peers=to_device_list(m.peers, ids, "MaskingRequest.peers")
+        **fields.header_to_proto(m, ids), peers=fields.to_device_list(m.peers, ids, "MaskingRequest.peers")
     )
 
 
 def masking_request_from_proto(p: secagg_pb2.MaskingRequest, ids: RoundIds) -> sm.MaskingRequest:
     what = "MaskingRequest"
-    header = header_from_proto(p, ids, what)
-    return sm.MaskingRequest(**header, peers=device_list(p.peers, ids, f"{what}.peers"))
+    header = fields.header_from_proto(p, ids, what)
+    return sm.MaskingRequest(**header, peers=fields.device_list(p.peers, ids, f"{what}.peers"))
 
 

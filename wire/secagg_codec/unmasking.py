@@ -18,16 +18,7 @@ from secagg.shamir import ELEMENT_BYTES, PRIME
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.protocol import SIGNATURE_BYTES
-from wire.secagg_codec.fields import (
-    bounded,
-    device_list,
-    fixed,
-    header_from_proto,
-    header_to_proto,
-    to_device_id,
-    to_device_list,
-    to_secagg_id,
-)
+from wire.secagg_codec import fields
 
 SHARE_BYTES = ELEMENT_BYTES  # one Shamir share: 33-byte big-endian field element
 
@@ -35,29 +26,29 @@ SHARE_BYTES = ELEMENT_BYTES  # one Shamir share: 33-byte big-endian field elemen
 def unmasking_request_to_proto(m: sm.UnmaskingRequest, ids: RoundIds) -> secagg_pb2.UnmaskingRequest:
     what = "UnmaskingRequest"
     sigs = sorted(
-        (secagg_pb2.ConsistencySignature(device_id=to_device_id(ids, s, what), signature=sig) for s, sig in m.signatures),
+        (secagg_pb2.ConsistencySignature(device_id=fields.to_device_id(ids, s, what), signature=sig) for s, sig in m.signatures),
         key=lambda x: x.device_id,
     )
     return secagg_pb2.UnmaskingRequest(
-        **header_to_proto(m, ids),
-        alive=to_device_list(m.alive, ids, f"{what}.alive"),
-        dropped=to_device_list(m.dropped, ids, f"{what}.dropped"),
+        **fields.header_to_proto(m, ids),
+        alive=fields.to_device_list(m.alive, ids, f"{what}.alive"),
+        dropped=fields.to_device_list(m.dropped, ids, f"{what}.dropped"),
         signatures=sigs,
     )
 
 
 def unmasking_request_from_proto(p: secagg_pb2.UnmaskingRequest, ids: RoundIds) -> sm.UnmaskingRequest:
     what = "UnmaskingRequest"
-    header = header_from_proto(p, ids, what)
-    bounded(p.signatures, ids, f"{what}.signatures")
+    header = fields.header_from_proto(p, ids, what)
+    fields.bounded(p.signatures, ids, f"{what}.signatures")
     sigs = tuple(
-        (to_secagg_id(ids, s.device_id, f"{what}.signatures"), fixed(s.signature, SIGNATURE_BYTES, f"{what}.signature"))
+        (fields.to_secagg_id(ids, s.device_id, f"{what}.signatures"), fields.fixed(s.signature, SIGNATURE_BYTES, f"{what}.signature"))
         for s in p.signatures
     )
     return sm.UnmaskingRequest(
         **header,
-        alive=device_list(p.alive, ids, f"{what}.alive"),
-        dropped=device_list(p.dropped, ids, f"{what}.dropped"),
+        alive=fields.device_list(p.alive, ids, f"{what}.alive"),
+        dropped=fields.device_list(p.dropped, ids, f"{what}.dropped"),
         signatures=sigs,
     )
 
@@ -70,27 +61,27 @@ def unmasking_response_to_proto(m: sm.UnmaskingResponse, ids: RoundIds) -> secag
         for owner, value in items:
             if not (isinstance(value, int) and 0 <= value < PRIME):
                 raise WireError(f"{what}: share of {owner} is not a field element")
-            out.append(secagg_pb2.SecretShare(owner=to_device_id(ids, owner, what), share=value.to_bytes(SHARE_BYTES, "big")))
+            out.append(secagg_pb2.SecretShare(owner=fields.to_device_id(ids, owner, what), share=value.to_bytes(SHARE_BYTES, "big")))
         return out
 
     return secagg_pb2.UnmaskingResponse(
-        **header_to_proto(m, ids), b_shares=shares(m.b_shares), s_sk_shares=shares(m.s_shares)
+        **fields.header_to_proto(m, ids), b_shares=shares(m.b_shares), s_sk_shares=shares(m.s_shares)
     )
 
 
 def unmasking_response_from_proto(p: secagg_pb2.UnmaskingResponse, ids: RoundIds) -> sm.UnmaskingResponse:
     what = "UnmaskingResponse"
-    header = header_from_proto(p, ids, what)
+    header = fields.header_from_proto(p, ids, what)
 
     def shares(items: Sequence[secagg_pb2.SecretShare], field: str) -> tuple[tuple[int, int], ...]:
-        bounded(items, ids, f"{what}.{field}")
+        fields.bounded(items, ids, f"{what}.{field}")
         out = []
         for s in items:
-            raw = fixed(s.share, SHARE_BYTES, f"{what}.{field}.share")
+            raw = fields.fixed(s.share, SHARE_BYTES, f"{what}.{field}.share")
             value = int.from_bytes(raw, "big")
             if value >= PRIME:
                 raise WireError(f"{what}.{field}: share of {s.owner} is not a field element")
-            out.append((to_secagg_id(ids, s.owner, f"{what}.{field}.owner"), value))
+            out.append((fields.to_secagg_id(ids, s.owner, f"{what}.{field}.owner"), value))
         return tuple(out)
 
     return sm.UnmaskingResponse(**header, b_shares=shares(p.b_shares, "b_shares"), s_shares=shares(p.s_sk_shares, "s_sk_shares"))
