@@ -37,8 +37,7 @@ from coordinator.store.records import (
     RoundState,
     utc_now,
 )
-
-MEMORY_URL = "memory://"
+from coordinator.store.url import MEMORY_URL
 
 __all__ = [
     "COORDINATOR_RESTART", "MEMORY_URL", "AuditRecord", "ConflictError", "CorruptBlobError", "DeviceRecord",
