@@ -61,6 +61,16 @@ class Services:
             raise ProblemError(503, "the coordinator's store is not reachable",
                                headers={"Retry-After": str(self.settings.retry_after_s)}) from None
 
+    async def read_page(self, read: Callable[[int, str | None], T], limit: int | None, cursor: str | None) -> T:
+        """A page of a listing: `read(n, cursor)` as `read` does it, n being
+        `limit` or else the settings' page_size; a cursor that does not
+        decode (history.BadCursor) -> 422 naming `query.cursor`."""
+        n = limit or self.settings.page_size
+        try:
+            return await self.read(lambda: read(n, cursor))
+        except history.BadCursor as exc:
+            raise cursor_problem(exc) from None
+
     async def live_call(self, call: Awaitable[T], *, what: str) -> T:
         """Await a call to the coordinator's admin listener; LiveError -> its problem document."""
         try:
@@ -126,6 +136,8 @@ AnyRole = Annotated[Principal, _guard(ANY)]
 #: OpenAPI `responses=` of the errors a guarded route may answer.
 AUTH_ERRORS = problem_responses(401, 403)
 STORE_ERRORS = problem_responses(401, 403, 503)
+#: ... of a listing (a bad `limit` or `cursor` is a 422).
+LISTING_ERRORS = problem_responses(401, 403, 422, 503)
 LIVE_ERRORS = problem_responses(401, 403, 502, 503)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 
 from pydantic import (
+    AfterValidator,
     Field,
     FilePath,
     PositiveFloat,
@@ -39,7 +40,8 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 # SettingsError and split_host_port are this module's too (callers import them from here).
-from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, split_host_port
+from coordinator.store.url import check_database_url
+from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, split_host_port
 from wire.protocol import is_loopback
 
 ENV_PREFIX = "FEDMASK_ADMIN_"
@@ -73,7 +75,7 @@ class CoordinatorLink(SettingsGroup):
     """How the admin service reaches the coordinator's gRPC admin listener."""
 
     #: HOST:PORT of the admin listener (not the devices' listener).
-    address: str = "127.0.0.1:50052"
+    address: Annotated[str, host_port_check()] = "127.0.0.1:50052"
     #: The admin service's own credential on that listener (bearer token).
     #: Env or file only.
     token: SecretStr | None = None
@@ -92,12 +94,6 @@ class CoordinatorLink(SettingsGroup):
     live_state_max_age_s: Annotated[float, Field(ge=0, le=10)] = 0.25
     #: ... and from one up to this old while a single refresh runs.
     live_state_stale_s: Annotated[float, Field(ge=0, le=10)] = 1.0
-
-    @field_validator("address")
-    @classmethod
-    def _check_address(cls, value: str) -> str:
-        split_host_port(value)
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> CoordinatorLink:
@@ -123,9 +119,9 @@ class AdminSettings(LayeredSettings):
     secret_keys: ClassVar[frozenset[str]] = SECRET_KEYS
 
     #: HTTP listen address HOST:PORT.
-    listen_address: str = "127.0.0.1:8080"
+    listen_address: Annotated[str, host_port_check()] = "127.0.0.1:8080"
     #: The coordinator's store, read only: sqlite:///FILE or postgresql+psycopg://...
-    database_url: str = "sqlite:///./fedmask.db"
+    database_url: Annotated[str, AfterValidator(check_database_url)] = "sqlite:///./fedmask.db"
     coordinator: CoordinatorLink = Field(default_factory=CoordinatorLink)
     #: Accepted API tokens (hashed). Env or file only.
     tokens: list[TokenEntry] = Field(default_factory=list)
@@ -136,25 +132,6 @@ class AdminSettings(LayeredSettings):
     sse_keepalive_s: PositiveFloat = 15.0
     #: Seconds a 503 answer tells the client to wait (Retry-After).
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 5
-
-    @field_validator("listen_address")
-    @classmethod
-    def _check_listen_address(cls, value: str) -> str:
-        split_host_port(value)
-        return value
-
-    @field_validator("database_url")
-    @classmethod
-    def _check_database_url(cls, value: str) -> str:
-        if value == "memory://":
-            return value
-        from coordinator.store.engine import normalize_url
-        from coordinator.store.errors import StoreError
-
-        try:
-            return normalize_url(value).render_as_string(hide_password=False)
-        except StoreError as exc:
-            raise ValueError(str(exc)) from None
 
     @field_validator("tokens")
     @classmethod

@@ -22,14 +22,14 @@ import functools
 import hashlib
 import hmac
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from coordinator.auth import AUTHORIZATION_KEY, BEARER_PREFIX, HEALTH_SERVICE_PREFIX, TokenFile, denying_handler
+from coordinator.auth import AUTHORIZATION_KEY, BEARER_PREFIX, MethodGuard, TokenFile, denying_handler
 from coordinator.settings import MIN_TOKEN_LENGTH, AdminListenerSettings
 
 #: The organizational unit (OU) of an admin client certificate's subject.
@@ -139,7 +139,7 @@ def _checked(handler: grpc.RpcMethodHandler[_Req, _Resp], allowed: Callable[[grp
     return handler
 
 
-class AdminListenerAuth(grpc.aio.ServerInterceptor):
+class AdminListenerAuth(MethodGuard):
     """The admin listener's credential check (see the module doc): in token
     mode the digest, in mTLS mode the certificate's admin role; mode "none"
     (loopback only) checks nothing."""
@@ -150,24 +150,19 @@ class AdminListenerAuth(grpc.aio.ServerInterceptor):
         self._mode = mode
         self._digests = digests
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
-        handler = await continuation(details)
-        method = details.method or ""
-        if handler is None or method.startswith(HEALTH_SERVICE_PREFIX) or self._mode == "none":
+    def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
+              metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
+        if self._mode == "none":
             return handler
         if self._mode == "token":
             assert self._digests is not None
-            if digest_matches(presented_token(details.invocation_metadata), self._digests()):
+            if digest_matches(presented_token(metadata), self._digests()):
                 return handler
             return denying_handler(handler, method)
         return _checked(handler, lambda ctx: ADMIN_ROLE in (peer_roles(ctx) or ()), ADMIN_ONLY)
 
 
-class DeviceListenerGuard(grpc.aio.ServerInterceptor):
+class DeviceListenerGuard(MethodGuard):
     """Refuses admin credentials on the device listener (PERMISSION_DENIED):
     the admin bearer token (by digest) and admin-role client certificates."""
 
@@ -177,17 +172,10 @@ class DeviceListenerGuard(grpc.aio.ServerInterceptor):
         self._digests = admin_digests
         self._certs = check_certificates
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
-        handler = await continuation(details)
-        method = details.method or ""
-        if handler is None or method.startswith(HEALTH_SERVICE_PREFIX):
-            return handler
+    def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
+              metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
         if self._digests is not None:
-            token = presented_token(details.invocation_metadata)
+            token = presented_token(metadata)
             if token is not None and digest_matches(token, self._digests()):
                 return denying_handler(handler, method, grpc.StatusCode.PERMISSION_DENIED, NOT_FOR_DEVICES)
         if not self._certs:

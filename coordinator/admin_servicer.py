@@ -29,7 +29,7 @@ from coordinator.events import EventHub, HubClosed, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.operator_actions import ActionOutcome, OperatorActions, Recommendation
-from coordinator.servicer import abort
+from coordinator.servicer import abort, register_service
 from coordinator.status_codes import admin_status
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.protocol import RETRY_PUSHBACK_KEY
@@ -171,11 +171,7 @@ def add_admin_to_server(s: AdminServicer, server: grpc.aio.Server) -> AdminServi
         "AbortRound": unary(s.AbortRound, A.OperatorRequest.FromString, A.OperatorActionResponse.SerializeToString),
         "Rollback": unary(s.Rollback, A.RollbackRequest.FromString, A.OperatorActionResponse.SerializeToString),
     }
-    unregistered = {m.name for m in _SERVICE.methods} - set(handlers)
-    if unregistered:
-        raise RuntimeError(f"{_SERVICE.full_name} methods without a handler: {sorted(unregistered)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(_SERVICE.full_name, handlers)
+    register_service(server, _SERVICE, handlers)
     return s
 
 

@@ -14,6 +14,7 @@ Tokens are compared in constant time and never logged.
 
 from __future__ import annotations
 
+import abc
 import hmac
 import logging
 import math
@@ -96,7 +97,35 @@ class TokenFile:
         return self._tokens
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
+class MethodGuard(grpc.aio.ServerInterceptor):
+    """An interceptor that checks calls by their method's handler. A method
+    the server has no handler for, or whose full name starts with one of
+    `exempt` (default: the gRPC health service), passes untouched; every
+    other handler goes through `guard`, which returns it (allowed), one that
+    refuses the call (`denying_handler`), or one that checks the call as it
+    runs."""
+
+    #: Full method-name prefixes that pass unchecked.
+    exempt: tuple[str, ...] = (HEALTH_SERVICE_PREFIX,)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method or ""
+        if handler is None or method.startswith(self.exempt):
+            return handler
+        return self.guard(handler, method, handler_call_details.invocation_metadata)
+
+    @abc.abstractmethod
+    def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
+              metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
+        """The handler that serves a call of `method` carrying `metadata`."""
+
+
+class TokenAuthInterceptor(MethodGuard):
     """Rejects RPCs without an accepted bearer token (UNAUTHENTICATED).
 
     `token` is one fixed token, or a callable returning the accepted ones
@@ -115,7 +144,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             self._tokens: Callable[[], Sequence[bytes]] = lambda: fixed
         else:
             self._tokens = token
-        self._exempt = tuple(exempt_prefixes)
+        self.exempt = tuple(exempt_prefixes)
 
     def _authorized(self, metadata: Any) -> bool:
         presented = b""
@@ -128,18 +157,9 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             ok |= hmac.compare_digest(presented, BEARER_PREFIX.encode() + token)
         return ok
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[_Req, _Resp] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[_Req, _Resp] | None:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method or ""
-        if handler is None or method.startswith(self._exempt):
-            return handler
-        if self._authorized(handler_call_details.invocation_metadata):
-            return handler
-        return denying_handler(handler, method)
+    def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
+              metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
+        return handler if self._authorized(metadata) else denying_handler(handler, method)
 
 
 def _denier(method: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,

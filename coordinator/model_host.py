@@ -135,8 +135,11 @@ class SyntheticModel:
 
 
 @dataclass
-class RecommenderModel:
-    """A `models` recommender behind the ServerModel protocol (torch inside)."""
+class HostedModel:
+    """A `models` object behind the ServerModel protocol, built from the
+    hyper-parameters `config` (sent to the devices as they are, so they
+    build the same model): the update is the model's, the catalogue is
+    config["n_items"]. Subclasses add the metrics and the parameters."""
 
     name: str
     config: dict[str, Any]
@@ -150,6 +153,14 @@ class RecommenderModel:
     def n_items(self) -> int:
         return int(self.config["n_items"])
 
+    def hyperparameters(self) -> dict[str, Any]:
+        return dict(self.config)
+
+
+@dataclass
+class RecommenderModel(HostedModel):
+    """A `models` recommender behind the ServerModel protocol (torch inside)."""
+
     @property
     def metric_names(self) -> tuple[str, ...]:
         """Training counts and the validation sums of the model's kind
@@ -159,9 +170,6 @@ class RecommenderModel:
         else:
             val = ("val_sampled_hits@10", "val_sampled_ndcg@10", "val_sampled_count")
         return ("devices", "examples", "update_norm", *val)
-
-    def hyperparameters(self) -> dict[str, Any]:
-        return dict(self.config)
 
     def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
         from models.keyed_random import global_init_generator

@@ -23,11 +23,12 @@ so a coordinator without a real model still starts without torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from coordinator.model_host import HostedModel
 from models.keyed_random import global_init_generator
 from models.platform_federation import global_shapes, pack_global, platform_model_from_hyperparameters, server_apply
 
@@ -35,20 +36,8 @@ DEFAULT_PLATFORMS = 5
 
 
 @dataclass
-class PlatformServerModel:
-    """See the module doc."""
-
-    name: str
-    config: dict[str, Any]
-    model: Any = field(repr=False)  # models.freib.PlatformModel
-
-    @property
-    def update_dim(self) -> int:
-        return int(self.model.update_dim)
-
-    @property
-    def n_items(self) -> int:
-        return int(self.config["n_items"])
+class PlatformServerModel(HostedModel):
+    """See the module doc; `model` is a models.freib.PlatformModel."""
 
     @property
     def n_platforms(self) -> int:
@@ -58,9 +47,6 @@ class PlatformServerModel:
     def metric_names(self) -> tuple[str, ...]:
         """Training counts and the explicit validation sums (RMSE / MAE)."""
         return ("devices", "examples", "update_norm", "val_sse", "val_sae", "val_rating_count")
-
-    def hyperparameters(self) -> dict[str, Any]:
-        return dict(self.config)
 
     def init_parameters(self, seed: int) -> dict[str, np.ndarray]:
         """`fedmask simulate --platforms M --seed S`'s initial global state."""

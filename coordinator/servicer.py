@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
 from coordinator.auth import peer_common_name
@@ -340,10 +341,19 @@ def add_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> Coordina
             response_serializer=session_pb2.ServerMessage.SerializeToString,
         ),
     }
-    unregistered = {m.name for m in _SERVICE.methods} - set(handlers)
-    if unregistered:
-        raise RuntimeError(f"{_SERVICE.full_name} methods without a handler: {sorted(unregistered)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(_SERVICE.full_name, handlers)
+    register_service(server, _SERVICE, handlers)
     return servicer
+
+
+def register_service(server: grpc.aio.Server, service: ServiceDescriptor,
+                     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
+    """Register `handlers` (method name -> handler) for `service` on
+    `server` as the generated add_*_to_server functions do (a generic
+    handler and the registered method handlers). RuntimeError, and nothing
+    registered, if a method of the service has no handler."""
+    unregistered = {m.name for m in service.methods} - set(handlers)
+    if unregistered:
+        raise RuntimeError(f"{service.full_name} methods without a handler: {sorted(unregistered)}")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 

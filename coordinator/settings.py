@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     Field,
     FilePath,
@@ -39,13 +40,16 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 # SettingsError and unflatten are this module's too (callers import them from here).
-from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, unflatten
+from coordinator.store.url import check_database_url
+from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, unflatten
 from fedmask_settings import split_host_port as _split_host_port
 from wire.protocol import is_loopback
 
 ENV_PREFIX = "FEDMASK_"
 CONFIG_ENV = "FEDMASK_CONFIG"
 MIN_TOKEN_LENGTH = 16
+#: A HOST:PORT the coordinator listens on (its errors call it a listen address).
+ListenAddress = Annotated[str, host_port_check("listen address")]
 
 
 class ModelSettings(SettingsGroup):
@@ -297,7 +301,7 @@ class AdminListenerSettings(SettingsGroup):
     token's SHA-256 (`token_sha256`); the coordinator keeps only the hash."""
 
     #: HOST:PORT of the admin listener; None (default): no admin listener.
-    listen: str | None = None
+    listen: ListenAddress | None = None
     #: token: "authorization: Bearer <admin token>"; mtls: a client
     #: certificate of the federation CA whose role (subject OU) is "admin"
     #: (`fedmask certs issue-admin`), over the coordinator's tls.* files;
@@ -317,13 +321,6 @@ class AdminListenerSettings(SettingsGroup):
     #: Default and largest wait for a device's top-k answer, in seconds.
     top_k_timeout_s: Annotated[float, Field(gt=0.0, le=300.0)] = 10.0
 
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, value: str | None) -> str | None:
-        if value is not None:
-            split_host_port(value)
-        return value
-
     @model_validator(mode="after")
     def _one_credential(self) -> AdminListenerSettings:
         given = [n for n in ("token", "token_file", "token_sha256") if getattr(self, n) is not None]
@@ -342,14 +339,7 @@ class AdminListenerSettings(SettingsGroup):
 
 class MetricsSettings(SettingsGroup):
     #: HOST:PORT of the Prometheus endpoint (GET /metrics); None: off.
-    listen: str | None = None
-
-    @field_validator("listen")
-    @classmethod
-    def _check_listen(cls, value: str | None) -> str | None:
-        if value is not None:
-            split_host_port(value)
-        return value
+    listen: ListenAddress | None = None
 
 
 class DebugSettings(SettingsGroup):
@@ -393,9 +383,9 @@ class CoordinatorSettings(LayeredSettings):
     config_env: ClassVar[str] = CONFIG_ENV
 
     #: gRPC listen address, HOST:PORT ("[::]:50051" for IPv6).
-    listen_address: str = "127.0.0.1:50051"
+    listen_address: ListenAddress = "127.0.0.1:50051"
     #: sqlite:///FILE (default), postgresql+psycopg://..., or memory://.
-    database_url: str = "sqlite:///./fedmask.db"
+    database_url: Annotated[str, AfterValidator(check_database_url)] = "sqlite:///./fedmask.db"
     model: ModelSettings = Field(default_factory=ModelSettings)
     cohort: CohortSettings = Field(default_factory=CohortSettings)
     deadlines: DeadlineSettings = Field(default_factory=DeadlineSettings)
@@ -425,37 +415,11 @@ class CoordinatorSettings(LayeredSettings):
     #: A second, plaintext listener HOST:PORT that serves only grpc.health.v1
     #: (container healthchecks, Kubernetes gRPC probes, which cannot speak
     #: TLS); the same status as the main port. None: no such listener.
-    health_listen_address: str | None = None
+    health_listen_address: ListenAddress | None = None
     #: At start, how long to keep retrying a database server that cannot be
     #: reached yet (started in parallel by compose or Kubernetes), with
     #: backoff; 0 fails at once. SQLite and memory:// are never retried.
     database_wait_s: Annotated[float, Field(ge=0)] = 60.0
-
-    @field_validator("listen_address")
-    @classmethod
-    def _check_listen_address(cls, value: str) -> str:
-        split_host_port(value)
-        return value
-
-    @field_validator("health_listen_address")
-    @classmethod
-    def _check_health_listen_address(cls, value: str | None) -> str | None:
-        if value is not None:
-            split_host_port(value)
-        return value
-
-    @field_validator("database_url")
-    @classmethod
-    def _check_database_url(cls, value: str) -> str:
-        if value == "memory://":
-            return value
-        from coordinator.store.engine import normalize_url
-        from coordinator.store.errors import StoreError
-
-        try:
-            return normalize_url(value).render_as_string(hide_password=False)
-        except StoreError as exc:
-            raise ValueError(str(exc)) from None
 
     @model_validator(mode="after")
     def _auth_fits_transport(self) -> CoordinatorSettings:

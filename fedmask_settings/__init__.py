@@ -28,7 +28,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 
@@ -163,4 +163,17 @@ def split_host_port(address: str, *, what: str = "address") -> tuple[str, int]:
     return host, port
 
 
-__all__ = ["LayeredSettings", "SettingsError", "SettingsGroup", "read_config_file", "split_host_port", "unflatten"]
+def host_port_check(what: str = "address") -> AfterValidator:
+    """The validator of a HOST:PORT setting, `Annotated[str, host_port_check(what)]`:
+    the value is kept as given; a malformed one fails with split_host_port's
+    message, which calls it `what`."""
+
+    def check(value: str) -> str:
+        split_host_port(value, what=what)
+        return value
+
+    return AfterValidator(check)
+
+
+__all__ = ["LayeredSettings", "SettingsError", "SettingsGroup", "host_port_check", "read_config_file", "split_host_port",
+           "unflatten"]

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 
 from admin import history, live_views, schemas
-from admin.deps import LIVE_ERRORS, STORE_ERRORS, Reader, ServicesDep, cursor_problem, cursor_q, page_size
+from admin.deps import LISTING_ERRORS, LIVE_ERRORS, STORE_ERRORS, Reader, ServicesDep, cursor_q, page_size
 from admin.live import LiveError
 from admin.problems import ProblemError, problem_responses
 from admin.settings import AdminSettings
@@ -63,18 +63,14 @@ def router(settings: AdminSettings) -> APIRouter:
                      cursor: Annotated[str | None, cursor_q("rounds")] = None,
                      outcome: Annotated[schemas.Outcome | None, outcome_q] = None) -> schemas.RoundPage:
         """Rounds, newest first. A filtered page may hold fewer than `limit` rounds and still have a cursor."""
-        n = limit or services.settings.page_size
-        try:
-            return await services.read(lambda: history.list_rounds(services.store, limit=n, cursor=cursor,
-                                                                   outcome=outcome))
-        except history.BadCursor as exc:
-            raise cursor_problem(exc) from None
+        return await services.read_page(
+            lambda n, c: history.list_rounds(services.store, limit=n, cursor=c, outcome=outcome), limit, cursor)
 
     routes = APIRouter()
     routes.add_api_route("/v1/federation", federation, response_model=schemas.Federation, tags=["federation"],
                          responses=STORE_ERRORS)
     routes.add_api_route("/v1/rounds", rounds, response_model=schemas.RoundPage, tags=["rounds"],
-                         responses=problem_responses(401, 403, 422, 503))
+                         responses=LISTING_ERRORS)
     routes.add_api_route("/v1/rounds/current", round_current, response_model=schemas.CurrentRound, tags=["rounds"],
                          responses=LIVE_ERRORS)
     routes.add_api_route("/v1/rounds/{number}", round_detail, response_model=schemas.RoundDetail, tags=["rounds"],

@@ -6,9 +6,8 @@ from typing import Annotated
 from fastapi import APIRouter
 
 from admin import history, schemas
-from admin.deps import STORE_ERRORS, Reader, ServicesDep, cursor_problem, cursor_q, page_size
+from admin.deps import LISTING_ERRORS, STORE_ERRORS, Reader, ServicesDep, cursor_q, page_size
 from admin.live import LiveError
-from admin.problems import problem_responses
 from admin.settings import AdminSettings
 
 
@@ -32,15 +31,12 @@ def router(settings: AdminSettings) -> APIRouter:
     async def audit(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
                     cursor: Annotated[str | None, cursor_q("audit")] = None) -> schemas.AuditPage:
         """The operator audit log (who did what, when, how it ended), newest first."""
-        n = limit or services.settings.page_size
-        try:
-            return await services.read(lambda: history.list_audit(services.store, limit=n, cursor=cursor))
-        except history.BadCursor as exc:
-            raise cursor_problem(exc) from None
+        return await services.read_page(lambda n, c: history.list_audit(services.store, limit=n, cursor=c),
+                                        limit, cursor)
 
     routes = APIRouter()
     routes.add_api_route("/v1/privacy", privacy, response_model=schemas.Privacy, tags=["privacy"],
                          responses=STORE_ERRORS)
     routes.add_api_route("/v1/audit", audit, response_model=schemas.AuditPage, tags=["operator"],
-                         responses=problem_responses(401, 403, 422, 503))
+                         responses=LISTING_ERRORS)
     return routes

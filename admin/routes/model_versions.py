@@ -7,7 +7,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from admin import history, schemas
-from admin.deps import Reader, ServicesDep, cursor_problem, cursor_q, page_size
+from admin.deps import LISTING_ERRORS, Reader, ServicesDep, cursor_q, page_size
 from admin.problems import ProblemError, problem_responses
 from admin.settings import AdminSettings
 
@@ -41,15 +41,12 @@ def router(settings: AdminSettings) -> APIRouter:
     async def models(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
                      cursor: Annotated[str | None, cursor_q("models")] = None) -> schemas.ModelPage:
         """Model versions, newest first, with lineage."""
-        n = limit or services.settings.page_size
-        try:
-            return await services.read(lambda: history.list_models(services.store, limit=n, cursor=cursor))
-        except history.BadCursor as exc:
-            raise cursor_problem(exc) from None
+        return await services.read_page(lambda n, c: history.list_models(services.store, limit=n, cursor=c),
+                                        limit, cursor)
 
     routes = APIRouter()
     routes.add_api_route("/v1/models", models, response_model=schemas.ModelPage, tags=["models"],
-                         responses=problem_responses(401, 403, 422, 503))
+                         responses=LISTING_ERRORS)
     routes.add_api_route("/v1/models/{version}", model, response_model=schemas.ModelDetail, tags=["models"],
                          responses=problem_responses(401, 403, 404, 422, 503))
     # `name` is what /v1/models/{version} links to (request.url_for)

@@ -12,40 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from coordinator.store.errors import (
-    ConflictError,
-    CorruptBlobError,
-    EnrollmentConflictError,
-    InvalidRecordError,
-    NotFoundError,
-    StoreError,
-)
+from coordinator.store import errors, records
+from coordinator.store.errors import *  # errors.__all__
 from coordinator.store.interface import Store
 from coordinator.store.memory import InMemoryStore
-from coordinator.store.records import (
-    COORDINATOR_RESTART,
-    AuditRecord,
-    DeviceRecord,
-    DeviceStatus,
-    ModelVersion,
-    ModelVersionSummary,
-    NewModelVersion,
-    Page,
-    PrivacyEntry,
-    PrivacySummary,
-    RoundRecord,
-    RoundState,
-    utc_now,
-)
+from coordinator.store.records import *  # records.__all__
+from coordinator.store.url import MEMORY_URL
 
-MEMORY_URL = "memory://"
-
-__all__ = [
-    "COORDINATOR_RESTART", "MEMORY_URL", "AuditRecord", "ConflictError", "CorruptBlobError", "DeviceRecord",
-    "DeviceStatus", "EnrollmentConflictError", "InMemoryStore", "InvalidRecordError", "ModelVersion", "ModelVersionSummary",
-    "NewModelVersion", "NotFoundError", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord",
-    "RoundState", "Store", "StoreError", "open_store",
-]
+# The package's names: the store, its errors and records (each module's own
+# __all__, so a new record or error is exported where it is defined).
+__all__ = ["MEMORY_URL", "InMemoryStore", "Store", "open_store"]
+__all__ += errors.__all__
+__all__ += records.__all__
 
 
 def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] = utc_now) -> Store:

@@ -58,3 +58,7 @@ class EnrollmentConflictError(ConflictError):
         self.index = index
         self.device_id = device_id
         self.reason = reason
+
+
+__all__ = ["ConflictError", "CorruptBlobError", "EnrollmentConflictError", "InvalidRecordError", "NotFoundError",
+           "StoreError"]

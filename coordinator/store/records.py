@@ -264,3 +264,11 @@ class Page(Generic[T]):
 
     items: tuple[T, ...]
     next_cursor: int | None
+
+
+#: What the store's users import (coordinator.store re-exports it); the
+#: implementations also use the checks and helpers above.
+__all__ = [
+    "COORDINATOR_RESTART", "AuditRecord", "DeviceRecord", "DeviceStatus", "ModelVersion", "ModelVersionSummary",
+    "NewModelVersion", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord", "RoundState", "utc_now",
+]
