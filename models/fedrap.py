@@ -237,12 +237,12 @@ class FedRAP(FederatedRecommender):
         f = self.lr_decay**a
         return self.lr_user * f, self.lr_item * f, self.lr_personal * f
 
-    def config(self) -> dict[str, object]:
-        keys = (
+    config_keys: ClassVar[tuple[str, ...]] = tuple(
+        (
             "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay item_bias lr_bias "
             "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u recency"
         ).split()
-        return {key: getattr(self, key) for key in keys}
+    )
 
     # ------------------------------------------------------------------ interface
     @property
