@@ -173,19 +173,7 @@ class PlatformTrainer(Trainer):
         user = self._load_user(model, task.model_name)
         platform = params_to(model.init_platform(1), self.device)
         res = local_train(model, shared, user, platform, self.platform_ratings, protos, task.round_idx, self.seed)
-        upd = res.update
-        norms = torch.linalg.vector_norm(upd, dim=1)
-        clip_norm = None
-        if task.dp_mode in ("local", "distributed"):
-            from models.privacy import add_gaussian_noise, clip_rows  # on first use: edge_client/trainer.py's module doc
-
-            if task.dp_clip_norm > 0:
-                upd, norms = clip_rows(upd, clip=task.dp_clip_norm)
-                clip_norm = task.dp_clip_norm
-            if task.dp_noise_stddev > 0:
-                upd = add_gaussian_noise(upd, std=task.dp_noise_stddev, generator=self._secure_generator())
-        if not bool(torch.isfinite(upd).all()):
-            raise TrainingError("local training produced a non-finite update")
+        upd, norms, clip_norm = self._privatise(task, res.update)
         idx = torch.from_numpy(self.users).to(self.device)
         self.platform_device.store.save_model(
             task.model_name,

@@ -315,18 +315,10 @@ class Trainer:
         B = len(numbers)
         if tuple(upd.shape) != (B, model.update_dim):
             raise TrainingError(f"{task.model_name}.local_update returned shape {tuple(upd.shape)}")
-        norms = torch.linalg.vector_norm(upd, dim=1) if upd.shape[1] > 0 else None
+        norms: torch.Tensor | None = None
         clip_norm = None
-        if task.dp_mode in ("local", "distributed") and upd.shape[1] > 0:
-            from models.privacy import add_gaussian_noise, clip_rows  # imported on first use: see the module doc
-
-            if task.dp_clip_norm > 0:
-                upd, norms = clip_rows(upd, clip=task.dp_clip_norm)
-                clip_norm = task.dp_clip_norm
-            if task.dp_noise_stddev > 0:
-                upd = add_gaussian_noise(upd, std=task.dp_noise_stddev, generator=self._secure_generator())
-        if not bool(torch.isfinite(upd).all()):
-            raise TrainingError("local training produced a non-finite update")
+        if upd.shape[1] > 0:  # else nothing is sent (FedRAP-D): no norms, no DP
+            upd, norms, clip_norm = self._privatise(task, upd)
         self.save_private(task.model_name, numbers, new_private,
                           model_version=task.model_version, round_number=task.round_number)
 
@@ -345,6 +337,26 @@ class Trainer:
             privacy_indicator=(new_private["J"].detach().to("cpu", torch.float64).numpy()
                                if "J" in new_private else None),
         )
+
+    def _privatise(self, task: TaskSpec, upd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float | None]:
+        """A batch's trained updates (B, L > 0) as they are sent, their L2 norms and the clip
+        norm applied (None: not clipped). Under local or distributed DP each row is clipped to
+        the task's dp_clip_norm (the norms are then those before clipping, as `clip_rows`
+        returns them) and gets Gaussian noise from the secure generator. TrainingError for a
+        non-finite update."""
+        norms = torch.linalg.vector_norm(upd, dim=1)
+        clip_norm = None
+        if task.dp_mode in ("local", "distributed"):
+            from models.privacy import add_gaussian_noise, clip_rows  # imported on first use: see the module doc
+
+            if task.dp_clip_norm > 0:
+                upd, norms = clip_rows(upd, clip=task.dp_clip_norm)
+                clip_norm = task.dp_clip_norm
+            if task.dp_noise_stddev > 0:
+                upd = add_gaussian_noise(upd, std=task.dp_noise_stddev, generator=self._secure_generator())
+        if not bool(torch.isfinite(upd).all()):
+            raise TrainingError("local training produced a non-finite update")
+        return upd, norms, clip_norm
 
     def _validation_sums(self, model, global_, private, split, explicit, numbers, rows) -> dict[str, float]:
         """Validation sums of the batch rows `rows` (models/evaluation.py), scored with

@@ -152,9 +152,12 @@ class FederatedRecommender(ABC):
 
     # ------------------------------------------------------------ optional, with defaults
 
+    #: The attributes holding the hyperparameters recorded with a run's results, in that order.
+    config_keys: ClassVar[tuple[str, ...]] = ()
+
     def config(self) -> dict[str, object]:
-        """The hyperparameters recorded with a run's results (default: none)."""
-        return {}
+        """The hyperparameters recorded with a run's results: the attributes `config_keys`."""
+        return {key: getattr(self, key) for key in self.config_keys}
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
         """Statistics recorded after every round (default: none). `private` is

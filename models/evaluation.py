@@ -158,6 +158,17 @@ def finalize(sums: Mapping[str, float]) -> dict[str, float]:
 # ============================================================ batched over a split
 
 
+def _check_stage(stage: str) -> None:
+    """ValueError unless `stage` is an `EvalSplit`."""
+    if stage not in ("val", "test"):
+        raise ValueError(f"stage must be 'val' or 'test', not {stage!r}")
+
+
+def _user_ids(users: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Dense user ids as int64 numpy, from an array or a tensor on any device."""
+    return np.asarray(users.cpu() if isinstance(users, torch.Tensor) else users, dtype=np.int64)
+
+
 def _batches(users: np.ndarray, batch_size: int) -> Iterable[np.ndarray]:
     for s in range(0, len(users), batch_size):
         yield users[s : s + batch_size]
@@ -190,11 +201,8 @@ def evaluate_implicit(
     Users without a held-out item are skipped. Placebo sums are produced only
     for stage="test".
     """
-    if stage not in ("val", "test"):
-        raise ValueError(f"stage must be 'val' or 'test', not {stage!r}")
-    all_users = np.arange(split.n_users) if users is None else np.asarray(
-        users.cpu() if isinstance(users, torch.Tensor) else users, dtype=np.int64
-    )
+    _check_stage(stage)
+    all_users = np.arange(split.n_users) if users is None else _user_ids(users)
     target_all = split.test_item if stage == "test" else split.val_item
     negs_all = split.test_negatives if stage == "test" else split.val_negatives
     ev = all_users[target_all[all_users] >= 0]
@@ -244,8 +252,7 @@ def evaluate_explicit(
     device: torch.device | str | None = None,
 ) -> Sums:
     """SSE / SAE / count over the held-out ratings of `users` (default: all)."""
-    if stage not in ("val", "test"):
-        raise ValueError(f"stage must be 'val' or 'test', not {stage!r}")
+    _check_stage(stage)
     eu, ei, er = (
         (split.test_user, split.test_item, split.test_rating)
         if stage == "test"
@@ -259,7 +266,7 @@ def evaluate_explicit(
     if users is None:
         sel = np.flatnonzero(counts > 0)
     else:
-        sel = np.asarray(users.cpu() if isinstance(users, torch.Tensor) else users, dtype=np.int64)
+        sel = _user_ids(users)
         sel = sel[counts[sel] > 0]
     parts: list[Sums] = [{"sse": 0.0, "sae": 0.0, "rating_count": 0.0}]
     rng = split.rating_range if clip else None

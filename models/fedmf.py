@@ -89,9 +89,9 @@ class FedMF(FedRAP):
             recency=0.0,  # FedMF weighs every positive alike (FedRAP's recency weighting is FedRAP's, D78)
         )
 
-    def config(self) -> dict[str, object]:
-        keys = "k local_epochs n_neg lr_user lr_item lr_decay server_lr reg v2 weight_decay_u update_scale init_std_c init_std_u".split()
-        return {key: getattr(self, key) for key in keys}
+    config_keys: ClassVar[tuple[str, ...]] = tuple(
+        "k local_epochs n_neg lr_user lr_item lr_decay server_lr reg v2 weight_decay_u update_scale init_std_c init_std_u".split()
+    )
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
         return {}
@@ -152,13 +152,10 @@ class ExplicitMF(FederatedRecommender):
         self.lr_user, self.lr_item, self.lr_decay, self.server_lr = lr_user, lr_item, lr_decay, server_lr
         self.reg, self.init_std, self.chunk = reg, init_std, chunk
 
-    _CONFIG_KEYS: ClassVar[tuple[str, ...]] = (
+    config_keys: ClassVar[tuple[str, ...]] = (
         "k", "item_bias", "user_bias", "user_solver", "center", "local_epochs", "lr_user", "lr_item", "lr_decay",
         "server_lr", "reg", "init_std",
     )  # fmt: skip
-
-    def config(self) -> dict[str, object]:
-        return {key: getattr(self, key) for key in self._CONFIG_KEYS}
 
     @property
     def update_dim(self) -> int:

@@ -66,7 +66,7 @@ class FedMMF(ExplicitMF):
         self.order, self.mask_reg, self.mask_steps, self.mask_lr = order, mask_reg, mask_steps, mask_lr
         self.fm_k, self.mlp_hidden = fm_k, mlp_hidden
 
-    _CONFIG_KEYS: ClassVar[tuple[str, ...]] = ExplicitMF._CONFIG_KEYS + (
+    config_keys: ClassVar[tuple[str, ...]] = ExplicitMF.config_keys + (
         "order", "mask_reg", "mask_steps", "mask_lr", "fm_k", "mlp_hidden",
     )  # fmt: skip
 

@@ -83,6 +83,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
@@ -120,6 +121,38 @@ def curriculum_weight(kind: str, a: int) -> float:
     if kind == "frac":
         return 1.0 / (a + 1.0)
     raise ValueError(f"unknown curriculum {kind!r}; expected one of {CURRICULA}")
+
+
+@dataclass(frozen=True)
+class _LocalRound:
+    """One `FedRAP.local_update` call: its inputs, learning rates, per-device constants
+    and output tables. Its chunks of devices share it; each reads and writes only its
+    own devices' rows of the tables."""
+
+    flat: Flat
+    data: CohortData
+    private: PrivateState
+    seed: int
+    round_idx: int
+    device: torch.device
+    lr_u: float  # u_i and b_i
+    lr_i: float  # the device's copy of C
+    lr_d: float  # D_i
+    lr_b: float  # the device's copy of the item bias c
+    lr_w: float  # W = D_i + (C_i - C): the sum of the item tables' steps
+    lam: float  # lambda(a)
+    t_c: float  # lengths of the one split step on the dense regulariser
+    t_d: float
+    C: torch.Tensor | None  # the global tables (None: not in this variant)
+    cb: torch.Tensor | None
+    n_per: torch.Tensor  # float32 (B,): samples per device and epoch (at least 1)
+    pos_start: torch.Tensor  # (B,): where each device's positives start in `flat`
+    pos_w: torch.Tensor | None  # recency weight of each positive (None: recency off)
+    u_all: torch.Tensor  # outputs: fresh copies of u and b, trained in place,
+    b_all: torch.Tensor
+    d_out: torch.Tensor  # the new D (B, m, k), (0,) without D,
+    upd: torch.Tensor  # and the updates (B, update_dim)
+    chunk: int  # devices per inner chunk
 
 
 class FedRAP(FederatedRecommender):
@@ -204,12 +237,12 @@ class FedRAP(FederatedRecommender):
         f = self.lr_decay**a
         return self.lr_user * f, self.lr_item * f, self.lr_personal * f
 
-    def config(self) -> dict[str, object]:
-        keys = (
+    config_keys: ClassVar[tuple[str, ...]] = tuple(
+        (
             "k variant reg curriculum v1 v2 local_epochs n_neg lr_user lr_item lr_personal lr_decay item_bias lr_bias "
             "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u recency"
         ).split()
-        return {key: getattr(self, key) for key in keys}
+    )
 
     # ------------------------------------------------------------------ interface
     @property
@@ -262,138 +295,180 @@ class FedRAP(FederatedRecommender):
         round_idx: int,
         seed: int,
     ) -> tuple[PrivateState, torch.Tensor]:
+        r = self._start_round(global_, private, data, round_idx, seed)
+        self._train_groups(r)
+        new_private: PrivateState = {"u": r.u_all, "b": r.b_all}
+        if self.has_d:
+            new_private["D"] = r.d_out
+        return new_private, r.upd
+
+    def _start_round(
+        self, global_: GlobalState, private: PrivateState, data: CohortData, round_idx: int, seed: int
+    ) -> _LocalRound:
+        """The round's learning rates, per-device constants and fresh output tables."""
         m, k, n_ep = self.n_items, self.k, self.local_epochs
         flat = flatten(data)
         nb = flat.n_devices
         dev_t = flat.item.device
         lr_u, lr_i, lr_d = self._lrs(round_idx)
-        lam = self.lam(round_idx)
-        t_c, t_d = n_ep * lr_i, n_ep * lr_d  # lengths of the one split step on the dense regulariser
-        C = global_["C"] if self.has_c else None
-        cb = global_["c_bias"] if self.has_bias else None
-        lr_b = self.lr_bias * self.lr_decay**round_idx
-        mk = m * k
-
-        n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
-        pos_w = self._recency_weights(flat, pos_start) if self.recency > 0 else None
+        return _LocalRound(
+            flat=flat,
+            data=data,
+            private=private,
+            seed=seed,
+            round_idx=round_idx,
+            device=dev_t,
+            lr_u=lr_u,
+            lr_i=lr_i,
+            lr_d=lr_d,
+            lr_b=self.lr_bias * self.lr_decay**round_idx,
+            # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
+            lr_w=(lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0),
+            lam=self.lam(round_idx),
+            t_c=n_ep * lr_i,  # lengths of the one split step on the dense regulariser
+            t_d=n_ep * lr_d,
+            C=global_["C"] if self.has_c else None,
+            cb=global_["c_bias"] if self.has_bias else None,
+            n_per=(flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32),
+            pos_start=pos_start,
+            pos_w=self._recency_weights(flat, pos_start) if self.recency > 0 else None,
+            u_all=private["u"].clone(),
+            b_all=private["b"].clone(),
+            d_out=torch.empty(nb, m, k, device=dev_t) if self.has_d else torch.empty(0),  # (0,): no D
+            upd=torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t),
+            # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
+            # chunk its free memory holds, so that a round is a few hundred kernel launches
+            chunk=self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t),
+        )
 
-        u_all = private["u"].clone()
-        b_all = private["b"].clone()
-        d_out = torch.empty(nb, m, k, device=dev_t) if self.has_d else torch.empty(0)  # (0,): no D
-        upd = torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t)
-        # both item tables get the same BCE gradient; W = D_i + (C_i - C) moves by the sum of their steps
-        lr_w = (lr_i if self.has_c else 0.0) + (lr_d if self.has_d else 0.0)
-        # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
-        # chunk its free memory holds, so that a round is a few hundred kernel launches
-        chunk = self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t)
+    def _train_groups(self, r: _LocalRound) -> None:
+        """Train the cohort, `_CHUNKS_PER_DRAW` chunks at a time.
 
-        def train_chunk(s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
-            """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
-            acc: a scratch (chunk, m, k) table."""
-            sl = slice(s, min(nb, s + chunk))
-            bc = sl.stop - sl.start
-            u = u_all[sl]  # views: updated in place (u_all is a fresh copy)
-            bias = b_all[sl]
-            inv_n = 1.0 / n_per[sl]
-            # A = sum_e g_e (x) u_e (u at the start of epoch e), nonzero on the sampled rows only.
-            # Both item tables take every step, so after epoch e the device's W = D_i + (C_i - C)
-            # is D_i - lr_w A, and at the end C_i - C = -lr_i A and D_i' = D_i - lr_d A.
-            A = acc[:bc].zero_()
-            a_rows = A.view(bc * m, k)
-            D = private["D"][sl] if self.has_d else None
-            d_rows = D.reshape(bc * m, k) if D is not None else None
-            p0, p1 = int(pos_start[sl.start]), int(pos_start[sl.stop - 1] + flat.counts[sl.stop - 1])
-            pos_dev, pos_item = flat.dev[p0:p1] - sl.start, flat.item[p0:p1]
-            n_pos = pos_dev.shape[0]
-            cb_i = cb.expand(bc, m).clone() if cb is not None else None  # the devices' copies of c
-            for e in range(n_ep):
-                # The epoch's samples: every positive once and every drawn negative with its count.
-                # The BCE gradient is zero on every other (device, item), so only these rows move.
-                neg_c = negc[e]
-                neg_dev, neg_item = neg_c.nonzero(as_tuple=True)
-                dev_s = torch.cat([pos_dev, neg_dev])
-                item_s = torch.cat([pos_item, neg_item])
-                rows = dev_s * m + item_s
-                emb = a_rows.index_select(0, rows).mul_(-lr_w)  # (S, k): the rows of W at the epoch's start
-                if d_rows is not None:
-                    emb += d_rows.index_select(0, rows)
-                if C is not None:
-                    emb += C.index_select(0, item_s)
-                u_s = u.index_select(0, dev_s)
-                z = (emb * u_s).sum(1) + bias.index_select(0, dev_s)
-                if cb_i is not None:
-                    z += cb_i.view(-1).index_select(0, rows)
-                p = torch.sigmoid(z)
-                # summed BCE gradient w.r.t. each sampled logit: a positive contributes p - 1,
-                # a negative drawn c times contributes c * p (negatives never hit a training positive)
-                g_pos = p[:n_pos] - 1.0 if pos_w is None else (p[:n_pos] - 1.0) * pos_w[p0:p1]
-                g = torch.cat([g_pos, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
-                grad_u = torch.zeros(bc, k, device=dev_t).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
-                a_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)))
-                g_dev = torch.zeros(bc, device=dev_t).index_add_(0, dev_s, g)
-                if self.weight_decay_u > 0:
-                    grad_u += self.weight_decay_u * u * n_per[sl].unsqueeze(1)
-                u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
-                bias.sub_(g_dev * inv_n, alpha=lr_u)
-                if cb_i is not None:
-                    cb_i.view(-1).index_add_(0, rows, g, alpha=-lr_b)
-            d_new = torch.add(D, A, alpha=-lr_d, out=d_out[sl]) if D is not None else None
-            dc = None
-            if C is not None:  # C_i - C, formed in the update's own rows when the update is nothing else
-                dc = torch.empty(bc, m, k, device=dev_t) if cb is not None else upd[sl].view(bc, m, k)
-                torch.mul(A, -lr_i, out=dc)
-            # the split step: ascent on lambda ||D_i - C_i||^2, and the prox of wd/2 ||D_i||^2 (stable for any step)
-            if d_new is not None:
-                delta = torch.sub(d_new, dc).sub_(C) if dc is not None and C is not None and lam > 0 else None
-                if self.weight_decay_d > 0:
-                    d_new.div_(1.0 + t_d * self.weight_decay_d)
-                if delta is not None and dc is not None:
-                    d_new.add_(delta, alpha=2.0 * lam * t_d)
-                    dc.sub_(delta, alpha=2.0 * lam * t_c)
-            if dc is not None:
-                if self.update_scale != 1.0:
-                    dc.div_(self.update_scale)
-                if cb is not None and cb_i is not None:
-                    upd[sl, :mk] = dc.view(bc, mk)
-                    upd[sl, mk:] = cb_i.sub_(cb).div_(self.update_scale)
-
-        def train_group(g: int) -> None:
-            """Draw the negatives of a group of chunks at once (keyed draws: the same
-            as the whole cohort would draw for these devices), then train its chunks."""
-            members = torch.arange(g, min(nb, g + group), device=dev_t)
-            negc = negative_counts(take_cohort(data, members), m, self.n_neg, n_ep, seed=seed, round_idx=round_idx)
-            acc = torch.empty(min(chunk, members.numel()), m, k, device=dev_t)
-            for s in range(g, g + members.numel(), chunk):
-                train_chunk(s, negc[:, s - g : s - g + chunk], acc)
-
-        # Devices are independent and every group writes only its own rows of the
-        # outputs, so the groups run on as many worker threads as torch has
-        # intra-op threads, each worker single-threaded (torch's ops release the GIL).
-        # On an accelerator the chunks run one after the other (its kernels are the parallelism).
-        group = _CHUNKS_PER_DRAW * chunk
-        starts = range(0, nb, group)
+        Devices are independent and every group writes only its own rows of the
+        outputs, so the groups run on as many worker threads as torch has
+        intra-op threads, each worker single-threaded (torch's ops release the GIL).
+        On an accelerator the chunks run one after the other (its kernels are the parallelism)."""
+        starts = range(0, r.flat.n_devices, _CHUNKS_PER_DRAW * r.chunk)
         threads = torch.get_num_threads()
-        workers = min(threads, len(starts)) if dev_t.type == "cpu" else 1
+        workers = min(threads, len(starts)) if r.device.type == "cpu" else 1
         if workers <= 1:
             for g in starts:
-                train_group(g)
-        else:
+                self._train_group(r, g)
+            return
 
-            def run_single_threaded(g: int) -> None:
-                torch.set_num_threads(1)
-                train_group(g)
+        def run_single_threaded(g: int) -> None:
+            torch.set_num_threads(1)
+            self._train_group(r, g)
 
-            try:
-                with ThreadPoolExecutor(workers) as pool:
-                    list(pool.map(run_single_threaded, starts))
-            finally:  # the setting can be process-wide: the caller's count comes back
-                torch.set_num_threads(threads)
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run_single_threaded, starts))
+        finally:  # the setting can be process-wide: the caller's count comes back
+            torch.set_num_threads(threads)
 
-        new_private: PrivateState = {"u": u_all, "b": b_all}
-        if self.has_d:
-            new_private["D"] = d_out
-        return new_private, upd
+    def _train_group(self, r: _LocalRound, g: int) -> None:
+        """Draw the negatives of the group of chunks starting at device g at once (keyed
+        draws: the same as the whole cohort would draw for these devices), then train its chunks."""
+        m, k, chunk = self.n_items, self.k, r.chunk
+        members = torch.arange(g, min(r.flat.n_devices, g + _CHUNKS_PER_DRAW * chunk), device=r.device)
+        negc = negative_counts(
+            take_cohort(r.data, members), m, self.n_neg, self.local_epochs, seed=r.seed, round_idx=r.round_idx
+        )
+        acc = torch.empty(min(chunk, members.numel()), m, k, device=r.device)
+        for s in range(g, g + members.numel(), chunk):
+            self._train_chunk(r, s, negc[:, s - g : s - g + chunk], acc)
+
+    def _train_chunk(self, r: _LocalRound, s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
+        """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
+        acc: a scratch (chunk, m, k) table."""
+        sl = slice(s, min(r.flat.n_devices, s + r.chunk))
+        bc = sl.stop - sl.start
+        # A = sum_e g_e (x) u_e (u at the start of epoch e), nonzero on the sampled rows only.
+        # Both item tables take every step, so after epoch e the device's W = D_i + (C_i - C)
+        # is D_i - lr_w A, and at the end C_i - C = -lr_i A and D_i' = D_i - lr_d A.
+        A = acc[:bc].zero_()
+        D = r.private["D"][sl] if self.has_d else None
+        cb_i = self._bce_epochs(r, sl, negc, A, D)
+        self._split_step(r, sl, A, D, cb_i)
+
+    def _bce_epochs(
+        self, r: _LocalRound, sl: slice, negc: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The `local_epochs` BCE steps of the devices `sl`: u_i and b_i (their rows of
+        r.u_all, r.b_all) in place, the item steps accumulated in A (bc, m, k). Returns the
+        devices' copies of the item bias c after their steps (None without item biases)."""
+        m, k, flat = self.n_items, self.k, r.flat
+        bc = sl.stop - sl.start
+        u = r.u_all[sl]  # views: updated in place (u_all is a fresh copy)
+        bias = r.b_all[sl]
+        inv_n = 1.0 / r.n_per[sl]
+        a_rows = A.view(bc * m, k)
+        d_rows = D.reshape(bc * m, k) if D is not None else None
+        p0, p1 = int(r.pos_start[sl.start]), int(r.pos_start[sl.stop - 1] + flat.counts[sl.stop - 1])
+        pos_dev, pos_item = flat.dev[p0:p1] - sl.start, flat.item[p0:p1]
+        n_pos = pos_dev.shape[0]
+        cb_i = r.cb.expand(bc, m).clone() if r.cb is not None else None  # the devices' copies of c
+        for e in range(self.local_epochs):
+            # The epoch's samples: every positive once and every drawn negative with its count.
+            # The BCE gradient is zero on every other (device, item), so only these rows move.
+            neg_c = negc[e]
+            neg_dev, neg_item = neg_c.nonzero(as_tuple=True)
+            dev_s = torch.cat([pos_dev, neg_dev])
+            item_s = torch.cat([pos_item, neg_item])
+            rows = dev_s * m + item_s
+            emb = a_rows.index_select(0, rows).mul_(-r.lr_w)  # (S, k): the rows of W at the epoch's start
+            if d_rows is not None:
+                emb += d_rows.index_select(0, rows)
+            if r.C is not None:
+                emb += r.C.index_select(0, item_s)
+            u_s = u.index_select(0, dev_s)
+            z = (emb * u_s).sum(1) + bias.index_select(0, dev_s)
+            if cb_i is not None:
+                z += cb_i.view(-1).index_select(0, rows)
+            p = torch.sigmoid(z)
+            # summed BCE gradient w.r.t. each sampled logit: a positive contributes p - 1,
+            # a negative drawn c times contributes c * p (negatives never hit a training positive)
+            g_pos = p[:n_pos] - 1.0 if r.pos_w is None else (p[:n_pos] - 1.0) * r.pos_w[p0:p1]
+            g = torch.cat([g_pos, p[n_pos:] * neg_c[neg_dev, neg_item].to(torch.float32)])
+            grad_u = torch.zeros(bc, k, device=r.device).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
+            a_rows.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)))
+            g_dev = torch.zeros(bc, device=r.device).index_add_(0, dev_s, g)
+            if self.weight_decay_u > 0:
+                grad_u += self.weight_decay_u * u * r.n_per[sl].unsqueeze(1)
+            u.sub_(grad_u * inv_n.unsqueeze(1), alpha=r.lr_u)
+            bias.sub_(g_dev * inv_n, alpha=r.lr_u)
+            if cb_i is not None:
+                cb_i.view(-1).index_add_(0, rows, g, alpha=-r.lr_b)
+        return cb_i
+
+    def _split_step(
+        self, r: _LocalRound, sl: slice, A: torch.Tensor, D: torch.Tensor | None, cb_i: torch.Tensor | None
+    ) -> None:
+        """The devices `sl`'s new D_i (into r.d_out) and update (into r.upd) from their
+        accumulated item steps A and their copies of c, `cb_i`."""
+        m, k = self.n_items, self.k
+        mk = m * k
+        bc = sl.stop - sl.start
+        d_new = torch.add(D, A, alpha=-r.lr_d, out=r.d_out[sl]) if D is not None else None
+        dc = None
+        if r.C is not None:  # C_i - C, formed in the update's own rows when the update is nothing else
+            dc = torch.empty(bc, m, k, device=r.device) if r.cb is not None else r.upd[sl].view(bc, m, k)
+            torch.mul(A, -r.lr_i, out=dc)
+        # the split step: ascent on lambda ||D_i - C_i||^2, and the prox of wd/2 ||D_i||^2 (stable for any step)
+        if d_new is not None:
+            delta = torch.sub(d_new, dc).sub_(r.C) if dc is not None and r.C is not None and r.lam > 0 else None
+            if self.weight_decay_d > 0:
+                d_new.div_(1.0 + r.t_d * self.weight_decay_d)
+            if delta is not None and dc is not None:
+                d_new.add_(delta, alpha=2.0 * r.lam * r.t_d)
+                dc.sub_(delta, alpha=2.0 * r.lam * r.t_c)
+        if dc is not None:
+            if self.update_scale != 1.0:
+                dc.div_(self.update_scale)
+            if r.cb is not None and cb_i is not None:
+                r.upd[sl, :mk] = dc.view(bc, mk)
+                r.upd[sl, mk:] = cb_i.sub_(r.cb).div_(self.update_scale)
 
     def chunk_bytes(self, history: int) -> int:
         """Scratch bytes one device of an inner chunk needs when devices hold

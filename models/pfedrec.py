@@ -81,9 +81,9 @@ class PFedRec(FederatedRecommender):
         self.init_std_e, self.init_std_w = init_std_e, init_std_w
         self.chunk = chunk
 
-    def config(self) -> dict[str, object]:
-        keys = "k local_epochs batch_size n_neg lr lr_item lr_decay server_lr weight_decay init_std_e init_std_w".split()
-        return {key: getattr(self, key) for key in keys}
+    config_keys: ClassVar[tuple[str, ...]] = tuple(
+        "k local_epochs batch_size n_neg lr lr_item lr_decay server_lr weight_decay init_std_e init_std_w".split()
+    )
 
     @property
     def update_dim(self) -> int:

@@ -83,8 +83,9 @@ def register_data(app: typer.Typer) -> None:
         """Load a dataset and print its size and side features."""
         from fedmask import console as cli_console
 
+        from models.data.errors import DataFormatError, DatasetNotFoundError
         from models.data.fetch import resolve_data_dir
-        from models.data.loaders import DataFormatError, DatasetNotFoundError, load_dataset
+        from models.data.loaders import load_dataset
 
         console = cli_console.out()
         try:

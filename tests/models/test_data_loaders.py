@@ -8,18 +8,12 @@ from typing import Any, cast
 import numpy as np
 import pytest
 
-from models.data.loaders import (
-    DataFormatError,
-    DatasetNotFoundError,
-    detect_format,
-    filter_users,
-    load_csv,
-    load_dataset,
-    load_lastfm,
-    load_movielens_1m,
-    load_movielens_100k,
-    load_recbole,
-)
+from models.data.errors import DataFormatError, DatasetNotFoundError
+from models.data.generic_csv import load_csv
+from models.data.grouplens import load_movielens_1m, load_movielens_100k
+from models.data.lastfm import load_lastfm
+from models.data.loaders import detect_format, filter_users, load_dataset
+from models.data.recbole import load_recbole
 from models.data.types import Interactions
 
 
@@ -342,7 +336,8 @@ def test_real_ml100k_loads(ml100k_data_dir: Path) -> None:
 
 
 def test_movielens_latest_layout(tmp_path: Path) -> None:
-    from models.data.loaders import DataFormatError, detect_format, load_dataset
+    from models.data.errors import DataFormatError
+    from models.data.loaders import detect_format, load_dataset
 
     d = tmp_path / "ml-latest-small"
     d.mkdir()
