@@ -35,11 +35,12 @@ model (benchmarks, tests) starts without torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
+from coordinator.hosted_model import HostedModel
 from models.registry import ConfigError as CatalogueConfigError
 from models.registry import build_model
 
@@ -132,29 +133,6 @@ class SyntheticModel:
 
     def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
         return {"mean": (self.vector_length,)}
-
-
-@dataclass
-class HostedModel:
-    """A `models` object behind the ServerModel protocol, built from the
-    hyper-parameters `config` (sent to the devices as they are, so they
-    build the same model): the update is the model's, the catalogue is
-    config["n_items"]. Subclasses add the metrics and the parameters."""
-
-    name: str
-    config: dict[str, Any]
-    model: Any = field(repr=False)
-
-    @property
-    def update_dim(self) -> int:
-        return int(self.model.update_dim)
-
-    @property
-    def n_items(self) -> int:
-        return int(self.config["n_items"])
-
-    def hyperparameters(self) -> dict[str, Any]:
-        return dict(self.config)
 
 
 @dataclass

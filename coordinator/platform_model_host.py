@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.model_host import HostedModel
+from coordinator.hosted_model import HostedModel
 from models.keyed_random import global_init_generator
 from models.platform_federation import global_shapes, pack_global, platform_model_from_hyperparameters, server_apply
 
