@@ -173,24 +173,8 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     coord_log = (work / "coordinator.log").read_text(errors="replace")
     secure_aborted = _secure_part_aborted(coord_log)
-    ok = len(records) == cfg.rounds
-    per_round: list[dict[str, Any]] = []
-    for r in records:
-        committed = r.state.value == "committed"
-        exact = committed and exact_aggregate(r, state_dirs)
-        plaintext = len(r.survivors.get("plaintext", []))
-        secure = len(r.survivors.get("masked_input", []))
-        per_round.append({
-            "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
-            "seconds": round(round_seconds(r), 3), "counted": plaintext + secure,
-            # a hybrid round whose secure part aborted commits the plaintext sum alone (coordinator/hybrid.py)
-            "secure_part_aborted": secure_aborted.get(r.number),
-            "plaintext_devices": int(r.metrics.get("hybrid.plaintext_devices", plaintext)),
-            "secure_devices": int(r.metrics.get("hybrid.secure_devices", secure)),
-            "exact": exact,
-            "timings": {k: round(v, 3) for k, v in r.timings.items()},
-        })
-        ok = ok and committed and exact
+    per_round = [_round_detail(r, state_dirs, secure_aborted) for r in records]
+    ok = len(records) == cfg.rounds and all(p["exact"] for p in per_round)
     log(f"[{mode}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
     m = re.search(r"config='n=\d+ L=(\d+) graph=(.+?) t=(\d+)'", coord_log)
     return {
@@ -202,6 +186,23 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         "plaintext_devices": [p["plaintext_devices"] for p in per_round],
         "secure_devices": [p["secure_devices"] for p in per_round],
         "rounds": per_round,
+    }
+
+
+def _round_detail(r: Any, state_dirs: list[Path], secure_aborted: dict[int, str]) -> dict[str, Any]:
+    """One ended round of a mode: its state and time, who was counted (plaintext and secure devices),
+    and `exact`: committed, with the aggregate equal bit for bit to the counted devices' recorded inputs."""
+    plaintext = len(r.survivors.get("plaintext", []))
+    secure = len(r.survivors.get("masked_input", []))
+    return {
+        "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
+        "seconds": round(round_seconds(r), 3), "counted": plaintext + secure,
+        # a hybrid round whose secure part aborted commits the plaintext sum alone (coordinator/hybrid.py)
+        "secure_part_aborted": secure_aborted.get(r.number),
+        "plaintext_devices": int(r.metrics.get("hybrid.plaintext_devices", plaintext)),
+        "secure_devices": int(r.metrics.get("hybrid.secure_devices", secure)),
+        "exact": r.state.value == "committed" and exact_aggregate(r, state_dirs),
+        "timings": {k: round(v, 3) for k, v in r.timings.items()},
     }
 
 
