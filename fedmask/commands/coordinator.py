@@ -48,8 +48,8 @@ def _json_object(value: str | None, flag: str) -> dict | None:
     return out
 
 
-# Which setting (coordinator.settings, dotted) each flag of `fedmask coordinator` overrides, in the
-# settings' order. Every parameter of the command is here but config and log_level, which it reads itself.
+# Which setting (coordinator.settings, dotted) each flag of `fedmask coordinator` overrides.
+# Every parameter of the command is here but config and log_level, which it reads itself.
 _SETTING_OF_FLAG: dict[str, str] = {
     "listen": "listen_address",
     "database_url": "database_url",
