@@ -42,9 +42,7 @@ import asyncio
 import json
 import random
 import secrets
-import shutil
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -53,18 +51,16 @@ from typing import Any
 
 import numpy as np
 
-from fedmask.bench.federation import read_rounds
-from fedmask.bench.processes import (
-    LOOPBACK,
-    Child,
-    ProcessGroup,
-    flags,
-    free_port,
-    health_serving,
-    split_users,
-    wait_until,
-    write_user_csv,
+from fedmask.bench.loopback_federation import (
+    StageDeadlines,
+    bench_folder,
+    full_cohort,
+    read_rounds,
+    secagg_graph,
+    start_client,
+    start_coordinator,
 )
+from fedmask.bench.processes import LOOPBACK, Child, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
 K = 10
 #: The benchmark's targets on the 2-core machine (reported, not part of `ok`).
@@ -215,36 +211,22 @@ def _start(cfg: AdminBenchConfig, work: Path, group: ProcessGroup, token: str,
     db = work / "coordinator.db"
     port, admin_port, http_port = free_port(), free_port(), free_port()
     coordinator_token = secrets.token_urlsafe(32)
-    coord = group.start("coordinator", ["coordinator", *flags({
+    coord = start_coordinator(group, port, {
         "database_url": f"sqlite:///{db}",
         "listen": f"{LOOPBACK}:{port}",
         "admin_listen": f"{LOOPBACK}:{admin_port}",
         "model": "synthetic",
         "model_params": {"vector_length": cfg.dim, "n_items": n_items},
-        "cohort_size": cfg.devices,
-        "cohort_minimum": cfg.devices,
-        "over_selection": 0.0,
-        "allow_consecutive": True,
-        "seed": cfg.seed,
+        **full_cohort(cfg.devices, cfg.seed),
         "selection_deadline": 120,
-        "training_deadline": 1.0,
-        "advertise_keys_deadline": 5.0,
-        "share_keys_deadline": 5.0,
-        "share_check_deadline": 5.0,
-        "masked_input_deadline": 5.0,
-        "unmasking_deadline": 5.0,
-        "deadline_floor": 0.25,
-        "secagg_graph": {"all": "full"}.get(cfg.neighbors, cfg.neighbors),
+        **StageDeadlines().flags(),
+        "secagg_graph": secagg_graph(cfg.neighbors),
         "dp_mode": "none",
         "log_level": "INFO",
-    })], env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
-    wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
-    clients = []
-    for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
-        clients.append(group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users,
-                                                    "-s", work / f"client-{i}", *flags({
-                                                        "dataset": str(csv), "seed": cfg.seed, "threads": 1,
-                                                        "log_level": "warning"})]))
+    }, env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
+    client_flags = {"dataset": str(csv), "seed": cfg.seed, "threads": 1, "log_level": "warning"}
+    clients = [start_client(group, f"client-{i}", port, users, work / f"client-{i}", client_flags)
+               for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
     tokens = [{"name": "bench", "role": "operator", "sha256": token_hash(token)}]
     admin = group.start("admin", ["admin", "--listen", f"{LOOPBACK}:{http_port}", "--database-url", f"sqlite:///{db}",
                                   "--coordinator", f"{LOOPBACK}:{admin_port}", "--log-level", "WARNING"],
@@ -278,9 +260,8 @@ def _warm_up(base: str, token: str, device_ids: list[int], watch: list[Child]) -
 
 
 def run_admin_bench(cfg: AdminBenchConfig, log: Any = print) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-admin-"))
     token = secrets.token_urlsafe(32)
-    try:
+    with bench_folder("fedmask-bench-admin-", cfg.keep, ignore=("*.fms",)) as root:
         with ProcessGroup(root, env={"OMP_NUM_THREADS": "1"}) as group:
             db, base, children = _start(cfg, root, group, token, log)
             device_ids = list(range(1, cfg.devices + 1))  # a fresh store enrols devices 1..N
@@ -327,11 +308,6 @@ def run_admin_bench(cfg: AdminBenchConfig, log: Any = print) -> dict[str, Any]:
             "secure_round_s_median_loaded": med_loaded,
             "secure_round_s_median_idle": med_idle,
         }
-    finally:
-        if cfg.keep is not None:
-            cfg.keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(root, cfg.keep / root.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.fms"))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 __all__ = ["AdminBenchConfig", "Sample", "open_loop", "run_admin_bench"]

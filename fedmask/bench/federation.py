@@ -28,29 +28,26 @@ reports whether all N were admitted and the coordinator's RSS.
 from __future__ import annotations
 
 import json
-import math
-import shutil
-import statistics
-import tempfile
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from fedmask.bench.processes import (
-    LOOPBACK,
-    ProcessFailed,
-    ProcessGroup,
-    flags,
-    free_port,
-    health_serving,
-    split_users,
-    wait_until,
-    write_user_csv,
+from fedmask.bench.loopback_federation import (
+    StageDeadlines,
+    bench_folder,
+    committed_times,
+    exact_aggregate,
+    full_cohort,
+    read_rounds,
+    round_seconds,
+    run_to_exit,
+    secagg_graph,
+    start_client,
+    start_coordinator,
 )
-
+from fedmask.bench.processes import LOOPBACK, ProcessFailed, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
 PLAINTEXT_TRAINING_S = 0.05
 
@@ -83,44 +80,6 @@ class RoundBenchConfig:
     profile: Path | None = None  # cProfile every process into PROFILE/<mode>/<name>.prof
 
 
-def _graph(neighbors: str) -> str:
-    return {"all": "full", "full": "full", "auto": "auto"}.get(neighbors, neighbors)
-
-
-def read_rounds(db: Path) -> list[Any]:
-    from coordinator.store import open_store
-
-    store = open_store(f"sqlite:///{db}", migrate=False)
-    try:
-        return sorted(store.list_rounds(limit=1000).items, key=lambda r: r.number)
-    finally:
-        store.close()
-
-
-def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -> np.ndarray | None:
-    for d in state_dirs:
-        p = d / "debug" / "inputs" / f"round-{round_number:06d}" / f"device-{device_id}.npy"
-        if p.exists():
-            return np.load(p, allow_pickle=False)
-    return None
-
-
-def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
-    """The round's recorded checksum equals that of the sum of exactly its
-    counted devices' encoded inputs, as the clients recorded them
-    (`--debug-record-sums` / `--debug-record-inputs`): the secure survivors'
-    and, in a FedMMF hybrid round (D64), the plaintext devices' too."""
-    from coordinator.debug import encoded_checksum
-
-    counted = list(record.survivors.get("masked_input", [])) + list(record.survivors.get("plaintext", []))
-    vectors = [v for d in counted if (v := _recorded_input(state_dirs, record.number, d)) is not None]
-    if not counted or len(vectors) != len(counted):
-        return False
-    total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
-    return (record.metrics.get("debug.counted") == len(counted)
-            and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
-
-
 def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> dict[str, Any]:
     """One coordinator + P clients; R rounds; returns the phase's figures."""
     name = "plaintext" if plaintext else "secure"
@@ -129,28 +88,23 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     csv = write_user_csv(work / "users.csv", cfg.devices, seed=cfg.seed)
     db = work / "coordinator.db"
     port = free_port()
+    # plaintext: one stage of training + masked-input; synthetic updates need no
+    # training, so a silent device costs about the same masked-input deadline
+    deadlines = StageDeadlines(
+        training=PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
+        advertise_keys=cfg.advertise_keys_deadline, share_keys=cfg.share_keys_deadline,
+        share_check=cfg.share_check_deadline, masked_input=cfg.masked_input_deadline,
+        unmasking=cfg.unmasking_deadline, floor=cfg.deadline_floor,
+    )
     coord_flags = {
         "database_url": f"sqlite:///{db}",
         "listen": f"{LOOPBACK}:{port}",
         "model": "synthetic",
         "model_params": {"vector_length": cfg.dim},
-        "cohort_size": cfg.devices,
-        "cohort_minimum": cfg.devices,
-        "over_selection": 0.0,
-        "allow_consecutive": True,
-        "rounds": cfg.rounds,
-        "seed": cfg.seed,
+        **full_cohort(cfg.devices, cfg.seed, cfg.rounds),
         "selection_deadline": 120,
-        # plaintext: one stage of training + masked-input; synthetic updates need no
-        # training, so a silent device costs about the same masked-input deadline
-        "training_deadline": PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
-        "advertise_keys_deadline": cfg.advertise_keys_deadline,
-        "share_keys_deadline": cfg.share_keys_deadline,
-        "share_check_deadline": cfg.share_check_deadline,
-        "masked_input_deadline": cfg.masked_input_deadline,
-        "unmasking_deadline": cfg.unmasking_deadline,
-        "deadline_floor": cfg.deadline_floor,
-        "secagg_graph": _graph(cfg.neighbors),
+        **deadlines.flags(),
+        "secagg_graph": secagg_graph(cfg.neighbors),
         "secagg_threshold": cfg.threshold,
         "dp_mode": "none",
         "debug_record_sums": True,
@@ -158,46 +112,31 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "log_level": "INFO",
     }
     state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
+    client_flags = {
+        "dataset": str(csv),
+        "seed": cfg.seed,
+        "drop_rate": cfg.dropout if cfg.dropout > 0 else None,
+        "drop_stage": cfg.dropout_stage if cfg.dropout > 0 else None,
+        "debug_record_inputs": True,
+        "debug_allow_insecure_plaintext": plaintext,
+        "threads": 1,
+        "log_level": "warning",
+    }
     t_start = time.monotonic()
     profile_dir = None
     if cfg.profile is not None:
         profile_dir = cfg.profile / name
         profile_dir.mkdir(parents=True, exist_ok=True)
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}, profile_dir=profile_dir) as group:
-        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
+        coord = start_coordinator(group, port, coord_flags)
         group.sample_rss_of([coord])
-        wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
-        for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
-            client_flags = {
-                "dataset": str(csv),
-                "seed": cfg.seed,
-                "drop_rate": cfg.dropout if cfg.dropout > 0 else None,
-                "drop_stage": cfg.dropout_stage if cfg.dropout > 0 else None,
-                "debug_record_inputs": True,
-                "debug_allow_insecure_plaintext": plaintext,
-                "threads": 1,
-                "log_level": "warning",
-            }
-            group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state_dirs[i],
-                                        *flags(client_flags)])
-        clients = [c for c in group.children if c is not coord]
+        clients = [start_client(group, f"client-{i}", port, users, state_dirs[i], client_flags)
+                   for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
         log(f"[{name}] coordinator pid {coord.pid} on port {port}, {len(clients)} client process(es) started")
-
-        def done() -> bool:
-            for c in clients:
-                if not c.alive():
-                    raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode}; log tail:\n{c.tail()}")
-            return not coord.alive()
-
-        wait_until(done, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
-        coord_rc = coord.popen.returncode
+        run_to_exit(coord, clients, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
         peak_rss = coord.peak_rss_mb
-    if coord_rc != 0:
-        raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
-    round_s: list[float] = []
-    stage_s: dict[str, list[float]] = {}
     per_round: list[dict[str, Any]] = []
     ok = len(records) == cfg.rounds
     as_injected = True
@@ -208,31 +147,25 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         injected = _injected_drops(cfg, r.number, plaintext)
         dropped = {d for ids in r.dropouts.values() for d in ids}
         as_injected = as_injected and dropped == injected
-        dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else math.nan
         counted = len(r.survivors.get("masked_input", []))
         # secure rounds: the metric totals come out of the secure sum (D35), one "devices" per counted device;
         # plaintext rounds carry no metrics (each input is in the clear)
         metric_devices = r.metrics.get("count.devices")
         metrics_ok = plaintext or not committed or metric_devices == counted
         per_round.append({
-            "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
-            "counted": counted, "dropouts": {k: len(v) for k, v in r.dropouts.items()},
+            "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
+            "seconds": round(round_seconds(r), 3), "counted": counted,
+            "dropouts": {k: len(v) for k, v in r.dropouts.items()},
             "exact": exact, "dropouts_as_injected": dropped == injected,
             "metric_devices": metric_devices, "val_hr@10": r.metrics.get("val_hr@10"),
             "timings": {k: round(v, 3) for k, v in r.timings.items()},
             "deadlines": applied.get(r.number, {}),
         })
         ok = ok and committed and exact and metrics_ok
-        if committed:
-            round_s.append(dur)
-            for k, v in r.timings.items():
-                stage_s.setdefault(k, []).append(v)
     log(f"[{name}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
     return {
         "ok": ok,
-        "round_s": [round(x, 3) for x in round_s],
-        "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
-        "stage_s_median": {k: round(statistics.median(v), 3) for k, v in stage_s.items()},
+        **committed_times(records),
         "coordinator_rss_mb": round(peak_rss, 1),
         "dropouts_as_injected": as_injected,
         "rounds": per_round,
@@ -242,8 +175,6 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
 def _applied_deadlines(log_text: str) -> dict[int, dict[str, float]]:
     """round number -> {phase: seconds} the coordinator gave each stage, from
     its `round_started` log lines (deadlines=advertise_keys=1.20,...)."""
-    import re
-
     out: dict[int, dict[str, float]] = {}
     for m in re.finditer(r"event=round_started round=(\d+) .*?deadlines='?([a-z_=0-9.,]+)", log_text):
         pairs = (kv.split("=") for kv in m.group(2).split(",") if "=" in kv)
@@ -264,14 +195,11 @@ def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -
 
 
 def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-round-"))
-    try:
+    with bench_folder("fedmask-bench-round-", cfg.keep, ignore=("*.npy", "*.fms")) as root:
         secure = _phase(cfg, root, plaintext=False, log=log)
         plain = _phase(cfg, root, plaintext=True, log=log) if cfg.plaintext else None
         t = None
         if secure["rounds"]:
-            import re
-
             log_text = (root / "secure" / "coordinator.log").read_text(errors="replace")
             m = re.search(r"config='n=\d+ L=\d+ graph=(.+?) t=(\d+)'", log_text)
             t = {"graph": m.group(1), "threshold": int(m.group(2))} if m else None
@@ -305,12 +233,6 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "secure_detail": secure["rounds"],
             "plaintext_detail": plain["rounds"] if plain else None,
         }
-    finally:
-        if cfg.keep is not None:
-            cfg.keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(root, cfg.keep / root.name, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.npy", "*.fms"))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -326,8 +248,6 @@ class ConnectionsBenchConfig:
 def _admitted(log_text: str) -> int:
     """Devices currently admitted: sum of `accepted` over sessions opened
     and not closed (from the coordinator's event log)."""
-    import re
-
     open_sessions: dict[str, int] = {}
     for line in log_text.splitlines():
         m = re.search(r"event=session_opened session=(\d+) .*accepted=(\d+)", line)
@@ -343,12 +263,11 @@ def _admitted(log_text: str) -> int:
 def run_connections_bench(cfg: ConnectionsBenchConfig, log: Any = print) -> dict[str, Any]:
     from fedmask.bench.processes import rss_mb
 
-    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-conn-"))
-    try:
+    with bench_folder("fedmask-bench-conn-", None) as root:
         csv = write_user_csv(root / "users.csv", cfg.devices, seed=cfg.seed)
         port = free_port()
         with ProcessGroup(root, env={"OMP_NUM_THREADS": "1"}) as group:
-            coord = group.start("coordinator", ["coordinator", *flags({
+            coord = start_coordinator(group, port, {
                 "database_url": f"sqlite:///{root / 'coordinator.db'}",
                 "listen": f"{LOOPBACK}:{port}",
                 "model": "synthetic",
@@ -359,14 +278,13 @@ def run_connections_bench(cfg: ConnectionsBenchConfig, log: Any = print) -> dict
                 "heartbeat_interval": cfg.heartbeat_interval,
                 "dp_mode": "none",
                 "log_level": "INFO",
-            })])
+            })
             group.sample_rss_of([coord])
-            wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
             rss_idle = rss_mb(coord.pid) or 0.0
             t0 = time.monotonic()
             for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
-                group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", root / f"client-{i}",
-                                            "--dataset", str(csv), "--threads", "1", "--log-level", "warning"])
+                start_client(group, f"client-{i}", port, users, root / f"client-{i}",
+                             {"dataset": str(csv), "threads": 1, "log_level": "warning"})
             watch = list(group.children)
             log_path = coord.log_path
 
@@ -398,8 +316,6 @@ def run_connections_bench(cfg: ConnectionsBenchConfig, log: Any = print) -> dict
             "coordinator_rss_peak_mb": round(peak, 1),
             "coordinator_rss_before_clients_mb": round(rss_idle, 1),
         }
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def dumps(result: dict[str, Any]) -> str:

@@ -51,18 +51,14 @@ from typing import Any
 
 import grpc
 
-from fedmask.bench.federation import exact_aggregate, read_rounds
-from fedmask.bench.processes import (
-    LOOPBACK,
-    ProcessFailed,
-    ProcessGroup,
-    flags,
-    free_port,
-    health_serving,
-    split_users,
-    wait_until,
-    write_user_csv,
+from fedmask.bench.loopback_federation import (
+    StageDeadlines,
+    exact_aggregate,
+    read_rounds,
+    start_client,
+    start_coordinator,
 )
+from fedmask.bench.processes import LOOPBACK, ProcessFailed, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
 ATTACKS = ("random_bytes", "malformed", "oversized", "out_of_order", "enrol_flood")
 HOSTILE_DEVICES = 2  # per hostile client process
@@ -240,13 +236,13 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     csv = write_user_csv(work / "users.csv", total, seed=cfg.seed)
     db = work / "coordinator.db"
     port = free_port()
+    deadlines = StageDeadlines(training=5, advertise_keys=10, share_keys=10, share_check=10, masked_input=10,
+                               unmasking=10, floor=1.0)
     coord_flags = {
         "database_url": f"sqlite:///{db}", "listen": f"{LOOPBACK}:{port}", "model": "synthetic",
         "model_params": {"vector_length": cfg.dim}, "cohort_size": total, "cohort_minimum": cfg.honest_devices,
         "over_selection": 0.0, "allow_consecutive": True, "seed": cfg.seed, "selection_deadline": 2,
-        "training_deadline": 5, "advertise_keys_deadline": 10, "share_keys_deadline": 10,
-        "share_check_deadline": 10, "masked_input_deadline": 10, "unmasking_deadline": 10,
-        "deadline_floor": 1.0, "secagg_graph": "full", "dp_mode": "none", "debug_record_sums": True,
+        **deadlines.flags(), "secagg_graph": "full", "dp_mode": "none", "debug_record_sums": True,
         "log_level": "INFO",
     }
     honest_parts = split_users(1, cfg.honest_devices, cfg.honest_processes)
@@ -260,12 +256,11 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     stop = threading.Event()
     crashed = False
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
-        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
-        wait_until(lambda: health_serving(port), 60, what="the coordinator to serve", watch=[coord], step=0.2)
+        coord = start_coordinator(group, port, coord_flags)
         for (name, users, extra), state in zip(roles, state_dirs, strict=True):
             client_flags = {"dataset": str(csv), "seed": cfg.seed, "debug_record_inputs": True, "threads": 1,
                             "log_level": "warning", **extra}
-            group.start(name, ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state, *flags(client_flags)])
+            start_client(group, name, port, users, state, client_flags)
         log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "
             f"({cfg.honest_devices} honest devices, {2 * HOSTILE_DEVICES} hostile)")
         # The attacks target a running federation: they start once the first

@@ -25,9 +25,6 @@ and secure ones), as the clients recorded them. Per hybrid round the record's
 from __future__ import annotations
 
 import re
-import shutil
-import statistics
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,17 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from fedmask.bench.federation import exact_aggregate, read_rounds
-from fedmask.bench.processes import (
-    LOOPBACK,
-    ProcessFailed,
-    ProcessGroup,
-    flags,
-    free_port,
-    health_status,
-    split_users,
-    wait_until,
+from fedmask.bench.loopback_federation import (
+    bench_folder,
+    committed_times,
+    exact_aggregate,
+    full_cohort,
+    is_neighbors,
+    read_rounds,
+    round_seconds,
+    run_to_exit,
+    secagg_graph,
+    start_client,
+    start_coordinator,
 )
+from fedmask.bench.processes import LOOPBACK, ProcessGroup, free_port, split_users
 
 MODES = ("secure", "hybrid")
 
@@ -78,12 +78,8 @@ class HybridBenchConfig:
             raise ValueError("--j-bound must be a finite number >= 0")
         if self.rounds < 1:
             raise ValueError("--rounds must be at least 1")
-        if self.neighbors not in ("all", "auto") and not (self.neighbors.isdigit() and int(self.neighbors) % 2 == 0):
+        if not is_neighbors(self.neighbors):
             raise ValueError("--neighbors must be 'all', 'auto' or an even number")
-
-
-def _graph(neighbors: str) -> str:
-    return {"all": "full", "auto": "auto"}.get(neighbors, neighbors)
 
 
 def _secure_part_aborted(log_text: str) -> dict[int, str]:
@@ -129,14 +125,9 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         "require_client_cert": True,
         "model": "fedmmf",
         "model_params": {"n_users": n_users, "n_items": n_items, **(cfg.model_params or {})},
-        "cohort_size": cfg.devices,
-        "cohort_minimum": cfg.devices,
-        "over_selection": 0.0,
-        "allow_consecutive": True,
-        "rounds": cfg.rounds,
-        "seed": cfg.seed,
+        **full_cohort(cfg.devices, cfg.seed, cfg.rounds),
         "selection_deadline": 300,
-        "secagg_graph": _graph(cfg.neighbors),
+        "secagg_graph": secagg_graph(cfg.neighbors),
         "secagg_threshold": cfg.threshold,
         "dp_mode": "none",
         "debug_record_sums": True,
@@ -146,12 +137,11 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
     state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
     t_start = time.monotonic()
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
-        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)])
         cert, key = pki.device(1)
         creds = grpc.ssl_channel_credentials(root_certificates=pki.ca_cert.read_bytes(),
                                              private_key=key.read_bytes(), certificate_chain=cert.read_bytes())
-        wait_until(lambda: health_status(port, credentials=creds) == "SERVING", 120,
-                   what="the coordinator to serve", watch=[coord], step=0.2)
+        coord = start_coordinator(group, port, coord_flags, credentials=creds, timeout=120)
+        clients = []
         for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
             cert, key = pki.device(i + 1)
             client_flags = {
@@ -166,57 +156,25 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
                 "threads": 1,
                 "log_level": "warning",
             }
-            group.start(f"client-{i}", ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state_dirs[i],
-                                        *flags(client_flags)])
-        clients = [c for c in group.children if c is not coord]
+            clients.append(start_client(group, f"client-{i}", port, users, state_dirs[i], client_flags))
         log(f"[{mode}] coordinator pid {coord.pid} on port {port} (mTLS), {len(clients)} client process(es) "
             f"hosting users 1-{cfg.devices} of {cfg.dataset}")
         seen: set[int] = set()
 
-        def done() -> bool:
-            for c in clients:
-                if not c.alive():
-                    raise ProcessFailed(f"{c.name} exited with code {c.popen.returncode}; log tail:\n{c.tail()}")
+        def report_ended_rounds() -> None:
             for r in read_rounds(db):
                 if r.state.is_terminal and r.number not in seen:
                     seen.add(r.number)
-                    log(f"[{mode}] round {r.number} {r.state.value} in "
-                        f"{(r.ended_at - r.started_at).total_seconds():.1f}s, plaintext devices "
+                    log(f"[{mode}] round {r.number} {r.state.value} in {round_seconds(r):.1f}s, plaintext devices "
                         f"{int(r.metrics.get('hybrid.plaintext_devices', 0))}")
-            return not coord.alive()
 
-        wait_until(done, cfg.timeout, what=f"{cfg.rounds} {mode} rounds", step=1.0)
-        coord_rc = coord.popen.returncode
-        if coord_rc != 0:
-            raise ProcessFailed(f"the coordinator exited with {coord_rc}:\n{coord.tail()}")
+        run_to_exit(coord, clients, cfg.timeout, what=f"{cfg.rounds} {mode} rounds", step=1.0,
+                    poll=report_ended_rounds)
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     coord_log = (work / "coordinator.log").read_text(errors="replace")
     secure_aborted = _secure_part_aborted(coord_log)
-    ok = len(records) == cfg.rounds
-    round_s: list[float] = []
-    stage_s: dict[str, list[float]] = {}
-    per_round: list[dict[str, Any]] = []
-    for r in records:
-        committed = r.state.value == "committed"
-        exact = committed and exact_aggregate(r, state_dirs)
-        dur = (r.ended_at - r.started_at).total_seconds() if r.ended_at else float("nan")
-        plaintext = len(r.survivors.get("plaintext", []))
-        secure = len(r.survivors.get("masked_input", []))
-        per_round.append({
-            "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason, "seconds": round(dur, 3),
-            "counted": plaintext + secure,
-            # a hybrid round whose secure part aborted commits the plaintext sum alone (coordinator/hybrid.py)
-            "secure_part_aborted": secure_aborted.get(r.number),
-            "plaintext_devices": int(r.metrics.get("hybrid.plaintext_devices", plaintext)),
-            "secure_devices": int(r.metrics.get("hybrid.secure_devices", secure)),
-            "exact": exact,
-            "timings": {k: round(v, 3) for k, v in r.timings.items()},
-        })
-        ok = ok and committed and exact
-        if committed:
-            round_s.append(dur)
-            for k, v in r.timings.items():
-                stage_s.setdefault(k, []).append(v)
+    per_round = [_round_detail(r, state_dirs, secure_aborted) for r in records]
+    ok = len(records) == cfg.rounds and all(p["exact"] for p in per_round)
     log(f"[{mode}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
     m = re.search(r"config='n=\d+ L=(\d+) graph=(.+?) t=(\d+)'", coord_log)
     return {
@@ -224,20 +182,34 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
         # every committed round counted every device (no secure part lost)
         "all_counted": all(p["counted"] == cfg.devices for p in per_round if p["state"] == "committed"),
         "secagg": {"L": int(m.group(1)), "graph": m.group(2), "threshold": int(m.group(3))} if m else None,
-        "round_s": [round(x, 3) for x in round_s],
-        "round_s_median": round(statistics.median(round_s), 3) if round_s else None,
-        "stage_s_median": {k: round(statistics.median(v), 3) for k, v in stage_s.items()},
+        **committed_times(records),
         "plaintext_devices": [p["plaintext_devices"] for p in per_round],
         "secure_devices": [p["secure_devices"] for p in per_round],
         "rounds": per_round,
     }
 
 
+def _round_detail(r: Any, state_dirs: list[Path], secure_aborted: dict[int, str]) -> dict[str, Any]:
+    """One ended round of a mode: its state and time, who was counted (plaintext and secure devices),
+    and `exact`: committed, with the aggregate equal bit for bit to the counted devices' recorded inputs."""
+    plaintext = len(r.survivors.get("plaintext", []))
+    secure = len(r.survivors.get("masked_input", []))
+    return {
+        "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
+        "seconds": round(round_seconds(r), 3), "counted": plaintext + secure,
+        # a hybrid round whose secure part aborted commits the plaintext sum alone (coordinator/hybrid.py)
+        "secure_part_aborted": secure_aborted.get(r.number),
+        "plaintext_devices": int(r.metrics.get("hybrid.plaintext_devices", plaintext)),
+        "secure_devices": int(r.metrics.get("hybrid.secure_devices", secure)),
+        "exact": r.state.value == "committed" and exact_aggregate(r, state_dirs),
+        "timings": {k: round(v, 3) for k, v in r.timings.items()},
+    }
+
+
 def run_hybrid_bench(cfg: HybridBenchConfig, log: Any = print) -> dict[str, Any]:
     """Both modes, all-secure first; the result (module doc) as a dict."""
     size = _dataset_size(cfg)
-    root = Path(tempfile.mkdtemp(prefix="fedmask-bench-hybrid-"))
-    try:
+    with bench_folder("fedmask-bench-hybrid-", cfg.keep, ignore=("*.npy", "*.fms", "*.key")) as root:
         got = {m: _mode(cfg, root, m, size, log) for m in MODES}
         sec, hyb = got["secure"]["round_s_median"], got["hybrid"]["round_s_median"]
         return {
@@ -256,12 +228,6 @@ def run_hybrid_bench(cfg: HybridBenchConfig, log: Any = print) -> dict[str, Any]
             "all_counted": bool(got["secure"]["all_counted"] and got["hybrid"]["all_counted"]),
             "hybrid_over_secure_median": round(hyb / sec, 3) if sec and hyb else None,
         }
-    finally:
-        if cfg.keep is not None:
-            cfg.keep.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(root, cfg.keep / root.name, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.npy", "*.fms", "*.key"))
-        shutil.rmtree(root, ignore_errors=True)
 
 
 __all__ = ["HybridBenchConfig", "MODES", "run_hybrid_bench"]

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -24,13 +24,24 @@ bench_app = typer.Typer(
 # passive mode (no signatures): every stage but the consistency check
 _STAGES = tuple(s.cli_name for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 
+# options that mean the same in several benches
+CohortDevicesOption = Annotated[int, typer.Option(min=3, help="Devices (the whole cohort of every round).")]
+ClientProcessesOption = Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")]
+NeighborsOption = Annotated[
+    str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")
+]
+TimeoutPerModeOption = Annotated[float, typer.Option(help="Give up after this many seconds per mode.")]
+KeepWorkFolderOption = Annotated[
+    Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.", show_default=False)
+]
+
 
 @bench_app.command("round")
 def round_(
-    devices: Annotated[int, typer.Option(min=3, help="Devices (the whole cohort of every round).")] = 100,
-    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
+    devices: CohortDevicesOption = 100,
+    client_processes: ClientProcessesOption = 2,
     dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
-    neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
+    neighbors: NeighborsOption = "all",
     dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device drops (goes silent) in a round.")] = 0.1,
     dropout_stage: Annotated[str, typer.Option(help="Stage at which dropped devices go silent: " + " | ".join(_STAGES) + ".")] = "masked-input",
     rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (secure, then plaintext).")] = 3,
@@ -44,7 +55,7 @@ def round_(
     unmasking_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of Unmasking, seconds.")] = 5.0,
     deadline_floor: Annotated[float, typer.Option(help="No learnt deadline goes below this many seconds (the coordinator's adaptive policy; its margin, quantile and slack are the production defaults).")] = 0.25,
     plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 600.0,
+    timeout: TimeoutPerModeOption = 600.0,
     keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors) here.", show_default=False)] = None,
     profile: Annotated[Path | None, typer.Option(help="Run every process under cProfile; profiles go to PROFILE/<mode>/<process>.prof.", show_default=False)] = None,
 ) -> None:
@@ -58,16 +69,14 @@ def round_(
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
-    if neighbors not in ("all", "auto") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
-        raise typer.BadParameter("'all', 'auto' or an even number", param_hint="--neighbors")
-    cfg = RoundBenchConfig(
+    _check_neighbors(neighbors)
+    _run_and_report(lambda: RoundBenchConfig(
         devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
         share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
         unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
-    )
-    _run_and_report(lambda log: run_round_bench(cfg, log=log))
+    ), run_round_bench)
 
 
 @bench_app.command("hybrid")
@@ -75,14 +84,14 @@ def hybrid(
     devices: Annotated[int, typer.Option(min=3, help="Devices: users 1..N of --dataset, one each (the whole cohort of every round).")] = 100,
     client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices (one client certificate each).")] = 2,
     j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client). It must leave at least t devices secure (docs/performance.md, 'Hybrid rounds over real processes': at 0.8 the 100-user rounds lose their secure part).")] = 0.5,
-    neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (Bonawitz, complete), 'auto' (SecAgg+ sized by secagg) or an even K.")] = "all",
+    neighbors: NeighborsOption = "all",
     threshold: Annotated[str, typer.Option(help="Shamir threshold policy (majority, two_thirds or a fraction), chosen for the whole cohort; a hybrid round's secure part needs at least t secure devices, and commits the plaintext sum alone only if at least t went plaintext.")] = "two_thirds",
     rounds: Annotated[int, typer.Option(min=1, help="Rounds per mode (all-secure, then hybrid).")] = 5,
     dataset: Annotated[str, typer.Option(help="Dataset name under --data-dir (the clients train FedMMF on it).")] = "ml-100k",
     data_dir: Annotated[Path, typer.Option(help="Folder holding the datasets.", envvar="FEDMASK_DATA_DIR")] = Path("data"),
     seed: Annotated[int, typer.Option(help="Seed of the local splits, the training draws and cohort selection.")] = 0,
     model_params: Annotated[str | None, typer.Option(help="FedMMF hyper-parameters over the defaults, as JSON (n_users / n_items come from the dataset).", show_default=False)] = None,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds per mode.")] = 1200.0,
+    timeout: TimeoutPerModeOption = 1200.0,
     keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors or keys) here.", show_default=False)] = None,
 ) -> None:
     """Time FedMMF hybrid rounds against all-secure rounds over gRPC and mTLS.
@@ -105,14 +114,12 @@ def hybrid(
             raise typer.BadParameter(f"not JSON: {e}", param_hint="--model-params") from None
         if not isinstance(params, dict):
             raise typer.BadParameter("a JSON object", param_hint="--model-params")
-    try:
-        cfg = HybridBenchConfig(devices=devices, client_processes=client_processes, dataset=dataset,
-                                data_dir=data_dir.resolve(),  # the client processes run in their own folders
-                                j_bound=j_bound, neighbors=neighbors, threshold=threshold, rounds=rounds, seed=seed, model_params=params,
-                                timeout=timeout, keep=keep)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    _run_and_report(lambda log: run_hybrid_bench(cfg, log=log))
+    _run_and_report(lambda: HybridBenchConfig(
+        devices=devices, client_processes=client_processes, dataset=dataset,
+        data_dir=data_dir.resolve(),  # the client processes run in their own folders
+        j_bound=j_bound, neighbors=neighbors, threshold=threshold, rounds=rounds, seed=seed, model_params=params,
+        timeout=timeout, keep=keep,
+    ), run_hybrid_bench)
 
 
 @bench_app.command("connections")
@@ -129,9 +136,9 @@ def connections(
     """
     from fedmask.bench.federation import ConnectionsBenchConfig, run_connections_bench
 
-    cfg = ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
-                                 heartbeat_interval=heartbeat_interval, timeout=timeout)
-    _run_and_report(lambda log: run_connections_bench(cfg, log=log))
+    _run_and_report(lambda: ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
+                                                   heartbeat_interval=heartbeat_interval, timeout=timeout),
+                    run_connections_bench)
 
 
 @bench_app.command("hostile")
@@ -142,8 +149,7 @@ def hostile(
     dim: Annotated[int, typer.Option(min=1, help="Length of the synthetic model's update.")] = 1000,
     rate: Annotated[float, typer.Option(min=0.1, help="Attacks per second of each kind.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Seed of the devices and the attacks.")] = 0,
-    keep: Annotated[Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.",
-                                              show_default=False)] = None,
+    keep: KeepWorkFolderOption = None,
 ) -> None:
     """Run live secure rounds under hostile traffic and check nothing breaks.
 
@@ -151,26 +157,23 @@ def hostile(
     """
     from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
 
-    try:
-        cfg = HostileBenchConfig(seconds=seconds, honest_devices=honest_devices, honest_processes=honest_processes,
-                                 dim=dim, rate=rate, seed=seed, keep=keep)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    _run_and_report(lambda log: run_hostile_bench(cfg, log=log))
+    _run_and_report(lambda: HostileBenchConfig(seconds=seconds, honest_devices=honest_devices,
+                                               honest_processes=honest_processes, dim=dim, rate=rate, seed=seed,
+                                               keep=keep),
+                    run_hostile_bench)
 
 
 @bench_app.command("admin")
 def admin(
-    devices: Annotated[int, typer.Option(min=3, help="Devices (the whole cohort of every round).")] = 100,
-    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices.")] = 2,
+    devices: CohortDevicesOption = 100,
+    client_processes: ClientProcessesOption = 2,
     dim: Annotated[int, typer.Option(min=1, help="Update length L of the synthetic model.")] = 53_824,
     neighbors: Annotated[str, typer.Option(help="SecAgg graph: 'all' (complete), 'auto' (SecAgg+) or an even K.")] = "auto",
     rate: Annotated[float, typer.Option(min=0.1, help="Requests per second in the loaded window, half top-k "
                                         "(GET /v1/devices/{id}/recommendations?k=10), half GET /v1/rounds/current.")] = 50.0,
     seconds: Annotated[float, typer.Option(min=1.0, help="Length of each window: idle (no request), then loaded.")] = 30.0,
     seed: Annotated[int, typer.Option(help="Seed of the bench dataset, the synthetic updates and the devices asked.")] = 0,
-    keep: Annotated[Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.",
-                                              show_default=False)] = None,
+    keep: KeepWorkFolderOption = None,
 ) -> None:
     """Load `fedmask admin` with an open-loop request stream while secure rounds run.
 
@@ -178,28 +181,39 @@ def admin(
     """
     from fedmask.bench.admin_load import AdminBenchConfig, run_admin_bench
 
-    if neighbors not in ("all", "auto") and not (neighbors.isdigit() and int(neighbors) % 2 == 0):
+    _check_neighbors(neighbors)
+    _run_and_report(lambda: AdminBenchConfig(devices=devices, client_processes=client_processes, dim=dim,
+                                             neighbors=neighbors, rate=rate, seconds=seconds, seed=seed,
+                                             items=min(1682, dim), keep=keep),
+                    run_admin_bench)
+
+
+Config = TypeVar("Config")
+
+
+def _check_neighbors(neighbors: str) -> None:
+    from fedmask.bench.loopback_federation import is_neighbors
+
+    if not is_neighbors(neighbors):
         raise typer.BadParameter("'all', 'auto' or an even number", param_hint="--neighbors")
-    try:
-        cfg = AdminBenchConfig(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors,
-                               rate=rate, seconds=seconds, seed=seed, items=min(1682, dim), keep=keep)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    _run_and_report(lambda log: run_admin_bench(cfg, log=log))
 
 
-def _run_and_report(bench: Callable[[Callable[[str], None]], dict]) -> None:
-    """Run `bench(log)` (progress to stderr), print its result as the last
-    stdout line (JSON; {"ok": false, "error": ...} when a process failed),
-    exit 1 unless ok."""
+def _run_and_report(config: Callable[[], Config], bench: Callable[[Config, Callable[[str], None]], dict[str, Any]]) -> None:
+    """Make the bench's configuration (a ValueError is a bad parameter), run `bench(cfg, log)`
+    (progress to stderr), print its result as the last stdout line (JSON; {"ok": false, "error": ...}
+    when a process failed), exit 1 unless ok."""
     from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
     from fedmask.console import err as stderr_console
 
+    try:
+        cfg = config()
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     err = stderr_console()
     try:
         with _interruptible():
-            result = bench(lambda m: err.print(m, markup=False, highlight=False))
+            result = bench(cfg, lambda m: err.print(m, markup=False, highlight=False))
     except ProcessFailed as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}

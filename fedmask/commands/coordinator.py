@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:  # the coordinator package is imported lazily (the CLI's start-up time)
+    from coordinator.settings import CoordinatorSettings
 
 _GRAPH_HELP = "SecAgg graph: 'full' (Bonawitz), 'auto' (SecAgg+ sized by secagg) or K neighbours per device."
 _THRESHOLD_HELP = "Shamir threshold policy: 'majority', 'two_thirds' or a fraction in (0.5, 1] of each group."
@@ -42,6 +46,94 @@ def _json_object(value: str | None, flag: str) -> dict | None:
     if not isinstance(out, dict):
         raise typer.BadParameter(f"{flag} must be a JSON object")
     return out
+
+
+# Which setting (coordinator.settings, dotted) each flag of `fedmask coordinator` overrides.
+# Every parameter of the command is here but config and log_level, which it reads itself.
+_SETTING_OF_FLAG: dict[str, str] = {
+    "listen": "listen_address",
+    "database_url": "database_url",
+    "rounds": "rounds",
+    "round_metrics": "round_metrics",
+    "seed": "seed",
+    "heartbeat_interval": "heartbeat_interval",
+    "max_message_bytes": "max_receive_message_bytes",
+    "health_listen": "health_listen_address",
+    "database_wait": "database_wait_s",
+    "model": "model.name",
+    "model_params": "model.hyperparameters",
+    "cohort_size": "cohort.size",
+    "cohort_minimum": "cohort.minimum",
+    "over_selection": "cohort.over_selection",
+    "allow_consecutive": "cohort.allow_consecutive",
+    "round_pause": "cohort.pause",
+    "selection_deadline": "deadlines.selection",
+    "deadline_policy": "deadlines.policy",
+    "deadline_floor": "deadlines.floor",
+    "training_deadline": "deadlines.training",
+    "advertise_keys_deadline": "deadlines.advertise_keys",
+    "share_keys_deadline": "deadlines.share_keys",
+    "share_check_deadline": "deadlines.share_check",
+    "masked_input_deadline": "deadlines.masked_input",
+    "consistency_check_deadline": "deadlines.consistency_check",
+    "unmasking_deadline": "deadlines.unmasking",
+    "secagg_graph": "secagg.graph",
+    "secagg_threshold": "secagg.threshold",
+    "modulus_bits": "secagg.modulus_bits",
+    "secagg_clip": "secagg.clip",
+    "expected_dropout": "secagg.expected_dropout",
+    "signatures": "secagg.signatures",
+    "consistency_check": "secagg.consistency_check",
+    "device_ca": "secagg.device_ca",
+    "dp_mode": "dp.mode",
+    "dp_clip": "dp.clip",
+    "dp_noise": "dp.noise_multiplier",
+    "dp_delta": "dp.delta",
+    "dp_accountant": "dp.accountant",
+    "tls_cert": "tls.cert",
+    "tls_key": "tls.key",
+    "tls_client_ca": "tls.client_ca",
+    "require_client_cert": "tls.require_client_cert",
+    "auth": "auth.mode",
+    "insecure_token_without_tls": "auth.allow_insecure_token",
+    "token_file": "auth.token_file",
+    "dp_epsilon_budget": "dp.epsilon_budget",
+    "admin_listen": "admin.listen",
+    "admin_auth": "admin.auth",
+    "admin_token_file": "admin.token_file",
+    "metrics_listen": "metrics.listen",
+    "hello_timeout": "limits.hello_timeout_s",
+    "max_streams": "limits.max_streams",
+    "max_streams_per_peer": "limits.max_streams_per_peer",
+    "session_rate": "limits.session_rate",
+    "enroll_rate": "limits.enroll_rate",
+    "message_rate": "limits.message_rate",
+    "max_announced_devices": "limits.max_announced_devices",
+    "debug_record_sums": "debug.record_sums",
+    "debug_insecure_plaintext": "debug.insecure_plaintext",
+    "unprotected_plaintext_j_bound": "hybrid.unprotected_plaintext_j_bound",
+}
+_NOT_SETTINGS = ("config", "log_level")
+# The flags whose text becomes another value in the settings.
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "model_params": lambda value: _json_object(value, "--model-params"),
+    "secagg_graph": _graph,
+    "secagg_threshold": _threshold,
+}
+
+
+def settings_overrides(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """{setting key: value} for the command's flags (parameter name -> value), converted where the
+    setting needs it; a flag not given is None, which leaves its setting to the lower sources. A
+    parameter that is neither in _SETTING_OF_FLAG nor in _NOT_SETTINGS is a programming error (KeyError)."""
+    unknown = set(flags) - set(_SETTING_OF_FLAG) - set(_NOT_SETTINGS)
+    if unknown:
+        raise KeyError(f"coordinator flags without a setting: {sorted(unknown)}")
+    return {key: _CONVERT.get(flag, _same)(flags[flag]) for flag, key in _SETTING_OF_FLAG.items()}
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 def coordinator(
@@ -117,91 +209,35 @@ def coordinator(
 
     Limits on what a peer can make the coordinator do are under "Limits" (all of them, bursts and store look-ups included, in the \\[limits] table of the TOML file or FEDMASK_LIMITS__*).
     """
-    import asyncio
-
+    flags = dict(locals())  # the parameters, and nothing else yet: settings_overrides reads them by name
     from coordinator.logs import configure_logging
-    from coordinator.model_host import ModelConfigError
-    from coordinator.server import serve
     from coordinator.settings import CoordinatorSettings, SettingsError
-    from coordinator.store import StoreError
 
-    overrides = {
-        "listen_address": listen,
-        "database_url": database_url,
-        "rounds": rounds,
-        "round_metrics": round_metrics,
-        "seed": seed,
-        "heartbeat_interval": heartbeat_interval,
-        "max_receive_message_bytes": max_message_bytes,
-        "health_listen_address": health_listen,
-        "database_wait_s": database_wait,
-        "model.name": model,
-        "model.hyperparameters": _json_object(model_params, "--model-params"),
-        "cohort.size": cohort_size,
-        "cohort.minimum": cohort_minimum,
-        "cohort.over_selection": over_selection,
-        "cohort.allow_consecutive": allow_consecutive,
-        "cohort.pause": round_pause,
-        "deadlines.selection": selection_deadline,
-        "deadlines.policy": deadline_policy,
-        "deadlines.floor": deadline_floor,
-        "deadlines.training": training_deadline,
-        "deadlines.advertise_keys": advertise_keys_deadline,
-        "deadlines.share_keys": share_keys_deadline,
-        "deadlines.share_check": share_check_deadline,
-        "deadlines.masked_input": masked_input_deadline,
-        "deadlines.consistency_check": consistency_check_deadline,
-        "deadlines.unmasking": unmasking_deadline,
-        "secagg.graph": _graph(secagg_graph),
-        "secagg.threshold": _threshold(secagg_threshold),
-        "secagg.modulus_bits": modulus_bits,
-        "secagg.clip": secagg_clip,
-        "secagg.expected_dropout": expected_dropout,
-        "secagg.signatures": signatures,
-        "secagg.consistency_check": consistency_check,
-        "secagg.device_ca": device_ca,
-        "dp.mode": dp_mode,
-        "dp.clip": dp_clip,
-        "dp.noise_multiplier": dp_noise,
-        "dp.delta": dp_delta,
-        "dp.accountant": dp_accountant,
-        "tls.cert": tls_cert,
-        "tls.key": tls_key,
-        "tls.client_ca": tls_client_ca,
-        "tls.require_client_cert": require_client_cert,
-        "auth.mode": auth,
-        "auth.allow_insecure_token": insecure_token_without_tls,
-        "auth.token_file": token_file,
-        "dp.epsilon_budget": dp_epsilon_budget,
-        "admin.listen": admin_listen,
-        "admin.auth": admin_auth,
-        "admin.token_file": admin_token_file,
-        "metrics.listen": metrics_listen,
-        "limits.hello_timeout_s": hello_timeout,
-        "limits.max_streams": max_streams,
-        "limits.max_streams_per_peer": max_streams_per_peer,
-        "limits.session_rate": session_rate,
-        "limits.enroll_rate": enroll_rate,
-        "limits.message_rate": message_rate,
-        "limits.max_announced_devices": max_announced_devices,
-        "debug.record_sums": debug_record_sums,
-        "debug.insecure_plaintext": debug_insecure_plaintext,
-        "hybrid.unprotected_plaintext_j_bound": unprotected_plaintext_j_bound,
-    }
+    overrides = settings_overrides(flags)
     configure_logging(log_level)
     try:
         settings = CoordinatorSettings.load(config_file=config, overrides=overrides)
     except SettingsError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
+    raise typer.Exit(_serve(settings))
+
+
+def _serve(settings: CoordinatorSettings) -> int:
+    """Serve until stopped; the exit code. A start-up failure exits with code 1, a second Ctrl-C with 130."""
+    import asyncio
+
+    from coordinator.model_host import ModelConfigError
+    from coordinator.server import serve
+    from coordinator.store import StoreError
+
     try:
-        code = asyncio.run(serve(settings))
+        return asyncio.run(serve(settings))
     except (ModelConfigError, StoreError, ValueError, OSError) as exc:
         typer.echo(f"fedmask coordinator: {exc}", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:  # a second Ctrl-C during shutdown
         raise typer.Exit(130) from None
-    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

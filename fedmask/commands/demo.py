@@ -20,7 +20,8 @@ processes are stopped on exit, Ctrl-C included; with --keep-running they
 stay up (paused) until Ctrl-C.
 
 `fedmask secagg-demo` (or `fedmask demo --secagg-only`) is the earlier
-one-process demo of the secure-aggregation library alone.
+one-process demo of the secure-aggregation library alone
+(fedmask/commands/secagg_demo.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import signal
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,14 +37,6 @@ import typer
 
 from secagg.stages import Stage
 
-_WHEN = {
-    Stage.ADVERTISE_KEYS: "never advertised keys",
-    Stage.SHARE_KEYS: "advertised, never shared keys",
-    Stage.SHARE_CHECK: "shared keys, never answered the share check",
-    Stage.MASKED_INPUT: "checked the shares, no masked input",
-    Stage.CONSISTENCY_CHECK: "no consistency signature",
-    Stage.UNMASKING: "masked input sent, no unmasking",
-}
 # passive mode (no signatures): every stage but the consistency check
 _STAGES = tuple(s.value for s in Stage if s is not Stage.CONSISTENCY_CHECK)
 # the demo's defaults: every hosted device in every round, enough rounds to learn (docs/performance.md, "The demo")
@@ -60,6 +54,8 @@ _DROP_STAGES = tuple(s.cli_name for s in (Stage.MASKED_INPUT, Stage.UNMASKING, S
 
 def register(app: typer.Typer) -> None:
     """Attach `fedmask demo` and `fedmask secagg-demo` to the root app."""
+    from fedmask.commands.secagg_demo import secagg_demo
+
     app.command("demo")(demo)
     app.command("secagg-demo")(secagg_demo)
 
@@ -102,6 +98,8 @@ def demo(
     Starts a coordinator (SQLite), edge-client processes and the admin service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and prints the dashboard's address, an API token and a curl line for a top-k query. The devices (ML-100K users) train the model locally and the coordinator aggregates their updates with secure aggregation and distributed DP noise. Each round is reported as it ends: survivors per stage, stage timings, the devices' validation totals (from the secure sum), the model version and epsilon. At the end: the validation HR@10 against the popularity baseline on the same users, and one user's top-k computed on their device next to what they rated highly. Everything is stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
     """
     if secagg_only:
+        from fedmask.commands.secagg_demo import secagg_demo
+
         secagg_demo()
         return
     from fedmask.console import out
@@ -133,9 +131,10 @@ def demo(
     workdir.mkdir(parents=True, exist_ok=True)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        _run(console, workdir, x, dataset=dataset, data_root=data_root.resolve(), rounds=rounds, devices=devices,
-             cohort=cohort, client_processes=client_processes, dropout=dropout, model=model, neighbors=neighbors,
-             dp_mode=dp_mode, seed=seed, keep_running=keep_running, admin_port=admin_port)
+        plan = _Plan(dataset=dataset, data_root=data_root.resolve(), rounds=rounds, devices=devices, cohort=cohort,
+                     client_processes=client_processes, dropout=dropout, model=model, neighbors=neighbors,
+                     dp_mode=dp_mode, seed=seed)
+        _run(console, workdir, x, plan, keep_running=keep_running, admin_port=admin_port)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/yellow]: every process of the demo was stopped")
         raise typer.Exit(130) from None
@@ -167,157 +166,215 @@ def _ensure_dataset(console: Any, dataset: str, data_root: Path) -> None:
         raise typer.Exit(1)
 
 
-def _run(console: Any, workdir: Path, x: Any, *, dataset: str, data_root: Path, rounds: int, devices: int,
-         cohort: int, client_processes: int, dropout: float, model: str, neighbors: str, dp_mode: str,
-         seed: int, keep_running: bool, admin_port: int) -> None:
+@dataclass(frozen=True)
+class _Plan:
+    """The federation `fedmask demo` runs, its options checked."""
+
+    dataset: str
+    data_root: Path
+    rounds: int
+    devices: int
+    cohort: int
+    client_processes: int
+    dropout: float
+    model: str
+    neighbors: str
+    dp_mode: str
+    seed: int
+
+    @property
+    def everyone(self) -> bool:
+        """Every hosted device in every round (else cohorts of `cohort`, 20 % over-selected)."""
+        return self.cohort == self.devices
+
+    @property
+    def selected(self) -> int:
+        return self.cohort if self.everyone else -(-self.cohort * 6 // 5)
+
+    @property
+    def deadlines(self) -> dict[str, int]:
+        return _DEADLINES_DROPOUT if self.dropout > 0 else _DEADLINES_NO_DROPOUT
+
+
+def _run(console: Any, workdir: Path, x: Any, plan: _Plan, *, keep_running: bool, admin_port: int) -> None:
+    import contextlib
     import secrets
 
-    import numpy as np
-    from rich.table import Table
-
     from coordinator.store import open_store
-    from fedmask.bench.processes import LOOPBACK, ProcessGroup, flags, free_port, health_serving, split_users, wait_until
-    from fedmask.commands.demo_product import popularity_val_hr, rated_highly, start_admin, top_k_table
-    from fedmask.console import print_command
+    from fedmask.bench.loopback_federation import start_client, start_coordinator
+    from fedmask.bench.processes import LOOPBACK, ProcessGroup, free_port, split_users
+    from fedmask.commands.demo_product import start_admin
 
     port, coord_admin = free_port(), free_port()
     http_port = admin_port or free_port()
     coordinator_token = secrets.token_urlsafe(32)
     db = workdir / "coordinator.db"
-    everyone = cohort == devices
-    selected = cohort if everyone else -(-cohort * 6 // 5)
-    coord_flags = {
-        "listen": f"{LOOPBACK}:{port}",
-        "admin_listen": f"{LOOPBACK}:{coord_admin}",
-        "database_url": f"sqlite:///{db}",
-        "model": model,
-        "model_params": {"n_users": int(x.n_users), "n_items": int(x.n_items), **_model_params(model, dp_mode)},
-        "cohort_size": cohort,
-        "cohort_minimum": cohort,
-        # every hosted device in every round (secure sums only: consecutive sums reveal no device's update)
-        "over_selection": 0.0 if everyone else 0.2,
-        "allow_consecutive": everyone,
-        "seed": seed,
-        "selection_deadline": 20,
-        # no injected dropout: every device answers, each stage closes when the last one did, and the
-        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed and
-        # generous); with injected (silent) dropouts, learn them from the devices (adaptive, these ceilings)
-        **(_DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT),
-        "deadline_policy": "adaptive" if dropout > 0 else "fixed",
-        "secagg_graph": neighbors,
-        "dp_mode": dp_mode,
-        "debug_record_sums": True,
-    }
-    users = split_users(1, devices, client_processes)
-    plan = [_DROP_STAGES[i % len(_DROP_STAGES)] for i in range(len(users))]
-    head = Table(title=f"fedmask demo: {model} on {dataset}, secure aggregation over gRPC (127.0.0.1)",
-                 show_header=False)
-    head.add_row("coordinator", f"port {port} (admin listener {coord_admin}), SQLite {db}")
-    head.add_row("devices", f"{devices} ({dataset} users 1-{devices}) in {len(users)} client process(es): "
-                 + ", ".join(f"users {u}" for u in users))
-    head.add_row("rounds", f"{rounds}, cohort {selected}" + (" (every hosted device)" if everyone else
-                 f" ({cohort} + 20% over-selected)") + f", graph {neighbors}, DP {dp_mode}"
-                 + (" (tau 0.1, z 1: the secure sum carries the noise)" if dp_mode == "distributed" else ""))
-    if dropout > 0:
-        head.add_row("dropouts", ", ".join(f"process {i}: {dropout:.0%} at {s}" for i, s in enumerate(plan))
-                     + " (a dropped device goes silent; its stage waits for the deadline)")
-    d = _DEADLINES_DROPOUT if dropout > 0 else _DEADLINES_NO_DROPOUT
-    head.add_row("deadlines", f"training {d['training_deadline']} s, advertise {d['advertise_keys_deadline']} s, "
-                 f"share {d['share_keys_deadline']} s, masked input {d['masked_input_deadline']} s, "
-                 f"unmasking {d['unmasking_deadline']} s "
-                 + ("(ceilings; learnt from the devices after the first round)" if dropout > 0 else
-                    "(fixed: no device is silent, so a stage closes when the last device answered)"))
-    console.print(head)
+    users = split_users(1, plan.devices, plan.client_processes)
+    drop_at = [_DROP_STAGES[i % len(_DROP_STAGES)] for i in range(len(users))]
+    console.print(_head_table(plan, f"port {port} (admin listener {coord_admin}), SQLite {db}", users, drop_at))
 
-    env = {"OMP_NUM_THREADS": "1", "FEDMASK_DATA_DIR": str(data_root)}
+    env = {"OMP_NUM_THREADS": "1", "FEDMASK_DATA_DIR": str(plan.data_root)}
     t0 = time.monotonic()
     with ProcessGroup(workdir, env=env) as group:
-        coord = group.start("coordinator", ["coordinator", *flags(coord_flags)],
-                            env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
         with console.status("starting the coordinator ..."):
-            wait_until(lambda: health_serving(port), 60, what="the coordinator", watch=[coord], step=0.2)
-        for i, (u, stage) in enumerate(zip(users, plan, strict=True)):
-            group.start(f"client-{i}", ["client", *flags({
-                "coordinator": f"{LOOPBACK}:{port}", "users": u, "state_dir": workdir / f"client-{i}",
-                "dataset": dataset, "seed": seed, "drop_rate": dropout if dropout > 0 else None,
-                "drop_stage": stage if dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
-            })])
-        clients = [c for c in group.children if c is not coord]
+            coord = start_coordinator(group, port, _coordinator_flags(plan, x, db, port, coord_admin),
+                                      env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
+        clients = [start_client(group, f"client-{i}", port, u, workdir / f"client-{i}", {
+            "dataset": plan.dataset, "seed": plan.seed, "drop_rate": plan.dropout if plan.dropout > 0 else None,
+            "drop_stage": stage if plan.dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
+        }) for i, (u, stage) in enumerate(zip(users, drop_at, strict=True))]
         with console.status("starting the admin service ..."):
             admin = start_admin(group, db=db, coordinator_admin=f"{LOOPBACK}:{coord_admin}",
                                 coordinator_token=coordinator_token, port=http_port, watch=[coord, *clients])
         _print_access(console, admin)
         state_dirs = [workdir / f"client-{i}" for i in range(len(users))]
-        store = None
-        reported: set[int] = set()
-        records: list[Any] = []
-        paused = False
-        try:
-            with console.status("clients enrolling their devices ...") as status:
-                while True:
-                    group.check_alive()
-                    if store is None:
-                        store = open_store(f"sqlite:///{db}", migrate=False)
-                    try:
-                        page = tuple(store.list_rounds(limit=rounds + 5).items)
-                    except Exception:
-                        page = ()
-                    current = None
-                    for r in sorted(page, key=lambda r: r.number):
-                        if r.state.is_terminal and r.number not in reported:
-                            reported.add(r.number)
-                            records.append(r)
-                            console.print(_round_line(r, store, state_dirs))
-                            _drop_inputs(state_dirs, r.number)
-                        elif not r.state.is_terminal:
-                            current = r
-                    last_open = current.number if current is not None else 0
-                    if not paused and (len(records) >= rounds or last_open >= rounds):
-                        # the last round is open (or done): it finishes, no new one opens
-                        admin.post("/v1/federation/pause")
-                        paused = True
-                    if paused and current is None and admin.get("/v1/rounds/current")["round"] is None:
-                        break
-                    if current is not None:
-                        status.update(f"round {current.number}: {current.state.value.replace('_', ' ')} "
-                                      f"({len(current.survivors.get('selected', []))} devices) ...")
-                    elif not records:
-                        status.update("clients enrolling their devices, waiting for a full cohort ...")
-                    time.sleep(0.3)
-            for r in sorted(store.list_rounds(limit=rounds + 5).items, key=lambda r: r.number):
+        group.check_alive()
+        with contextlib.closing(open_store(f"sqlite:///{db}", migrate=False)) as store:
+            records = _follow_rounds(console, group, admin, store, plan.rounds, state_dirs)
+            _report(console, records, store, x, plan, seconds=time.monotonic() - t0)
+            _show_top_k(console, admin, x)
+            if keep_running:
+                _stay_up(console, group, admin)
+
+
+def _coordinator_flags(plan: _Plan, x: Any, db: Path, port: int, admin_port: int) -> dict[str, Any]:
+    from fedmask.bench.processes import LOOPBACK
+
+    return {
+        "listen": f"{LOOPBACK}:{port}",
+        "admin_listen": f"{LOOPBACK}:{admin_port}",
+        "database_url": f"sqlite:///{db}",
+        "model": plan.model,
+        "model_params": {"n_users": int(x.n_users), "n_items": int(x.n_items),
+                         **_model_params(plan.model, plan.dp_mode)},
+        "cohort_size": plan.cohort,
+        "cohort_minimum": plan.cohort,
+        # every hosted device in every round (secure sums only: consecutive sums reveal no device's update)
+        "over_selection": 0.0 if plan.everyone else 0.2,
+        "allow_consecutive": plan.everyone,
+        "seed": plan.seed,
+        "selection_deadline": 20,
+        # no injected dropout: every device answers, each stage closes when the last one did, and the
+        # deadlines are only there for a device that is slow (a busy machine): wait for it (fixed and
+        # generous); with injected (silent) dropouts, learn them from the devices (adaptive, these ceilings)
+        **plan.deadlines,
+        "deadline_policy": "adaptive" if plan.dropout > 0 else "fixed",
+        "secagg_graph": plan.neighbors,
+        "dp_mode": plan.dp_mode,
+        "debug_record_sums": True,
+    }
+
+
+def _head_table(plan: _Plan, coordinator: str, users: list[str], drop_at: list[str]) -> Any:
+    """What the demo is about to run: the coordinator, the devices, the rounds, the dropouts, the deadlines."""
+    from rich.table import Table
+
+    head = Table(title=f"fedmask demo: {plan.model} on {plan.dataset}, secure aggregation over gRPC (127.0.0.1)",
+                 show_header=False)
+    head.add_row("coordinator", coordinator)
+    head.add_row("devices", f"{plan.devices} ({plan.dataset} users 1-{plan.devices}) in {len(users)} client "
+                 "process(es): " + ", ".join(f"users {u}" for u in users))
+    head.add_row("rounds", f"{plan.rounds}, cohort {plan.selected}" + (" (every hosted device)" if plan.everyone else
+                 f" ({plan.cohort} + 20% over-selected)") + f", graph {plan.neighbors}, DP {plan.dp_mode}"
+                 + (" (tau 0.1, z 1: the secure sum carries the noise)" if plan.dp_mode == "distributed" else ""))
+    if plan.dropout > 0:
+        head.add_row("dropouts", ", ".join(f"process {i}: {plan.dropout:.0%} at {s}" for i, s in enumerate(drop_at))
+                     + " (a dropped device goes silent; its stage waits for the deadline)")
+    d = plan.deadlines
+    head.add_row("deadlines", f"training {d['training_deadline']} s, advertise {d['advertise_keys_deadline']} s, "
+                 f"share {d['share_keys_deadline']} s, masked input {d['masked_input_deadline']} s, "
+                 f"unmasking {d['unmasking_deadline']} s "
+                 + ("(ceilings; learnt from the devices after the first round)" if plan.dropout > 0 else
+                    "(fixed: no device is silent, so a stage closes when the last device answered)"))
+    return head
+
+
+def _follow_rounds(console: Any, group: Any, admin: Any, store: Any, rounds: int, state_dirs: list[Path]) -> list[Any]:
+    """Report every round as it ends; pause the federation once its last round has opened, and return when
+    no round runs any more. The rounds' records, in the order they were reported."""
+    reported: set[int] = set()
+    records: list[Any] = []
+    paused = False
+    with console.status("clients enrolling their devices ...") as status:
+        while True:
+            group.check_alive()
+            try:
+                page = tuple(store.list_rounds(limit=rounds + 5).items)
+            except Exception:
+                page = ()
+            current = None
+            for r in sorted(page, key=lambda r: r.number):
                 if r.state.is_terminal and r.number not in reported:
+                    reported.add(r.number)
                     records.append(r)
                     console.print(_round_line(r, store, state_dirs))
-            console.print(_stage_table(records))
-            console.print(_metrics_table(records, store))
-            committed = [r for r in records if r.state.value == "committed"]
-            console.print(f"{len(committed)} of {len(records)} rounds committed in {time.monotonic() - t0:.0f} s "
-                          "(process start-up included)")
-            hosted = np.arange(devices)  # users 1..N are the dataset's dense users 0..N-1
-            last = next((r for r in reversed(committed) if "val_hr@10" in r.metrics), None)
-            if last is not None:
-                counted = int(last.metrics.get("count.devices", last.metrics.get("contributors", 0)))
-                base = popularity_val_hr(x, seed, hosted)
-                console.print(
-                    f"[bold]validation HR@10 {last.metrics['val_hr@10']:.3f}[/bold] after round {last.number}, "
-                    f"over the validation items of the {counted} of {devices} hosted users counted in its secure "
-                    f"sum; popularity on the same {devices} users: {base:.3f}")
-            user = "user-1"
-            answer = admin.get(f"/v1/users/{user}/recommendations", k=10)
-            console.print(top_k_table(answer, rated_highly(x, 0), user))
-            _print_access(console, admin)
-            if keep_running:
-                console.print("[bold]--keep-running[/bold]: the federation stays up, paused; resume its rounds "
-                              "from the dashboard or with:")
-                print_command(console, admin.curl_resume())
-                # the last line: a caller waiting for the demo to be up reads it
-                console.print("the federation and the dashboard stay up; Ctrl-C stops them")
-                while True:
-                    group.check_alive()
-                    time.sleep(1.0)
-        finally:
-            if store is not None:
-                store.close()
+                    _drop_inputs(state_dirs, r.number)
+                elif not r.state.is_terminal:
+                    current = r
+            last_open = current.number if current is not None else 0
+            if not paused and (len(records) >= rounds or last_open >= rounds):
+                # the last round is open (or done): it finishes, no new one opens
+                admin.post("/v1/federation/pause")
+                paused = True
+            if paused and current is None and admin.get("/v1/rounds/current")["round"] is None:
+                break
+            if current is not None:
+                status.update(f"round {current.number}: {current.state.value.replace('_', ' ')} "
+                              f"({len(current.survivors.get('selected', []))} devices) ...")
+            elif not records:
+                status.update("clients enrolling their devices, waiting for a full cohort ...")
+            time.sleep(0.3)
+    for r in sorted(store.list_rounds(limit=rounds + 5).items, key=lambda r: r.number):
+        if r.state.is_terminal and r.number not in reported:
+            records.append(r)
+            console.print(_round_line(r, store, state_dirs))
+    return records
+
+
+def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *, seconds: float) -> None:
+    """The rounds' tables, how many committed, and the last validation HR@10 beside the popularity baseline."""
+    import numpy as np
+
+    from fedmask.commands.demo_product import popularity_val_hr
+
+    console.print(_stage_table(records))
+    console.print(_metrics_table(records, store))
+    committed = [r for r in records if r.state.value == "committed"]
+    console.print(f"{len(committed)} of {len(records)} rounds committed in {seconds:.0f} s "
+                  "(process start-up included)")
+    hosted = np.arange(plan.devices)  # users 1..N are the dataset's dense users 0..N-1
+    last = next((r for r in reversed(committed) if "val_hr@10" in r.metrics), None)
+    if last is not None:
+        counted = int(last.metrics.get("count.devices", last.metrics.get("contributors", 0)))
+        base = popularity_val_hr(x, plan.seed, hosted)
+        console.print(
+            f"[bold]validation HR@10 {last.metrics['val_hr@10']:.3f}[/bold] after round {last.number}, "
+            f"over the validation items of the {counted} of {plan.devices} hosted users counted in its secure "
+            f"sum; popularity on the same {plan.devices} users: {base:.3f}")
+
+
+def _show_top_k(console: Any, admin: Any, x: Any) -> None:
+    """User 1's top-k, computed on their device and fetched over REST, beside what they rated highly."""
+    from fedmask.commands.demo_product import rated_highly, top_k_table
+
+    user = "user-1"
+    answer = admin.get(f"/v1/users/{user}/recommendations", k=10)
+    console.print(top_k_table(answer, rated_highly(x, 0), user))
+    _print_access(console, admin)
+
+
+def _stay_up(console: Any, group: Any, admin: Any) -> None:
+    """--keep-running: the federation (paused) and the dashboard stay up until Ctrl-C or a process dies."""
+    from fedmask.console import print_command
+
+    console.print("[bold]--keep-running[/bold]: the federation stays up, paused; resume its rounds "
+                  "from the dashboard or with:")
+    print_command(console, admin.curl_resume())
+    # the last line: a caller waiting for the demo to be up reads it
+    console.print("the federation and the dashboard stay up; Ctrl-C stops them")
+    while True:
+        group.check_alive()
+        time.sleep(1.0)
 
 
 def _model_params(model: str, dp_mode: str) -> dict[str, Any]:
@@ -352,7 +409,7 @@ def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:
                 f"cohort {r.cohort_size}, dropouts: {drops}")
     version = next((v.id for v in store.list_model_versions(limit=50).items if v.round_number == r.number), None)
     hr = r.metrics.get("val_hr@10")
-    from fedmask.bench.federation import exact_aggregate
+    from fedmask.bench.loopback_federation import exact_aggregate
 
     exact = exact_aggregate(r, state_dirs)
     return (f"[green]round {r.number} committed[/green] in {total:.1f} s: model v{version}, "
@@ -421,105 +478,3 @@ def _metrics_table(records: list[Any], store: Any) -> Any:
                  "per round and composed so far (the metric totals are outside it, D36); "
                  "'-' where a round's metrics were unavailable")
     return t
-
-
-# ============================================================ the secagg-only demo (one process)
-
-
-def secagg_demo(
-    clients: Annotated[int, typer.Option(min=3, help="Cohort size.")] = 20,
-    dim: Annotated[int, typer.Option(min=1, help="Length of each device's update vector.")] = 1_000,
-    neighbors: Annotated[
-        str, typer.Option(help="'all' (Bonawitz, complete graph), 'auto' (SecAgg+ formula) or an even degree.")
-    ] = "all",
-    dropout: Annotated[
-        float, typer.Option(min=0.0, max=0.45, help="Fraction of devices dropping at each of the two stages.")
-    ] = 0.1,
-    first_stage: Annotated[str, typer.Option(help="First dropout stage.")] = "masked-input",
-    second_stage: Annotated[str, typer.Option(help="Second dropout stage.")] = "unmasking",
-    seed: Annotated[int, typer.Option(help="Seed of updates, dropouts and keys.")] = 0,
-) -> None:
-    """Run one secure-aggregation round among simulated devices in this process and report it."""
-    import numpy as np
-    from rich.table import Table
-
-    from fedmask.console import out
-
-    from secagg.config import Neighbors, SecAggConfig
-    from secagg.errors import SecAggError
-    from secagg.inprocess import DROPOUT_STAGES, DropoutPlan, run_round
-
-    console = out()
-    stages = [s.replace("-", "_") for s in (first_stage, second_stage)]
-    for s in stages:
-        if s not in DROPOUT_STAGES:
-            raise typer.BadParameter(f"unknown stage {s!r}; one of {', '.join(DROPOUT_STAGES)}")
-    if stages[0] == stages[1]:
-        raise typer.BadParameter("pick two different stages")
-    try:
-        degree: Neighbors = "all" if neighbors == "all" else "auto" if neighbors == "auto" else int(neighbors)
-        config = SecAggConfig.create(
-            num_clients=clients,
-            vector_length=dim,
-            session_id=f"demo-{seed}".encode(),
-            neighbors=degree,
-            expected_dropout=max(2 * dropout, 0.01),
-        )
-    except (ValueError, SecAggError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
-
-    rng = np.random.default_rng(seed)
-    updates = rng.normal(0.0, 0.3, size=(clients, dim)).astype(np.float32)
-    per_stage = round(dropout * clients)
-    chosen = rng.permutation(clients)[: 2 * per_stage].tolist()
-    plan = DropoutPlan(**{stages[0]: frozenset(chosen[:per_stage]), stages[1]: frozenset(chosen[per_stage:])})
-
-    outcome = run_round(updates, config=config, dropouts=plan, round_idx=0, seed=seed)
-
-    graph = "complete (Bonawitz)" if config.is_complete_graph else f"Harary, degree {config.degree} (SecAgg+)"
-    head = Table(title="fedmask secure aggregation: one round", show_header=False)
-    head.add_row("cohort", f"{clients} devices, vectors of {dim} floats clipped to ±{config.encoding.clip:g}")
-    head.add_row("graph / threshold", f"{graph}, t = {config.threshold}")
-    head.add_row("encoding", f"{config.encoding.modulus_bits}-bit fixed point, step {config.encoding.step:.3g}")
-    for stage in DROPOUT_STAGES:
-        ids = sorted(getattr(plan, stage))
-        if ids:
-            head.add_row(f"dropped: {_WHEN[Stage(stage)]}", ", ".join(map(str, ids)))
-    console.print(head)
-
-    surv = Table(title="survivors per stage (server view)")
-    surv.add_column("stage")
-    surv.add_column("devices", justify="right")
-    surv.add_column("server CPU ms", justify="right")
-    for stage, members in outcome.survivors.items():
-        surv.add_row(stage.replace("_", " "), str(len(members)), f"{outcome.server_cpu_ms.get(stage, 0.0):.1f}")
-    console.print(surv)
-
-    if not outcome.ok:
-        console.print(
-            f"[red]round aborted[/red] at {outcome.abort_stage}: "
-            f"{outcome.abort_reason.value if outcome.abort_reason else '?'} ({outcome.abort_detail})"
-        )
-        raise typer.Exit(1)
-
-    counted = list(outcome.counted)
-    float_mean = np.clip(updates[counted], -config.encoding.clip, config.encoding.clip).astype(np.float64).mean(0)
-    err = float(np.abs(outcome.mean - float_mean).max())
-    res = Table(title="result", show_header=False)
-    res.add_row("counted devices", f"{len(counted)} (masked input received)")
-    res.add_row(
-        "exact sum",
-        "[green]yes[/green]: equals the plaintext sum of the counted encoded updates bit for bit"
-        if outcome.exact
-        else "[red]NO[/red]",
-    )
-    res.add_row("max |decoded mean - float mean|", f"{err:.3g} (quantization step {config.encoding.step:.3g})")
-    cpu = outcome.client_cpu_ms
-    res.add_row("device CPU ms (mean / max)", f"{cpu.mean():.1f} / {cpu.max():.1f}")
-    res.add_row("server CPU ms (all stages)", f"{sum(outcome.server_cpu_ms.values()):.1f}")
-    res.add_row("masked input on the wire", f"{outcome.masked_input_bytes} bytes ({4 * dim} of payload)")
-    res.add_row("one sealed share pair", f"{outcome.share_ciphertext_bytes} bytes")
-    res.add_row("wall time", f"{outcome.wall_s:.2f} s")
-    console.print(res)
-    if not outcome.exact:
-        raise typer.Exit(1)

@@ -5,9 +5,14 @@ counted, and is refused at its next Hello or CheckIn."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:  # the coordinator package is imported lazily (the CLI's start-up time)
+    from coordinator.store import Store
 
 devices_app = typer.Typer(help="Operator actions on enrolled devices (the coordinator's store).", no_args_is_help=True)
 
@@ -20,8 +25,10 @@ def register(app: typer.Typer) -> None:
     app.add_typer(devices_app, name="devices")
 
 
-def _set(database_url: str, device_ids: list[int], status: str) -> None:
-    from coordinator.store import DeviceStatus, NotFoundError, StoreError, open_store
+@contextlib.contextmanager
+def _store(database_url: str) -> Iterator[Store]:
+    """The coordinator's store (not migrated), closed on the way out; exit code 2 when it cannot be opened."""
+    from coordinator.store import StoreError, open_store
 
     try:
         store = open_store(database_url, migrate=False)
@@ -29,6 +36,15 @@ def _set(database_url: str, device_ids: list[int], status: str) -> None:
         typer.echo(f"error: cannot open the store: {e}", err=True)
         raise typer.Exit(2) from None
     try:
+        yield store
+    finally:
+        store.close()
+
+
+def _set(database_url: str, device_ids: list[int], status: str) -> None:
+    from coordinator.store import DeviceStatus, NotFoundError
+
+    with _store(database_url) as store:
         for d in device_ids:
             try:
                 rec = store.set_device_status(d, DeviceStatus(status))
@@ -36,8 +52,6 @@ def _set(database_url: str, device_ids: list[int], status: str) -> None:
                 typer.echo(f"error: device {d} is not enrolled", err=True)
                 raise typer.Exit(2) from None
             typer.echo(f"device {rec.id} ({rec.local_id or 'no local id'}): {rec.status.value}")
-    finally:
-        store.close()
 
 
 @devices_app.command("revoke")
@@ -57,16 +71,7 @@ def restore(device_ids: Annotated[list[int], typer.Argument(help="Device ids to 
 @devices_app.command("list")
 def list_(database_url: Annotated[str, _DB] = "sqlite:///./fedmask.db") -> None:
     """Every enrolled device: id, status, local id, enrolling client, last seen."""
-    from coordinator.store import StoreError, open_store
-
-    try:
-        store = open_store(database_url, migrate=False)
-    except StoreError as e:
-        typer.echo(f"error: cannot open the store: {e}", err=True)
-        raise typer.Exit(2) from None
-    try:
+    with _store(database_url) as store:
         for rec in store.list_devices():
             seen = rec.last_seen_at.isoformat(timespec="seconds") if rec.last_seen_at else "-"
             typer.echo(f"{rec.id}\t{rec.status.value}\t{rec.local_id}\t{rec.client_id or '-'}\t{seen}")
-    finally:
-        store.close()

@@ -161,7 +161,7 @@ def test_unknown_dataset_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_cli_simulate_writes_results(tmp_path: Path, command_app) -> None:
-    from fedmask.commands.models import register_simulate
+    from fedmask.commands.simulate import register_simulate
 
     app = command_app(register_simulate)
 

@@ -139,7 +139,7 @@ def test_disk_tables_copy_on_write_keeps_the_best_state(tmp_path: Path) -> None:
 def test_cli_prints_the_plan_and_refuses_a_budget_it_cannot_meet(tmp_path: Path, command_app) -> None:
     from typer.testing import CliRunner
 
-    from fedmask.commands.models import register_simulate
+    from fedmask.commands.simulate import register_simulate
 
     app = command_app(register_simulate)
     base = ["simulate", "--model", "fedrap", "--dataset", "synthetic", "--rounds", "1", "-p", "k=4", "--threads", "1"]

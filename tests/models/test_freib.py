@@ -205,7 +205,7 @@ def test_cli_simulate_freib_with_ldp(tmp_path: Path, command_app: Any) -> None:
 
     from typer.testing import CliRunner
 
-    from fedmask.commands.models import register_simulate
+    from fedmask.commands.simulate import register_simulate
 
     app = command_app(register_simulate)
     out = tmp_path / "run"
