@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.rounds import Action, AggregateReady, LogEvent, PhaseChanged, RoundEnded, RoundMachine, RoundPhase, \
-    Send, aggregate_result
+from coordinator.rounds import Action, AggregateReady, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send, \
+    aggregate_result
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm
 from secagg.errors import AbortReason
@@ -92,7 +93,7 @@ class HybridRoundMachine(RoundMachine):
                 return screened
             return [self._log("message_ignored", device=device_id, kind=type(message).__name__,
                               why="its plaintext input is counted")]
-        if isinstance(message, secagg_pb2.MaskedInput) and self.phase is RoundPhase.ADVERTISE_KEYS:
+        if isinstance(message, secagg_pb2.MaskedInput) and self.phase is RoundState.ADVERTISE_KEYS:
             return self._plaintext_input(device_id, message, now)
         return super().handle(device_id, message, now)
 
@@ -136,7 +137,7 @@ class HybridRoundMachine(RoundMachine):
 
     def _close(self, now: float) -> list[Action]:
         actions = super()._close(now)
-        if self.phase is RoundPhase.AGGREGATING and self.result is not None:
+        if self.phase is RoundState.AGGREGATING and self.result is not None:
             secure = self.result
             self._secure_counted = secure.counted
             self.result = aggregate_result(self.config, self.metrics, self._combined(secure.encoded_sum, secure.counted),
@@ -144,7 +145,7 @@ class HybridRoundMachine(RoundMachine):
             return [AggregateReady(self.result) if isinstance(a, AggregateReady) else a for a in actions] + [
                 self._log("hybrid_sum", secure=len(secure.counted), plaintext=len(self.plaintext))
             ]
-        if self.phase is RoundPhase.ABORTED and self.plaintext:
+        if self.phase is RoundState.ABORTED and self.plaintext:
             return self._plaintext_only(actions)
         return actions
 
@@ -169,7 +170,7 @@ class HybridRoundMachine(RoundMachine):
         self._out -= self._plain_set
         self.abort_reason, self.abort_detail = None, ""
         self.result = aggregate_result(self.config, self.metrics, self._combined(None, ()), tuple(self.plaintext))
-        self.phase = RoundPhase.AGGREGATING
+        self.phase = RoundState.AGGREGATING
         return kept + [
             PhaseChanged(self.phase),
             AggregateReady(self.result),

@@ -17,12 +17,13 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from coordinator.rounds import RoundMachine, RoundPhase
+from coordinator.rounds import PHASES, RoundMachine
+from coordinator.store import RoundState
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.round_task import seconds_to_duration
 
 
-def _round_stage(phase: RoundPhase) -> A.RoundStage.ValueType:
+def _round_stage(phase: RoundState) -> A.RoundStage.ValueType:
     """ROUND_STAGE_<NAME> of `phase`; every phase has one (a phase the proto
     cannot name fails when this module is imported, not in a live view)."""
     try:
@@ -31,9 +32,9 @@ def _round_stage(phase: RoundPhase) -> A.RoundStage.ValueType:
         raise TypeError(f"fedmask.v1.RoundStage has no value for the round phase {phase.value!r}") from None
 
 
-#: Phase value -> RoundStage, for every RoundPhase (the secagg stages, then
-#: aggregating, committed, aborted).
-STAGE: dict[str, A.RoundStage.ValueType] = {p.value: _round_stage(p) for p in RoundPhase}
+#: Phase value -> RoundStage, for every phase of the round machine (the
+#: secagg stages, then aggregating, committed, aborted).
+STAGE: dict[str, A.RoundStage.ValueType] = {p.value: _round_stage(p) for p in PHASES}
 
 
 @dataclass

@@ -40,9 +40,9 @@ from coordinator.rounds import (
     AggregateReady,
     PhaseChanged,
     RoundMachine,
-    RoundPhase,
     aggregate_result,
 )
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
@@ -63,7 +63,7 @@ class PlaintextRoundMachine(RoundMachine):
         self.ids = RoundIds.from_cohort(self.cohort)
         if len(self.cohort) != self.config.num_clients:
             raise ValueError(f"cohort of {len(self.cohort)} for a config of n={self.config.num_clients}")
-        self.phase = RoundPhase.MASKED_INPUT
+        self.phase = RoundState.MASKED_INPUT
         self._stage_started = 0.0
         self._out: set[int] = set()
         self._pending: set[int] = set(self.cohort)
@@ -89,7 +89,7 @@ class PlaintextRoundMachine(RoundMachine):
         return len(self._pending) if self.phase.is_collecting else 0
 
     def survivors(self) -> dict[str, list[int]]:
-        return {RoundPhase.MASKED_INPUT.value: sorted(self._counted)}
+        return {RoundState.MASKED_INPUT.value: sorted(self._counted)}
 
     # ------------------------------------------------------------ events
 
@@ -162,7 +162,7 @@ class PlaintextRoundMachine(RoundMachine):
                                                notify=[d for d in self._counted])
         encoded = self._sum.astype(np.uint32)  # the encoding leaves headroom: no wrap-around
         self.result = aggregate_result(self.config, self.metrics, encoded, tuple(sorted(self._counted)))
-        self.phase = RoundPhase.AGGREGATING
+        self.phase = RoundState.AGGREGATING
         self.deadline = math.inf
         return actions + [
             PhaseChanged(self.phase),

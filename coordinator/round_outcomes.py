@@ -21,7 +21,7 @@ from coordinator.events import EventHub
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.round_report import PrivacyLedger
-from coordinator.rounds import RoundMachine, RoundPhase
+from coordinator.rounds import RoundMachine
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
 from fedmask_proto.v1 import admin_service_pb2, common_pb2
 from wire.round_task import seconds_to_duration
@@ -111,7 +111,7 @@ class RoundOutcomes:
     def round_over(self, r: RoundMachine, *, started_at: datetime, new_version: int | None = None) -> None:
         """Count, measure and announce the end of round `r`."""
         duration = (self._wall() - started_at).total_seconds()
-        committed = r.phase is RoundPhase.COMMITTED
+        committed = r.phase is RoundState.COMMITTED
         reason = reason_name(r.abort_reason) if r.abort_reason is not None else None
         self._metrics.round_ended(committed=committed, reason=reason, duration_s=duration, timings=r.timings,
                                   dropouts={k: len(v) for k, v in r.dropouts.items()})

@@ -4,7 +4,8 @@ One `RoundMachine` runs one secure-aggregation round over a fixed cohort.
 It drives the `secagg` server states and speaks proto on its edges (through
 `wire`), so the asyncio runner only routes messages and persists results.
 
-Phases (RoundPhase) and what moves them:
+Phases (`PHASES`: the store's `RoundState`s the machine passes through) and
+what moves them:
 
     ADVERTISE_KEYS --close--> SHARE_KEYS --close--> SHARE_CHECK --close-->
       MASKED_INPUT --close--> [CONSISTENCY_CHECK --close-->] UNMASKING
@@ -45,7 +46,6 @@ checks drop a device the same way (it records the DropReason).
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,12 +53,13 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason, DropReason
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
-from secagg.stages import Stage, check_mirrors_stages
+from secagg.stages import Stage
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
 from wire.protocol import CLIENT_MESSAGE_STAGE
@@ -68,39 +69,10 @@ from wire.secagg_codec import abort_reason_to_proto, drop_notice_reason, reason_
 P = common_pb2
 
 
-_STAGE_BY_VALUE = {s.value: s for s in Stage}
-
-
-class RoundPhase(enum.StrEnum):
-    """The round's lifecycle: one phase per secagg `Stage` (same name and
-    value, in protocol order; checked when this module is imported), then
-    AGGREGATING and a terminal phase."""
-
-    ADVERTISE_KEYS = Stage.ADVERTISE_KEYS.value
-    SHARE_KEYS = Stage.SHARE_KEYS.value
-    SHARE_CHECK = Stage.SHARE_CHECK.value
-    MASKED_INPUT = Stage.MASKED_INPUT.value
-    CONSISTENCY_CHECK = Stage.CONSISTENCY_CHECK.value
-    UNMASKING = Stage.UNMASKING.value
-    AGGREGATING = "aggregating"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-
-    @property
-    def stage(self) -> Stage | None:
-        """The secagg stage this phase collects (None outside the stages)."""
-        return _STAGE_BY_VALUE.get(self.value)
-
-    @property
-    def is_collecting(self) -> bool:
-        return self.value in _STAGE_BY_VALUE
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (RoundPhase.COMMITTED, RoundPhase.ABORTED)
-
-
-check_mirrors_stages((p.value for p in RoundPhase), owner="RoundPhase")
+#: The phases a round machine passes through (its `phase`), in order: the
+#: store's round states from ADVERTISE_KEYS on, so a phase is recorded as it
+#: is (SELECTING and TRAINING are never a machine's).
+PHASES: tuple[RoundState, ...] = tuple(s for s in RoundState if s not in (RoundState.SELECTING, RoundState.TRAINING))
 
 
 # --------------------------------------------------------------------------- actions
@@ -120,7 +92,7 @@ class Broadcast:
 
 @dataclass(frozen=True, slots=True)
 class PhaseChanged:
-    phase: RoundPhase
+    phase: RoundState
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -192,7 +164,7 @@ class RoundMachine:
     identity_keys: Mapping[int, bytes] | None = None  # device id -> Ed25519 raw (active mode)
     metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates at the end of every input
 
-    phase: RoundPhase = field(init=False, default=RoundPhase.ADVERTISE_KEYS)
+    phase: RoundState = field(init=False, default=RoundState.ADVERTISE_KEYS)
     deadline: float = field(init=False, default=math.inf)
     ids: RoundIds = field(init=False)
     timings: dict[str, float] = field(init=False, default_factory=dict)
@@ -355,10 +327,10 @@ class RoundMachine:
 
     def committed(self, new_model_version: int, now: float) -> list[Action]:
         """The runner committed the round: tell the cohort."""
-        if self.phase is not RoundPhase.AGGREGATING or self.result is None:
+        if self.phase is not RoundState.AGGREGATING or self.result is None:
             raise RuntimeError(f"committed() in phase {self.phase.value}")
-        self.timings[RoundPhase.AGGREGATING.value] = now - self._stage_started
-        self.phase = RoundPhase.COMMITTED
+        self.timings[RoundState.AGGREGATING.value] = now - self._stage_started
+        self.phase = RoundState.COMMITTED
         self.new_model_version = new_model_version
         msg = _server_message(
             round_committed=session_pb2.RoundCommitted(
@@ -376,9 +348,9 @@ class RoundMachine:
         ]
 
     def commit_failed(self, detail: str, now: float) -> list[Action]:
-        if self.phase is not RoundPhase.AGGREGATING or self.result is None:
+        if self.phase is not RoundState.AGGREGATING or self.result is None:
             raise RuntimeError(f"commit_failed() in phase {self.phase.value}")
-        self.timings[RoundPhase.AGGREGATING.value] = now - self._stage_started
+        self.timings[RoundState.AGGREGATING.value] = now - self._stage_started
         return self._end_aborted(P.ABORT_REASON_CANCELLED, f"commit failed: {detail}", notify=self.result.counted)
 
     # ------------------------------------------------------------------ internals
@@ -453,14 +425,14 @@ class RoundMachine:
             self.result = aggregate_result(
                 self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted)
             )
-            self.phase = RoundPhase.AGGREGATING
+            self.phase = RoundState.AGGREGATING
             self.deadline = math.inf
             return actions + [
                 PhaseChanged(self.phase),
                 AggregateReady(self.result),
                 self._log("aggregate_ready", counted=len(done.counted)),
             ]
-        self.phase = RoundPhase(Stage(self._server.stage).value)
+        self.phase = RoundState(Stage(self._server.stage).value)
         self.deadline = now + self.deadlines[self.phase.value]
         return actions + [
             PhaseChanged(self.phase),
@@ -470,7 +442,7 @@ class RoundMachine:
     def _end_aborted(self, reason: codec.ProtoAbortReason, detail: str, *, notify: Sequence[int]) -> list[Action]:
         actions: list[Action] = [self._notice(d, reason, detail) for d in notify if d not in self._out]
         self._out.update(notify)
-        self.phase = RoundPhase.ABORTED
+        self.phase = RoundState.ABORTED
         self.deadline = math.inf
         self.abort_reason = reason
         self.abort_detail = detail

@@ -58,8 +58,7 @@ from coordinator.round_policy import (AdaptiveDeadlines, dp_settings_for, metric
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
-from coordinator.rounds import (Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine,
-                                RoundPhase, Send)
+from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import RoundRecord, RoundState, Store, utc_now
@@ -502,7 +501,7 @@ class Coordinator:
                   model=self.model.name, version=self.model_version,
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
         try:
-            await asyncio.to_thread(self.store.save_round_progress, self._record(r, RoundState(r.phase.value)))
+            await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))
             self._send_tasks(r, windows.task)
             self._apply(r.start(self._clock()))
             saved_phase = r.phase
@@ -515,11 +514,11 @@ class Coordinator:
                     continue
                 if r.phase.is_collecting and r.phase is not saved_phase:
                     saved_phase = r.phase
-                    await asyncio.to_thread(self.store.save_round_progress, self._record(r, RoundState(r.phase.value)))
+                    await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))
             self.deadlines.observe(r.completion)
-            if r.phase is RoundPhase.AGGREGATING:
+            if r.phase is RoundState.AGGREGATING:
                 await self._commit(r)
-            if r.phase is RoundPhase.ABORTED:
+            if r.phase is RoundState.ABORTED:
                 await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
                 self.outcomes.round_over(r, started_at=self._round_started_at or self._wall())
         except Exception:
@@ -541,7 +540,7 @@ class Coordinator:
             self.metrics.live_round(survivors=0, threshold=0, cohort=0)
             self._changed.set()
 
-    def _phase_changed(self, phase: RoundPhase) -> None:
+    def _phase_changed(self, phase: RoundState) -> None:
         """The running round entered `phase`: its timeline, the stage event
         (collecting stages and aggregating; the end has its own events) and
         the live gauges."""
@@ -580,7 +579,7 @@ class Coordinator:
                     log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
                     metrics = {}
                 privacy = await asyncio.to_thread(self.ledger.entry_for, r)
-                timings = {**r.timings, RoundPhase.AGGREGATING.value: self._clock() - t0}
+                timings = {**r.timings, RoundState.AGGREGATING.value: self._clock() - t0}
                 record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
                 summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
                 current.adopt(summary.id, new_params, current.step + 1)

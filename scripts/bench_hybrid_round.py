@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from coordinator.hybrid import HybridRoundMachine
-from coordinator.rounds import Action, RoundMachine, RoundPhase, Send
+from coordinator.rounds import Action, RoundMachine, Send
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg.client import ClientAdvertiseKeys, ClientState
 from secagg.config import SecAggConfig
@@ -123,7 +124,7 @@ def one_round(config: SecAggConfig, cohort: list[int], plaintext: set[int], seed
         server_s += time.perf_counter() - t0
         apply(actions)
     wall = time.perf_counter() - t_wall
-    ok = m.phase is RoundPhase.AGGREGATING and m.result is not None
+    ok = m.phase is RoundState.AGGREGATING and m.result is not None
     exact = False
     if ok and m.result is not None:
         want = np.sum(np.stack([devices[d].encoded for d in m.result.counted]), axis=0, dtype=np.uint64)

@@ -1,10 +1,11 @@
 """One stage vocabulary: every list of protocol stages in the repository is
 secagg's `Stage`, in protocol order (secagg/stages.py).
 
-The lists derived by iterating `Stage` are compared with it here; the two
-enums that spell their members (so the type checker knows them) check
-themselves when imported (`check_mirrors_stages`), and that check is shown
-to refuse a drifted list. The dashboard's strip is checked where it is
+The lists derived by iterating `Stage` are compared with it here; the enum
+that spells its members (so the type checker knows them), the store's
+`RoundState`, which is also the round machine's phase, checks itself when
+imported (`check_mirrors_stages`), and that check is shown to refuse a
+drifted list. The dashboard's strip is checked where it is
 served (tests/admin/test_admin_api.py).
 """
 
@@ -20,7 +21,7 @@ import pytest
 
 from admin import history, schemas
 from coordinator import live_state
-from coordinator.rounds import RoundPhase
+from coordinator.rounds import PHASES
 from coordinator.store import RoundState
 from fedmask_proto.v1 import admin_service_pb2 as A
 from secagg import bench
@@ -54,21 +55,23 @@ def test_the_protocol_has_the_share_check() -> None:
 
 
 def test_round_phases_are_the_stages_then_aggregation_and_the_ends() -> None:
-    assert [p.value for p in RoundPhase] == [*VALUES, "aggregating", "committed", "aborted"]
-    assert _stage_members(RoundPhase) == NAMES
-    assert [p.stage for p in RoundPhase if p.is_collecting] == list(Stage)
+    assert [p.value for p in PHASES] == [*VALUES, "aggregating", "committed", "aborted"]
+    assert all(isinstance(p, RoundState) for p in PHASES)
+    assert [p.stage for p in PHASES if p.is_collecting] == list(Stage)
 
 
 def test_stored_round_states_are_selection_training_the_stages_then_aggregation_and_the_ends() -> None:
     assert [s.value for s in RoundState] == ["selecting", "training", *VALUES, "aggregating", "committed", "aborted"]
     assert _stage_members(RoundState) == NAMES
+    assert [s.stage for s in RoundState if s.is_collecting] == list(Stage)
+    assert all(s.stage is None for s in RoundState if not s.is_collecting)
 
 
 def test_the_live_state_names_every_phase_in_the_proto() -> None:
-    assert list(live_state.STAGE) == [p.value for p in RoundPhase]
+    assert list(live_state.STAGE) == [p.value for p in PHASES]
     assert {A.RoundStage.Name(v) for v in live_state.STAGE.values()} == {
         n for n in A.RoundStage.keys() if n != "ROUND_STAGE_UNSPECIFIED"}
-    assert all(A.RoundStage.Name(v) == f"ROUND_STAGE_{p.name}" for p, v in zip(RoundPhase, live_state.STAGE.values(),
+    assert all(A.RoundStage.Name(v) == f"ROUND_STAGE_{p.name}" for p, v in zip(PHASES, live_state.STAGE.values(),
                                                                              strict=True))
 
 

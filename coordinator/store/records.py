@@ -54,11 +54,15 @@ class DeviceStatus(StrEnum):
     REVOKED = "revoked"
 
 
+_STAGE_BY_VALUE = {s.value: s for s in Stage}
+
+
 class RoundState(StrEnum):
     """Round lifecycle. Non-terminal states name the stage in progress: one
     state per secagg `Stage` (same name and value, in protocol order; checked
     when this module is imported) between TRAINING and AGGREGATING. The
-    values are what the store records."""
+    values are what the store records. The round machine's phases
+    (coordinator.rounds.PHASES) are these states from ADVERTISE_KEYS on."""
 
     SELECTING = "selecting"
     TRAINING = "training"
@@ -71,6 +75,16 @@ class RoundState(StrEnum):
     AGGREGATING = "aggregating"
     COMMITTED = "committed"
     ABORTED = "aborted"
+
+    @property
+    def stage(self) -> Stage | None:
+        """The secagg stage this state collects (None outside the stages)."""
+        return _STAGE_BY_VALUE.get(self.value)
+
+    @property
+    def is_collecting(self) -> bool:
+        """True in the states of the secagg stages."""
+        return self.value in _STAGE_BY_VALUE
 
     @property
     def is_terminal(self) -> bool:

@@ -67,15 +67,15 @@ class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
 
     def _close(self) -> Transition:
         r = self._round
-        cfg = r.config
-        u1, pruned = self._prune_answered("fewer than t advertised devices in its closure")
-        r.u1 = u1
-        if len(u1) < cfg.threshold:
-            return self._abort(AbortReason.TOO_FEW_ADVERTISED, f"{len(u1)} devices advertised keys, t={cfg.threshold}")
+        closed = self._prune_answered("fewer than t advertised devices in its closure", AbortReason.TOO_FEW_ADVERTISED,
+                                      "advertised keys")
+        r.u1 = u1 = closed.survivors
+        if closed.aborted is not None:
+            return closed.aborted
         entries = {
             v: KeyEntry(v, m.c_public, m.s_public, m.signature) for v, m in r.advertised.items() if v in u1
         }
-        out = self._notices(pruned, AbortReason.TOO_FEW_ADVERTISED)
+        out = closed.notices
         if r.graph.is_complete:
             everyone = tuple(entries[v] for v in sorted(u1))
             out += [KeyList(**self._header(v), entries=everyone) for v in sorted(u1)]

@@ -105,6 +105,17 @@ class ServerRound:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """A pruning stage's close so far (`ServerState._prune_answered`)."""
+
+    survivors: frozenset[int]
+    #: The round's end when fewer than t devices survived; None otherwise.
+    aborted: Transition | None
+    #: ServerAborts for the pruned devices (empty when the round ended).
+    notices: list[Message]
+
+
 class ServerState(Generic[M]):
     """Base of the server states; see the module doc for the contract."""
 
@@ -212,20 +223,24 @@ class ServerState(Generic[M]):
     def _live(self, ids: Iterable[int]) -> frozenset[int]:
         return frozenset(i for i in ids if i not in self._round.dropped)
 
-    def _prune_answered(self, detail: str) -> tuple[frozenset[int], list[int]]:
-        """The devices that answered and are not dropped, pruned (see `prune`)
-        so that each keeps >= t of them in its closure: records them as this
-        stage's survivors and drops the rest for NEIGHBOURHOOD_TOO_SMALL
-        (`detail`). Returns (survivors, the pruned devices in order); the
-        caller still sends the pruned their ServerAbort."""
+    def _prune_answered(self, detail: str, too_few: AbortReason, counted: str) -> Pruned:
+        """Close a stage whose survivors must keep >= t of each other in their
+        closures: the devices that answered and are not dropped, pruned (see
+        `prune`); records them as this stage's survivors and drops the rest
+        for NEIGHBOURHOOD_TOO_SMALL (`detail`). Fewer than t survivors end
+        the round with `too_few` ("<n> devices <counted>, t=<t>"); otherwise
+        the pruned devices get a ServerAbort with the same reason."""
         r = self._round
+        t = r.config.threshold
         accepted = self._live(self._answered)
-        survivors = prune(r.graph, accepted, r.config.threshold)
+        survivors = prune(r.graph, accepted, t)
         pruned = sorted(accepted - survivors)
         for v in pruned:
             self._drop(v, DropReason.NEIGHBOURHOOD_TOO_SMALL, detail)
         r.survivors[self.stage] = tuple(sorted(survivors))
-        return survivors, pruned
+        if len(survivors) < t:
+            return Pruned(survivors, self._abort(too_few, f"{len(survivors)} devices {counted}, t={t}"), [])
+        return Pruned(survivors, None, self._notices(pruned, too_few))
 
     def _abort(self, reason: AbortReason, detail: str) -> Transition:
         """End the round; tell every device of this stage not dropped for cause."""

@@ -51,12 +51,12 @@ class ServerShareKeys(ServerState[ShareKeys]):
 
     def _close(self) -> Transition:
         r = self._round
-        cfg = r.config
-        u2, pruned = self._prune_answered("fewer than t key-sharing devices in its closure")
-        r.u2 = u2
-        if len(u2) < cfg.threshold:
-            return self._abort(AbortReason.TOO_FEW_SHARED, f"{len(u2)} devices shared keys, t={cfg.threshold}")
-        out = self._notices(pruned, AbortReason.TOO_FEW_SHARED)
+        closed = self._prune_answered("fewer than t key-sharing devices in its closure", AbortReason.TOO_FEW_SHARED,
+                                      "shared keys")
+        r.u2 = u2 = closed.survivors
+        if closed.aborted is not None:
+            return closed.aborted
+        out = closed.notices
         for v in sorted(u2):
             senders = sorted(r.graph.neighbors(v) & u2)
             r.relayed[v] = frozenset(senders)

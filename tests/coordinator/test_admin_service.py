@@ -22,7 +22,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.live_state import STAGE
 from coordinator.model_host import build_server_model
-from coordinator.rounds import RoundPhase
 from coordinator.server import build_admin_server, build_server, set_serving, start_metrics_server
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
@@ -38,7 +37,7 @@ from coordinator_fakes import FakeClient, FakeDevice, enroll, enroll_keys, ident
 
 L = 16
 #: The collecting stages of a round of these tests, in order (no consistency check: no signatures).
-ROUND_STAGES = [p for p in RoundPhase if p.is_collecting and p is not RoundPhase.CONSISTENCY_CHECK]
+ROUND_STAGES = [p for p in RoundState if p.is_collecting and p is not RoundState.CONSISTENCY_CHECK]
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 DEVICE_TOKEN = "device-token-0123456789abcdef"
 
@@ -350,8 +349,8 @@ def test_live_state_shows_the_open_stage_with_its_deadline_and_survivors() -> No
             live = state.round
             assert (live.number, A.RoundStage.Name(live.stage), live.cohort_size, live.threshold) == (
                 1, "ROUND_STAGE_MASKED_INPUT", 3, 2)
-            before = ROUND_STAGES[:ROUND_STAGES.index(RoundPhase.MASKED_INPUT)]
-            assert [s.stage for s in live.stages] == [STAGE[p.value] for p in (*before, RoundPhase.MASKED_INPUT)]
+            before = ROUND_STAGES[:ROUND_STAGES.index(RoundState.MASKED_INPUT)]
+            assert [s.stage for s in live.stages] == [STAGE[p.value] for p in (*before, RoundState.MASKED_INPUT)]
             assert [s.survivors for s in live.stages[:len(before)]] == [3] * len(before)
             open_stage = live.stages[-1]
             assert open_stage.pending == 3 and open_stage.HasField("deadline")

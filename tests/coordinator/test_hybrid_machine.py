@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from coordinator.hybrid import HybridRoundMachine
-from coordinator.rounds import Broadcast, RoundPhase
+from coordinator.rounds import Broadcast
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2
 
 from test_round_machine import Driver
@@ -30,7 +31,7 @@ def test_total_is_the_exact_sum_of_plaintext_and_secure_inputs(n, n_plain, kw):
     d = hybrid(n, plain, **kw)
     d.run()
     m = d.m
-    assert m.phase is RoundPhase.AGGREGATING
+    assert m.phase is RoundState.AGGREGATING
     assert set(m.result.counted) == set(m.cohort)
     assert m.plaintext == plain
     # the round's total is the plaintext sum of every counted device's encoded input, bit for bit
@@ -50,7 +51,7 @@ def test_total_is_the_exact_sum_of_plaintext_and_secure_inputs(n, n_plain, kw):
 def test_without_plaintext_devices_it_is_a_secure_round():
     d = hybrid(6, [])
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING and d.m.plaintext == []
+    assert d.m.phase is RoundState.AGGREGATING and d.m.plaintext == []
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
 
 
@@ -61,7 +62,7 @@ def test_too_few_secure_devices_commit_the_plaintext_sum_alone():
     d.run()
     m = d.m
     assert m.config.threshold > n - len(plain)
-    assert m.phase is RoundPhase.AGGREGATING, m.abort_detail
+    assert m.phase is RoundState.AGGREGATING, m.abort_detail
     assert m.result.counted == tuple(plain)
     assert np.array_equal(m.result.encoded_sum, d.expected_sum())
     secure = set(m.cohort) - set(plain)
@@ -74,7 +75,7 @@ def test_every_device_plaintext_commits_when_at_least_the_threshold():
     n = 5
     d = hybrid(n, cohort(n))
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING
+    assert d.m.phase is RoundState.AGGREGATING
     assert d.m.result.counted == tuple(cohort(n))
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
 
@@ -84,7 +85,7 @@ def test_too_few_of_either_kind_aborts():
     plain = cohort(n)[:4]  # threshold 5: neither 4 secure nor 4 plaintext devices are enough
     d = hybrid(n, plain)
     d.run()
-    assert d.m.phase is RoundPhase.ABORTED
+    assert d.m.phase is RoundState.ABORTED
     assert "plaintext input(s) are fewer than the threshold" in d.m.abort_detail
     assert d.ended and not d.ended[0].committed
 
@@ -106,6 +107,6 @@ def test_a_plaintext_device_after_its_keys_is_dropped_and_lost_plaintext_devices
     assert d.notices[late] == [P.ABORT_REASON_PROTOCOL_VIOLATION]
     assert m.device_lost(cohort(n)[0], 0.0) == []  # its plaintext input is already counted
     d.run()
-    assert m.phase is RoundPhase.AGGREGATING
+    assert m.phase is RoundState.AGGREGATING
     assert cohort(n)[0] in m.result.counted and late not in m.result.counted
     assert np.array_equal(m.result.encoded_sum, d.expected_sum())

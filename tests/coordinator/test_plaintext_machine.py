@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from coordinator.plaintext import PlaintextRoundMachine
-from coordinator.rounds import AggregateReady, RoundEnded, RoundPhase, Send
+from coordinator.rounds import AggregateReady, RoundEnded, Send
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg.config import SecAggConfig
 
@@ -21,7 +22,7 @@ def machine(threshold: int | None = 3, cohort: list[int] = COHORT) -> PlaintextR
     config = SecAggConfig.create(num_clients=len(cohort), vector_length=L, session_id=SESSION, neighbors="all",
                                  threshold=threshold)
     m = PlaintextRoundMachine(number=4, config=config, cohort=cohort, deadlines={"masked_input": 5.0})
-    assert m.phase is RoundPhase.MASKED_INPUT
+    assert m.phase is RoundState.MASKED_INPUT
     m.start(0.0)
     return m
 
@@ -45,7 +46,7 @@ def test_sum_is_exact_and_the_stage_closes_when_all_answered() -> None:
         encs.append(enc)
     assert m.wants_close
     actions = m.tick(1.5)
-    assert any(isinstance(a, AggregateReady) for a in actions) and m.phase is RoundPhase.AGGREGATING
+    assert any(isinstance(a, AggregateReady) for a in actions) and m.phase is RoundState.AGGREGATING
     want = np.sum(encs, axis=0, dtype=np.uint64).astype(np.uint32)
     assert np.array_equal(m.result.encoded_sum, want)
     assert m.result.counted == tuple(COHORT)
@@ -69,7 +70,7 @@ def test_bad_input_drops_only_the_sender_and_silent_devices_miss_the_deadline() 
     assert [a.event for a in again] == ["message_ignored"]  # its first answer stands
     assert not m.wants_close and m.tick(4.9) == []
     m.tick(5.0)  # 17 is silent
-    assert m.phase is RoundPhase.AGGREGATING and m.result.counted == (13, 14, 15, 16)
+    assert m.phase is RoundState.AGGREGATING and m.result.counted == (13, 14, 15, 16)
     assert m.dropout_ids() == {"masked_input": [11, 12, 17]}
 
 
@@ -80,7 +81,7 @@ def test_too_few_inputs_abort_with_a_typed_reason() -> None:
     actions = m.tick(6.0)
     ended = [a for a in actions if isinstance(a, RoundEnded)]
     assert ended and not ended[0].committed and ended[0].reason == P.ABORT_REASON_TOO_FEW_SURVIVORS
-    assert m.phase is RoundPhase.ABORTED
+    assert m.phase is RoundState.ABORTED
     told = {a.device_id for a in actions if isinstance(a, Send)}
     assert told == set(COHORT)  # 3 counted told of the abort, 2 silent told they missed the deadline
 

@@ -15,9 +15,9 @@ from coordinator.rounds import (
     PhaseChanged,
     RoundEnded,
     RoundMachine,
-    RoundPhase,
     Send,
 )
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2, session_pb2
 from secagg import identity
 from secagg.config import SecAggConfig
@@ -55,7 +55,7 @@ class Driver:
         }
         self.notices: dict[int, list[int]] = {d: [] for d in cohort}
         self.ended: list[RoundEnded] = []
-        self.phases: list[RoundPhase] = []
+        self.phases: list[RoundState] = []
         self.broadcasts: list[Broadcast] = []
         ids = RoundIds.from_cohort(cohort)
         self.inbox: list[tuple[int, object]] = []
@@ -113,16 +113,16 @@ class Driver:
 def test_honest_round_aggregates_exactly(kw):
     d = Driver(**kw)
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING
+    assert d.m.phase is RoundState.AGGREGATING
     assert set(d.m.result.counted) == set(d.m.cohort)
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
     mean = np.mean([d.devices[x].update for x in d.m.cohort], axis=0)
     assert np.allclose(d.m.result.decoded_mean, mean, atol=1e-6)
-    stages = [RoundPhase.SHARE_KEYS, RoundPhase.SHARE_CHECK, RoundPhase.MASKED_INPUT] + ([RoundPhase.CONSISTENCY_CHECK] if kw.get("active") else [])
-    assert d.phases == [RoundPhase.ADVERTISE_KEYS, *stages, RoundPhase.UNMASKING, RoundPhase.AGGREGATING]
+    stages = [RoundState.SHARE_KEYS, RoundState.SHARE_CHECK, RoundState.MASKED_INPUT] + ([RoundState.CONSISTENCY_CHECK] if kw.get("active") else [])
+    assert d.phases == [RoundState.ADVERTISE_KEYS, *stages, RoundState.UNMASKING, RoundState.AGGREGATING]
     assert d.now == 0.0  # every stage closed early: nobody was waited for
     actions = d.m.committed(42, 1.0)
-    assert d.m.phase is RoundPhase.COMMITTED
+    assert d.m.phase is RoundState.COMMITTED
     bc = [a for a in actions if isinstance(a, Broadcast)][0]
     assert bc.message.round_committed.new_model_version == 42
     assert bc.message.round_committed.contributors == len(d.m.cohort)
@@ -134,7 +134,7 @@ def test_one_device_misses_each_stage_deadline(stage):
     late = 109
     d = Driver(n=6, silent={late: stage}, active=stage == "consistency_check")
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING, d.ended
+    assert d.m.phase is RoundState.AGGREGATING, d.ended
     assert d.notices[late] == [P.ABORT_REASON_DEADLINE_MISSED]
     assert d.m.dropout_ids()[stage] == [late]
     counted_late = late in d.m.result.counted
@@ -146,7 +146,7 @@ def test_one_device_misses_each_stage_deadline(stage):
 def test_below_threshold_aborts_with_a_typed_reason():
     d = Driver(n=5, silent={100: "share_keys", 103: "share_keys", 106: "share_keys"})
     d.run()
-    assert d.m.phase is RoundPhase.ABORTED
+    assert d.m.phase is RoundState.ABORTED
     assert d.ended == [RoundEnded(False, P.ABORT_REASON_TOO_FEW_SURVIVORS, d.ended[0].detail)]
     assert "too_few_shared" in d.ended[0].detail
     for dev in (109, 112):  # the devices still in the round learn it is over
@@ -156,18 +156,18 @@ def test_below_threshold_aborts_with_a_typed_reason():
 def test_wrong_round_and_replays_are_discarded_not_dropped():
     d = Driver(n=4)
     d.feed()  # advertise done; stage 1 open, ShareKeys in flight? no: feed delivered everything
-    assert d.m.phase in (RoundPhase.ADVERTISE_KEYS, RoundPhase.SHARE_KEYS)
+    assert d.m.phase in (RoundState.ADVERTISE_KEYS, RoundState.SHARE_KEYS)
     stale = secagg_pb2.AdvertiseKeys(session_id=b"other-session-id", round_number=7, device_id=100,
                                      c_pk=b"a" * 32, s_pk=b"b" * 32)
     assert all(not isinstance(a, Send) for a in d.m.handle(100, stale, 0.0))
     old_round = secagg_pb2.AdvertiseKeys(session_id=SESSION, round_number=6, device_id=100)
     assert all(not isinstance(a, Send) for a in d.m.handle(100, old_round, 0.0))
     d.apply(d.m.tick(0.0))
-    assert d.m.phase is RoundPhase.SHARE_KEYS
+    assert d.m.phase is RoundState.SHARE_KEYS
     replay = secagg_pb2.AdvertiseKeys(session_id=SESSION, round_number=7, device_id=100, c_pk=b"a" * 32, s_pk=b"b" * 32)
     assert all(not isinstance(a, Send) for a in d.m.handle(100, replay, 0.0))  # earlier stage: replay
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING and len(d.m.result.counted) == 4
+    assert d.m.phase is RoundState.AGGREGATING and len(d.m.result.counted) == 4
 
 
 def test_malformed_vector_drops_only_that_device():
@@ -179,7 +179,7 @@ def test_malformed_vector_drops_only_that_device():
 
     d = Driver(n=5, tamper=tamper)
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING
+    assert d.m.phase is RoundState.AGGREGATING
     assert d.notices[103] == [P.ABORT_REASON_PROTOCOL_VIOLATION]
     assert 103 not in d.m.result.counted and d.m.dropout_ids()["masked_input"] == [103]
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
@@ -192,7 +192,7 @@ def test_message_of_a_later_stage_is_a_violation():
     actions = d.m.handle(106, early, 0.0)
     assert any(isinstance(a, Send) and a.message.abort.reason == P.ABORT_REASON_PROTOCOL_VIOLATION for a in actions)
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING and 106 not in d.m.result.counted
+    assert d.m.phase is RoundState.AGGREGATING and 106 not in d.m.result.counted
     assert np.array_equal(d.m.result.encoded_sum, d.expected_sum())
 
 
@@ -205,7 +205,7 @@ def test_secagg_check_failure_drops_the_device():
     d = Driver(n=5, tamper=tamper)
     d.run()
     assert d.notices[100] == [P.ABORT_REASON_PROTOCOL_VIOLATION]
-    assert d.m.phase is RoundPhase.AGGREGATING and 100 not in d.m.result.counted
+    assert d.m.phase is RoundState.AGGREGATING and 100 not in d.m.result.counted
 
 
 def test_spoofed_device_id_and_garbage_keys():
@@ -218,7 +218,7 @@ def test_spoofed_device_id_and_garbage_keys():
     d2.inbox = [(dev, p) for dev, p in d2.inbox if dev != 112] + [(112, bad)]
     d2.run()
     assert d2.notices[112] == [P.ABORT_REASON_PROTOCOL_VIOLATION]
-    assert d2.m.phase is RoundPhase.AGGREGATING and 112 not in d2.m.result.counted
+    assert d2.m.phase is RoundState.AGGREGATING and 112 not in d2.m.result.counted
 
 
 def test_device_lost_and_client_abort_are_dropouts():
@@ -227,7 +227,7 @@ def test_device_lost_and_client_abort_are_dropouts():
     withdraw = P.AbortNotice(session_id=SESSION, round_number=7, device_id=103, reason=P.ABORT_REASON_CLIENT_LEAVING)
     d.apply(d.m.handle(103, withdraw, 0.0))
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING
+    assert d.m.phase is RoundState.AGGREGATING
     assert set(d.m.result.counted) == {106, 109, 112, 115}
     assert d.m.dropouts["advertise_keys"] == {100: "disconnected", 103: "client_abort:client_leaving"}
     assert d.notices[100] == [] and d.notices[103] == []
@@ -238,7 +238,7 @@ def test_cancel_tells_every_live_device():
     d.feed()
     d.apply(d.m.tick(0.0))
     d.apply(d.m.cancel(P.ABORT_REASON_COORDINATOR_SHUTDOWN, "shutting down", 1.0))
-    assert d.m.phase is RoundPhase.ABORTED
+    assert d.m.phase is RoundState.ABORTED
     assert all(P.ABORT_REASON_COORDINATOR_SHUTDOWN in v for v in d.notices.values())
     assert d.ended[-1].reason == P.ABORT_REASON_COORDINATOR_SHUTDOWN
     assert d.m.cancel(P.ABORT_REASON_COORDINATOR_SHUTDOWN, "again", 2.0) == []
@@ -248,7 +248,7 @@ def test_commit_failure_aborts():
     d = Driver(n=4)
     d.run()
     actions = d.m.commit_failed("disk full", 5.0)
-    assert d.m.phase is RoundPhase.ABORTED and any(isinstance(a, RoundEnded) and not a.committed for a in actions)
+    assert d.m.phase is RoundState.ABORTED and any(isinstance(a, RoundEnded) and not a.committed for a in actions)
     with pytest.raises(RuntimeError):
         d.m.committed(1, 6.0)
 
@@ -286,8 +286,8 @@ def test_metric_totals_are_exactly_the_counted_devices_sums_under_dropouts(n, na
     d = Driver(n=n, silent=silent, metric_names=names)
     d.run()
     event(f"outcome: {d.m.phase.value}")
-    if d.m.phase is not RoundPhase.AGGREGATING:  # too many dropouts: the round aborts, nothing is decoded
-        assert d.m.phase is RoundPhase.ABORTED and d.m.result is None
+    if d.m.phase is not RoundState.AGGREGATING:  # too many dropouts: the round aborts, nothing is decoded
+        assert d.m.phase is RoundState.ABORTED and d.m.result is None
         return
     counted = d.m.result.counted
     event(f"counted {'<' if len(counted) < n else '='} cohort")
@@ -304,7 +304,7 @@ def test_a_hostile_devices_metric_limbs_never_touch_the_model_update():
     hostile = {103: lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)}
     d = Driver(n=5, metric_names=IMPLICIT, metric_limbs=hostile)
     d.run()
-    assert d.m.phase is RoundPhase.AGGREGATING and 103 in d.m.result.counted
+    assert d.m.phase is RoundState.AGGREGATING and 103 in d.m.result.counted
     L = 12
     want = np.stack([np.asarray(d.devices[x].encoded)[:L] for x in d.m.result.counted]).sum(axis=0, dtype=np.uint64)
     assert np.array_equal(d.m.result.encoded_sum[:L], want.astype(np.uint32))

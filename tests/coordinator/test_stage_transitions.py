@@ -14,17 +14,18 @@ import itertools
 
 import pytest
 
-from coordinator.rounds import LogEvent, RoundPhase
+from coordinator.rounds import LogEvent
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2
 from secagg.stages import Stage
 from wire.protocol import CLIENT_MESSAGE_STAGE
 
 from test_round_machine import SESSION, Driver
 
-PHASES = [RoundPhase(s.value) for s in Stage] + [RoundPhase.AGGREGATING]
+PHASES = [RoundState(s.value) for s in Stage] + [RoundState.AGGREGATING]
 
 
-def _drive_to(phase: RoundPhase) -> tuple[Driver, dict[type, tuple[int, object]]]:
+def _drive_to(phase: RoundState) -> tuple[Driver, dict[type, tuple[int, object]]]:
     """A round in `phase`, the devices' replies for it still queued; the first
     message of each earlier type seen on the way, by type."""
     d = Driver(n=5, active=True)
@@ -46,7 +47,7 @@ def _header_only(kind: type, device: int) -> object:
 
 @pytest.mark.parametrize(("phase", "kind"), list(itertools.product(PHASES, CLIENT_MESSAGE_STAGE)),
                          ids=lambda v: getattr(v, "value", getattr(v, "__name__", str(v))))
-def test_transition_matrix(phase: RoundPhase, kind: type) -> None:
+def test_transition_matrix(phase: RoundState, kind: type) -> None:
     d, seen = _drive_to(phase)
     stage = CLIENT_MESSAGE_STAGE[kind]
     queued = [(dev, p) for dev, p in d.inbox if type(p) is kind]
@@ -78,4 +79,4 @@ def test_transition_matrix(phase: RoundPhase, kind: type) -> None:
 def test_every_stage_has_one_message_and_a_phase() -> None:
     assert sorted(CLIENT_MESSAGE_STAGE.values(), key=lambda s: s.order) == list(Stage)
     for s in Stage:
-        assert RoundPhase(s.value).stage is s
+        assert RoundState(s.value).stage is s

@@ -34,7 +34,8 @@ from google.protobuf import duration_pb2
 import wire
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
-from coordinator.rounds import Action, Broadcast, RoundMachine, RoundPhase, Send
+from coordinator.rounds import Action, Broadcast, RoundMachine, Send
+from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.stages import Stage
@@ -352,7 +353,7 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
                 certs.setdefault(int(p.device_id), bytes(p.identity_certificate))
             for q in notices:
                 self._apply(s, m.handle(int(q.device_id), q, loop.time()), relay)
-        if m.phase is RoundPhase.AGGREGATING and commit:
+        if m.phase is RoundState.AGGREGATING and commit:
             self._apply(s, m.committed(r + 1, loop.time()), relay)
         counted = list(m.result.counted) if m.result is not None else []
         return RoundResult(m, counted, aborts, task)

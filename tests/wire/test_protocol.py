@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.rounds import RoundPhase
 from coordinator.store import RoundState
 from edge_client.faults import DROP_STAGES
 from secagg import client as secagg_client
@@ -23,7 +22,7 @@ from wire.protocol import (
 
 def test_one_set_of_stage_names_everywhere() -> None:
     for s in Stage:
-        assert RoundPhase(s.value).stage is s
+        assert RoundState(s.value).stage is s
         assert RoundState(s.value).value == s.value
         assert Stage.parse(s.cli_name) is s and Stage.parse(s.value) is s
     assert tuple(DROP_STAGES) == CLI_NAMES
