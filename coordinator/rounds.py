@@ -231,6 +231,10 @@ class RoundMachine:
             for v, bad in sorted(self._server.record.undecryptable.items())
         }
 
+    def share_check_survivors(self) -> frozenset[int]:
+        """Device ids the share check kept (empty before it closed)."""
+        return frozenset(self.ids.device(v) for v in self._server.record.u2)
+
     def dropout_ids(self) -> dict[str, list[int]]:
         return {k: sorted(v) for k, v in self.dropouts.items() if v}
 

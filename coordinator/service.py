@@ -48,7 +48,8 @@ from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
 from coordinator.operator_actions import OperatorActions
-from coordinator.peer_reports import PeerReports, ReportPolicy
+from coordinator.peer_reports import ReportPolicy, credential
+from coordinator.report_ledger import ReportLedger
 from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
@@ -102,10 +103,10 @@ class Coordinator:
         self._round_started_at: datetime | None = None
         self._previous_contributors: frozenset[int] = frozenset()
         s = settings.secagg
-        self.peer_reports = PeerReports(ReportPolicy(
-            reporters=s.report_reporters, rounds=s.report_rounds, window=s.report_window,
-            quarantine_rounds=s.report_quarantine_rounds,
-        ))
+        self.peer_reports = ReportLedger(store, ReportPolicy(
+            reporters=s.report_reporters, rounds=s.report_rounds, window=s.report_window, window_s=s.report_window_s,
+            quarantine_rounds=s.report_quarantine_rounds, quarantine_s=s.report_quarantine_s, quota=s.report_quota,
+        ), wall_clock=wall_clock, credential_of=self._credential)
         self._last_round_number = 0
         self.current = CurrentModel(store, model)
         self._started = False
@@ -384,15 +385,19 @@ class Coordinator:
 
     # ================================================================== the round loop
 
+    def _credential(self, device_id: int) -> str:
+        rec = self.registry.devices.get(device_id)
+        return credential(device_id, None if rec is None else rec.client_id)
+
     def eligible(self) -> list[int]:
-        busy = set(() if self.round is None else self.round.cohort)
-        busy |= self.peer_reports.quarantined(self._last_round_number + 1)
-        return eligible_devices(
-            self.registry.available(self.model.name),
-            busy=busy,
-            previous_contributors=self._previous_contributors,
-            allow_consecutive=self.settings.cohort.allow_consecutive,
-        )
+        """Devices selectable now; quarantine (D37) never leaves fewer than the cohort minimum."""
+        c = self.settings.cohort
+        free = eligible_devices(self.registry.available(self.model.name),
+                                busy=set(() if self.round is None else self.round.cohort),
+                                previous_contributors=self._previous_contributors,
+                                allow_consecutive=c.allow_consecutive)
+        out = self.peer_reports.excluded(free, max(c.minimum, 2))
+        return [d for d in free if d not in out]
 
     async def _wait(self, event: asyncio.Event, timeout: float) -> None:
         if timeout > 0:
@@ -437,8 +442,10 @@ class Coordinator:
         c = self.settings.cohort
         minimum = max(c.minimum, 2)
         target = max(c.selected, minimum)
+        await self.peer_reports.refresh(self._last_round_number + 1)
         while not self._stopping and len(self.eligible()) < minimum:
             await self._wait(self._changed, 1.0)
+            await self.peer_reports.refresh(self._last_round_number + 1)
         if self._stopping:
             return None
         window_end = self._clock() + self.settings.deadlines.selection
@@ -532,10 +539,7 @@ class Coordinator:
             self._last_round_number = max(self._last_round_number, number)
             reports = r.share_reports()
             if reports:
-                started = self.peer_reports.record(number, reports)
-                log_event("share_reports", logging.WARNING, round=number,
-                          reports=";".join(f"{k}:{','.join(map(str, v))}" for k, v in reports.items()),
-                          quarantined=",".join(map(str, started)))
+                await self.peer_reports.record(number, reports, survivors=r.share_check_survivors())
             self.round = None
             self.metrics.live_round(survivors=0, threshold=0, cohort=0)
             self._changed.set()

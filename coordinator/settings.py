@@ -141,13 +141,21 @@ class SecaggSettings(SettingsGroup):
     #: Dropout rate the sparse ("auto") graph is sized for.
     expected_dropout: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.1
     #: Share-decryption reports (coordinator/peer_reports.py, D37): a device
-    #: sits out `report_quarantine_rounds` rounds once `report_reporters`
-    #: distinct peers reported it in `report_rounds` distinct rounds within
-    #: the last `report_window` rounds. One report never reaches past its round.
+    #: sits out `report_quarantine_rounds` rounds or `report_quarantine_s`
+    #: seconds (whichever ends first) once `report_reporters` distinct client
+    #: credentials, among reporters that stayed in their round past the share
+    #: check, reported it in `report_rounds` distinct rounds within the last
+    #: `report_window` rounds and `report_window_s` seconds. Each credential
+    #: is charged for at most `report_quota` quarantines per `report_window_s`
+    #: seconds. Quarantine never leaves fewer eligible devices than the
+    #: cohort minimum. One report never reaches past its round.
     report_reporters: Annotated[int, Field(ge=2)] = 3
     report_rounds: Annotated[int, Field(ge=1)] = 2
     report_window: Annotated[int, Field(ge=1)] = 20
+    report_window_s: PositiveFloat = 3600.0
     report_quarantine_rounds: Annotated[int, Field(ge=1)] = 10
+    report_quarantine_s: PositiveFloat = 600.0
+    report_quota: Annotated[int, Field(ge=1)] = 2
 
     @field_validator("graph")
     @classmethod

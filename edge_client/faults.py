@@ -22,16 +22,22 @@
 - Garbage shares (`--fault-garbage-shares`, a hostile device): every
   device of the process replaces the sealed shares of its ShareKeys with
   random bytes of the same length, so no peer can open them (D37).
+- False reports (`--fault-false-reports`, a hostile device that follows the
+  protocol otherwise): every device of the process names every sender whose
+  shares were relayed to it in its ShareReceipt, as if none opened (D37).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 import numpy as np
 
+from secagg.messages import ShareReceipt, ShareRelay
 from secagg.stages import Stage
 
 # CLI names of the stages a device can drop at, in protocol order.
@@ -48,6 +54,7 @@ class FaultPlan:
     delay_ms: float = 0.0
     garbage_metrics: bool = False
     garbage_shares: bool = False
+    false_reports: bool = False
     exit: Callable[[int], None] = os._exit
 
     def __post_init__(self) -> None:
@@ -75,6 +82,14 @@ class FaultPlan:
 
     def should_crash_after(self, round_number: int) -> bool:
         return self.crash_after_round is not None and round_number >= self.crash_after_round
+
+    def falsify_receipts(self, relay: object, replies: list[Any]) -> list[Any]:
+        """With `false_reports`: each ShareReceipt of `replies` (the answer to
+        the ShareRelay `relay`) names every relayed sender; else `replies`."""
+        if not self.false_reports or not isinstance(relay, ShareRelay):
+            return replies
+        senders = tuple(sorted(u for u, _ in relay.shares))
+        return [dataclasses.replace(m, undecryptable=senders) if isinstance(m, ShareReceipt) else m for m in replies]
 
     def crash(self) -> None:
         """Exit abruptly (os._exit: no finally blocks, no atexit, no stream close)."""

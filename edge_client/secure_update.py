@@ -145,6 +145,7 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
 
         def step() -> tuple[Any, list[Any]]:
             nxt, replies = current.handle(decoded)
+            replies = run.io.faults.falsify_receipts(decoded, replies)  # fault injection: a hostile device
             dr.state = nxt  # encode_replies reads the new state (an abort's detail)
             return nxt, run.encode_replies(dr, replies)
 

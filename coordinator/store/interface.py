@@ -39,6 +39,7 @@ from coordinator.store.records import (
     PrivacySummary,
     RoundRecord,
 )
+from coordinator.store.report_records import Quarantine, ShareReport
 
 
 @runtime_checkable
@@ -183,6 +184,40 @@ class Store(Protocol):
 
     def list_audit(self, *, limit: int = 50, before: int | None = None) -> Page[AuditRecord]:
         """Newest first; `before` is an exclusive entry id."""
+        ...
+
+    # ------------------------------------------- share reports (D37)
+    # The store only persists; coordinator/peer_reports.py decides.
+    def add_share_reports(self, reports: Sequence[ShareReport]) -> None:
+        """Append counted share-check reports (duplicates are kept; the
+        rule counts distinct credentials and rounds)."""
+        ...
+
+    def list_share_reports(self) -> list[ShareReport]:
+        """Every stored report, ordered by (round_number, reporter, reported)."""
+        ...
+
+    def forget_share_reports(self, *, before_round: int, before: datetime) -> None:
+        """Delete the reports of rounds before `before_round` or made before `before`."""
+        ...
+
+    def add_quarantines(self, quarantines: Sequence[Quarantine]) -> list[Quarantine]:
+        """In ONE transaction: store the quarantines (new ids, ascending, never
+        reused; the given ids are ignored) and delete every stored report
+        about their devices. Returns them with their ids, in order."""
+        ...
+
+    def list_quarantines(self) -> list[Quarantine]:
+        """Every stored quarantine, ascending id."""
+        ...
+
+    def release_quarantines(self, ids: Iterable[int], at: datetime) -> None:
+        """Set released_at = `at` on those of `ids` not released yet;
+        unknown ids are ignored."""
+        ...
+
+    def forget_quarantines(self, ids: Iterable[int]) -> None:
+        """Delete those quarantines; unknown ids are ignored."""
         ...
 
     def close(self) -> None:

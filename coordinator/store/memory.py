@@ -21,6 +21,7 @@ from coordinator.store.errors import (
     InvalidRecordError,
     NotFoundError,
 )
+from coordinator.store.memory_reports import InMemoryShareReports
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     AuditRecord,
@@ -66,10 +67,12 @@ class _State:
         )
 
 
-class InMemoryStore:
-    """A Store held in process memory; lost when the process ends."""
+class InMemoryStore(InMemoryShareReports):
+    """A Store held in process memory; lost when the process ends (share
+    reports and quarantines: the InMemoryShareReports mixin)."""
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
+        InMemoryShareReports.__init__(self)
         self._clock = clock
         self._lock = threading.RLock()
         self._state = _State({}, {}, {}, {})

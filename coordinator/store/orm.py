@@ -164,3 +164,31 @@ class AuditRow(Base):
     action: Mapped[str] = mapped_column(String(64))
     outcome: Mapped[str] = mapped_column(String(1024))
     details: Mapped[dict[str, Any]]
+
+
+class ShareReportRow(Base):
+    """Counted share-check reports (migration 0004, D37)."""
+
+    __tablename__ = "share_reports"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    round_number: Mapped[int] = mapped_column(BigInteger, index=True)
+    at: Mapped[datetime]
+    reporter: Mapped[str] = mapped_column(String(255))
+    reported: Mapped[int] = mapped_column(BigInteger, index=True)
+
+
+class QuarantineRow(Base):
+    """Quarantines started by share reports (migration 0004, D37); `charged`
+    is a JSON list of the credentials whose quota it used."""
+
+    __tablename__ = "quarantines"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    device_id: Mapped[int] = mapped_column(BigInteger, index=True)
+    started_round: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[datetime]
+    until_round: Mapped[int] = mapped_column(BigInteger)
+    until: Mapped[datetime]
+    charged: Mapped[dict[str, Any]]
+    released_at: Mapped[datetime | None]

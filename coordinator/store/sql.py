@@ -68,6 +68,7 @@ from coordinator.store.records import (
     utc_now,
 )
 from coordinator.store.retry import RetryPolicy, run_with_retries
+from coordinator.store.sql_reports import SqlShareReports
 from coordinator.store.summaries import (
     check_audit_details,
     check_commit_args,
@@ -87,8 +88,9 @@ log = logging.getLogger("fedmask.coordinator.store")
 RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
 
 
-class SqlStore:
-    """A Store on an Engine from coordinator.store.engine.create_store_engine.
+class SqlStore(SqlShareReports):
+    """A Store on an Engine from coordinator.store.engine.create_store_engine
+    (share reports and quarantines: the SqlShareReports mixin).
 
     The schema must be at head (coordinator.store.migrate.upgrade_to_head);
     `coordinator.store.open_store` does both.

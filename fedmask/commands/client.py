@@ -22,6 +22,7 @@ from fedmask.commands.client_options import (
     DropRateOption,
     DropStageOption,
     ExitAfterRoundsOption,
+    FaultFalseReportsOption,
     FaultGarbageMetricsOption,
     FaultGarbageSharesOption,
     InsecureTokenWithoutTlsOption,
@@ -75,6 +76,7 @@ def client(
     drop_stage: DropStageOption = None,
     fault_garbage_metrics: FaultGarbageMetricsOption = False,
     fault_garbage_shares: FaultGarbageSharesOption = False,
+    fault_false_reports: FaultFalseReportsOption = False,
     crash_after_round: CrashAfterRoundOption = None,
     delay_ms: DelayMsOption = 0.0,
     exit_after_rounds: ExitAfterRoundsOption = None,
@@ -99,7 +101,8 @@ def client(
 
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
     faults = _fault_plan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
-                         delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares)
+                         delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares,
+                         false_reports=fault_false_reports)
     hosting = _platform_hosting(users, platform, platforms, dirichlet_beta)
     floor = _cohort_floor(min_cohort, min_threshold, hosting)
     config = ClientConfig(
@@ -144,7 +147,8 @@ def _configure_logging(log_level: str, coordinator: str, *, token: str | None, t
 
 
 def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_after_round: int | None,
-                delay_ms: float, garbage_metrics: bool, garbage_shares: bool) -> FaultPlan:
+                delay_ms: float, garbage_metrics: bool, garbage_shares: bool,
+                false_reports: bool = False) -> FaultPlan:
     """The fault-injection options, checked (typer.BadParameter naming the option)."""
     from edge_client.faults import DROP_STAGES, FaultPlan
 
@@ -155,7 +159,8 @@ def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_af
     if crash_after_round is not None and crash_after_round < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
     return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
-                     delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares)
+                     delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares,
+                     false_reports=false_reports)
 
 
 def _platform_hosting(users: str | None, platform: int | None, platforms: int, beta: float) -> PlatformHosting | None:

@@ -112,6 +112,11 @@ FaultGarbageSharesOption = Annotated[
                        "benchmarks): every device of this process seals random bytes instead of its shares, "
                        "so no peer can open them. Its peers report it at the share check (D37).")
 ]
+FaultFalseReportsOption = Annotated[
+    bool, typer.Option("--fault-false-reports", hidden=True, help="Fault injection (a hostile device, for tests and "
+                       "benchmarks): every device of this process names every relayed sender undecryptable in its "
+                       "share-check receipt, whether its shares opened or not (D37).")
+]
 CrashAfterRoundOption = Annotated[
     int | None, typer.Option(help="Fault injection: exit abruptly (os._exit, code 75) once round R (or a later "
                              "one) this process took part in has ended, its private state committed.",

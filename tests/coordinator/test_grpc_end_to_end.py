@@ -748,7 +748,7 @@ def test_a_device_sealing_garbage_costs_only_itself_and_then_sits_out():
                 assert garble.hostile in rec.survivors["share_keys"]
                 assert garble.hostile not in rec.survivors["share_check"]
             assert P.ABORT_REASON_DECRYPTION_FAILED in devices[0].aborted
-            assert coord.peer_reports.quarantined(4) == {garble.hostile}
+            assert {q.device_id for q in store.list_quarantines()} == {garble.hostile}
             last = recs[2]  # quarantined: not even selected
             assert last.cohort_size == 5 and garble.hostile not in last.survivors["advertise_keys"]
             await client.close()
