@@ -64,6 +64,6 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     app.include_router(model_versions.router(settings))
     app.include_router(ledger.router(settings))
     app.include_router(events.router)
-    app.include_router(recommendations.router)
+    app.include_router(recommendations.router(settings))
     app.include_router(actions.router)
     return app

@@ -33,8 +33,6 @@ from coordinator.store import Store, StoreError
 
 _log = logging.getLogger("fedmask.admin")
 T = TypeVar("T")
-#: Largest k a top-k request may ask for (the device checks k <= its items).
-MAX_K = 10_000
 _bearer = HTTPBearer(auto_error=False, description="An API token (`fedmask admin-token`): viewer, recommender or "
                                                    "operator")
 
@@ -177,6 +175,15 @@ def cursor_problem(exc: history.BadCursor) -> ProblemError:
     return ProblemError(422, str(exc), invalid_params=[InvalidParam(name="query.cursor", reason=str(exc))])
 
 
-#: The `k` and `exclude_seen` of a top-k request.
-k_q = Query(ge=1, le=MAX_K, description="How many items (at most the model's items)")
-seen_q = Query(description="Leave out the items the user already interacted with")
+def k_q(settings: AdminSettings) -> Any:
+    """The `k` of a top-k request: 1 to `settings.max_top_k` (D84; the
+    OpenAPI document states the bound, so the router is built per app)."""
+    return Query(ge=1, le=settings.max_top_k,
+                 description=f"How many items, at most {settings.max_top_k} (and the model's items); the device "
+                             "may answer fewer (its own cap, or the user has seen the rest)")
+
+
+#: The `exclude_seen` of a top-k request: a wish the device's policy decides on (D84).
+seen_q = Query(description="Leave out the items the user already interacted with. The device decides: where its "
+                           "policy does not let a caller ask for seen items, false is ignored, and the answer's "
+                           "`seen_excluded` says what the device did")

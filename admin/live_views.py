@@ -85,11 +85,12 @@ def phase(s: pb.LiveState) -> str:
 
 
 def recommendations(r: pb.RecommendTopKResponse, *, total_ms: float) -> schemas.Recommendations:
+    """The API's answer: ranks, never a score, even should a coordinator send one (D84)."""
     return schemas.Recommendations(
         device_id=r.device_id, user=r.user_handle,
-        items=[schemas.RecommendedItem(item_id=i.item_id, title=i.title or None,
-                                       score=i.score if math.isfinite(i.score) else 0.0, rank=max(i.rank, 1),
+        items=[schemas.RecommendedItem(item_id=i.item_id, title=i.title or None, rank=max(i.rank, 1),
                                        item_index=i.item_index) for i in r.items],
+        seen_excluded=r.seen_excluded,
         model_version=r.model_version, latency_ms=_seconds(r.latency) * 1000.0, total_ms=total_ms,
         recommendation_id=r.recommendation_id)
 

@@ -225,17 +225,22 @@ class Privacy(BaseModel):
 
 
 class RecommendedItem(BaseModel):
+    """One recommended item. No score: the device's scores are its user's
+    private model output and never leave it (D84); the rank is the answer."""
+
     item_id: str = Field(description="The dataset's own item id")
     title: str | None = Field(description="The dataset's title, when it ships one")
-    score: float
-    rank: int = Field(ge=1)
+    rank: int = Field(ge=1, description="1-based, best first")
     item_index: int = Field(description="The model's dense item index")
 
 
 class Recommendations(BaseModel):
     device_id: int
     user: str = Field(description="The handle the device registered at enrolment")
-    items: list[RecommendedItem]
+    items: list[RecommendedItem] = Field(description="At most k, by rank; fewer where the device's own cap is "
+                                                     "smaller or the user has seen the rest")
+    seen_excluded: bool = Field(description="Whether the device left out the items the user already interacted "
+                                            "with: its policy decides, not the request's exclude_seen")
     model_version: int = Field(description="The global version the device's model was last updated from")
     computed_on: Literal["device"] = "device"
     latency_ms: float = Field(description="From the coordinator's request to the device's answer")

@@ -42,7 +42,7 @@ from pydantic_settings import SettingsConfigDict
 # SettingsError and split_host_port are this module's too (callers import them from here).
 from coordinator.store.url import check_database_url
 from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, split_host_port
-from wire.protocol import is_loopback
+from wire.protocol import DEFAULT_MAX_TOP_K, MAX_TOP_K_LIMIT, is_loopback
 
 ENV_PREFIX = "FEDMASK_ADMIN_"
 CONFIG_ENV = "FEDMASK_ADMIN_CONFIG"
@@ -132,6 +132,9 @@ class AdminSettings(LayeredSettings):
     sse_keepalive_s: PositiveFloat = 15.0
     #: Seconds a 503 answer tells the client to wait (Retry-After).
     retry_after_s: Annotated[int, Field(ge=1, le=3600)] = 5
+    #: The largest k a top-k request may ask for (D84); a larger one is a 422.
+    #: The coordinator (admin.max_top_k) and each device have caps of their own.
+    max_top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K_LIMIT)] = DEFAULT_MAX_TOP_K
 
     @field_validator("tokens")
     @classmethod

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from coordinator.errors import CoordinatorError, DeviceNotConnected, InvalidArgument
+from coordinator.errors import CoordinatorError, DeviceNotConnected, InvalidArgument, UserNotConnected
 from coordinator.events import EventHub, HubClosed, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
 from coordinator.metrics import CoordinatorMetrics
@@ -40,15 +40,16 @@ from wire.round_task import seconds_to_duration
 RETRY_NOT_CONNECTED_MS = 2000
 
 def recommendation_proto(rec: Recommendation) -> A.RecommendTopKResponse:
+    """The answer to RecommendTopK: ranked items, never a score (D84)."""
     a = rec.answer
     out = A.RecommendTopKResponse(device_id=rec.device_id, user_handle=rec.handle, model_version=a.model_version,
                                   latency=seconds_to_duration(max(0.0, rec.latency_s)),
-                                  recommendation_id=rec.recommendation_id)
-    for rank, (index, score) in enumerate(zip(a.item_ids, a.scores, strict=True), start=1):
+                                  recommendation_id=rec.recommendation_id, seen_excluded=a.seen_excluded)
+    for rank, index in enumerate(a.item_ids, start=1):
         out.items.add(
             item_id=a.dataset_item_ids[rank - 1] if a.dataset_item_ids else str(index),
             title=a.titles[rank - 1] if a.titles else "",
-            score=score, rank=rank, item_index=index,
+            rank=rank, item_index=index,
         )
     return out
 
@@ -67,7 +68,7 @@ class AdminServicer:
         if isinstance(exc, CoordinatorError):
             code = admin_status(exc)
             trailer: tuple[tuple[str, str], ...] = ()
-            if code is grpc.StatusCode.UNAVAILABLE and isinstance(exc, DeviceNotConnected):
+            if code is grpc.StatusCode.UNAVAILABLE and isinstance(exc, DeviceNotConnected | UserNotConnected):
                 trailer = ((RETRY_PUSHBACK_KEY, str(RETRY_NOT_CONNECTED_MS)),)
             log_event("admin_refused", logging.INFO, method=method, code=code.name, why=str(exc))
             await abort(context, code, str(exc), trailer)

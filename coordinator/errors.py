@@ -26,8 +26,8 @@ class Unavailable(CoordinatorError):
 
 
 class NotFound(CoordinatorError):
-    """An operator named something that does not exist: a model version, a
-    user handle (NOT_FOUND)."""
+    """An operator named something that does not exist, e.g. a model version
+    (NOT_FOUND)."""
 
 
 class FailedPrecondition(CoordinatorError):
@@ -66,6 +66,16 @@ class DeviceDisconnected(DeviceNotConnected):
 
     def __init__(self, device_id: int, why: str) -> None:
         super().__init__(device_id, f"its session closed before it answered ({why})")
+
+
+class UserNotConnected(DeviceRequestError):
+    """No connected device has the user handle a request names: the handle
+    is unknown, or its device is offline. Both answer with this one message
+    (UNAVAILABLE, with a retry hint), so a caller cannot tell which handles
+    exist (D84)."""
+
+    def __init__(self) -> None:
+        super().__init__("no connected device has this user handle")
 
 
 class DeviceTimeout(DeviceRequestError):

@@ -27,7 +27,14 @@ from typing import Protocol
 import numpy as np
 
 from coordinator.device_relay import DeviceRelay
-from coordinator.errors import FailedPrecondition, InvalidArgument, NotFound
+from coordinator.errors import (
+    DeviceDisconnected,
+    DeviceNotConnected,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    UserNotConnected,
+)
 from coordinator.events import EventHub
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
@@ -200,23 +207,36 @@ class OperatorActions:
         self._announce("rollback", operator)
         return ActionOutcome(True, entry, summary.id)
 
-    async def device_of_handle(self, handle: str) -> int:
-        """The device id of a user handle (its enrolment local_id); NotFound."""
+    def connected_device_of_handle(self, handle: str) -> int | None:
+        """The device id of a user handle (its enrolment local_id) whose
+        device an open stream hosts now, else None; InvalidArgument for an
+        empty handle. Reads the registry only (every proven device is in it)."""
         if not handle:
             raise InvalidArgument("empty user handle")
         for rec in self.registry.devices.values():
             if rec.local_id == handle:
-                return rec.id
-        found: DeviceRecord | None = await asyncio.to_thread(self.store.get_device_by_local_id, handle)
-        if found is None:
-            raise NotFound("no device has this user handle")
-        return found.id
+                session = self.registry.owner(rec.id)
+                return rec.id if session is not None and not session.closed else None
+        return None
+
+    async def _not_connected(self, handle: str) -> UserNotConnected:
+        """The one answer for a handle no connected device has: unknown and
+        offline handles alike, by the same path (a registry scan, then one
+        store read), so neither the status, the message nor the time tells
+        them apart (D84). The store read only labels the metric and the log,
+        which the operator sees and a recommender does not."""
+        known: DeviceRecord | None = await asyncio.to_thread(self.store.get_device_by_local_id, handle)
+        why = "offline" if known is not None else "unknown"
+        self.metrics.top_k("unavailable" if known is not None else "not_found", 0.0)
+        log_event("top_k_handle_not_connected", why=why, device=known.id if known is not None else "-")
+        return UserNotConnected()
 
     async def recommend(self, *, device_id: int | None = None, handle: str | None = None, k: int,
                         exclude_seen: bool = True, timeout_s: float | None = None) -> Recommendation:
         """`DeviceRelay.request_top_k` for a device named by id or by user handle (one of
         them), with its latency and a fresh recommendation id. Raises as
-        `DeviceRelay.request_top_k`, plus NotFound (unknown handle)."""
+        `DeviceRelay.request_top_k`, except that a handle no connected device
+        has (unknown, or its device offline) raises UserNotConnected."""
         self.control.check_running()
         if (device_id is None) == (handle is None):
             raise InvalidArgument("name the device by id or by user handle (one of them)")
@@ -224,15 +244,19 @@ class OperatorActions:
         timeout = limit if timeout_s is None else timeout_s
         if not 0 < timeout <= limit:
             raise InvalidArgument(f"timeout must be in (0, {limit:g}] s")
+        self.relay.check(k, timeout)  # a bad k is a bad k for every handle, known or not
         if handle is not None:
-            try:
-                device_id = await self.device_of_handle(handle)
-            except NotFound:
-                self.metrics.top_k("not_found", 0.0)
-                raise
+            device_id = self.connected_device_of_handle(handle)
+            if device_id is None:
+                raise await self._not_connected(handle)
         assert device_id is not None
         t0 = self._clock()
-        answer = await self.relay.request_top_k(device_id, k, exclude_seen=exclude_seen, timeout_s=timeout)
+        try:
+            answer = await self.relay.request_top_k(device_id, k, exclude_seen=exclude_seen, timeout_s=timeout)
+        except DeviceNotConnected as exc:  # its stream closed since the look-up: still no device id to a handle
+            if handle is not None and not isinstance(exc, DeviceDisconnected):
+                raise UserNotConnected() from None
+            raise
         rec = self.registry.devices.get(device_id)
         return Recommendation(answer=answer, device_id=device_id, handle=rec.local_id if rec is not None else "",
                               latency_s=self._clock() - t0, recommendation_id=uuid.uuid4().hex)

@@ -9,7 +9,7 @@ the device's private state, only the answer.
     pending = registry.open(session_sid, device_id, "top_k")    # a fresh correlation id
     session.send(top_k_request(pending.correlation_id, device_id, k=..., exclude_seen=..., timeout_s=...))
     response = await registry.wait(pending, timeout_s)           # DeviceTimeout, DeviceDisconnected
-    answer = top_k_answer(response, k=k, n_items=n_items)        # DeviceAnswerError, InvalidDeviceAnswer
+    answer = top_k_answer(response, k=k, n_items=n_items, exclude_seen=...)  # DeviceAnswerError, InvalidDeviceAnswer
 
 The session's receive loop calls `registry.resolve(session_sid, response)`
 (an answer that matches nothing, typically one arriving after its timeout,
@@ -52,16 +52,17 @@ MAX_ITEM_TEXT = 512
 @dataclass(frozen=True, slots=True)
 class TopKAnswer:
     """A device's top-k recommendation: item ids (dense, 0-based, as in the
-    model's item table) with their scores, best first, and the global model
-    version the device's model was last updated from. `dataset_item_ids`
-    and `titles` are what the device mapped its dense ids to (the dataset's
-    own ids; titles "" where the dataset ships none): empty, or one per
-    item."""
+    model's item table), best first, and the global model version the
+    device's model was last updated from. `dataset_item_ids` and `titles`
+    are what the device mapped its dense ids to (the dataset's own ids;
+    titles "" where the dataset ships none): empty, or one per item.
+    `seen_excluded`: whether the device left out its user's seen items (its
+    policy decides, D84). No scores: they never go further than the relay."""
 
     device_id: int
     item_ids: tuple[int, ...]
-    scores: tuple[float, ...]
     model_version: int
+    seen_excluded: bool
     dataset_item_ids: tuple[str, ...] = ()
     titles: tuple[str, ...] = ()
 
@@ -164,12 +165,15 @@ class PendingRequests:
 # ---------------------------------------------------------------- top-k
 
 
-def check_top_k(k: int, *, n_items: int | None, timeout_s: float) -> None:
-    """Validate a top-k query before anything is sent (InvalidArgument)."""
+def check_top_k(k: int, *, n_items: int | None, max_k: int, timeout_s: float) -> None:
+    """Validate a top-k query before anything is sent (InvalidArgument):
+    k in 1..min(n_items, max_k), the deployment's cap (admin.max_top_k, D84)."""
     if n_items is None:
         raise InvalidArgument("top-k queries need a recommender model; this coordinator runs one without items")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_items:
-        raise InvalidArgument(f"k must be an integer in 1..{n_items} (the model's items), got {k!r}")
+    most = min(n_items, max_k)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= most:
+        raise InvalidArgument(f"k must be an integer in 1..{most} (the model's {n_items} items, at most "
+                              f"{max_k} by this deployment), got {k!r}")
     if not (isinstance(timeout_s, int | float) and math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
         raise InvalidArgument(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}], got {timeout_s!r}")
 
@@ -193,11 +197,14 @@ def device_error_code(code: int) -> str:
     return f"code_{code}"
 
 
-def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int) -> TopKAnswer:
+def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int, exclude_seen: bool) -> TopKAnswer:
     """The checked TopKResult of a DeviceResponse (session.proto contract:
-    as many scores as item ids, at most k, distinct ids of the catalogue,
-    scores descending). A DeviceError becomes DeviceAnswerError; a broken
-    contract InvalidDeviceAnswer."""
+    at most k distinct ids of the catalogue; scores none, or, from a device
+    built before D84, one per item and descending, checked and dropped). A
+    DeviceError becomes DeviceAnswerError; a broken contract
+    InvalidDeviceAnswer. `exclude_seen` is what the request asked: a device
+    that does not say whether it left out seen items did as asked, and one
+    that says it kept them when asked to leave them out breaks the contract."""
     device = response.device_id
     kind = response.WhichOneof("response")
     if kind == "error":
@@ -207,7 +214,7 @@ def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int) 
         raise InvalidDeviceAnswer(device, f"expected top_k, got {kind or 'an empty response'}")
     r = response.top_k
     items, scores = tuple(int(i) for i in r.item_ids), tuple(float(s) for s in r.scores)
-    if len(items) != len(scores):
+    if scores and len(items) != len(scores):
         raise InvalidDeviceAnswer(device, f"{len(items)} item ids but {len(scores)} scores")
     if len(items) > k:
         raise InvalidDeviceAnswer(device, f"{len(items)} items for k={k}")
@@ -223,8 +230,11 @@ def top_k_answer(response: session_pb2.DeviceResponse, *, k: int, n_items: int) 
             raise InvalidDeviceAnswer(device, f"{name} longer than {MAX_ITEM_TEXT} characters")
     if titles and not dataset_ids:
         raise InvalidDeviceAnswer(device, "titles without dataset_item_ids")
-    return TopKAnswer(device_id=device, item_ids=items, scores=scores, model_version=int(r.model_version),
-                      dataset_item_ids=dataset_ids, titles=titles)
+    seen_excluded = r.seen_excluded if r.HasField("seen_excluded") else exclude_seen
+    if exclude_seen and not seen_excluded:  # a policy narrows what a request allows, never widens it
+        raise InvalidDeviceAnswer(device, "seen items were asked to be left out, the device says it kept them")
+    return TopKAnswer(device_id=device, item_ids=items, model_version=int(r.model_version),
+                      seen_excluded=seen_excluded, dataset_item_ids=dataset_ids, titles=titles)
 
 
 __all__ = [

@@ -117,7 +117,7 @@ class Coordinator:
         self.events = EventHub(queue_size=admin.watcher_queue, max_watchers=admin.max_watchers, wall_clock=wall_clock)
         self.metrics = metrics if metrics is not None else CoordinatorMetrics()
         self.relay = DeviceRelay(self.registry, n_items=model.n_items, metrics=self.metrics, clock=clock,
-                                 check_running=self.check_running, token=token_source)
+                                 check_running=self.check_running, token=token_source, max_k=admin.max_top_k)
         self.actions = OperatorActions(store=store, registry=self.registry, events=self.events, metrics=self.metrics,
                                        relay=self.relay, control=self, model=model,
                                        top_k_timeout_s=admin.top_k_timeout_s, clock=clock)

@@ -43,7 +43,7 @@ from pydantic_settings import SettingsConfigDict
 from coordinator.store.url import check_database_url
 from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, unflatten
 from fedmask_settings import split_host_port as _split_host_port
-from wire.protocol import is_loopback
+from wire.protocol import DEFAULT_MAX_TOP_K, MAX_TOP_K_LIMIT, is_loopback
 
 ENV_PREFIX = "FEDMASK_"
 CONFIG_ENV = "FEDMASK_CONFIG"
@@ -328,6 +328,9 @@ class AdminListenerSettings(SettingsGroup):
     max_watchers: Annotated[int, Field(ge=1, le=10_000)] = 64
     #: Default and largest wait for a device's top-k answer, in seconds.
     top_k_timeout_s: Annotated[float, Field(gt=0.0, le=300.0)] = 10.0
+    #: The largest k a top-k request may ask for (D84); each device also
+    #: answers at most its own cap (`fedmask client --max-top-k`).
+    max_top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K_LIMIT)] = DEFAULT_MAX_TOP_K
 
     @model_validator(mode="after")
     def _one_credential(self) -> AdminListenerSettings:

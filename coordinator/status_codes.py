@@ -30,6 +30,7 @@ from coordinator.errors import (
     ProtocolViolation,
     UnknownDevice,
     Unavailable,
+    UserNotConnected,
 )
 from fedmask_proto.v1 import session_pb2 as S
 
@@ -45,12 +46,13 @@ DEVICE_LISTENER: StatusTable = (
 )
 
 #: The admin listener (fedmask.v1.CoordinatorAdmin); a DeviceAnswerError
-#: goes by DEVICE_ERROR_STATUS instead. UNAVAILABLE for a device that is not
-#: connected carries a retry hint (admin_servicer.py).
+#: goes by DEVICE_ERROR_STATUS instead. UNAVAILABLE for a device or user
+#: handle that is not connected carries a retry hint (admin_servicer.py).
 ADMIN_LISTENER: StatusTable = (
     (NotFound, Code.NOT_FOUND),
     (UnknownDevice, Code.NOT_FOUND),  # before its base DeviceNotConnected
     (DeviceNotConnected, Code.UNAVAILABLE),  # also DeviceDisconnected
+    (UserNotConnected, Code.UNAVAILABLE),  # an unknown or offline user handle, alike
     (Unavailable, Code.UNAVAILABLE),
     (DeviceTimeout, Code.DEADLINE_EXCEEDED),
     (InvalidArgument, Code.INVALID_ARGUMENT),

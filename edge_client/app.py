@@ -35,6 +35,7 @@ from edge_client.round_run import RoundEvent
 from edge_client.secure_update import decline_unfinished_rounds, own_certificate_refusal, write_certificate_request
 from edge_client.session import FatalSessionError, SessionDriver
 from edge_client.state import ClientStore, StateError
+from edge_client.recommend_policy import RecommendationPolicy
 from edge_client.platform_trainer import PlatformHosting, PlatformTrainer, platform_local_id
 from edge_client.trainer import Trainer, TrainingError
 from edge_client.transport import (
@@ -89,8 +90,9 @@ class ClientConfig:
     allow_insecure_plaintext: bool = False
     #: The smallest cohort and threshold this client's devices join.
     cohort_floor: CohortFloor = field(default_factory=CohortFloor)
-    #: False: the devices refuse top-k requests (DEVICE_ERROR_CODE_REFUSED).
-    serve_recommendations: bool = True
+    #: What the devices disclose for a top-k request (D84): whether they serve
+    #: one at all, their cap on k, whether a request may ask for seen items.
+    recommendations: RecommendationPolicy = field(default_factory=RecommendationPolicy)
     #: The federation's device CA certificate (PEM), kept apart from the
     #: coordinator (D33): devices join only active-mode rounds, and only with
     #: peers whose identity certificates it issued.
@@ -219,7 +221,7 @@ class EdgeClient:
             on_round_end=self._on_round_end,
             debug_inputs_dir=(self.store.root / "debug" / "inputs") if self.config.debug_record_inputs and self.store else None,
             allow_insecure_plaintext=self.config.allow_insecure_plaintext,
-            serve_recommendations=self.config.serve_recommendations,
+            recommendations=self.config.recommendations,
             cohort_floor=self.config.cohort_floor,
             device_ca=self.device_ca,
             unprotected_plaintext_j_bound=self.config.unprotected_plaintext_j_bound,

@@ -1,16 +1,19 @@
 """Queries the coordinator relays to a device: answered on the device.
 
-`answer(request, devices, trainer)` turns one `DeviceRequest` into its
-`DeviceResponse` (same correlation id and device id). The only request kind
-is top-k: the device scores every item with `model.score` from the latest
-global model it trained from (`Trainer.latest`) and its own private state
-(the synthetic benchmark model: `synthetic_scores`),
-and returns the k best item ids with their scores, descending (its seen
-items left out on request), each also as the dataset's own item id and
-title (`item_catalogue`: MovieLens' movie id and its `u.item` title; ""
-where the dataset ships no titles). Nothing private leaves the device but
-those items and scores. Errors are answered, never raised: UNKNOWN_DEVICE
-(not hosted here), REFUSED (the client runs with
+`answer(request, devices, trainer, policy=...)` turns one `DeviceRequest`
+into its `DeviceResponse` (same correlation id and device id). The only
+request kind is top-k: the device scores every item with `model.score` from
+the latest global model it trained from (`Trainer.latest`) and its own
+private state (the synthetic benchmark model: `synthetic_scores`), ranks
+them, and returns the best item ids in rank order, each also as the
+dataset's own item id and title (`item_catalogue`: MovieLens' movie id and
+its `u.item` title; "" where the dataset ships no titles).
+
+What leaves the device is its policy's (`RecommendationPolicy`, D84), not
+the request's: at most `policy.max_k` items, the user's seen items left out
+unless the policy lets a request ask for them (the answer's seen_excluded
+says which), and never a score. Errors are answered, never raised:
+UNKNOWN_DEVICE (not hosted here), REFUSED (the client runs with
 --no-serve-recommendations), UNSUPPORTED (another request kind),
 INVALID_ARGUMENT (k outside 1..n_items), NOT_READY (no model yet, or the
 device never trained it), INTERNAL (anything else; logged). Blocking
@@ -28,11 +31,14 @@ import numpy as np
 import torch
 
 from edge_client.devices import Device
+from edge_client.recommend_policy import RecommendationPolicy
 from edge_client.task import SYNTHETIC_MODEL
 from edge_client.trainer import Trainer
 from fedmask_proto.v1 import session_pb2
 
 log = logging.getLogger("edge_client.queries")
+#: The policy of a client started with no recommendation flags.
+DEFAULT_POLICY = RecommendationPolicy()
 
 
 def top_k(trainer: Trainer, number: int, k: int, *, exclude_seen: bool) -> tuple[list[int], list[float], int]:
@@ -118,9 +124,9 @@ def item_catalogue(interactions: Any) -> tuple[list[str], list[str]]:
 
 
 def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], trainer: Trainer, *,
-           serve_recommendations: bool = True) -> session_pb2.DeviceResponse:
-    """The response to `req`; `devices` maps device id -> hosted device.
-    `serve_recommendations` False answers every top-k with REFUSED."""
+           policy: RecommendationPolicy = DEFAULT_POLICY) -> session_pb2.DeviceResponse:
+    """The response to `req`; `devices` maps device id -> hosted device;
+    `policy` is what this client's devices disclose (module doc)."""
     resp = session_pb2.DeviceResponse(correlation_id=req.correlation_id, device_id=req.device_id)
     dev = devices.get(req.device_id)
     kind = req.WhichOneof("request")
@@ -133,21 +139,23 @@ def answer(req: session_pb2.DeviceRequest, devices: Mapping[int, Device], traine
         return error(session_pb2.DEVICE_ERROR_CODE_UNKNOWN_DEVICE, "device not hosted by this client")
     if kind != "top_k":
         return error(session_pb2.DEVICE_ERROR_CODE_UNSUPPORTED, f"request {kind or 'empty'} not supported")
-    if not serve_recommendations:
+    if not policy.serve:
         return error(session_pb2.DEVICE_ERROR_CODE_REFUSED,
                      "this device does not serve recommendations (--no-serve-recommendations)")
     if req.top_k.k < 1 or req.top_k.k > trainer.n_items:
         return error(session_pb2.DEVICE_ERROR_CODE_INVALID_ARGUMENT, f"k must be in 1..{trainer.n_items}")
+    plan = policy.plan(int(req.top_k.k), exclude_seen=bool(req.top_k.exclude_seen))
     try:
-        items, scores, version = top_k(trainer, dev.number, int(req.top_k.k), exclude_seen=bool(req.top_k.exclude_seen))
+        items, _scores, version = top_k(trainer, dev.number, plan.k, exclude_seen=plan.exclude_seen)
     except LookupError as e:
         return error(session_pb2.DEVICE_ERROR_CODE_NOT_READY, str(e))
     except Exception as e:  # noqa: BLE001 - answered, logged; the process stays up
         log.exception("top-k for %s failed", dev.local_id)
         return error(session_pb2.DEVICE_ERROR_CODE_INTERNAL, type(e).__name__)
     ids, titles = item_catalogue(trainer.x)
+    # the scores rank the items here and stay here: the order is the answer
     resp.top_k.CopyFrom(session_pb2.TopKResult(
-        item_ids=items, scores=scores, model_version=version,
+        item_ids=items, model_version=version, seen_excluded=plan.exclude_seen,
         dataset_item_ids=[ids[i] for i in items], titles=[titles[i] for i in items],
     ))
     return resp

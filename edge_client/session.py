@@ -52,6 +52,7 @@ from edge_client.devices import Device
 from edge_client.cohort_floor import CohortFloor
 from edge_client.faults import FaultPlan
 from edge_client.path_choice import coordinator_bound, plaintext_rows
+from edge_client.recommend_policy import RecommendationPolicy
 from edge_client.round_run import DeviceRound, RoundEvent, RoundIO, RoundRun
 from edge_client.task import SYNTHETIC_MODEL, task_spec
 from edge_client.trainer import Trainer, TrainingError, TrainOutput, UnreadablePrivateState
@@ -102,7 +103,7 @@ class SessionDriver:
         debug_inputs_dir: Path | None = None,
         allow_insecure_plaintext: bool = False,
         cohort_floor: CohortFloor | None = None,
-        serve_recommendations: bool = True,
+        recommendations: RecommendationPolicy | None = None,
         device_ca: x509.Certificate | None = None,
         unprotected_plaintext_j_bound: float | None = None,
     ) -> None:
@@ -110,8 +111,9 @@ class SessionDriver:
         #: on J under which a device may send its update in plaintext; None: never.
         self.unprotected_plaintext_j_bound = unprotected_plaintext_j_bound
         self.cohort_floor = cohort_floor or CohortFloor()
-        #: False: every top-k request is answered REFUSED (--no-serve-recommendations).
-        self.serve_recommendations = serve_recommendations
+        #: What the devices disclose for a top-k request (D84; --no-serve-recommendations,
+        #: --max-top-k, --recommend-seen-items).
+        self.recommendations = recommendations or RecommendationPolicy()
         #: The device CA this client trusts for its peers' identity keys
         #: (D33); with one, rounds without signatures are refused.
         self.device_ca = device_ca
@@ -462,6 +464,6 @@ class SessionDriver:
         # (tens of jobs), and a top-k behind it would wait for all of them
         resp = await asyncio.get_running_loop().run_in_executor(
             self._query_pool, functools.partial(queries.answer, req, dict(self.devices), self.trainer,
-                                                serve_recommendations=self.serve_recommendations))
+                                                policy=self.recommendations))
         outbox.put_nowait(session_pb2.ClientMessage(device_response=resp))
 

@@ -14,7 +14,8 @@ listener on loopback) and one `fedmask client` process hosting four devices
    of tests/integration/integration_harness.py's `check_exact_aggregate`);
 3. pauses the federation and asks the coordinator's admin listener for
    user 1's top-k, which the device computes on its own model: k items must
-   come back, ranked 1..k, scores descending;
+   come back, ranked 1..k, without the device's scores and with the seen
+   items left out (docs/decisions.md D84);
 4. stops both processes (SIGTERM; both must exit 0).
 
 The processes are started as `sys.executable -m fedmask ...` (the launcher of
@@ -98,7 +99,6 @@ class Result:
     rounds_aborted: int = 0
     counted: dict[str, list[int]] = field(default_factory=dict)
     topk_device_id: int | None = None
-    topk_scores: list[float] = field(default_factory=list)
     topk_model_version: int | None = None
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     logs: dict[str, str] = field(default_factory=dict)
@@ -216,11 +216,10 @@ def check_top_k(answer: Any, k: int) -> list[str]:
         problems.append(f"{len(items)} items, not {k}")
     if [i.rank for i in items] != list(range(1, len(items) + 1)):
         problems.append(f"ranks {[i.rank for i in items]}")
-    scores = [float(i.score) for i in items]
-    if any(a < b for a, b in zip(scores, scores[1:], strict=False)):
-        problems.append(f"scores not descending: {scores}")
-    if not all(np.isfinite(scores)):
-        problems.append(f"scores not finite: {scores}")
+    if any(i.score != 0.0 for i in items):
+        problems.append("a device score left the device")
+    if not answer.seen_excluded:
+        problems.append("the seen items were not left out")
     if len({i.item_index for i in items}) != len(items):
         problems.append("an item twice")
     if any(not 0 <= i.item_index < N_ITEMS for i in items):
@@ -298,7 +297,6 @@ def run_check(args: argparse.Namespace, out: Path, workdir: Path, result: Result
                              A.RecommendTopKRequest(user_handle=TOPK_USER, k=K, exclude_seen=True), deadline.left(60))
         result.topk_device_id = int(answer.device_id)
         result.topk_items = [int(i.item_index) for i in answer.items]
-        result.topk_scores = [float(i.score) for i in answer.items]
         result.topk_model_version = int(answer.model_version)
         problems = check_top_k(answer, K)
         if answer.model_version not in _model_versions(database_url):

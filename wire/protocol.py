@@ -5,6 +5,7 @@
   side of the Session stream.
 - The RoundTask hyper-parameter names the coordinator and the edge client
   agree on.
+- The default cap on a top-k request's k (`DEFAULT_MAX_TOP_K`, D84).
 - Message-size constants, from which the coordinator's gRPC receive limit is
   computed (`coordinator.server.max_receive_message_bytes`).
 - `is_loopback`: the one test of "this address never leaves the machine"
@@ -130,6 +131,15 @@ ROUND_INDEX_HYPERPARAMETER = "round_idx"
 #: before it tries again (set with every rate-limit refusal; the edge
 #: client waits that long instead of its own backoff).
 RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+
+# --------------------------------------------------------------------------- top-k
+
+#: The default cap on a top-k request's k (D84), the same on every side: the
+#: admin service (max_top_k), the coordinator (admin.max_top_k) and the
+#: device (`fedmask client --max-top-k`). Each enforces its own setting.
+DEFAULT_MAX_TOP_K = 100
+#: The largest cap any side may be configured with.
+MAX_TOP_K_LIMIT = 10_000
 
 # --------------------------------------------------------------------------- sizes
 

@@ -313,11 +313,13 @@ async function topK(ev) {
       tr.appendChild(el("td", item.rank));
       tr.appendChild(el("td", item.item_id));
       tr.appendChild(el("td", item.title || ""));
-      tr.appendChild(el("td", item.score.toFixed(4)));
       body.appendChild(tr);
     }
+    // the device decides whether seen items are left out; say what it did, and when it overrode the box
+    const seen = r.seen_excluded ? (exclude ? "seen items left out" : "seen items left out by the device's policy")
+                                 : "seen items included";
     $("topk-meta").textContent = "computed on device " + r.device_id + " (user " + r.user + ") with model v" +
-      r.model_version + " in " + r.latency_ms.toFixed(1) + " ms; recommendation " + r.recommendation_id;
+      r.model_version + " in " + r.latency_ms.toFixed(1) + " ms; " + seen + "; recommendation " + r.recommendation_id;
     say("");
   } catch (e) {
     $("topk-meta").textContent = "";

@@ -27,11 +27,13 @@ from fedmask.commands.client_options import (
     FaultGarbageSharesOption,
     InsecureTokenWithoutTlsOption,
     LogLevelOption,
+    MaxTopKOption,
     MinCohortOption,
     MinThresholdOption,
     NameOption,
     PlatformOption,
     PlatformsOption,
+    RecommendSeenItemsOption,
     SeedOption,
     ServeRecommendationsOption,
     StateDirOption,
@@ -87,6 +89,8 @@ def client(
     dirichlet_beta: DirichletBetaOption = 1.0,
     min_threshold: MinThresholdOption = 0.5,
     serve_recommendations: ServeRecommendationsOption = True,
+    max_top_k: MaxTopKOption = 100,
+    recommend_seen_items: RecommendSeenItemsOption = False,
     device_ca: DeviceCaOption = None,
     unprotected_plaintext_j_bound: UnprotectedPlaintextJBoundOption = None,
     log_level: LogLevelOption = "info",
@@ -98,6 +102,7 @@ def client(
     One process hosts one device per selected user. The devices are enrolled once (the result is kept in --state-dir), one Session stream is opened, and whenever a RoundTask arrives the selected devices train together, clip and noise their updates as the task says, and run the secure aggregation stages. Private state never leaves --state-dir. Reconnects with exponential backoff and full jitter. Ctrl-C stops.
     """
     from edge_client.app import ClientConfig, run_client
+    from edge_client.recommend_policy import RecommendationPolicy
 
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
     faults = _fault_plan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
@@ -111,8 +116,10 @@ def client(
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor, serve_recommendations=serve_recommendations, device_ca=device_ca, platform=hosting,
+        cohort_floor=floor, device_ca=device_ca, platform=hosting,
         unprotected_plaintext_j_bound=unprotected_plaintext_j_bound,
+        recommendations=RecommendationPolicy(serve=serve_recommendations, max_k=max_top_k,
+                                             share_seen=recommend_seen_items),
     )
     code = run_client(config)
     if code:

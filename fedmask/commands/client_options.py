@@ -138,6 +138,15 @@ ServeRecommendationsOption = Annotated[bool, typer.Option(
     help="Answer the coordinator's top-k requests for the hosted devices' users (computed on the device). "
          "With --no-serve-recommendations every such request is refused with DEVICE_ERROR_CODE_REFUSED "
          "(the admin API answers 403).", rich_help_panel="Security")]
+MaxTopKOption = Annotated[int, typer.Option(
+    min=1, max=10_000,
+    help="The most items a device's top-k answer holds, whatever k the request asks for (docs/decisions.md D84). "
+         "Answers carry ranked items, never the device's scores.", rich_help_panel="Security")]
+RecommendSeenItemsOption = Annotated[bool, typer.Option(
+    "--recommend-seen-items/--no-recommend-seen-items",
+    help="Let a top-k request ask for the items the user already rated (exclude_seen=false). Off by default: the "
+         "seen items are always left out (the answer says so), because the difference between an answer with them "
+         "and one without is the user's rating history.", rich_help_panel="Security")]
 DeviceCaOption = Annotated[Path | None, typer.Option(
     help="The federation's device CA certificate (PEM; `fedmask certs init` writes device-ca.pem), kept apart "
     "from the coordinator: the devices join only active-mode rounds, and only with peers whose identity "

@@ -121,8 +121,7 @@ def top_k_table(answer: dict[str, Any], liked: list[tuple[str, float]], user: st
                     f"{answer['latency_ms']:.0f} ms on the device's link) next to what {user} rated highly",
               box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("rank", justify="right")
-    t.add_column("recommended (unseen items)")
-    t.add_column("score", justify="right")
+    t.add_column("recommended (unseen items)")  # ranked; devices send no scores (D84)
     t.add_column(f"{user} rated")
     t.add_column("stars", justify="right")
     items = answer["items"]
@@ -130,7 +129,7 @@ def top_k_table(answer: dict[str, Any], liked: list[tuple[str, float]], user: st
         rec = items[i] if i < len(items) else None
         mine = liked[i] if i < len(liked) else None
         t.add_row(str(i + 1) if rec else "", (rec["title"] or rec["item_id"]) if rec else "",
-                  f"{rec['score']:.2f}" if rec else "", mine[0] if mine else "", f"{mine[1]:.0f}" if mine else "")
+                  mine[0] if mine else "", f"{mine[1]:.0f}" if mine else "")
     return t
 
 

@@ -562,8 +562,14 @@ class RecommendTopKRequest(_message.Message):
     (DeviceEnrollment.local_id, unique within the federation).
     """
     k: _builtins.int
+    """At most admin.max_top_k (default 100); the device answers at most its
+    own cap of items.
+    """
     exclude_seen: _builtins.bool
-    """Leave out the items the user already interacted with."""
+    """Leave out the items the user already interacted with. The device's
+    policy decides: where it does not let a caller ask for seen items, a
+    false here is ignored and the answer's seen_excluded says so.
+    """
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """How long to wait for the device; unset: the coordinator's default."""
@@ -601,8 +607,9 @@ class RecommendedItem(_message.Message):
     title: _builtins.str
     """The dataset's title; empty when the dataset ships none."""
     score: _builtins.float
+    """Never set (0): devices send ranks, not their private scores (D84)."""
     rank: _builtins.int
-    """1-based, by descending score."""
+    """1-based, best first."""
     item_index: _builtins.int
     """The model's dense item index."""
     def __init__(
@@ -632,12 +639,17 @@ class RecommendTopKResponse(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     LATENCY_FIELD_NUMBER: _builtins.int
     RECOMMENDATION_ID_FIELD_NUMBER: _builtins.int
+    SEEN_EXCLUDED_FIELD_NUMBER: _builtins.int
     device_id: _builtins.int
     user_handle: _builtins.str
     model_version: _builtins.int
     """The global version the device's model was last updated from."""
     recommendation_id: _builtins.str
     """Unique per answer (for logs and feedback)."""
+    seen_excluded: _builtins.bool
+    """Whether the device left out the user's seen items (its policy decides,
+    not the request's exclude_seen).
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecommendedItem]:
         """At most k, by rank."""
@@ -655,10 +667,11 @@ class RecommendTopKResponse(_message.Message):
         model_version: _builtins.int = ...,
         latency: _duration_pb2.Duration | None = ...,
         recommendation_id: _builtins.str = ...,
+        seen_excluded: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["latency", b"latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "items", b"items", "latency", b"latency", "model_version", b"model_version", "recommendation_id", b"recommendation_id", "user_handle", b"user_handle"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_id", b"device_id", "items", b"items", "latency", b"latency", "model_version", b"model_version", "recommendation_id", b"recommendation_id", "seen_excluded", b"seen_excluded", "user_handle", b"user_handle"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -95,12 +95,15 @@ class CoordinatorAdminServicer:
 
     def RecommendTopK(self, request, context):
         """A device's top-k recommendation, computed on the device from its
-        private parameters and relayed over its Session stream.
-        Errors: NOT_FOUND (unknown device id or user handle), UNAVAILABLE (the
-        device is not connected, or its stream closed while waiting; trailer
-        `grpc-retry-pushback-ms` suggests when to retry), DEADLINE_EXCEEDED (the
-        device did not answer in time), INVALID_ARGUMENT (k not in 1..items,
-        bad timeout, no target), PERMISSION_DENIED (the device refuses to serve
+        private parameters and relayed over its Session stream: ranked items,
+        no scores; what the device discloses is its own policy's (D84).
+        Errors: NOT_FOUND (unknown device id), UNAVAILABLE (the device is not
+        connected, or its stream closed while waiting; a user handle that no
+        connected device has, whether it is unknown or its device offline,
+        answers exactly alike; trailer `grpc-retry-pushback-ms` suggests when to
+        retry), DEADLINE_EXCEEDED (the device did not answer in time),
+        INVALID_ARGUMENT (k not in 1..min(items, admin.max_top_k), bad timeout,
+        no target), PERMISSION_DENIED (the device refuses to serve
         recommendations), FAILED_PRECONDITION (the device has no trained model
         yet), INTERNAL (the device's answer broke the TopKResult contract).
         """

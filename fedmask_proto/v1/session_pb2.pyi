@@ -784,7 +784,9 @@ class TopKQuery(_message.Message):
     """---------------------------------------------------------- device queries
 
     Top-k recommendation for the device's user, computed on the device with
-    its private parameters.
+    its private parameters. The device's own policy decides what it answers
+    (docs/decisions.md D84): at most its own cap of items, whatever k says,
+    and the seen items left out unless its owner lets a request ask for them.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -793,7 +795,9 @@ class TopKQuery(_message.Message):
     EXCLUDE_SEEN_FIELD_NUMBER: _builtins.int
     k: _builtins.int
     exclude_seen: _builtins.bool
-    """Leave out items the user already interacted with."""
+    """Leave out items the user already interacted with. A request for them
+    (false) is honoured only where the device's policy allows it.
+    """
     def __init__(
         self,
         *,
@@ -810,11 +814,13 @@ Global___TopKQuery: _TypeAlias = TopKQuery  # noqa: Y015
 
 @_typing.final
 class TopKResult(_message.Message):
-    """Contract: item_ids and scores have the same length <= k, scores
-    descending; model_version is the global version the device's model was
-    last updated from. item_ids are the model's dense item indices;
-    dataset_item_ids (the dataset's own ids) and titles, when set, have the
-    same length and order (a title is "" where the dataset ships none).
+    """Contract: item_ids, best first, at most k of them; model_version is the
+    global version the device's model was last updated from. item_ids are
+    the model's dense item indices; dataset_item_ids (the dataset's own ids)
+    and titles, when set, have the same length and order (a title is "" where
+    the dataset ships none). scores: empty, as devices send no scores (D84);
+    one per item, descending, from a device built before that, which the
+    coordinator checks and never passes on.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -824,7 +830,13 @@ class TopKResult(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
     DATASET_ITEM_IDS_FIELD_NUMBER: _builtins.int
     TITLES_FIELD_NUMBER: _builtins.int
+    SEEN_EXCLUDED_FIELD_NUMBER: _builtins.int
     model_version: _builtins.int
+    seen_excluded: _builtins.bool
+    """Whether the device left out the items the user interacted with (its
+    policy, not the request's, decides). Unset: a device built before this
+    field, which did as the request asked.
+    """
     @_builtins.property
     def item_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -841,12 +853,15 @@ class TopKResult(_message.Message):
         model_version: _builtins.int = ...,
         dataset_item_ids: _abc.Iterable[_builtins.str] | None = ...,
         titles: _abc.Iterable[_builtins.str] | None = ...,
+        seen_excluded: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seen_excluded", b"_seen_excluded", "seen_excluded", b"seen_excluded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dataset_item_ids", b"dataset_item_ids", "item_ids", b"item_ids", "model_version", b"model_version", "scores", b"scores", "titles", b"titles"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seen_excluded", b"_seen_excluded", "dataset_item_ids", b"dataset_item_ids", "item_ids", b"item_ids", "model_version", b"model_version", "scores", b"scores", "seen_excluded", b"seen_excluded", "titles", b"titles"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__seen_excluded: _TypeAlias = _typing.Literal["seen_excluded"]  # noqa: Y015
+    _WhichOneofArgType__seen_excluded: _TypeAlias = _typing.Literal["_seen_excluded", b"_seen_excluded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seen_excluded) -> _WhichOneofReturnType__seen_excluded | None: ...
 
 Global___TopKResult: _TypeAlias = TopKResult  # noqa: Y015
 

@@ -214,6 +214,11 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
         device = request.device_id if target == "device_id" else HANDLES.get(request.user_handle, 0)
         if target is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no target")
+        if not self.scripted_failures and target == "user_handle":
+            device = ANSWERS  # every handle's device answers (the fuzzer's world)
+        if target == "user_handle" and device in (0, NOT_CONNECTED):  # as the coordinator: unknown = offline (D84)
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", "2000"),))
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no connected device has this user handle")
         if device not in (ANSWERS, NOT_CONNECTED, SLOW, REFUSES):
             await context.abort(grpc.StatusCode.NOT_FOUND, "unknown device or user")
         if not 1 <= request.k <= N_ITEMS:
@@ -229,9 +234,10 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the device does not serve recommendations")
         items = [pb.RecommendedItem(item_id=str(100 + i), title=f"Movie {i}", score=1.0 - i / 100, rank=i + 1,
                                     item_index=i) for i in range(request.k)]
+        # scores set, as a coordinator built before D84 sent them: the admin service never shows them
         return pb.RecommendTopKResponse(device_id=device, user_handle="alice", items=items,
                                         model_version=self.model_version, latency=Duration(nanos=3_000_000),
-                                        recommendation_id=f"rec-{len(self.topk_requests)}")
+                                        recommendation_id=f"rec-{len(self.topk_requests)}", seen_excluded=True)
 
     async def _act(self, action: str, request: pb.OperatorRequest | pb.RollbackRequest,
                    context: Ctx, changed: bool, *,

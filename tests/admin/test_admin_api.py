@@ -271,7 +271,8 @@ def test_top_k_by_device_and_by_user(w: World) -> None:
     r = get(w, f"/v1/devices/{ANSWERS}/recommendations", R, k=5, exclude_seen="false").json()
     assert r["computed_on"] == "device" and r["device_id"] == ANSWERS and r["model_version"] == w.filled.versions[-1]
     assert [i["rank"] for i in r["items"]] == [1, 2, 3, 4, 5]
-    assert r["items"][0] == {"item_id": "100", "title": "Movie 0", "score": 1.0, "rank": 1, "item_index": 0}
+    assert r["items"][0] == {"item_id": "100", "title": "Movie 0", "rank": 1, "item_index": 0}  # no score (D84)
+    assert r["seen_excluded"] is True  # asked for seen items; the device's policy left them out, and says so
     assert r["latency_ms"] == pytest.approx(3.0) and r["total_ms"] >= 0 and r["recommendation_id"]
     sent = w.coordinator.servicer.topk_requests[-1]
     assert (sent.device_id, sent.k, sent.exclude_seen) == (ANSWERS, 5, False)
@@ -283,21 +284,42 @@ def test_top_k_by_device_and_by_user(w: World) -> None:
 
 def test_top_k_errors(w: World) -> None:
     assert_problem(get(w, "/v1/devices/99/recommendations", R), 404)
-    assert_problem(get(w, "/v1/users/nobody/recommendations", R), 404)
     busy = get(w, f"/v1/devices/{NOT_CONNECTED}/recommendations", R)
     assert_problem(busy, 503)
     assert busy.headers["retry-after"] == "3"  # the coordinator's pushback of 3000 ms
-    assert_problem(get(w, "/v1/users/bob/recommendations", R), 503)
+    # an unknown handle and an offline one ("bob") answer alike (D84)
+    unknown, offline = get(w, "/v1/users/nobody/recommendations", R), get(w, "/v1/users/bob/recommendations", R)
+    same = lambda r: {k: v for k, v in assert_problem(r, 503).items() if k != "instance"}  # noqa: E731 - the path
+    assert same(unknown) == same(offline)
+    assert unknown.headers["retry-after"] == offline.headers["retry-after"] == "2"
     assert_problem(get(w, f"/v1/devices/{SLOW}/recommendations", R), 504)
     assert "does not serve" in assert_problem(get(w, f"/v1/devices/{REFUSES}/recommendations", R), 403)["detail"]
     for k in (0, -1, "ten"):
         assert_problem(get(w, f"/v1/devices/{ANSWERS}/recommendations", R, k=k), 422)
     assert_problem(get(w, f"/v1/devices/{ANSWERS}/recommendations", R, k=N_ITEMS + 1), 422)
+    asked = len(w.coordinator.servicer.topk_requests)
+    over = assert_problem(get(w, "/v1/users/alice/recommendations", R, k=101), 422)  # the admin's own cap (D84)
+    assert over["invalid_params"][0]["name"] == "query.k"
+    assert len(w.coordinator.servicer.topk_requests) == asked  # refused before the coordinator is asked
     metrics = get(w, "/metrics").text
     assert 'fedmask_admin_topk_requests_total{status="504"}' in metrics
     assert 'fedmask_admin_topk_requests_total{status="503"}' in metrics
     assert "fedmask_admin_topk_duration_seconds_bucket" in metrics
     assert "alice" not in metrics and 'route="/v1/devices/{device_id}/recommendations"' in metrics
+
+
+@pytest.mark.parametrize("cap, default_k", [(100, 10), (20, 10), (5, 5)])
+def test_the_top_k_cap_is_the_deployments_and_the_document_says_so(cap: int, default_k: int) -> None:
+    from admin.app import create_app
+    from admin.settings import AdminSettings
+    from coordinator.store import InMemoryStore
+
+    doc = create_app(AdminSettings(max_top_k=cap), store=InMemoryStore()).openapi()
+    for path in ("/v1/users/{user}/recommendations", "/v1/devices/{device_id}/recommendations"):
+        (k,) = [p for p in doc["paths"][path]["get"]["parameters"] if p["name"] == "k"]
+        assert (k["schema"]["maximum"], k["schema"]["default"]) == (cap, default_k)
+    item = doc["components"]["schemas"]["RecommendedItem"]["properties"]
+    assert "score" not in item and "seen_excluded" in doc["components"]["schemas"]["Recommendations"]["properties"]
 
 
 # ------------------------------------------------------------------ events

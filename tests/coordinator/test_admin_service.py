@@ -519,7 +519,8 @@ def test_top_k_by_device_id_and_by_user_handle_with_every_error() -> None:
                 by_id = await admin.RecommendTopK(A.RecommendTopKRequest(device_id=ok, k=3, exclude_seen=True))
                 assert [(i.item_id, i.title, i.rank, i.item_index) for i in by_id.items] == [
                     ("1003", "Toy Story (1995)", 1, 3), ("1007", "", 2, 7), ("1001", "GoldenEye (1995)", 3, 1)]
-                assert [i.score for i in by_id.items] == pytest.approx([0.9, 0.5, 0.1])
+                # the device sent scores (as one built before D84 does): they go no further
+                assert [i.score for i in by_id.items] == [0.0, 0.0, 0.0] and by_id.seen_excluded
                 assert (by_id.device_id, by_id.user_handle, by_id.model_version) == (ok, "user-5-0", 4)
                 assert len(by_id.recommendation_id) == 32 and by_id.latency.ToTimedelta().total_seconds() >= 0
                 by_handle = await admin.RecommendTopK(A.RecommendTopKRequest(user_handle="user-5-0", k=2))
@@ -531,7 +532,8 @@ def test_top_k_by_device_id_and_by_user_handle_with_every_error() -> None:
                         await admin.RecommendTopK(request)
                     return info.value.code(), info.value.trailing_metadata()
 
-                assert (await code_of(A.RecommendTopKRequest(user_handle="nobody", k=3)))[0] is grpc.StatusCode.NOT_FOUND
+                unknown = A.RecommendTopKRequest(user_handle="nobody", k=3)
+                assert (await code_of(unknown))[0] is grpc.StatusCode.UNAVAILABLE
                 assert (await code_of(A.RecommendTopKRequest(device_id=999, k=3)))[0] is grpc.StatusCode.NOT_FOUND
                 assert (await code_of(A.RecommendTopKRequest(device_id=ok, k=0)))[0] is grpc.StatusCode.INVALID_ARGUMENT
                 assert (await code_of(A.RecommendTopKRequest(device_id=ok, k=21)))[0] is grpc.StatusCode.INVALID_ARGUMENT
@@ -546,6 +548,17 @@ def test_top_k_by_device_id_and_by_user_handle_with_every_error() -> None:
                 code, trailer = await code_of(A.RecommendTopKRequest(device_id=ok, k=3))
                 assert code is grpc.StatusCode.UNAVAILABLE
                 assert dict(trailer or ())["grpc-retry-pushback-ms"] == "2000"
+
+                # an offline user's handle and an unknown one answer alike: status, details, retry hint (D84)
+                async def failure(request: A.RecommendTopKRequest) -> tuple[Any, ...]:
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await admin.RecommendTopK(request)
+                    return info.value.code(), info.value.details(), dict(info.value.trailing_metadata() or ())
+
+                offline = await failure(A.RecommendTopKRequest(user_handle="user-5-0", k=3))
+                assert offline == await failure(unknown)
+                assert offline[:2] == (grpc.StatusCode.UNAVAILABLE, "no connected device has this user handle")
+                assert offline[2]["grpc-retry-pushback-ms"] == "2000"
 
     asyncio.run(main())
 

@@ -7,7 +7,6 @@ relay) on in-memory sessions (no gRPC: the servicer's receive loop is
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -49,9 +48,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def top_k_response(cid: str, device: int, items, scores, version: int = 3) -> S.DeviceResponse:
-    return S.DeviceResponse(correlation_id=cid, device_id=device,
-                            top_k=S.TopKResult(item_ids=items, scores=scores, model_version=version))
+def top_k_response(cid: str, device: int, items, scores=(), version: int = 3,
+                   seen_excluded: bool | None = None) -> S.DeviceResponse:
+    """A TopKResult; `scores` as a device built before D84 sent them, `seen_excluded` None: not said."""
+    result = S.TopKResult(item_ids=items, scores=scores, model_version=version)
+    if seen_excluded is not None:
+        result.seen_excluded = seen_excluded
+    return S.DeviceResponse(correlation_id=cid, device_id=device, top_k=result)
 
 
 def error_response(cid: str, device: int, code: S.DeviceErrorCode.ValueType, message: str = "") -> S.DeviceResponse:
@@ -199,12 +202,21 @@ def test_too_many_requests_in_flight_are_refused() -> None:
 ])
 def test_check_top_k_refuses(k, n_items, timeout, match) -> None:
     with pytest.raises(InvalidArgument, match=match):
-        check_top_k(k, n_items=n_items, timeout_s=timeout)
+        check_top_k(k, n_items=n_items, max_k=100, timeout_s=timeout)
 
 
-def test_check_top_k_accepts_the_whole_catalogue() -> None:
-    check_top_k(1, n_items=10, timeout_s=0.5)
-    check_top_k(10, n_items=10, timeout_s=300)
+def test_check_top_k_accepts_up_to_the_catalogue_or_the_cap() -> None:
+    check_top_k(1, n_items=10, max_k=100, timeout_s=0.5)
+    check_top_k(10, n_items=10, max_k=100, timeout_s=300)
+    check_top_k(100, n_items=1682, max_k=100, timeout_s=1)
+
+
+def test_check_top_k_refuses_more_than_the_deployments_cap() -> None:
+    # the catalogue allows 1682, the deployment 100 (admin.max_top_k, D84)
+    with pytest.raises(InvalidArgument, match=r"1\.\.100 \(the model's 1682 items, at most 100"):
+        check_top_k(101, n_items=1682, max_k=100, timeout_s=1)
+    with pytest.raises(InvalidArgument, match=r"1\.\.5 "):
+        check_top_k(6, n_items=1682, max_k=5, timeout_s=1)
 
 
 def test_top_k_request_message() -> None:
@@ -216,15 +228,30 @@ def test_top_k_request_message() -> None:
 
 
 def test_top_k_answer_accepts_a_valid_result() -> None:
-    got = top_k_answer(top_k_response("c", 7, [4, 0, 9], [0.75, 0.75, -1.0], version=12), k=3, n_items=10)
-    assert got == TopKAnswer(device_id=7, item_ids=(4, 0, 9), scores=(0.75, 0.75, -1.0), model_version=12)
-    empty = top_k_answer(top_k_response("c", 7, [], []), k=3, n_items=10)  # every item seen: fewer than k is allowed
-    assert empty.item_ids == () and empty.scores == ()
+    got = top_k_answer(top_k_response("c", 7, [4, 0, 9], version=12, seen_excluded=True), k=3, n_items=10,
+                       exclude_seen=False)
+    assert got == TopKAnswer(device_id=7, item_ids=(4, 0, 9), model_version=12, seen_excluded=True)
+    empty = top_k_answer(top_k_response("c", 7, []), k=3, n_items=10, exclude_seen=True)  # fewer than k is allowed
+    assert empty.item_ids == () and empty.seen_excluded is True
+
+
+def test_top_k_answer_drops_the_scores_of_an_older_device() -> None:
+    # a device built before D84 sends scores and no seen_excluded: checked, then dropped; it did as asked
+    got = top_k_answer(top_k_response("c", 7, [4, 0, 9], [0.75, 0.75, -1.0], version=12), k=3, n_items=10,
+                       exclude_seen=False)
+    assert got == TopKAnswer(device_id=7, item_ids=(4, 0, 9), model_version=12, seen_excluded=False)
+    assert not hasattr(got, "scores")
+
+
+def test_top_k_answer_refuses_seen_items_kept_when_asked_to_leave_them_out() -> None:
+    with pytest.raises(InvalidDeviceAnswer, match="says it kept them"):
+        top_k_answer(top_k_response("c", 7, [1, 2], seen_excluded=False), k=3, n_items=10, exclude_seen=True)
 
 
 def test_top_k_answer_raises_the_devices_error_code() -> None:
     with pytest.raises(DeviceAnswerError, match="device 7 answered not_ready: no trained model") as info:
-        top_k_answer(error_response("c", 7, S.DEVICE_ERROR_CODE_NOT_READY, "no trained model"), k=3, n_items=10)
+        top_k_answer(error_response("c", 7, S.DEVICE_ERROR_CODE_NOT_READY, "no trained model"), k=3, n_items=10,
+                     exclude_seen=True)
     assert info.value.code == "not_ready" and info.value.device_message == "no trained model"
     assert device_error_code(S.DEVICE_ERROR_CODE_UNKNOWN_DEVICE) == "unknown_device"
     assert device_error_code(99) == "code_99"
@@ -247,7 +274,7 @@ def test_top_k_answer_raises_the_devices_error_code() -> None:
 ])
 def test_top_k_answer_refuses_a_broken_contract(response, why) -> None:
     with pytest.raises(InvalidDeviceAnswer, match=why):
-        top_k_answer(response, k=3, n_items=10)
+        top_k_answer(response, k=3, n_items=10, exclude_seen=True)
 
 
 # ============================================================ DeviceRelay.request_top_k
@@ -308,11 +335,9 @@ def test_request_top_k_goes_to_the_stream_hosting_the_device(caplog: pytest.LogC
             assert s1.outbox.empty()
             assert (req.device_id, req.top_k.k, req.top_k.exclude_seen) == (d2, 3, True)
             await coord.handle(s2, S.ClientMessage(device_response=top_k_response(
-                req.correlation_id, d2, [5, 2, 11], [0.9, 0.8, 0.1], version=1)))
+                req.correlation_id, d2, [5, 2, 11], version=1, seen_excluded=True)))
             answer = await call
-        assert dataclasses.replace(answer, scores=()) == TopKAnswer(device_id=d2, item_ids=(5, 2, 11), scores=(),
-                                                                    model_version=1)
-        assert answer.scores == pytest.approx((0.9, 0.8, 0.1))
+        assert answer == TopKAnswer(device_id=d2, item_ids=(5, 2, 11), model_version=1, seen_excluded=True)
         assert "event=device_request" in caplog.text and "outcome=ok" in caplog.text
         assert len(coord.relay) == 0
         await coord.shutdown()
@@ -331,6 +356,25 @@ def test_k_out_of_range_is_refused_before_anything_is_sent() -> None:
         await coord.shutdown()
 
     run(main())
+
+
+def test_the_deployments_cap_on_k_is_the_relays() -> None:
+    async def main() -> None:
+        settings = CoordinatorSettings.load(overrides={
+            "database_url": "memory://", "model.name": "synthetic", "model.hyperparameters": {"vector_length": 4},
+            "admin.max_top_k": 5})
+        coord = Coordinator(settings, store=InMemoryStore(), model=CatalogueModel(4))
+        await coord.start()
+        try:
+            assert coord.relay.max_k == 5
+            with pytest.raises(InvalidArgument, match=r"1\.\.5 \(the model's 20 items, at most 5"):
+                await coord.relay.request_top_k(1, 6)
+            assert len(coord.relay) == 0
+        finally:
+            await coord.shutdown()
+
+    run(main())
+    assert CoordinatorSettings.load(overrides={"database_url": "memory://"}).admin.max_top_k == 100
 
 
 def test_a_model_without_items_refuses_top_k() -> None:

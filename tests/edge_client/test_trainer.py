@@ -12,6 +12,7 @@ from edge_client.state import ClientStore
 from edge_client.devices import Device, local_id_of
 from edge_client.local_data import LocalData
 from edge_client.queries import top_k
+from edge_client.recommend_policy import RecommendationPolicy
 from edge_client.task import TaskSpec
 from edge_client.trainer import Trainer, TrainingError, TrainingFailure, synthetic_updates
 from models.data.sampling import cohort_data, explicit_train_csr
@@ -190,9 +191,45 @@ def test_answer_maps_items_to_the_dataset_and_may_refuse(trainer: Trainer) -> No
     assert list(resp.top_k.dataset_item_ids) == [str(raw[i]) for i in items]
     titles = trainer.x.item_titles
     assert titles is not None and list(resp.top_k.titles) == [str(titles[i]) for i in items]
-    refused = answer(req, devices, trainer, serve_recommendations=False)
+    refused = answer(req, devices, trainer, policy=RecommendationPolicy(serve=False))
     assert refused.WhichOneof("response") == "error"
     assert refused.error.code == S.DEVICE_ERROR_CODE_REFUSED and "--no-serve-recommendations" in refused.error.message
+
+
+def test_what_leaves_the_device_is_its_policys(trainer: Trainer) -> None:
+    """D84: ranked items without scores; at most the device's cap whatever k asks; the seen
+    items left out unless the device's owner lets a request ask for them, and the answer says which."""
+    from edge_client.queries import answer
+    from fedmask_proto.v1 import session_pb2 as S
+
+    spec, _ = _task(trainer, "fedrap", HYPER, version=7)
+    trainer.train(spec, NUMBERS)
+    devices = {100 + n: d for n, d in trainer.devices.items()}
+    rated = trainer.data.seen(5)
+    assert rated is not None and len(rated)
+    seen = {int(i) for i in rated}
+
+    def ask(k: int, exclude_seen: bool, policy: RecommendationPolicy = RecommendationPolicy()) -> S.TopKResult:
+        req = S.DeviceRequest(correlation_id="c", device_id=105, top_k=S.TopKQuery(k=k, exclude_seen=exclude_seen))
+        resp = answer(req, devices, trainer, policy=policy)
+        assert resp.WhichOneof("response") == "top_k", resp
+        assert list(resp.top_k.scores) == [] and resp.top_k.HasField("seen_excluded")
+        return resp.top_k
+
+    n = trainer.n_items
+    everything = ask(n, exclude_seen=False)  # the attack: the whole catalogue, seen items asked for
+    assert len(everything.item_ids) == 100 and everything.seen_excluded  # the default cap; seen items left out
+    assert not seen & set(everything.item_ids)
+    assert list(ask(n, exclude_seen=True).item_ids) == list(everything.item_ids)  # the difference is empty
+    assert list(everything.item_ids) == top_k(trainer, 5, 100, exclude_seen=True)[0]  # in rank order
+    small = ask(n, exclude_seen=False, policy=RecommendationPolicy(max_k=7))
+    assert list(small.item_ids) == list(everything.item_ids)[:7]
+    # an owner who lets requests ask for seen items: honoured, and said
+    shared = ask(n, exclude_seen=False, policy=RecommendationPolicy(share_seen=True, max_k=n))
+    assert not shared.seen_excluded and len(shared.item_ids) == n and seen <= set(shared.item_ids)
+    assert ask(5, exclude_seen=True, policy=RecommendationPolicy(share_seen=True)).seen_excluded
+    with pytest.raises(ValueError, match="--max-top-k"):
+        RecommendationPolicy(max_k=0)
 
 
 def test_item_catalogue_carries_movielens_titles() -> None:

@@ -4,7 +4,9 @@ and `fedmask admin` as a process (admin_federation.py). The page is opened,
 signed in with an operator token; it sees the live stage change at least
 twice (every change of the stage strip is recorded in the page by a
 MutationObserver, so a stage shorter than a poll is not missed), the rounds
-table grow, and the items of a top-k form computed on a device."""
+table grow, and the items of a top-k form computed on a device: ranks,
+ids and titles without scores, and the seen items left out by the device's
+policy even when the form's box asks for them (D84)."""
 
 from __future__ import annotations
 
@@ -67,7 +69,17 @@ def test_the_dashboard_over_a_real_federation(procs: Processes, tmp_path: Path, 
     items = lambda: d.find_elements(By.CSS_SELECTOR, "#topk-results tbody tr")  # noqa: E731
     wait_for(d, lambda: len(items()) == 10, "the top-k items", timeout=60)
     assert [row.text.split()[0] for row in items()] == [str(i) for i in range(1, 11)]
-    assert "computed on device" in d.find_element(By.ID, "topk-meta").text
+    meta = d.find_element(By.ID, "topk-meta")
+    assert "computed on device" in meta.text and "seen items left out" in meta.text
+    # ranks, item ids and titles only: no device score reaches the page (D84)
+    assert [h.text for h in d.find_elements(By.CSS_SELECTOR, "#topk-results thead th")] == ["rank", "item", "title"]
+    assert all(len(row.find_elements(By.TAG_NAME, "td")) == 3 for row in items())
+    # unticking "leave out seen items" cannot override the device's policy, and the page says so
+    d.find_element(By.ID, "topk-exclude").click()
+    d.find_element(By.ID, "topk-form").submit()
+    wait_for(d, lambda: "by the device's policy" in d.find_element(By.ID, "topk-meta").text,
+             "the device's policy noted", timeout=60)
+    assert len(items()) == 10
     shot = os.environ.get("FEDMASK_DASHBOARD_SCREENSHOT")  # this toy federation (README: make screenshot)
     if shot:
         wait_for(d, lambda: len(rows()) >= 8, "eight rounds for the picture", timeout=150)
