@@ -51,3 +51,12 @@ def test_docs_refer_to_nothing_outside_the_repository() -> None:
     offenders = [f"{name}:{i}" for name in tracked if name.endswith(".md")
                  for i, line in enumerate((ROOT / name).read_text().splitlines(), 1) if "../shared" in line]
     assert not offenders, offenders
+
+
+def test_the_readme_stays_an_entry_page() -> None:
+    """README.md is the entry page (at most 25 KB, opening with the two
+    commands); measured tables live in docs/performance.md."""
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= 25_000, f"README.md is {len(readme)} bytes; move detail to docs/"
+    head = readme.decode()[:3000]
+    assert "make demo" in head and "make test" in head
