@@ -17,7 +17,9 @@ interface (read methods only, in worker threads); live state, events,
 top-k and actions go to the coordinator's admin listener (admin/live.py).
 
 This module assembles the app: its services (admin/deps.py), error
-handlers, metrics middleware and the routers of admin/routes/, one per area.
+handlers, metrics middleware, the routers of admin/routes/, one per area,
+and in front of everything the request gate (admin/request_gate.py: body
+size, concurrency and time, before a token is looked at; D82).
 """
 
 import contextlib
@@ -30,6 +32,7 @@ from admin.deps import build_services, reject_unknown_query_parameters
 from admin.live import LiveLink
 from admin.metrics import MetricsMiddleware
 from admin.problems import install
+from admin.request_gate import RequestGate
 from admin.routes import (actions, dashboard, events, federation, health, ledger, meta, model_versions,
                           recommendations)
 from admin.settings import AdminSettings
@@ -43,6 +46,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await services.refusal_audit.drain()
         await services.live.close()
         await run_in_threadpool(services.store.close)
 
@@ -57,13 +61,14 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     # The order is the OpenAPI document's path order and the order routes are
     # matched in: /v1/rounds/current (federation) before /v1/rounds/{number}.
-    app.include_router(health.router)
-    app.include_router(dashboard.router)
-    app.include_router(meta.router)
-    app.include_router(federation.router(settings))
-    app.include_router(model_versions.router(settings))
-    app.include_router(ledger.router(settings))
-    app.include_router(events.router)
-    app.include_router(recommendations.router(settings))
-    app.include_router(actions.router)
+    routers = [health.router, dashboard.router, meta.router, federation.router(settings),
+               model_versions.router(settings), ledger.router(settings), events.router, recommendations.router(settings),
+               actions.router]
+    for r in routers:
+        app.include_router(r)
+    # Added last, so outermost: sizes, concurrency and time are checked before anything reads the request.
+    # It matches the routes as the routers declare them (each router's own routes, in the same order).
+    app.add_middleware(RequestGate, limits=settings.limits, routes=lambda: [x for r in routers for x in r.routes],
+                       retry_after_s=settings.retry_after_s, log=services.refusal_log,
+                       on_refused=lambda reason: services.metrics.refused.labels(reason).inc())
     return app

@@ -44,7 +44,11 @@ class Unauthenticated(Exception):
 
 
 class Forbidden(Exception):
-    """A valid token whose role may not use the route (403)."""
+    """A valid token whose role may not use the route (403); `principal` is who."""
+
+    def __init__(self, message: str, principal: Principal) -> None:
+        super().__init__(message)
+        self.principal = principal
 
 
 def token_hash(token: str) -> str:
@@ -103,5 +107,5 @@ class TokenTable:
         principal = self.identify(bearer_token(authorization))
         if principal.role not in allowed:
             need = " or ".join(sorted(r.value for r in allowed))
-            raise Forbidden(f"role {principal.role.value!r} may not use this route (needs {need})")
+            raise Forbidden(f"role {principal.role.value!r} may not use this route (needs {need})", principal)
         return principal

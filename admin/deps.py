@@ -28,7 +28,10 @@ from admin.live import LiveError, LiveLink
 from admin.live_cache import LiveStateCache
 from admin.metrics import AdminMetrics
 from admin.problems import InvalidParam, ProblemError, problem_responses
+from admin.refusal_audit import RefusalAudit
+from admin.refusal_log import RefusalLog
 from admin.settings import AdminSettings, Role
+from admin.stream_slots import StreamSlots
 from coordinator.store import Store, StoreError
 
 _log = logging.getLogger("fedmask.admin")
@@ -49,6 +52,12 @@ class Services:
     rounds: history.RoundCounter
     #: the live state for status reads (D58); /readyz and actions call the coordinator directly
     live_state: LiveStateCache
+    #: who holds the /v1/events streams (D82)
+    stream_slots: StreamSlots
+    #: refused operator actions, to the coordinator's audit log (D82)
+    refusal_audit: RefusalAudit
+    #: log lines of refusals, rate-limited (D82)
+    refusal_log: RefusalLog
 
     async def read(self, fn: Callable[[], T]) -> T:
         """Run a blocking store read in a worker thread; StoreError -> 503."""
@@ -101,7 +110,11 @@ def build_services(settings: AdminSettings, *, store: Store | None = None, live:
                     metrics=AdminMetrics(), rounds=history.RoundCounter(),
                     live_state=LiveStateCache(link.live_state,
                                               max_age_s=settings.coordinator.live_state_max_age_s,
-                                              stale_s=settings.coordinator.live_state_stale_s))
+                                              stale_s=settings.coordinator.live_state_stale_s),
+                    stream_slots=StreamSlots(settings.event_streams),
+                    refusal_audit=RefusalAudit(link.record_refusal,
+                                               per_minute=settings.limits.refusal_audits_per_minute),
+                    refusal_log=RefusalLog())
 
 
 def get_services(request: Request) -> Services:
@@ -115,13 +128,22 @@ ServicesDep = Annotated[Services, Depends(get_services)]
 
 # ------------------------------------------------------------------ roles
 def _guard(roles: frozenset[Role]) -> Any:
-    """A dependency: the request's principal if its token's role is in `roles`."""
+    """A dependency: the request's principal if its token's role is in `roles`.
+    Every refusal is logged (rate-limited); a 403 on an operator route is
+    also audited (RefusalAudit), by the route's name as the action."""
     async def check(request: Request, _: Any = Security(_bearer)) -> Principal:
+        services = get_services(request)
         try:
-            return get_services(request).tokens.authorize(request.headers.get("authorization"), roles)
+            return services.tokens.authorize(request.headers.get("authorization"), roles)
         except Unauthenticated as exc:
+            services.refusal_log("401", f"{request.method} {request.url.path[:100]}: {exc}")
             raise ProblemError(401, str(exc), headers={"WWW-Authenticate": 'Bearer realm="fedmask"'}) from None
         except Forbidden as exc:
+            who = exc.principal
+            services.refusal_log("403", f"{request.method} {request.url.path[:100]} by {who.name}: {exc}")
+            route = request.scope.get("route")
+            if roles == OPERATE and isinstance(route, APIRoute):
+                services.refusal_audit.refused(who, route.name, str(exc))
             raise ProblemError(403, str(exc)) from None
     return Depends(check)
 

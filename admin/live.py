@@ -1,6 +1,6 @@
 """The admin service's client of the coordinator's gRPC admin listener
 (fedmask.v1.CoordinatorAdmin): live state, the event stream, the top-k
-relay and operator actions.
+relay, operator actions and the audit of the ones refused here.
 
 One grpc.aio channel per process, opened lazily on the running event loop.
 Every call carries the admin credential (bearer token metadata, or the mTLS
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from admin.settings import CoordinatorLink
+from admin.settings import TOPK_MARGIN_S, CoordinatorLink
 from fedmask_proto.v1 import admin_service_pb2 as pb
 from fedmask_proto.v1 import admin_service_pb2_grpc as pb_grpc
 
@@ -114,9 +114,19 @@ class LiveLink:
             request.user_handle = user
         try:
             # the coordinator waits `wait` for the device; the call gets a margin for the relay
-            return await self._open().RecommendTopK(request, metadata=self._metadata(), timeout=wait + 2.0)
+            return await self._open().RecommendTopK(request, metadata=self._metadata(), timeout=wait + TOPK_MARGIN_S)
         except grpc.aio.AioRpcError as exc:
             raise _error(exc) from None
+
+    async def record_refusal(self, operator: str, action: str, reason: str, role: str, suppressed: int) -> int:
+        """Audit an operator action refused here (RecordRefusal); the audit entry's id."""
+        try:
+            answer = await self._open().RecordRefusal(
+                pb.RefusalRecord(operator=operator, action=action, reason=reason, role=role, suppressed=suppressed),
+                metadata=self._metadata(), timeout=self._link.call_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc) from None
+        return int(answer.audit_id)
 
     async def action(self, action: str, *, operator: str, reason: str,
                      version: int | None = None) -> pb.OperatorActionResponse:

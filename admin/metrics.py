@@ -11,6 +11,7 @@ method; the status code.
   fedmask_admin_topk_duration_seconds                       histogram, as the admin service sees it
   fedmask_admin_topk_device_latency_seconds                 histogram, as the coordinator reports it
   fedmask_admin_event_streams                               open /v1/events streams
+  fedmask_admin_refused_requests_total{reason}              body, busy, time (admin/request_gate.py), streams
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class AdminMetrics:
                                              buckets=_TOPK_BUCKETS, registry=self.registry)
         self.event_streams = Gauge("fedmask_admin_event_streams", "Open /v1/events streams",
                                    registry=self.registry)
+        self.refused = Counter("fedmask_admin_refused_requests", "Requests refused by the request limits "
+                               "(body, busy, time) or the event-stream slots (streams), by reason",
+                               ("reason",), registry=self.registry)
 
 
 class MetricsMiddleware:

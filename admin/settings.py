@@ -11,7 +11,8 @@ by the loader the coordinator's settings use too (fedmask_settings):
                 FEDMASK_ADMIN_TOKENS='[{"name": "ops", "role": "operator",
                 "sha256": "..."}]'
   3. file       a TOML file: `config_file`, else $FEDMASK_ADMIN_CONFIG;
-                top-level keys, [coordinator], [[tokens]]
+                top-level keys, [coordinator], [limits], [event_streams],
+                [[tokens]]
   4. defaults   below
 
 The API's bearer tokens are stored only as their SHA-256 (`fedmask
@@ -48,6 +49,11 @@ ENV_PREFIX = "FEDMASK_ADMIN_"
 CONFIG_ENV = "FEDMASK_ADMIN_CONFIG"
 #: Settings that may come from env or file only, never from a flag.
 SECRET_KEYS = frozenset({"coordinator.token", "tokens"})
+#: Seconds a top-k call may take beyond the coordinator's wait for the
+#: device (the relay's own time; admin/live.py).
+TOPK_MARGIN_S = 2.0
+#: The nested groups (env FEDMASK_ADMIN_<GROUP>__<FIELD>).
+_GROUPS = frozenset({"coordinator", "limits", "event_streams"})
 
 
 class Role(StrEnum):
@@ -110,6 +116,64 @@ class CoordinatorLink(SettingsGroup):
         return self
 
 
+class RequestLimits(SettingsGroup):
+    """What one HTTP request may cost the service, checked before its token
+    and before a route reads its body (D82): the request head in uvicorn's
+    protocol (`fedmask/commands/admin_http.py`), the rest in the app's
+    outermost middleware (admin/request_gate.py). A refusal is answered at
+    once and the connection closed behind it."""
+
+    #: Bytes of a request head (request line and headers): more is 431 and
+    #: the connection is closed; what was read of it stays below this plus
+    #: one socket read (256 KiB).
+    max_header_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 16 * 1024
+    #: Bytes of a request body for the routes that take one (the operator
+    #: actions' {"reason": ...}); the routes that take none refuse any body.
+    #: More is 413, by its Content-Length before reading it, or once the
+    #: bytes read pass the bound.
+    max_body_bytes: Annotated[int, Field(ge=1024, le=1 << 20)] = 16 * 1024
+    #: Requests served at once (event streams apart: they have their slots,
+    #: `event_streams`); one more is 503 with Retry-After at once.
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=10_000)] = 64
+    #: Open connections and requests of uvicorn (its `limit_concurrency`):
+    #: beyond it every new request is 503. Must leave room for the
+    #: concurrent requests and the event streams.
+    max_connections: Annotated[int, Field(ge=2, le=100_000)] = 1024
+    #: Seconds from a request's head to the end of its answer (event streams
+    #: apart): past it, 503 if no answer started, else the connection closes.
+    request_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    #: Seconds a request head may take once its first byte arrived (or the
+    #: connection opened): past it, 408 and the connection closes.
+    head_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10.0
+    #: Refused operator actions (403) of one token written to the
+    #: coordinator's audit log per minute (burst as many); the rest are
+    #: counted into the next entry's `suppressed`.
+    refusal_audits_per_minute: Annotated[int, Field(ge=1, le=600)] = 6
+
+
+class EventStreamSlots(SettingsGroup):
+    """How the /v1/events streams of one admin-service process are shared
+    (D82). Each stream holds one WatchEvents watcher at the coordinator, so
+    replicas x max_streams should stay within the coordinator's
+    admin.max_watchers."""
+
+    #: Streams open at once in this process.
+    max_streams: Annotated[int, Field(ge=1, le=10_000)] = 32
+    #: Streams one token (one settings entry) may hold at once: one more is 429.
+    per_token: Annotated[int, Field(ge=1, le=10_000)] = 4
+    #: Of max_streams, the ones only operator tokens may take: a viewer's
+    #: stream beyond max_streams - operator_reserved is 503.
+    operator_reserved: Annotated[int, Field(ge=0, le=10_000)] = 4
+
+    @model_validator(mode="after")
+    def _fits(self) -> EventStreamSlots:
+        if self.operator_reserved >= self.max_streams:
+            raise ValueError("event_streams.operator_reserved must be below event_streams.max_streams")
+        if self.per_token > self.max_streams:
+            raise ValueError("event_streams.per_token must not exceed event_streams.max_streams")
+        return self
+
+
 class AdminSettings(LayeredSettings):
     """All admin-service settings (see the module docstring for the sources;
     the loader is fedmask_settings.LayeredSettings.load)."""
@@ -135,6 +199,10 @@ class AdminSettings(LayeredSettings):
     #: The largest k a top-k request may ask for (D84); a larger one is a 422.
     #: The coordinator (admin.max_top_k) and each device have caps of their own.
     max_top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K_LIMIT)] = DEFAULT_MAX_TOP_K
+    #: What one request may cost (sizes, concurrency, time; D82).
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+    #: How the event streams are shared between tokens (D82).
+    event_streams: EventStreamSlots = Field(default_factory=EventStreamSlots)
 
     @field_validator("tokens")
     @classmethod
@@ -153,6 +221,19 @@ class AdminSettings(LayeredSettings):
             raise ValueError(f"page_size ({self.page_size}) must be <= max_page_size ({self.max_page_size})")
         return self
 
+    @model_validator(mode="after")
+    def _connections_fit(self) -> AdminSettings:
+        need = self.limits.max_concurrent_requests + self.event_streams.max_streams
+        if self.limits.max_connections <= need:
+            raise ValueError(f"limits.max_connections ({self.limits.max_connections}) must exceed "
+                             f"limits.max_concurrent_requests + event_streams.max_streams ({need})")
+        slowest = max(self.coordinator.call_timeout_s, self.coordinator.topk_timeout_s + TOPK_MARGIN_S)
+        if self.limits.request_timeout_s <= slowest:
+            raise ValueError(f"limits.request_timeout_s ({self.limits.request_timeout_s:g}) must exceed the "
+                             f"longest call to the coordinator ({slowest:g} s: coordinator.call_timeout_s, "
+                             f"coordinator.topk_timeout_s + {TOPK_MARGIN_S:g})")
+        return self
+
     @classmethod
     def format_validation_error(cls, exc: ValidationError, *, source: str | Path | None = None) -> str:
         return format_validation_error(exc, source=source)
@@ -168,7 +249,7 @@ def format_validation_error(exc: ValidationError, *, source: str | Path | None =
         top = ".".join(p for p in loc if not p.isdigit())
         secret = any(top == s or top.startswith(s + ".") for s in SECRET_KEYS)
         env = f"{ENV_PREFIX}{(loc[0] if loc else '').upper()}" + ("".join(f"__{p.upper()}" for p in loc[1:2])
-                                                                 if loc and loc[0] == "coordinator" else "")
+                                                                 if loc and loc[0] in _GROUPS else "")
         msg = str(err["msg"]).removeprefix("Value error, ")
         value = err.get("input")
         shown = "" if secret or isinstance(value, dict | list) or err["type"] == "extra_forbidden" else f" [got {value!r}]"

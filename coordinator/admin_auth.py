@@ -48,13 +48,14 @@ def token_digest(token: bytes) -> bytes:
 Digests = Callable[[], Sequence[bytes]]
 
 
-def admin_token_digests(admin: AdminListenerSettings) -> Digests | None:
+def admin_token_digests(admin: AdminListenerSettings, *, interval_s: float = 1.0) -> Digests | None:
     """The SHA-256 digests of the accepted admin tokens now: fixed for
     admin.token and admin.token_sha256; for admin.token_file one token per
     line (blank and "#" lines ignored, at least MIN_TOKEN_LENGTH
     characters), re-read when the file changes so the admin token rotates
     without a restart (as the device tokens do, D30), and kept only as
-    digests. None when the admin listener is not in token mode."""
+    digests, checked for a change at most every `interval_s`. None when the
+    admin listener is not in token mode."""
     if admin.auth != "token":
         return None
     if admin.token_sha256 is not None:
@@ -64,7 +65,7 @@ def admin_token_digests(admin: AdminListenerSettings) -> Digests | None:
         digest = (token_digest(admin.token.get_secret_value().encode()),)
         return lambda: digest
     if admin.token_file is not None:
-        return TokenFile(admin.token_file, min_length=MIN_TOKEN_LENGTH, transform=token_digest)
+        return TokenFile(admin.token_file, min_length=MIN_TOKEN_LENGTH, transform=token_digest, interval_s=interval_s)
     return None
 
 
@@ -150,15 +151,20 @@ class AdminListenerAuth(MethodGuard):
         self._mode = mode
         self._digests = digests
 
+    def accepts(self, metadata: Any) -> bool:
+        """Token mode: whether the call metadata carries an admin token
+        accepted now (a `credential_watch.CredentialCheck`); other modes: True."""
+        if self._mode != "token":
+            return True
+        assert self._digests is not None
+        return digest_matches(presented_token(metadata), self._digests())
+
     def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
               metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
         if self._mode == "none":
             return handler
         if self._mode == "token":
-            assert self._digests is not None
-            if digest_matches(presented_token(metadata), self._digests()):
-                return handler
-            return denying_handler(handler, method)
+            return handler if self.accepts(metadata) else denying_handler(handler, method)
         return _checked(handler, lambda ctx: ADMIN_ROLE in (peer_roles(ctx) or ()), ADMIN_ONLY)
 
 

@@ -13,19 +13,24 @@ WatchEvents writes a `snapshot` event first (its sequence is that of the
 latest event the snapshot includes), then each event of the hub; a watcher
 that falls behind is ended with RESOURCE_EXHAUSTED, the shutdown ends every
 watcher with UNAVAILABLE, more than admin.max_watchers watchers are refused
-with RESOURCE_EXHAUSTED.
+with RESOURCE_EXHAUSTED, and a watcher whose admin token was removed from
+admin.token_file is ended with UNAUTHENTICATED within a heartbeat interval
+(coordinator/credential_watch.py). RecordRefusal audits an operator action
+the admin service refused at its REST layer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import grpc
 
+from coordinator.credential_watch import WITHDRAWN, WITHDRAWN_DETAIL, CredentialCheck
 from coordinator.errors import CoordinatorError, DeviceNotConnected, InvalidArgument, UserNotConnected
-from coordinator.events import EventHub, HubClosed, WatcherDropped, WatcherLimit
+from coordinator.events import EventHub, HubClosed, Watcher, WatcherDropped, WatcherLimit
 from coordinator.logs import log_event, logger
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.operator_actions import ActionOutcome, OperatorActions, Recommendation
@@ -58,11 +63,18 @@ class AdminServicer:
     """See the module doc."""
 
     def __init__(self, actions: OperatorActions, *, live: Callable[[], A.LiveState], events: EventHub,
-                 metrics: CoordinatorMetrics) -> None:
+                 metrics: CoordinatorMetrics, credential: CredentialCheck | None = None,
+                 recheck_s: float = 5.0) -> None:
+        """`credential`: the listener's check of a call's token, when the
+        accepted tokens can change (admin.token_file): a WatchEvents stream
+        whose token is withdrawn is ended within `recheck_s`
+        (coordinator/credential_watch.py)."""
         self.actions = actions
         self.live = live
         self.events = events
         self.metrics = metrics
+        self.credential = credential
+        self.recheck_s = recheck_s
 
     async def _fail(self, context: grpc.aio.ServicerContext[Any, Any], exc: BaseException, method: str) -> None:
         if isinstance(exc, CoordinatorError):
@@ -96,8 +108,12 @@ class AdminServicer:
             snapshot = A.AdminEvent(sequence=hub.sequence, snapshot=self.live())
             snapshot.at.CopyFrom(snapshot.snapshot.as_of)
             await context.write(snapshot)
-            while True:
-                await context.write(await watcher.next())
+            if self.credential is None:
+                while True:
+                    await context.write(await watcher.next())
+            await self._relay_while_accepted(self.credential, watcher, context)
+            log_event("watch_ended", logging.WARNING, why=WITHDRAWN)
+            code, detail = grpc.StatusCode.UNAUTHENTICATED, WITHDRAWN_DETAIL
         except WatcherDropped as exc:
             metrics.watchers_dropped.inc()
             code, detail = grpc.StatusCode.RESOURCE_EXHAUSTED, f"{exc}; watch again"
@@ -108,6 +124,25 @@ class AdminServicer:
             metrics.watchers.set(hub.watchers)
         if code is not None:
             await abort(context, code, detail)
+
+    async def _relay_while_accepted(self, accepts: CredentialCheck, watcher: Watcher,
+                                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        """Write the watcher's events until the call's token is no longer
+        accepted (checked at least every `recheck_s`); returns then."""
+        metadata = context.invocation_metadata()
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + self.recheck_s
+        while True:
+            try:
+                event = await asyncio.wait_for(watcher.next(), max(0.0, check_at - loop.time()))
+            except TimeoutError:
+                event = None
+            if loop.time() >= check_at:
+                if not accepts(metadata):
+                    return
+                check_at = loop.time() + self.recheck_s
+            if event is not None:
+                await context.write(event)
 
     async def RecommendTopK(self, request: A.RecommendTopKRequest,
                             context: grpc.aio.ServicerContext[Any, Any]) -> A.RecommendTopKResponse:
@@ -151,6 +186,16 @@ class AdminServicer:
         return await self._action(context, "Rollback",
                                   self.actions.rollback(int(request.version), request.operator, request.reason))
 
+    async def RecordRefusal(self, request: A.RefusalRecord,
+                            context: grpc.aio.ServicerContext[Any, Any]) -> A.RecordRefusalResponse:
+        try:
+            entry = await self.actions.record_refusal(request.operator, request.action, request.reason,
+                                                      role=request.role, suppressed=int(request.suppressed))
+            return A.RecordRefusalResponse(audit_id=entry.id)
+        except Exception as exc:
+            await self._fail(context, exc, "RecordRefusal")
+            raise AssertionError("unreachable") from exc  # pragma: no cover
+
 
 _SERVICE = A.DESCRIPTOR.services_by_name["CoordinatorAdmin"]
 SERVICE_NAME = _SERVICE.full_name
@@ -171,6 +216,8 @@ def add_admin_to_server(s: AdminServicer, server: grpc.aio.Server) -> AdminServi
         "Resume": unary(s.Resume, A.OperatorRequest.FromString, A.OperatorActionResponse.SerializeToString),
         "AbortRound": unary(s.AbortRound, A.OperatorRequest.FromString, A.OperatorActionResponse.SerializeToString),
         "Rollback": unary(s.Rollback, A.RollbackRequest.FromString, A.OperatorActionResponse.SerializeToString),
+        "RecordRefusal": unary(s.RecordRefusal, A.RefusalRecord.FromString,
+                               A.RecordRefusalResponse.SerializeToString),
     }
     register_service(server, _SERVICE, handlers)
     return s

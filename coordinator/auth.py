@@ -146,7 +146,10 @@ class TokenAuthInterceptor(MethodGuard):
             self._tokens = token
         self.exempt = tuple(exempt_prefixes)
 
-    def _authorized(self, metadata: Any) -> bool:
+    def accepts(self, metadata: Any) -> bool:
+        """Whether the call metadata carries a token accepted now (a
+        `credential_watch.CredentialCheck`: open streams are checked again
+        with it)."""
         presented = b""
         for key, value in metadata or ():
             if key.lower() == AUTHORIZATION_KEY:
@@ -159,7 +162,7 @@ class TokenAuthInterceptor(MethodGuard):
 
     def guard(self, handler: grpc.RpcMethodHandler[_Req, _Resp], method: str,
               metadata: Any) -> grpc.RpcMethodHandler[_Req, _Resp]:
-        return handler if self._authorized(metadata) else denying_handler(handler, method)
+        return handler if self.accepts(metadata) else denying_handler(handler, method)
 
 
 def _denier(method: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED,

@@ -1,7 +1,7 @@
 """What the admin listener asks of the running coordinator besides its
 live state: the operator actions (pause, resume, abort, rollback; each
-written to the store's audit log, refusals too) and top-k by device id or
-user handle.
+written to the store's audit log, refusals too, and the refusals the admin
+service makes at its REST layer) and top-k by device id or user handle.
 
 `OperatorActions` is constructed with its collaborators: the store (audit
 log, model versions, user handles), the device registry, the event hub,
@@ -18,6 +18,7 @@ D40-D44.
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
@@ -47,6 +48,7 @@ from fedmask_proto.v1 import admin_service_pb2
 
 MAX_OPERATOR_CHARS = 128
 MAX_REASON_CHARS = 1024
+_ACTION_NAME = re.compile(r"[a-z0-9_]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,19 @@ def check_operator(operator: str, reason: str) -> None:
         raise InvalidArgument(f"operator must be 1..{MAX_OPERATOR_CHARS} printable characters")
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidArgument(f"reason must be at most {MAX_REASON_CHARS} characters")
+
+
+def check_refusal(operator: str, action: str, reason: str, role: str) -> None:
+    """InvalidArgument unless a refusal the admin service reports is well
+    formed: the operator as for an action, `action` 1..64 characters of
+    a-z, 0-9 and "_", `reason` 1..1024 printable characters, `role` at most 64."""
+    check_operator(operator, reason)
+    if not _ACTION_NAME.fullmatch(action):
+        raise InvalidArgument("action must be 1..64 characters of a-z, 0-9 and '_'")
+    if not reason or not reason.isprintable():
+        raise InvalidArgument("reason must be 1..1024 printable characters")
+    if len(role) > 64 or not role.isprintable():
+        raise InvalidArgument("role must be at most 64 printable characters")
 
 
 class FederationControl(Protocol):
@@ -207,6 +222,16 @@ class OperatorActions:
         self._announce("rollback", operator)
         return ActionOutcome(True, entry, summary.id)
 
+    async def record_refusal(self, operator: str, action: str, reason: str, *, role: str = "",
+                             suppressed: int = 0) -> AuditRecord:
+        """Audit an operator action that the admin service refused at its
+        REST layer (a role that may not use the route): outcome "refused:
+        <reason>"; the refused caller's name is the operator. InvalidArgument
+        for a malformed field (check_refusal)."""
+        check_refusal(operator, action, reason, role)
+        return await self._audit(operator, action, f"refused: {reason}", by="admin service", role=role,
+                                 suppressed=suppressed or None)
+
     def connected_device_of_handle(self, handle: str) -> int | None:
         """The device id of a user handle (its enrolment local_id) whose
         device an open stream hosts now, else None; InvalidArgument for an
@@ -262,4 +287,5 @@ class OperatorActions:
                               latency_s=self._clock() - t0, recommendation_id=uuid.uuid4().hex)
 
 
-__all__ = ["ActionOutcome", "FederationControl", "OperatorActions", "Recommendation", "check_operator"]
+__all__ = ["ActionOutcome", "FederationControl", "OperatorActions", "Recommendation", "check_operator",
+           "check_refusal"]

@@ -32,6 +32,7 @@ from coordinator.admin_auth import AdminListenerAuth, DeviceListenerGuard, admin
 from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
 from coordinator.admin_servicer import AdminServicer, add_admin_to_server
 from coordinator.auth import TokenAuthInterceptor, TokenFile
+from coordinator.credential_watch import CredentialCheck, recheck_interval_s, token_file_interval_s
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
 from coordinator.servicer import add_to_server
@@ -143,10 +144,14 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
         DeviceListenerGuard(admin_token_digests(settings.admin) if settings.admin.listen is not None else None,
                             check_certificates=settings.tls.client_ca is not None),
     ]
+    credential: CredentialCheck | None = None  # tokens that can be withdrawn while streams are open
     if settings.auth.mode == "token":
         token, token_file = settings.auth.token, settings.auth.token_file
         if token_file is not None:
-            interceptors.append(TokenAuthInterceptor(TokenFile(token_file, min_length=MIN_TOKEN_LENGTH)))
+            tokens = TokenAuthInterceptor(TokenFile(token_file, min_length=MIN_TOKEN_LENGTH,
+                                                    interval_s=token_file_interval_s(settings.heartbeat_interval)))
+            interceptors.append(tokens)
+            credential = tokens.accepts
         elif token is not None:
             interceptors.append(TokenAuthInterceptor(token.get_secret_value()))
         else:  # the settings refuse mode "token" without one
@@ -159,7 +164,7 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
         ("grpc.keepalive_permit_without_calls", 1),
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
-    add_to_server(coordinator, server)
+    add_to_server(coordinator, server, credential=credential)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -179,14 +184,17 @@ async def build_admin_server(coordinator: Coordinator,
     grpc.health.v1 and reflection, behind `AdminListenerAuth`."""
     admin = settings.admin
     assert admin.listen is not None
-    auth = AdminListenerAuth(admin.auth, admin_token_digests(admin))
+    heartbeat = settings.heartbeat_interval
+    auth = AdminListenerAuth(admin.auth, admin_token_digests(admin, interval_s=token_file_interval_s(heartbeat)))
     server = grpc.aio.server(interceptors=[auth], options=[
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ])
     add_admin_to_server(AdminServicer(coordinator.actions, live=coordinator.live_state, events=coordinator.events,
-                                      metrics=coordinator.metrics), server)
+                                      metrics=coordinator.metrics,
+                                      credential=auth.accepts if admin.token_file is not None else None,
+                                      recheck_s=recheck_interval_s(heartbeat)), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -23,6 +23,9 @@ Coordinator is called:
                 max_announced_devices                RESOURCE_EXHAUSTED
                 Heartbeat / CheckIn
                 over the per-stream rate             RESOURCE_EXHAUSTED + retry hint
+                its bearer token removed from
+                auth.token_file (checked every half
+                heartbeat interval)                  UNAUTHENTICATED
 A retry hint is " retry in X s" in the detail and gRPC's
 `grpc-retry-pushback-ms` trailer. Every detail sent back is clipped and
 made one printable line (`coordinator.logs.sanitize`).
@@ -43,6 +46,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
 from coordinator.auth import peer_common_name
+from coordinator.credential_watch import (WITHDRAWN, WITHDRAWN_DETAIL, CredentialCheck, end_when_withdrawn,
+                                          recheck_interval_s)
 from coordinator import status_codes
 from coordinator.errors import CoordinatorError
 from coordinator.limits import LogBudget, RateLimiter, StreamSlots, TokenBucket, announced_refusal, peer_key
@@ -96,8 +101,13 @@ class CoordinatorServicer:
     caps, the Hello deadline, the per-message cap on announced devices and
     the per-stream rate of control messages."""
 
-    def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, coordinator: Coordinator, *, clock: Callable[[], float] = time.monotonic,
+                 credential: CredentialCheck | None = None) -> None:
+        """`credential`: the listener's check of a call's token, when the
+        accepted tokens can change (a token file): an open stream whose token
+        is withdrawn is ended (coordinator/credential_watch.py)."""
         self.coordinator = coordinator
+        self.credential = credential
         limits = coordinator.settings.limits
         self.limits = limits
         self._clock = clock
@@ -201,6 +211,7 @@ class CoordinatorServicer:
         trailer: list[tuple[str, str]] = []
         reader = asyncio.create_task(self._read(session, context, trailer),
                                      name=f"fedmask-session-{session.sid}-reader")
+        watch = self._watch_credential(session, context)
         end = StreamEnd(grpc.StatusCode.OK)
         try:
             while True:
@@ -216,9 +227,25 @@ class CoordinatorServicer:
             end = StreamEnd(grpc.StatusCode.CANCELLED, type(exc).__name__)
         finally:
             reader.cancel()
+            if watch is not None:
+                watch.cancel()
             coord.close_session(session, end.detail or end.code.name.lower())
         if end.code is not grpc.StatusCode.OK:
             await abort(context, end.code, end.detail, tuple(trailer))
+
+    def _watch_credential(self, session: ClientSession, context: grpc.aio.ServicerContext) -> asyncio.Task[None] | None:
+        """The task that ends `session` once its bearer token is withdrawn
+        (None when tokens cannot be withdrawn)."""
+        if self.credential is None:
+            return None
+
+        def withdrawn() -> None:
+            log_event("session_ended", logging.WARNING, session=session.sid, why=WITHDRAWN)
+            session.end(grpc.StatusCode.UNAUTHENTICATED, WITHDRAWN_DETAIL)
+
+        period = recheck_interval_s(self.coordinator.settings.heartbeat_interval)
+        return asyncio.create_task(end_when_withdrawn(self.credential, context.invocation_metadata(), period,
+                                                      withdrawn), name=f"fedmask-session-{session.sid}-credential")
 
     async def _challenge(self, context: grpc.aio.ServicerContext, peer: str, hello: session_pb2.Hello,
                          deadline: float) -> _Proofs:
@@ -313,8 +340,10 @@ class CoordinatorServicer:
 _SERVICE = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
 
 
-def add_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> CoordinatorServicer:
-    """Serve fedmask.v1.CoordinatorService on `server` with a new servicer.
+def add_to_server(coordinator: Coordinator, server: grpc.aio.Server, *,
+                  credential: CredentialCheck | None = None) -> CoordinatorServicer:
+    """Serve fedmask.v1.CoordinatorService on `server` with a new servicer
+    (`credential`: as CoordinatorServicer's).
 
     Registers the handlers exactly as the generated
     add_CoordinatorServiceServicer_to_server does. It is done here because
@@ -323,7 +352,7 @@ def add_to_server(coordinator: Coordinator, server: grpc.aio.Server) -> Coordina
     as returning an iterator; CoordinatorServicer therefore does not derive
     from that base. Raises RuntimeError if the service gains a method that
     is not registered here."""
-    servicer = CoordinatorServicer(coordinator)
+    servicer = CoordinatorServicer(coordinator, credential=credential)
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Enroll": grpc.unary_unary_rpc_method_handler(
             servicer.Enroll,

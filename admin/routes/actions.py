@@ -1,5 +1,7 @@
 """Operator actions, carried out (and audited) by the coordinator: pause,
-resume, abort the running round, roll back to an earlier model version."""
+resume, abort the running round, roll back to an earlier model version.
+Each route's name is its action's in the audit log (a refused call is
+audited under it too, admin/refusal_audit.py)."""
 
 import logging
 from typing import Annotated
@@ -45,7 +47,7 @@ async def resume(who: Operator, services: ServicesDep, body: ActionBodyParam = N
 
 
 @router.post("/v1/rounds/current/abort", response_model=schemas.ActionResult, tags=["operator"],
-             responses=_ACTION_ERRORS)
+             responses=_ACTION_ERRORS, name="abort_round")
 async def abort(who: Operator, services: ServicesDep, body: ActionBodyParam = None) -> schemas.ActionResult:
     """Abort the running round (409 when none is running). Audited."""
     return await _act(services, "abort_round", who, body)

@@ -23,6 +23,15 @@ Example config (admin.toml):
   \\[coordinator]
   address = "127.0.0.1:50052"   # the coordinator's ADMIN listener
   # token: env FEDMASK_ADMIN_COORDINATOR__TOKEN
+  \\[limits]                       # what one request may cost (defaults)
+  max_header_bytes = 16384
+  max_body_bytes = 16384          # routes without a body take none
+  max_concurrent_requests = 64
+  request_timeout_s = 30
+  \\[event_streams]                # who holds the /v1/events streams (defaults)
+  max_streams = 32
+  per_token = 4
+  operator_reserved = 4
   \\[\\[tokens]]                     # from `fedmask admin-token NAME ROLE`
   name = "ops"
   role = "operator"
@@ -45,11 +54,10 @@ def admin(
     """
     import logging
 
-    import uvicorn
-
     from admin.app import create_app
-    from admin.settings import AdminSettings, SettingsError, split_host_port
+    from admin.settings import AdminSettings, SettingsError
     from coordinator.store import StoreError
+    from fedmask.commands.admin_http import serve
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -68,10 +76,7 @@ def admin(
     except StoreError as exc:
         typer.echo(f"error: cannot open the store: {exc}", err=True)
         raise typer.Exit(2) from None
-    host, port = split_host_port(settings.listen_address)
-    # access_log off: request lines would carry user handles in paths; /metrics counts requests instead.
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                proxy_headers=False, server_header=False)
+    serve(app, settings, log_level=log_level)
 
 
 def admin_token(

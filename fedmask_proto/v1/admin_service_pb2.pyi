@@ -764,3 +764,61 @@ class OperatorActionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___OperatorActionResponse: _TypeAlias = OperatorActionResponse  # noqa: Y015
+
+@_typing.final
+class RefusalRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATOR_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    SUPPRESSED_FIELD_NUMBER: _builtins.int
+    operator: _builtins.str
+    """Who was refused: the API token's name (1..128 printable characters)."""
+    action: _builtins.str
+    """What they asked for: the action's name (pause, resume, abort_round,
+    rollback; 1..64 characters of a-z, 0-9 and "_").
+    """
+    reason: _builtins.str
+    """Why it was refused (at most 1024 characters)."""
+    role: _builtins.str
+    """The token's role (at most 64 characters)."""
+    suppressed: _builtins.int
+    """Refusals of the same token not recorded since its previous record."""
+    def __init__(
+        self,
+        *,
+        operator: _builtins.str = ...,
+        action: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        role: _builtins.str = ...,
+        suppressed: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "operator", b"operator", "reason", b"reason", "role", b"role", "suppressed", b"suppressed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefusalRecord: _TypeAlias = RefusalRecord  # noqa: Y015
+
+@_typing.final
+class RecordRefusalResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AUDIT_ID_FIELD_NUMBER: _builtins.int
+    audit_id: _builtins.int
+    """The audit-log entry written."""
+    def __init__(
+        self,
+        *,
+        audit_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["audit_id", b"audit_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordRefusalResponse: _TypeAlias = RecordRefusalResponse  # noqa: Y015

@@ -69,6 +69,11 @@ class CoordinatorAdminStub:
                 request_serializer=fedmask_dot_v1_dot_admin__service__pb2.RollbackRequest.SerializeToString,
                 response_deserializer=fedmask_dot_v1_dot_admin__service__pb2.OperatorActionResponse.FromString,
                 _registered_method=True)
+        self.RecordRefusal = channel.unary_unary(
+                '/fedmask.v1.CoordinatorAdmin/RecordRefusal',
+                request_serializer=fedmask_dot_v1_dot_admin__service__pb2.RefusalRecord.SerializeToString,
+                response_deserializer=fedmask_dot_v1_dot_admin__service__pb2.RecordRefusalResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorAdminServicer:
@@ -146,6 +151,18 @@ class CoordinatorAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecordRefusal(self, request, context):
+        """The admin service refused an operator action at its own REST layer (a
+        token whose role may not use the route, HTTP 403): appended to the audit
+        log with outcome "refused: <reason>", like the refusals the coordinator
+        makes itself. The admin service sends a bounded number per token and
+        minute; `suppressed` counts the refusals of that token it left out since
+        its last record. INVALID_ARGUMENT for an empty or over-long field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -183,6 +200,11 @@ def add_CoordinatorAdminServicer_to_server(servicer, server):
                     servicer.Rollback,
                     request_deserializer=fedmask_dot_v1_dot_admin__service__pb2.RollbackRequest.FromString,
                     response_serializer=fedmask_dot_v1_dot_admin__service__pb2.OperatorActionResponse.SerializeToString,
+            ),
+            'RecordRefusal': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordRefusal,
+                    request_deserializer=fedmask_dot_v1_dot_admin__service__pb2.RefusalRecord.FromString,
+                    response_serializer=fedmask_dot_v1_dot_admin__service__pb2.RecordRefusalResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -374,6 +396,33 @@ class CoordinatorAdmin:
             '/fedmask.v1.CoordinatorAdmin/Rollback',
             fedmask_dot_v1_dot_admin__service__pb2.RollbackRequest.SerializeToString,
             fedmask_dot_v1_dot_admin__service__pb2.OperatorActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordRefusal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedmask.v1.CoordinatorAdmin/RecordRefusal',
+            fedmask_dot_v1_dot_admin__service__pb2.RefusalRecord.SerializeToString,
+            fedmask_dot_v1_dot_admin__service__pb2.RecordRefusalResponse.FromString,
             options,
             channel_credentials,
             insecure,

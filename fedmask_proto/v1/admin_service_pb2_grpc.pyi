@@ -93,6 +93,14 @@ class CoordinatorAdminStub:
     NOT_FOUND (no such version of this coordinator's model),
     INVALID_ARGUMENT (version 0). Audited (refusals too).
     """
+    RecordRefusal: _grpc.UnaryUnaryMultiCallable[_admin_service_pb2.RefusalRecord, _admin_service_pb2.RecordRefusalResponse]
+    """The admin service refused an operator action at its own REST layer (a
+    token whose role may not use the route, HTTP 403): appended to the audit
+    log with outcome "refused: <reason>", like the refusals the coordinator
+    makes itself. The admin service sends a bounded number per token and
+    minute; `suppressed` counts the refusals of that token it left out since
+    its last record. INVALID_ARGUMENT for an empty or over-long field.
+    """
 
 @_typing.type_check_only
 class CoordinatorAdminAsyncStub(CoordinatorAdminStub):
@@ -140,6 +148,14 @@ class CoordinatorAdminAsyncStub(CoordinatorAdminStub):
     next round starts from it. A running round is aborted first (CANCELLED).
     NOT_FOUND (no such version of this coordinator's model),
     INVALID_ARGUMENT (version 0). Audited (refusals too).
+    """
+    RecordRefusal: _aio.UnaryUnaryMultiCallable[_admin_service_pb2.RefusalRecord, _admin_service_pb2.RecordRefusalResponse]  # type: ignore[assignment]
+    """The admin service refused an operator action at its own REST layer (a
+    token whose role may not use the route, HTTP 403): appended to the audit
+    log with outcome "refused: <reason>", like the refusals the coordinator
+    makes itself. The admin service sends a bounded number per token and
+    minute; `suppressed` counts the refusals of that token it left out since
+    its last record. INVALID_ARGUMENT for an empty or over-long field.
     """
 
 class CoordinatorAdminServicer(metaclass=_abc_1.ABCMeta):
@@ -227,6 +243,20 @@ class CoordinatorAdminServicer(metaclass=_abc_1.ABCMeta):
         next round starts from it. A running round is aborted first (CANCELLED).
         NOT_FOUND (no such version of this coordinator's model),
         INVALID_ARGUMENT (version 0). Audited (refusals too).
+        """
+
+    @_abc_1.abstractmethod
+    def RecordRefusal(
+        self,
+        request: _admin_service_pb2.RefusalRecord,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_service_pb2.RecordRefusalResponse, _abc.Awaitable[_admin_service_pb2.RecordRefusalResponse]]:
+        """The admin service refused an operator action at its own REST layer (a
+        token whose role may not use the route, HTTP 403): appended to the audit
+        log with outcome "refused: <reason>", like the refusals the coordinator
+        makes itself. The admin service sends a bounded number per token and
+        minute; `suppressed` counts the refusals of that token it left out since
+        its last record. INVALID_ARGUMENT for an empty or over-long field.
         """
 
 def add_CoordinatorAdminServicer_to_server(servicer: CoordinatorAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

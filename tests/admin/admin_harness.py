@@ -281,6 +281,13 @@ class FakeCoordinatorAdmin(pb_grpc.CoordinatorAdminServicer):
         self.model_version = new.id
         return await self._act("rollback", request, context, True, new_version=new.id)
 
+    async def RecordRefusal(self, request: pb.RefusalRecord, context: Ctx) -> pb.RecordRefusalResponse:
+        await self._auth(context)
+        entry = self.store.append_audit(operator=request.operator, action=request.action,
+                                        outcome=f"refused: {request.reason}",
+                                        details={"role": request.role, "suppressed": request.suppressed})
+        return pb.RecordRefusalResponse(audit_id=entry.id)
+
 
 @dataclass
 class Running:

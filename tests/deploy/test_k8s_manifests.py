@@ -349,3 +349,91 @@ def test_dev_database_creates_the_admin_services_read_only_role() -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FEDMASK_READER_PASSWORD_FILE"].startswith(
         {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["reader"] + "/")
+
+
+# ------------------------------------------------- the admin service's request limits at the edge (D82)
+INGRESS_NGINX = "nginx.ingress.kubernetes.io/"
+CONTROLLER_LIMITS = ROOT / "deploy" / "k8s" / "ingress-nginx" / "controller-limits.yaml"
+
+
+def nginx_size(value: str) -> int:
+    """nginx's size syntax: 16k, 1m, 512."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    value = value.strip().lower()
+    return int(value[:-1]) * units[value[-1]] if value[-1] in units else int(value)
+
+
+def edge_limit_problems(objs: list[dict[str, Any]], controller: dict[str, Any]) -> list[str]:
+    """Every way the Ingress, the controller's settings and the admin
+    service's own settings disagree on the request limits (empty: none)."""
+    from admin.settings import AdminSettings, EventStreamSlots, RequestLimits
+
+    config = _config(objs, "fedmask-admin")
+
+    def group(prefix: str) -> dict[str, str]:
+        return {k[len(prefix):].lower(): v for k, v in config.items() if k.startswith(prefix)}
+
+    limits = RequestLimits.model_validate(group("FEDMASK_ADMIN_LIMITS__"))
+    streams = EventStreamSlots.model_validate(group("FEDMASK_ADMIN_EVENT_STREAMS__"))
+    problems = []
+    notes = by(objs, "Ingress", "fedmask-admin")["metadata"].get("annotations", {})
+    need = {"proxy-body-size", "client-body-buffer-size", "proxy-read-timeout", "proxy-send-timeout",
+            "limit-connections"}
+    missing = sorted(need - {k.removeprefix(INGRESS_NGINX) for k in notes})
+    if missing:
+        return [f"the Ingress lacks {missing}"]
+    if nginx_size(notes[INGRESS_NGINX + "proxy-body-size"]) != limits.max_body_bytes:
+        problems.append("proxy-body-size is not limits.max_body_bytes")
+    if nginx_size(notes[INGRESS_NGINX + "client-body-buffer-size"]) > limits.max_body_bytes:
+        problems.append("client-body-buffer-size is over limits.max_body_bytes")
+    read_timeout = float(notes[INGRESS_NGINX + "proxy-read-timeout"])
+    if read_timeout <= max(AdminSettings.model_fields["sse_keepalive_s"].default, limits.request_timeout_s):
+        problems.append("proxy-read-timeout would cut a quiet event stream or a request the service still serves")
+    if int(notes[INGRESS_NGINX + "limit-connections"]) > limits.max_concurrent_requests:
+        problems.append("limit-connections lets one address take more than limits.max_concurrent_requests")
+    data = controller["data"]
+    count, size = data["large-client-header-buffers"].split()
+    if int(count) * nginx_size(size) > limits.max_header_bytes:
+        problems.append("large-client-header-buffers admit a head over limits.max_header_bytes")
+    if float(data["client-header-timeout"]) > limits.head_timeout_s:
+        problems.append("client-header-timeout is over limits.head_timeout_s")
+    if float(data["client-body-timeout"]) > limits.request_timeout_s:
+        problems.append("client-body-timeout is over limits.request_timeout_s")
+    # one WatchEvents watcher per event stream, in every replica
+    replicas = by(objs, "Deployment", "fedmask-admin")["spec"]["replicas"]
+    watchers = int(_config(objs, "fedmask-coordinator")["FEDMASK_ADMIN__MAX_WATCHERS"])
+    if replicas * streams.max_streams > watchers:
+        problems.append(f"{replicas} admin replicas x {streams.max_streams} event streams > {watchers} watchers")
+    return problems
+
+
+def test_the_edge_holds_the_admin_services_request_limits(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """The Ingress's ingress-nginx annotations and the controller settings
+    of deploy/k8s/ingress-nginx hold the admin service's limits (its
+    ConfigMap states them); the coordinator has a watcher for every event
+    stream of every admin replica."""
+    _, objs = rendered
+    controller = yaml.safe_load(CONTROLLER_LIMITS.read_text())
+    kubernetes_validate.validate(controller, K8S_VERSION, strict=True)
+    assert edge_limit_problems(objs, controller) == []
+
+
+def test_the_edge_limit_check_catches_each_gap() -> None:
+    objs = render("dev")
+    controller = yaml.safe_load(CONTROLLER_LIMITS.read_text())
+
+    def broken(change: Callable[[list[dict[str, Any]], dict[str, Any]], object]) -> list[str]:
+        o, c = yaml.safe_load(yaml.safe_dump(objs)), yaml.safe_load(yaml.safe_dump(controller))
+        change(o, c)
+        return edge_limit_problems(o, c)
+
+    def annotations(o: list[dict[str, Any]]) -> dict[str, str]:
+        notes: dict[str, str] = by(o, "Ingress", "fedmask-admin")["metadata"]["annotations"]
+        return notes
+
+    assert broken(lambda o, c: annotations(o).pop(INGRESS_NGINX + "proxy-body-size"))
+    assert broken(lambda o, c: annotations(o).update({INGRESS_NGINX + "proxy-body-size": "200m"}))
+    assert broken(lambda o, c: annotations(o).update({INGRESS_NGINX + "proxy-read-timeout": "10"}))
+    assert broken(lambda o, c: c["data"].update({"large-client-header-buffers": "4 64m"}))
+    assert broken(lambda o, c: c["data"].update({"client-header-timeout": "60"}))
+    assert broken(lambda o, c: by(o, "Deployment", "fedmask-admin")["spec"].update({"replicas": 3}))
