@@ -164,7 +164,8 @@ def test_hostile_handles_titles_and_item_ids_render_as_text(procs: Processes, tm
             field.clear()
             field.send_keys(handle)
             d.find_element(By.ID, "topk-form").submit()
-            wait_for(d, lambda h=handle: f"(user {h})" in d.find_element(By.ID, "topk-meta").text,
+            answered = f"(user {handle})"
+            wait_for(d, lambda: answered in d.find_element(By.ID, "topk-meta").text,  # noqa: B023
                      f"the top-k of {handle!r}", timeout=30)
             wait_for(d, lambda: len(rows()) > 0, "the top-k rows", timeout=10)
             for row in rows():
