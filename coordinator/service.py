@@ -54,18 +54,17 @@ from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.relay import TopKAnswer
-from coordinator.round_policy import (AdaptiveDeadlines, dp_settings_for, metric_names_for, round_vector_for,
-                                     task_hyperparameters)
+from coordinator.round_policy import AdaptiveDeadlines, metric_names_for, round_vector_for
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
+from coordinator.round_tasks import TaskFields
 from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import RoundRecord, RoundState, Store, utc_now
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.errors import SecAggConfigError
-from wire import build_round_task
 from wire.possession import SESSION_NONCE_BYTES
 from wire.protocol import CLIENT_MESSAGE_STAGE
 from wire.round_task import seconds_to_duration
@@ -488,6 +487,8 @@ class Coordinator:
                                                    cohort_size=len(cohort))
                 return
         number = await asyncio.to_thread(self.store.next_round_number)
+        fields = TaskFields.for_round(self.settings, self.model, self.current, self.model_version or 0, len(cohort), metrics)
+        config = await asyncio.to_thread(fields.bind, config, number, cohort)  # the session id commits to the task
         identity = None
         self.delivery.new_round()
         if config.active_adversary:
@@ -509,7 +510,7 @@ class Coordinator:
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
         try:
             await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))
-            self._send_tasks(r, windows.task)
+            self._send_tasks(r, windows.task, fields)
             self._apply(r.start(self._clock()))
             saved_phase = r.phase
             while r.phase.is_collecting:
@@ -556,14 +557,9 @@ class Coordinator:
         if not phase.is_terminal:
             self.events.publish(stage_changed=stage_changed(r, self._timeline, closed))
 
-    def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float]) -> None:
-        hp = task_hyperparameters(self.settings, self.model.hyperparameters(), self.current.step)
-        dp = dp_settings_for(self.settings.dp, len(r.cohort))
-        self.delivery.send_tasks(r.cohort, lambda devices: build_round_task(
-            config=r.config, round_number=r.number, ids=r.ids, devices=devices, model_name=self.model.name,
-            model_version=self.model_version or 0, global_parameters=self.current.proto(), hyperparameters=hp,
-            dp=dp, deadlines=deadlines, metrics=r.metrics,
-        ), gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
+    def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float], fields: TaskFields) -> None:
+        self.delivery.send_tasks(r.cohort, lambda devices: fields.task(r, devices, deadlines),
+                                 gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
 
     async def _commit(self, r: RoundMachine) -> None:
         result = r.result

@@ -28,6 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edge_client.backoff import Backoff, retry_pushback_s
 from edge_client.cohort_floor import CohortFloor
+from edge_client.contributions import ContributionRule
+from edge_client.dp_floor import DpFloor
 from edge_client.faults import FaultPlan
 from edge_client.devices import Device, local_id_of
 from edge_client.local_data import DatasetError, LocalData, load_interactions
@@ -90,6 +92,10 @@ class ClientConfig:
     allow_insecure_plaintext: bool = False
     #: The smallest cohort and threshold this client's devices join.
     cohort_floor: CohortFloor = field(default_factory=CohortFloor)
+    #: The least DP (mechanism, noise multiplier, clip) the devices train under (D85).
+    dp_floor: DpFloor = field(default_factory=DpFloor)
+    #: One contribution per (model, task) and so many per hour (D85).
+    contribution_rule: ContributionRule = field(default_factory=ContributionRule)
     #: What the devices disclose for a top-k request (D84): whether they serve
     #: one at all, their cap on k, whether a request may ask for seen items.
     recommendations: RecommendationPolicy = field(default_factory=RecommendationPolicy)
@@ -223,6 +229,8 @@ class EdgeClient:
             allow_insecure_plaintext=self.config.allow_insecure_plaintext,
             recommendations=self.config.recommendations,
             cohort_floor=self.config.cohort_floor,
+            dp_floor=self.config.dp_floor,
+            contribution_rule=self.config.contribution_rule,
             device_ca=self.device_ca,
             unprotected_plaintext_j_bound=self.config.unprotected_plaintext_j_bound,
         )

@@ -40,6 +40,7 @@ import numpy as np
 from cryptography import x509
 
 import wire
+from edge_client.contributions import ContributionRule
 from edge_client.devices import Device
 from edge_client.faults import FaultPlan
 from edge_client.trainer import TrainOutput
@@ -71,6 +72,9 @@ class RoundIO:
     #: (session.py SECAGG_THREADS), apart from the default executor's file I/O.
     #: None: the loop's default executor.
     compute_pool: Executor | None = None
+    #: At most one contribution per training key and so many per window (D85);
+    #: None: no record is kept (tests of the round mechanics only).
+    contribution_rule: ContributionRule | None = None
 
 
 @dataclass(eq=False)
@@ -105,6 +109,8 @@ class RoundRun:
     devices: dict[int, DeviceRound] = field(default_factory=dict)  # device id -> its part
     over: bool = False
     train: TrainOutput | None = None
+    #: wire.round_binding.training_key of the task: what a contribution is counted against (D85)
+    training_key: bytes = b""
 
     @property
     def key(self) -> tuple[bytes, int]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 import wire
+from edge_client.contributions import Contributions
 from edge_client.devices import Device
 from edge_client.round_run import DeviceRound, RoundRun
 from edge_client.state import RoundSecret, StateCorruptError
@@ -142,6 +144,8 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
         current = dr.state
         if dr.done or run.over or current is None:  # the round ended while the message was decoded
             return
+        if stage is Stage.UNMASKING and not await _claim_contribution(run, dr):
+            return
 
         def step() -> tuple[Any, list[Any]]:
             nxt, replies = current.handle(decoded)
@@ -158,6 +162,26 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
             run.finish_device(dr)
         elif isinstance(state, ClientCompleted):
             run.finish_device(dr)
+
+
+async def _claim_contribution(run: RoundRun, dr: DeviceRound) -> bool:
+    """Before a device answers unmasking (the one step that lets the
+    coordinator remove its masks from a sum), its contribution is recorded
+    durably (edge_client.contributions, D85); a device that may not contribute
+    withdraws instead. True: go on and answer."""
+    rule = run.io.contribution_rule
+    if rule is None:
+        return True
+    why = await asyncio.to_thread(Contributions(dr.device.store.folder, rule).claim, run.training_key, time.time())
+    if why is None:
+        return True
+    view = run.view
+    log.error("round %d, %s: %s; the device withdraws before unmasking", view.round_number, dr.device.local_id, why)
+    run.io.send(abort=common_pb2.AbortNotice(
+        session_id=view.session_id, round_number=view.round_number, device_id=dr.device.device_id,
+        reason=common_pb2.ABORT_REASON_CLIENT_ERROR, detail=why[: secagg_codec.MAX_DETAIL_CHARS]))
+    run.finish_device(dr)
+    return False
 
 
 def own_certificate_refusal(dev: Device, ca: x509.Certificate) -> str | None:

@@ -38,6 +38,7 @@ import asyncio
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,6 +51,8 @@ import wire
 from edge_client import plaintext, queries, secure_update
 from edge_client.devices import Device
 from edge_client.cohort_floor import CohortFloor
+from edge_client.contributions import ContributionRule, Contributions
+from edge_client.dp_floor import DpFloor
 from edge_client.faults import FaultPlan
 from edge_client.path_choice import coordinator_bound, plaintext_rows
 from edge_client.recommend_policy import RecommendationPolicy
@@ -62,6 +65,7 @@ from secagg.stages import Stage
 from wire import secagg_codec
 from wire.lanes import LaneQueue
 from wire.possession import session_payload
+from wire.round_binding import binding_refusal, training_key
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE, coordinator_refusal
 
 log = logging.getLogger("edge_client.session")
@@ -103,6 +107,8 @@ class SessionDriver:
         debug_inputs_dir: Path | None = None,
         allow_insecure_plaintext: bool = False,
         cohort_floor: CohortFloor | None = None,
+        dp_floor: DpFloor | None = None,
+        contribution_rule: ContributionRule | None = None,
         recommendations: RecommendationPolicy | None = None,
         device_ca: x509.Certificate | None = None,
         unprotected_plaintext_j_bound: float | None = None,
@@ -111,6 +117,10 @@ class SessionDriver:
         #: on J under which a device may send its update in plaintext; None: never.
         self.unprotected_plaintext_j_bound = unprotected_plaintext_j_bound
         self.cohort_floor = cohort_floor or CohortFloor()
+        #: The least DP the devices train under (D85; --min-dp, --min-noise-multiplier).
+        self.dp_floor = dp_floor or DpFloor()
+        #: One contribution per (model, task), so many per window (D85; --max-rounds-per-hour).
+        self.contribution_rule = contribution_rule or ContributionRule()
         #: What the devices disclose for a top-k request (D84; --no-serve-recommendations,
         #: --max-top-k, --recommend-seen-items).
         self.recommendations = recommendations or RecommendationPolicy()
@@ -282,7 +292,7 @@ class SessionDriver:
         return RoundIO(
             send=self.send, spawn=self._spawn, faults=self.faults, secure_random=self.secure_random,
             secure_numpy_rng=self.trainer.secure_numpy_rng, debug_inputs_dir=self.debug_inputs_dir,
-            device_ca=self.device_ca, compute_pool=self._compute_pool,
+            device_ca=self.device_ca, compute_pool=self._compute_pool, contribution_rule=self.contribution_rule,
         )
 
     async def _on_round_task(self, task: session_pb2.RoundTask) -> None:
@@ -310,7 +320,15 @@ class SessionDriver:
         if view.model_name not in self.trainer.supported_models:
             self._abort_run(run, common_pb2.ABORT_REASON_MODEL_MISMATCH, f"model {view.model_name!r} not supported")
             return
-        refusal = self.cohort_floor.refusal(view.config)
+        # hashing the model runs off the event loop
+        unbound, run.training_key = await asyncio.to_thread(lambda: (binding_refusal(task), training_key(task)))
+        if run.over:  # superseded meanwhile
+            return
+        if unbound is not None:  # a task the other devices of the round may not have got (D85)
+            log.error("round %d: %s; this client's devices withdraw", view.round_number, unbound)
+            self._abort_run(run, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION, unbound)
+            return
+        refusal = self.cohort_floor.refusal(view.config) or self.dp_floor.refusal(view.dp, view.config.num_clients)
         if refusal is None and self.device_ca is not None and not view.config.active_adversary:
             # without signatures no identity key is checked, so the device CA would protect nothing
             refusal = "the round has no identity signatures, and this client requires them (--device-ca)"
@@ -335,6 +353,8 @@ class SessionDriver:
         for dr in run.devices.values():
             if dr.drop_at == Stage.ADVERTISE_KEYS:
                 run.go_silent(dr, Stage.ADVERTISE_KEYS)
+            elif not insecure and not self._may_contribute(run, dr):
+                continue
             else:
                 active.append(dr)
         if not active:
@@ -356,6 +376,22 @@ class SessionDriver:
             (plaintext.upload if plain[i] else secure_update.advertise)(run, dr, i, out.updates[i])
             for i, dr in enumerate(active)
         ))
+
+    def _may_contribute(self, run: RoundRun, dr: DeviceRound) -> bool:
+        """False (and the device withdraws alone) when its contribution record
+        refuses the round's training key (D85); it is checked again, and
+        recorded, before the device answers unmasking."""
+        rule = self.contribution_rule
+        if rule is None:
+            return True
+        why = Contributions(dr.device.store.folder, rule).refusal(run.training_key, time.time())
+        if why is None:
+            return True
+        log.error("round %d, %s: %s; the device withdraws", run.view.round_number, dr.device.local_id, why)
+        self._send_abort(run.view.session_id, run.view.round_number, dr.device.device_id,
+                         common_pb2.ABORT_REASON_CLIENT_ERROR, why)
+        run.finish_device(dr)
+        return False
 
     async def _train(self, run: RoundRun, active: list[DeviceRound]) -> TrainOutput | None:
         """The batch's updates (row i = active[i]); None when the client

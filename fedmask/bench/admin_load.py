@@ -224,7 +224,8 @@ def _start(cfg: AdminBenchConfig, work: Path, group: ProcessGroup, token: str,
         "dp_mode": "none",
         "log_level": "INFO",
     }, env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
-    client_flags = {"dataset": str(csv), "seed": cfg.seed, "threads": 1, "log_level": "warning"}
+    client_flags = {"dataset": str(csv), "seed": cfg.seed, "threads": 1, "log_level": "warning",
+                    "no_dp_floor": True}  # the synthetic model runs without DP (D85)
     clients = [start_client(group, f"client-{i}", port, users, work / f"client-{i}", client_flags)
                for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
     tokens = [{"name": "bench", "role": "operator", "sha256": token_hash(token)}]

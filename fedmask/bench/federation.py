@@ -119,6 +119,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "drop_stage": cfg.dropout_stage if cfg.dropout > 0 else None,
         "debug_record_inputs": True,
         "debug_allow_insecure_plaintext": plaintext,
+        "no_dp_floor": True,  # the synthetic model runs without DP: the devices' DP floor off (D85)
         "threads": 1,
         "log_level": "warning",
     }
@@ -284,7 +285,7 @@ def run_connections_bench(cfg: ConnectionsBenchConfig, log: Any = print) -> dict
             t0 = time.monotonic()
             for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes)):
                 start_client(group, f"client-{i}", port, users, root / f"client-{i}",
-                             {"dataset": str(csv), "threads": 1, "log_level": "warning"})
+                             {"dataset": str(csv), "threads": 1, "log_level": "warning", "no_dp_floor": True})
             watch = list(group.children)
             log_path = coord.log_path
 

@@ -259,6 +259,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         coord = start_coordinator(group, port, coord_flags)
         for (name, users, extra), state in zip(roles, state_dirs, strict=True):
             client_flags = {"dataset": str(csv), "seed": cfg.seed, "debug_record_inputs": True, "threads": 1,
+                            "no_dp_floor": True,  # the synthetic model runs without DP (D85)
                             "log_level": "warning", **extra}
             start_client(group, name, port, users, state, client_flags)
         log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "

@@ -152,6 +152,7 @@ def _mode(cfg: HybridBenchConfig, root: Path, mode: str, size: tuple[int, int], 
                 "tls_cert": cert,
                 "tls_key": key,
                 "unprotected_plaintext_j_bound": cfg.j_bound if hybrid else None,
+                "no_dp_floor": True,  # the bench runs without DP (D85)
                 "debug_record_inputs": True,
                 "threads": 1,
                 "log_level": "warning",

@@ -27,10 +27,15 @@ from fedmask.commands.client_options import (
     FaultGarbageSharesOption,
     InsecureTokenWithoutTlsOption,
     LogLevelOption,
+    MaxDpClipOption,
+    MaxRoundsPerHourOption,
     MaxTopKOption,
     MinCohortOption,
+    MinDpOption,
+    MinNoiseMultiplierOption,
     MinThresholdOption,
     NameOption,
+    NoDpFloorOption,
     PlatformOption,
     PlatformsOption,
     RecommendSeenItemsOption,
@@ -50,6 +55,7 @@ from fedmask.commands.dataset_options import DataDirOption
 
 if TYPE_CHECKING:  # edge_client is imported lazily (the CLI's start-up time)
     from edge_client.cohort_floor import CohortFloor
+    from edge_client.dp_floor import DpFloor
     from edge_client.faults import FaultPlan
     from edge_client.platform_trainer import PlatformHosting
 
@@ -88,6 +94,11 @@ def client(
     platforms: PlatformsOption = 5,
     dirichlet_beta: DirichletBetaOption = 1.0,
     min_threshold: MinThresholdOption = 0.5,
+    min_dp: MinDpOption = "distributed",
+    min_noise_multiplier: MinNoiseMultiplierOption = 1.0,
+    max_dp_clip: MaxDpClipOption = None,
+    no_dp_floor: NoDpFloorOption = False,
+    max_rounds_per_hour: MaxRoundsPerHourOption = 600,
     serve_recommendations: ServeRecommendationsOption = True,
     max_top_k: MaxTopKOption = 100,
     recommend_seen_items: RecommendSeenItemsOption = False,
@@ -102,6 +113,7 @@ def client(
     One process hosts one device per selected user. The devices are enrolled once (the result is kept in --state-dir), one Session stream is opened, and whenever a RoundTask arrives the selected devices train together, clip and noise their updates as the task says, and run the secure aggregation stages. Private state never leaves --state-dir. Reconnects with exponential backoff and full jitter. Ctrl-C stops.
     """
     from edge_client.app import ClientConfig, run_client
+    from edge_client.contributions import ContributionRule
     from edge_client.recommend_policy import RecommendationPolicy
 
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
@@ -110,13 +122,15 @@ def client(
                          false_reports=fault_false_reports)
     hosting = _platform_hosting(users, platform, platforms, dirichlet_beta)
     floor = _cohort_floor(min_cohort, min_threshold, hosting)
+    dp_floor = _dp_floor(min_dp, min_noise_multiplier, max_dp_clip, off=no_dp_floor)
     config = ClientConfig(
         coordinator=coordinator, users=users or "", state_dir=state_dir, dataset=dataset,
         data_dir=str(data_dir) if data_dir is not None else None, device=device, seed=seed, name=name,
         tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, tls_server_name=tls_server_name, token=token,
         faults=faults, exit_after_rounds=exit_after_rounds, threads=threads,
         debug_record_inputs=debug_record_inputs, allow_insecure_plaintext=debug_allow_insecure_plaintext,
-        cohort_floor=floor, device_ca=device_ca, platform=hosting,
+        cohort_floor=floor, dp_floor=dp_floor, contribution_rule=ContributionRule(max_rounds=max_rounds_per_hour),
+        device_ca=device_ca, platform=hosting,
         unprotected_plaintext_j_bound=unprotected_plaintext_j_bound,
         recommendations=RecommendationPolicy(serve=serve_recommendations, max_k=max_top_k,
                                              share_seen=recommend_seen_items),
@@ -194,5 +208,22 @@ def _cohort_floor(min_cohort: int | None, min_threshold: float, hosting: Platfor
         min_cohort = hosting.n_platforms if hosting is not None else 3
     try:
         return CohortFloor(min_cohort=min_cohort, min_threshold=min_threshold)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
+def _dp_floor(min_dp: str, min_noise_multiplier: float, max_dp_clip: float | None, *, off: bool) -> DpFloor:
+    """The least DP the devices train under (D85); --no-dp-floor: none, with a warning."""
+    import logging
+
+    from edge_client.dp_floor import DpFloor
+
+    if off:
+        logging.getLogger("edge_client").warning(
+            "--no-dp-floor: the devices accept any DP setting, DP off included; a coordinator can difference two "
+            "rounds and read one device's update (tests and benchmarks only)")
+        return DpFloor.off()
+    try:
+        return DpFloor(min_mechanism=min_dp, min_noise_multiplier=min_noise_multiplier, max_clip=max_dp_clip)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

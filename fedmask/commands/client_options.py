@@ -133,6 +133,24 @@ MinCohortOption = Annotated[int | None, typer.Option(
 MinThresholdOption = Annotated[float, typer.Option(
     help="The devices withdraw from a round whose Shamir threshold is not above this fraction of the group its "
     "shares go to (0.5 = at least a strict majority; e.g. 0.66 in active mode).", rich_help_panel="Security")]
+MinDpOption = Annotated[str, typer.Option(
+    help="The devices withdraw from a task whose DP mechanism is weaker: none < distributed < local "
+    "(docs/decisions.md D85).", rich_help_panel="Security")]
+MinNoiseMultiplierOption = Annotated[float, typer.Option(
+    min=0.0, help="The devices withdraw from a task whose noise multiplier z is lower, counted from the noise the "
+    "device would actually add (std / clip, times sqrt(cohort) for distributed noise), not from what the task "
+    "claims.", rich_help_panel="Security")]
+MaxDpClipOption = Annotated[float | None, typer.Option(
+    help="The devices withdraw from a task whose DP clip is larger. Default: no cap (the noise scales with the "
+    "clip).", rich_help_panel="Security", show_default=False)]
+MaxRoundsPerHourOption = Annotated[int, typer.Option(
+    min=0, help="The devices contribute to at most this many rounds an hour (0: no cap), and never twice to one "
+    "model and task, so a coordinator cannot difference two rounds that differ by one device (docs/decisions.md "
+    "D85).", rich_help_panel="Security")]
+NoDpFloorOption = Annotated[bool, typer.Option(
+    "--no-dp-floor", help="INSECURE (tests and benchmarks of models without DP): accept any DP setting, DP off "
+    "included. A coordinator can then difference two rounds' sums and read one device's update.",
+    rich_help_panel="Security")]
 ServeRecommendationsOption = Annotated[bool, typer.Option(
     "--serve-recommendations/--no-serve-recommendations",
     help="Answer the coordinator's top-k requests for the hosted devices' users (computed on the device). "

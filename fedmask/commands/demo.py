@@ -222,6 +222,7 @@ def _run(console: Any, workdir: Path, x: Any, plan: _Plan, *, keep_running: bool
         clients = [start_client(group, f"client-{i}", port, u, workdir / f"client-{i}", {
             "dataset": plan.dataset, "seed": plan.seed, "drop_rate": plan.dropout if plan.dropout > 0 else None,
             "drop_stage": stage if plan.dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
+            "no_dp_floor": plan.dp_mode == "none",  # --dp-mode none: the devices' DP floor off, with a warning (D85)
         }) for i, (u, stage) in enumerate(zip(users, drop_at, strict=True))]
         with console.status("starting the admin service ..."):
             admin = start_admin(group, db=db, coordinator_admin=f"{LOOPBACK}:{coord_admin}",

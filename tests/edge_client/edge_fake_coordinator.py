@@ -10,7 +10,8 @@ adds of its own: enrolment and the Session handshake, both with the
 coordinator's proof-of-possession checks (`coordinator.possession`: a
 signed EnrollChallenge, a SessionChallenge answered by DeviceProofs; only
 proven devices are admitted), and knobs for tests
-(tamper with server messages or the RoundTask, do not commit). It records
+(tamper with server messages or the RoundTask (re-bound to its session id
+unless `rebind_tampered=False`, D85), do not commit). It records
 every ClientMessage it receives (for the privacy test).
 
 The package `edge_client` never imports `coordinator`; its tests may.
@@ -41,6 +42,7 @@ from secagg.config import SecAggConfig
 from secagg.stages import Stage
 from wire import secagg_codec
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE
+from wire.round_binding import DIGEST_BYTES, bind_round_config, cohort_ids, task_digest
 from wire.round_metrics import MetricLayout
 
 log = logging.getLogger("fake_coordinator")
@@ -291,6 +293,7 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         commit: bool = True,
         tamper: Any = None,
         task_tamper: Any = None,
+        rebind_tampered: bool = True,
         metric_names: tuple[str, ...] = (),
     ) -> RoundResult:
         devices = sorted(devices if devices is not None else s.device_ids)
@@ -312,6 +315,10 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         if plaintext:  # one stage, whose window includes training
             deadlines[Stage.MASKED_INPUT.value] = first_stage_timeout
         machine_type = PlaintextRoundMachine if plaintext else RoundMachine
+        # the session id commits to the task, as the coordinator's does (wire.round_binding, D85)
+        config = bind_round_config(config, round_number=r, ids=cohort_ids(devices), model_name=model_name,
+                                   model_version=r, global_parameters=params, hyperparameters=hyper, dp=dp,
+                                   metrics=layout)
         m = machine_type(number=r, config=config, cohort=devices, deadlines=deadlines,
                          identity_keys={d: self.identity[d] for d in devices} if active else None, metrics=layout)
         task = wire.build_round_task(
@@ -321,6 +328,8 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         )
         if task_tamper is not None:
             task_tamper(task)
+            if rebind_tampered:  # the tampered task's own digest, so the device reaches the check a test aims at
+                task.session_id = task.session_id[:-DIGEST_BYTES] + task_digest(task)
         certs: dict[int, bytes] = {}  # identity certificates from AdvertiseKeys, relayed in PeerKeys (D33)
 
         def relay(inner: Any) -> Any:
@@ -400,6 +409,13 @@ class RunningClient:
         from edge_client.app import ClientConfig, EdgeClient
         from edge_client.backoff import Backoff
 
+        from edge_client.contributions import ContributionRule
+        from edge_client.dp_floor import DpFloor
+
+        # the fake's rounds run without DP: the devices' DP floor is off unless a test passes its own (D85)
+        config.setdefault("dp_floor", DpFloor.off())
+        # the fake repeats one task round after round (its model never moves): no contribution rule here
+        config.setdefault("contribution_rule", ContributionRule(max_rounds=0, once_per_key=False))
         cfg = ClientConfig(coordinator=fake.target, users=users, state_dir=state_dir, dataset=dataset, **config)
         self.client = EdgeClient(cfg, backoff=backoff or Backoff(base=0.05, cap=0.2))
         self.task: asyncio.Task | None = None

@@ -124,8 +124,12 @@ def coordinator_args(port: int, database_url: str, **options: Any) -> list[str]:
 
 
 def client_args(port: int, users: str, state_dir: Path, **options: Any) -> list[str]:
+    """`fedmask client` argv. The harness's clients run without a DP floor
+    (--no-dp-floor: most scenarios train without DP, D85); dp_floor=True keeps
+    the client's default floor."""
     args = ["client", "--coordinator", f"{LOOPBACK}:{port}", "--users", users, "--state-dir", str(state_dir)]
-    return args + flags(options)
+    dp_floor = bool(options.pop("dp_floor", False))
+    return args + ([] if dp_floor else ["--no-dp-floor"]) + flags(options)
 
 
 def health_status(port: int, *, timeout: float = 2.0, credentials: Any = None) -> str | None:
