@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, or_, select, update
+from sqlalchemy import ColumnElement, Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -157,7 +157,7 @@ class SqlStore:
 
         handles = [local_id for _, local_id in devices if local_id]
         wanted_keys = set(keys)
-        in_the_way = DeviceRow.identity_public_key.in_(keys)
+        in_the_way: ColumnElement[bool] = DeviceRow.identity_public_key.in_(keys)
         if handles:
             in_the_way = or_(in_the_way, DeviceRow.local_id.in_(handles))
 

@@ -22,15 +22,21 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import Message
+from google.protobuf.message_factory import GetMessageClass
 
 from edge_client.transport import signed_enroll_request
-from fedmask_proto.v1 import coordinator_service_pb2_grpc, enrollment_pb2
-from integration_harness import LOOPBACK, Processes, coordinator_args, events, free_port, wait_serving
+from fedmask_proto.v1 import admin_service_pb2, coordinator_service_pb2, coordinator_service_pb2_grpc, enrollment_pb2
+from fedmask_proto.v1 import session_pb2 as S
+from integration_harness import LOOPBACK, Processes, coordinator_args, events, free_port, health_status, wait_serving
+from wire.id_bounds import int64_field_paths, message_with, out_of_range_values
+from wire.protocol import PROTOCOL_VERSION
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -110,3 +116,87 @@ def test_one_client_enrolling_the_same_keys_twice_at_once_gets_the_same_ids(
     assert other_failures == [] and other_calls[0] > 0
     assert "Traceback" not in coord.log()
     assert events(coord.log(), "enroll_refused") == []
+
+
+# --------------------------------------------------------------------------- ids at the boundary
+
+SERVICES = (coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"],
+            admin_service_pb2.DESCRIPTOR.services_by_name["CoordinatorAdmin"])
+HELLO = S.ClientMessage(hello=S.Hello(client_name="huge-ids", protocol_version=PROTOCOL_VERSION))
+PROOF = S.ClientMessage(proof=S.DeviceProofs())
+
+
+def _id_cases() -> list[tuple[str, bool, type[Message], str, int]]:
+    """(method path, client-streaming, request type, field path, bad value)
+    for every 64-bit integer field of every request of both services, from
+    the descriptors: a field added tomorrow is a case here at once."""
+    cases = []
+    for service in SERVICES:
+        for method in service.methods:
+            request_type = GetMessageClass(method.input_type)
+            for path in int64_field_paths(request_type):
+                for bad in out_of_range_values(request_type, path):
+                    cases.append((f"/{service.full_name}/{method.name}", method.client_streaming, request_type,
+                                  path, bad))
+    return cases
+
+
+def _stream_answer(channel: grpc.Channel, method: str, messages: list[Message]) -> tuple[grpc.StatusCode, str]:
+    """Send `messages` on a Session stream, keep it open until the server
+    ends it (or 5 s pass); its status and detail."""
+    done = threading.Event()
+
+    def requests() -> Iterator[bytes]:
+        for m in messages:
+            yield m.SerializeToString()
+        done.wait(5)
+
+    call = channel.stream_stream(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    try:
+        for _ in call(requests(), timeout=10):
+            pass
+        return grpc.StatusCode.OK, ""
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    finally:
+        done.set()
+
+
+def test_every_64_bit_integer_a_peer_sends_is_checked_at_the_boundary(procs: Processes, tmp_path: Path) -> None:
+    port, admin_port = free_port(), free_port()
+    coord = procs.start("coordinator", coordinator_args(
+        port, f"sqlite:///{tmp_path / 'coordinator.db'}", model="synthetic", model_params={"vector_length": 8},
+        admin_listen=f"{LOOPBACK}:{admin_port}", admin_auth="none", session_rate=10_000))
+    wait_serving(port, coord)
+    cases = _id_cases()
+    assert len(cases) >= 60  # ~30 fields, two values each
+    answers: dict[tuple[str, str, int], tuple[grpc.StatusCode, str]] = {}
+    with grpc.insecure_channel(f"{LOOPBACK}:{port}") as devices, \
+            grpc.insecure_channel(f"{LOOPBACK}:{admin_port}") as admin:
+        for method, streaming, request_type, path, bad in cases:
+            message = message_with(request_type, path, bad)
+            if streaming:  # Session: where the message comes in the stream's contract
+                kind = path.split(".")[0]
+                stream = [message, PROOF] if kind == "hello" else [HELLO, message] if kind == "proof" \
+                    else [HELLO, PROOF, message]
+                answers[(method, path, bad)] = _stream_answer(devices, method, stream)
+                continue
+            channel = admin if "CoordinatorAdmin" in method else devices
+            call: grpc.UnaryUnaryMultiCallable[Message, bytes] = channel.unary_unary(
+                method, request_serializer=lambda m: m.SerializeToString(), response_deserializer=lambda b: b)
+            try:
+                call(message, timeout=10)
+                answers[(method, path, bad)] = (grpc.StatusCode.OK, "")
+            except grpc.RpcError as exc:
+                answers[(method, path, bad)] = (exc.code(), exc.details() or "")
+    wrong = {k: v for k, v in answers.items() if v[0] is not grpc.StatusCode.INVALID_ARGUMENT}
+    assert wrong == {}, f"{len(wrong)} of {len(answers)} not refused INVALID_ARGUMENT: {wrong}"
+    for (_, path, bad), (_, detail) in answers.items():
+        field = path.rsplit(".", 1)[-1]
+        assert f"{field} = {bad}" in detail or f"{field}[0] = {bad}" in detail, (path, detail)
+        assert "Traceback" not in detail and "Error" not in detail and "<class" not in detail, detail
+    assert health_status(port) == "SERVING"
+    procs.check_alive(coord)
+    log = coord.log()
+    assert "Traceback" not in log and "rpc_failed" not in log and "handler_failed" not in log
+    assert events(log, "session_refused") and events(log, "rpc_refused")  # logged (at most once a second per kind)
