@@ -162,8 +162,9 @@ DirichletBetaOption = Annotated[float, typer.Option(
 
 DebugRecordInputsOption = Annotated[
     bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
-                       "encoded input of every round to STATE_DIR/debug/inputs/, so tests and benchmarks can "
-                       "check the aggregate exactly.", rich_help_panel="Debug")
+                       "encoded input of every round to STATE_DIR/debug/inputs/ (owner-only: 0700 folders, 0600 files; "
+                       "each is the device's update in the clear), so tests and benchmarks can check the "
+                       "aggregate exactly.", rich_help_panel="Debug")
 ]
 DebugAllowInsecurePlaintextOption = Annotated[
     bool, typer.Option("--debug-allow-insecure-plaintext", help="INSECURE, benchmarks only (loopback "
