@@ -41,7 +41,7 @@ from cryptography import x509
 
 import wire
 from edge_client.devices import Device
-from edge_client.faults import FaultPlan
+from edge_client.faults import FaultPlan, forged_metric_limbs
 from edge_client.state import DIR_MODE, FILE_MODE
 from edge_client.trainer import TrainOutput
 from fedmask_proto.v1 import secagg_pb2, session_pb2
@@ -143,6 +143,8 @@ class RoundRun:
                 values = self.train.device_metrics(dr.row)
             except Exception:  # a metric must never cost the update: zeros, seen as unavailable
                 log.exception("round %d, %s: metrics failed", self.view.round_number, dr.device.local_id)
+        if self.io.faults.forged_metrics:  # fault injection: a hostile device writing its own limbs
+            return forged_metric_limbs(layout, layout.encode(values), dict(self.io.faults.forged_metrics))
         return layout.encode(values)
 
     # ------------------------------------------------------------ replies

@@ -22,6 +22,7 @@ from fedmask.commands.client_options import (
     DropRateOption,
     DropStageOption,
     ExitAfterRoundsOption,
+    FaultForgedMetricOption,
     FaultGarbageMetricsOption,
     FaultGarbageSharesOption,
     InsecureTokenWithoutTlsOption,
@@ -74,6 +75,7 @@ def client(
     drop_rate: DropRateOption = 0.0,
     drop_stage: DropStageOption = None,
     fault_garbage_metrics: FaultGarbageMetricsOption = False,
+    fault_forged_metric: FaultForgedMetricOption = None,
     fault_garbage_shares: FaultGarbageSharesOption = False,
     crash_after_round: CrashAfterRoundOption = None,
     delay_ms: DelayMsOption = 0.0,
@@ -99,7 +101,8 @@ def client(
 
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
     faults = _fault_plan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
-                         delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares)
+                         delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares,
+                         forged_metrics=fault_forged_metric or [])
     hosting = _platform_hosting(users, platform, platforms, dirichlet_beta)
     floor = _cohort_floor(min_cohort, min_threshold, hosting)
     config = ClientConfig(
@@ -144,7 +147,7 @@ def _configure_logging(log_level: str, coordinator: str, *, token: str | None, t
 
 
 def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_after_round: int | None,
-                delay_ms: float, garbage_metrics: bool, garbage_shares: bool) -> FaultPlan:
+                delay_ms: float, garbage_metrics: bool, garbage_shares: bool, forged_metrics: list[str]) -> FaultPlan:
     """The fault-injection options, checked (typer.BadParameter naming the option)."""
     from edge_client.faults import DROP_STAGES, FaultPlan
 
@@ -154,8 +157,21 @@ def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_af
         raise typer.BadParameter("--drop-rate needs --drop-stage", param_hint="--drop-stage")
     if crash_after_round is not None and crash_after_round < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
-    return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
-                     delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares)
+    forged: list[tuple[str, float]] = []
+    for item in forged_metrics:
+        name, sep, value = item.partition("=")
+        try:
+            forged.append((name, float(value)))
+        except ValueError:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--fault-forged-metric") from None
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--fault-forged-metric")
+    try:
+        return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
+                         delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares,
+                         forged_metrics=tuple(forged))
+    except ValueError as exc:  # the message names the option
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _platform_hosting(users: str | None, platform: int | None, platforms: int, beta: float) -> PlatformHosting | None:

@@ -107,6 +107,12 @@ FaultGarbageMetricsOption = Annotated[
                        "its metric coordinates. The coordinator can only mark the round's metrics "
                        "unavailable.")
 ]
+FaultForgedMetricOption = Annotated[
+    list[str] | None, typer.Option("--fault-forged-metric", metavar="NAME=VALUE", help="Fault injection (a "
+                                   "hostile device, for tests and benchmarks; repeatable): every device of this "
+                                   "process reports VALUE for the round metric NAME instead of its own, not "
+                                   "clamped to what one device may report (D35).")
+]
 FaultGarbageSharesOption = Annotated[
     bool, typer.Option("--fault-garbage-shares", help="Fault injection (a hostile device, for tests and "
                        "benchmarks): every device of this process seals random bytes instead of its shares, "

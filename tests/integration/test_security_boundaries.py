@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import hashlib
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,19 @@ from google.protobuf.message_factory import GetMessageClass
 from edge_client.transport import signed_enroll_request
 from fedmask_proto.v1 import admin_service_pb2, coordinator_service_pb2, coordinator_service_pb2_grpc, enrollment_pb2
 from fedmask_proto.v1 import session_pb2 as S
-from integration_harness import LOOPBACK, Processes, coordinator_args, events, free_port, health_status, wait_serving
+from integration_harness import (
+    LOOPBACK,
+    Processes,
+    check_exact_aggregate,
+    client_args,
+    coordinator_args,
+    events,
+    free_port,
+    health_status,
+    terminal_rounds,
+    wait_serving,
+    wait_until,
+)
 from wire.id_bounds import int64_field_paths, message_with, out_of_range_values
 from wire.protocol import PROTOCOL_VERSION
 
@@ -200,3 +213,50 @@ def test_every_64_bit_integer_a_peer_sends_is_checked_at_the_boundary(procs: Pro
     log = coord.log()
     assert "Traceback" not in log and "rpc_failed" not in log and "handler_failed" not in log
     assert events(log, "session_refused") and events(log, "rpc_refused")  # logged (at most once a second per kind)
+
+
+# --------------------------------------------------------------------------- metric slots, debug records
+
+#: The largest validation values one device could put in the sampled slots
+#: before their bounds were tightened to one held-out item per device: 10^6
+#: validation users, every one a hit with NDCG 1.
+OLD_WORST_CASE = ("val_sampled_count=1000000", "val_sampled_hits@10=1000000", "val_sampled_ndcg@10=1000000")
+
+
+def test_a_device_forging_the_old_largest_validation_report_no_longer_sets_the_hit_rate(
+        procs: Processes, tmp_path: Path) -> None:
+    """Three honest FedRAP devices and one hostile device (its own client)
+    that writes the old per-device maxima into its validation limbs. Before
+    the bounds were tightened the round recorded val_hr@10 ~ 1.0 (10^6 hits
+    over 10^6 + 3 users); now that report is out of range, so the round
+    commits with its exact aggregate and its metrics marked unavailable.
+    The records `--debug-record-inputs` wrote are owner-only."""
+    db = f"sqlite:///{tmp_path / 'coordinator.db'}"
+    port = free_port()
+    coord = procs.start("coordinator", coordinator_args(
+        port, db, model="fedrap", model_params={"n_users": 200, "n_items": 300, "k": 8, "local_epochs": 1},
+        cohort_size=4, cohort_minimum=4, over_selection=0.0, allow_consecutive=True, seed=1, round_pause=600,
+        selection_deadline=60, training_deadline=60, advertise_keys_deadline=10, share_keys_deadline=10,
+        masked_input_deadline=10, unmasking_deadline=10, secagg_graph="full", secagg_threshold="majority",
+        dp_mode="none", debug_record_sums=True))
+    wait_serving(port, coord)
+    dirs = {"honest": tmp_path / "honest", "hostile": tmp_path / "hostile"}
+    common = dict(dataset="synthetic", seed=3, threads=1, debug_record_inputs=True)
+    clients = [procs.start("honest", client_args(port, "1-3", dirs["honest"], **common)),
+               procs.start("hostile", client_args(port, "4", dirs["hostile"], **common)
+                           + [arg for v in OLD_WORST_CASE for arg in ("--fault-forged-metric", v)])]
+    wait_until(lambda: terminal_rounds(db), 150, what="round 1 to end", watch=[coord, *clients], step=0.2)
+    (record,) = terminal_rounds(db)
+    assert record.state.value == "committed", record
+    assert len(check_exact_aggregate(record, list(dirs.values()))) == 4
+    assert record.metrics.get("val_hr@10", 0.0) < 0.99, record.metrics  # was ~1.0
+    assert record.metrics.get("metrics_unavailable") == 1.0, record.metrics
+    assert events(coord.log(), "metrics_unavailable")
+
+    # the encoded inputs in the clear: 0700 folders, 0600 files
+    for d in dirs.values():
+        folders = [d / "debug", *[p for p in (d / "debug").rglob("*") if p.is_dir()]]
+        files = [p for p in (d / "debug").rglob("*") if p.is_file()]
+        assert len(files) >= 1 and len(folders) >= 3
+        assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in folders} == {str(p): "0o700" for p in folders}
+        assert {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in files} == {str(p): "0o600" for p in files}
