@@ -221,8 +221,9 @@ class CoordinatorServicer:
         except asyncio.CancelledError:  # the RPC was terminated under us
             end = StreamEnd(grpc.StatusCode.CANCELLED,
                             "stream cancelled by the transport (client gone, or a message over the receive limit)")
-        except Exception as exc:  # client gone mid-write
-            end = StreamEnd(grpc.StatusCode.CANCELLED, type(exc).__name__)
+        except Exception as exc:  # client gone mid-write; the exception's name is logged, not sent
+            log_event("session_write_failed", logging.INFO, session=session.sid, error=type(exc).__name__)
+            end = StreamEnd(grpc.StatusCode.CANCELLED, "write failed (the client is gone)")
         finally:
             reader.cancel()
             coord.close_session(session, end.detail or end.code.name.lower())
@@ -252,7 +253,8 @@ class CoordinatorServicer:
             log_event("session_refused", logging.WARNING, peer=peer, why="malformed ClientMessage")
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
         except Exception as exc:  # the client went away before its proofs
-            await abort(context, grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
+            self._log_refusal("session_refused", "read failed", peer=peer, error=type(exc).__name__)
+            await abort(context, grpc.StatusCode.CANCELLED, "read failed (the client is gone)")
         if second is grpc.aio.EOF:
             await abort(context, grpc.StatusCode.CANCELLED, "the client closed the stream before its proofs")
         if second.WhichOneof("message") != "proof":
@@ -330,8 +332,9 @@ class CoordinatorServicer:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # transport error (client vanished, bad bytes)
-            session.end(grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
+        except Exception as exc:  # transport error (client vanished, bad bytes); its name is logged, not sent
+            log_event("session_read_failed", logging.INFO, session=session.sid, error=type(exc).__name__)
+            session.end(grpc.StatusCode.CANCELLED, "read failed (transport error)")
 
 
 _SERVICE = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
