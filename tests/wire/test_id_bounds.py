@@ -65,3 +65,47 @@ def test_only_64_bit_integer_types_are_checked() -> None:
                            FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
     task = S.RoundTask(secagg=S.SecaggSettings(threshold=(1 << 32) - 1))  # uint32: never out of range
     assert out_of_range_field(task) is None
+
+
+def _map_message_type() -> type[Message]:
+    """A message type with map<uint64, uint64> and map<string, Inner>
+    fields (the protocol has none today; the rule must cover one the day
+    it is added)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="id_bounds_maps_test.proto", package="idbounds.test",
+                                             syntax="proto3")
+    inner = fdp.message_type.add(name="Inner")
+    inner.field.add(name="device_id", number=1, type=F.TYPE_UINT64, label=F.LABEL_OPTIONAL)
+    outer = fdp.message_type.add(name="Outer")
+    for n, (name, key, value, type_name) in enumerate(
+            [("ids", F.TYPE_UINT64, F.TYPE_UINT64, ""), ("inners", F.TYPE_STRING, F.TYPE_MESSAGE, ".idbounds.test.Inner")],
+            start=1):
+        entry = outer.nested_type.add(name=f"{name.capitalize()}Entry")
+        entry.options.map_entry = True
+        entry.field.add(name="key", number=1, type=key, label=F.LABEL_OPTIONAL)
+        value_field = entry.field.add(name="value", number=2, type=value, label=F.LABEL_OPTIONAL)
+        if type_name:
+            value_field.type_name = type_name
+        outer.field.add(name=name, number=n, type=F.TYPE_MESSAGE, label=F.LABEL_REPEATED,
+                        type_name=f".idbounds.test.Outer.{entry.name}")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    return GetMessageClass(pool.FindMessageTypeByName("idbounds.test.Outer"))
+
+
+def test_map_fields_are_covered() -> None:
+    outer = _map_message_type()
+    m = outer()
+    getattr(m, "ids")[5] = 7
+    getattr(m, "inners")["a"].device_id = 3
+    assert out_of_range_field(m) is None
+    getattr(m, "ids")[1 << 63] = 1
+    assert out_of_range_field(m) == f"ids key {1 << 63}"
+    m = outer()
+    getattr(m, "ids")[1] = (1 << 64) - 1
+    assert out_of_range_field(m) == f"ids[1] = {(1 << 64) - 1}"
+    m = outer()
+    getattr(m, "inners")["b"].device_id = 1 << 63
+    assert out_of_range_field(m) == f"inners[b].device_id = {1 << 63}"
