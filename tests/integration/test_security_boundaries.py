@@ -56,7 +56,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 # --------------------------------------------------------------------------- concurrent enrolment (PostgreSQL)
 
-TWIN_CALLS = 60  # pairs of simultaneous calls enrolling the same fresh keys
+TWIN_CALLS = 40  # pairs of simultaneous calls enrolling the same fresh keys
 TWIN_BATCH = 4
 
 
