@@ -4,7 +4,14 @@ DEVICE_LISTENER table:
 
     InvalidArgument    -> INVALID_ARGUMENT      PermissionDenied -> PERMISSION_DENIED
     ProtocolViolation  -> FAILED_PRECONDITION   Unavailable      -> UNAVAILABLE
-    anything else      -> INTERNAL (logged with its traceback; the coordinator goes on)
+    anything else      -> INTERNAL "internal error" (logged with its traceback;
+                          the coordinator goes on; no exception text to the
+                          peer, for every handler: coordinator/rpc_guard.py)
+
+Every ClientMessage (the Hello, the DeviceProofs and each later message)
+with a 64-bit integer outside 0..2^63-1 ends the stream INVALID_ARGUMENT
+before the Coordinator sees it (wire/id_bounds.py, D83): no id the
+coordinator hands out is larger, and the store could not hold one.
 
 Bytes that do not parse as a ClientMessage end the stream with
 INVALID_ARGUMENT (and a log line); over-long messages are refused by the
@@ -53,6 +60,7 @@ from coordinator.errors import CoordinatorError
 from coordinator.limits import LogBudget, RateLimiter, StreamSlots, TokenBucket, announced_refusal, peer_key
 from coordinator.logs import log_event, logger, sanitize
 from coordinator.registry import ClientSession, StreamEnd
+from coordinator.rpc_guard import guard_handlers, id_refusal
 from coordinator.service import Coordinator
 from fedmask_proto.v1 import coordinator_service_pb2, enrollment_pb2, session_pb2
 from wire.protocol import RETRY_PUSHBACK_KEY
@@ -201,6 +209,7 @@ class CoordinatorServicer:
         if too_many is not None:
             log_event("session_refused", logging.WARNING, peer=peer, why=too_many)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
+        await self._check_ids(context, peer, first)
         proofs = await self._challenge(context, peer, first.hello, deadline)
         try:
             session = await coord.open_session(first.hello, nonce=proofs.nonce, proofs=proofs.proofs,
@@ -223,8 +232,9 @@ class CoordinatorServicer:
         except asyncio.CancelledError:  # the RPC was terminated under us
             end = StreamEnd(grpc.StatusCode.CANCELLED,
                             "stream cancelled by the transport (client gone, or a message over the receive limit)")
-        except Exception as exc:  # client gone mid-write
-            end = StreamEnd(grpc.StatusCode.CANCELLED, type(exc).__name__)
+        except Exception as exc:  # client gone mid-write; the exception's name is logged, not sent
+            log_event("session_write_failed", logging.INFO, session=session.sid, error=type(exc).__name__)
+            end = StreamEnd(grpc.StatusCode.CANCELLED, "write failed (the client is gone)")
         finally:
             reader.cancel()
             if watch is not None:
@@ -270,7 +280,8 @@ class CoordinatorServicer:
             log_event("session_refused", logging.WARNING, peer=peer, why="malformed ClientMessage")
             await abort(context, grpc.StatusCode.INVALID_ARGUMENT, "malformed ClientMessage")
         except Exception as exc:  # the client went away before its proofs
-            await abort(context, grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
+            self._log_refusal("session_refused", "read failed", peer=peer, error=type(exc).__name__)
+            await abort(context, grpc.StatusCode.CANCELLED, "read failed (the client is gone)")
         if second is grpc.aio.EOF:
             await abort(context, grpc.StatusCode.CANCELLED, "the client closed the stream before its proofs")
         if second.WhichOneof("message") != "proof":
@@ -281,7 +292,17 @@ class CoordinatorServicer:
         if too_many is not None:
             log_event("session_refused", logging.WARNING, peer=peer, why=too_many)
             await abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
+        await self._check_ids(context, peer, second)
         return _Proofs(nonce, list(second.proof.proofs))
+
+    async def _check_ids(self, context: grpc.aio.ServicerContext, peer: str,
+                         message: session_pb2.ClientMessage) -> None:
+        """Refuse the stream (INVALID_ARGUMENT) before it is open when the
+        message carries a 64-bit integer out of range (D83)."""
+        refusal = id_refusal(message)
+        if refusal is not None:
+            self._log_refusal("session_refused", "id out of range", peer=peer, detail=refusal)
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, refusal)
 
     async def _read(self, session: ClientSession, context: grpc.aio.ServicerContext,
                     trailer: list[tuple[str, str]]) -> None:
@@ -321,6 +342,11 @@ class CoordinatorServicer:
                         log_event("session_violation", logging.WARNING, session=session.sid, why=too_many)
                         session.end(grpc.StatusCode.RESOURCE_EXHAUSTED, too_many)
                         return
+                refusal = id_refusal(msg)
+                if refusal is not None:  # before anything looks an id up (D83)
+                    self._log_refusal("session_violation", "id out of range", session=session.sid, detail=refusal)
+                    session.end(grpc.StatusCode.INVALID_ARGUMENT, refusal)
+                    return
                 try:
                     await coord.handle(session, msg)
                 except CoordinatorError as exc:
@@ -333,8 +359,9 @@ class CoordinatorServicer:
                     return
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # transport error (client vanished, bad bytes)
-            session.end(grpc.StatusCode.CANCELLED, f"read failed: {type(exc).__name__}")
+        except Exception as exc:  # transport error (client vanished, bad bytes); its name is logged, not sent
+            log_event("session_read_failed", logging.INFO, session=session.sid, error=type(exc).__name__)
+            session.end(grpc.StatusCode.CANCELLED, "read failed (transport error)")
 
 
 _SERVICE = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"]
@@ -378,11 +405,14 @@ def register_service(server: grpc.aio.Server, service: ServiceDescriptor,
                      handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]) -> None:
     """Register `handlers` (method name -> handler) for `service` on
     `server` as the generated add_*_to_server functions do (a generic
-    handler and the registered method handlers). RuntimeError, and nothing
-    registered, if a method of the service has no handler."""
+    handler and the registered method handlers), each one run under
+    coordinator/rpc_guard.py (requests with ids out of range refused,
+    unexpected exceptions answered INTERNAL with a fixed text). RuntimeError,
+    and nothing registered, if a method of the service has no handler."""
     unregistered = {m.name for m in service.methods} - set(handlers)
     if unregistered:
         raise RuntimeError(f"{service.full_name} methods without a handler: {sorted(unregistered)}")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
+    guarded = guard_handlers(service.full_name, handlers)  # id bounds, no exception text to a peer (D83)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, guarded),))
+    server.add_registered_method_handlers(service.full_name, guarded)
 

@@ -19,6 +19,14 @@
 - Garbage metrics (`--fault-garbage-metrics`, a hostile device): every
   device of the process puts 2^32 - 1 in each of its metric coordinates
   instead of its limbs (D35); its update is left as it is.
+- Forged metrics (`--fault-forged-metric NAME=VALUE`, a hostile device
+  that writes its metric coordinates itself): every device of the process
+  puts VALUE in the slot NAME (`wire.round_metrics.SLOTS`) instead of its
+  own value, NOT clamped to the slot's per-device bound: in the slot's
+  units, split into its limbs least significant first, what does not fit
+  left in the top limb (mod 2^32). Its other slots and its update are its
+  own. It shows what the coordinator can and cannot tell from the totals
+  (D35).
 - Garbage shares (`--fault-garbage-shares`, a hostile device): every
   device of the process replaces the sealed shares of its ShareKeys with
   random bytes of the same length, so no peer can open them (D37).
@@ -30,8 +38,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from dataclasses import dataclass
 
@@ -39,6 +48,7 @@ import numpy as np
 
 from secagg.messages import ShareReceipt, ShareRelay
 from secagg.stages import Stage
+from wire.round_metrics import SLOTS, MetricLayout
 
 # CLI names of the stages a device can drop at, in protocol order.
 DROP_STAGES: dict[str, Stage] = {s.cli_name: s for s in Stage}
@@ -53,6 +63,8 @@ class FaultPlan:
     crash_after_round: int | None = None
     delay_ms: float = 0.0
     garbage_metrics: bool = False
+    #: (slot name, value) pairs of forged metrics (see the module doc).
+    forged_metrics: tuple[tuple[str, float], ...] = ()
     garbage_shares: bool = False
     false_reports: bool = False
     exit: Callable[[int], None] = os._exit
@@ -68,6 +80,11 @@ class FaultPlan:
             raise ValueError("--delay-ms must be >= 0")
         if self.crash_after_round is not None and self.crash_after_round < 0:
             raise ValueError("--crash-after-round must be >= 0")
+        for name, value in self.forged_metrics:
+            if name not in SLOTS:
+                raise ValueError(f"--fault-forged-metric: unknown metric {name[:64]!r}; one of {', '.join(SLOTS)}")
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"--fault-forged-metric {name}: the value must be a finite number >= 0")
 
     def drop_stage_of(self, device_id: int, round_number: int) -> Stage | None:
         """The stage at which this device goes silent this round, or None."""
@@ -94,3 +111,25 @@ class FaultPlan:
     def crash(self) -> None:
         """Exit abruptly (os._exit: no finally blocks, no atexit, no stream close)."""
         self.exit(CRASH_EXIT_CODE)
+
+
+def forged_metric_limbs(layout: MetricLayout, own: np.ndarray, forged: Mapping[str, float]) -> np.ndarray:
+    """A hostile device's metric coordinates (uint32): `own` (its honest
+    limbs, `layout.encode` of its values) with each slot named in `forged`
+    holding that value instead, unclamped (see the module doc)."""
+    out = np.array(own, dtype=np.uint32, copy=True)
+    if layout.integers is None:
+        return out
+    integers = layout.integers
+    i = 0
+    for name in layout.names:
+        slot = SLOTS[name]
+        n = integers.limbs(slot.bound)
+        if name in forged:
+            units = int(round(forged[name] / slot.unit))
+            for j in range(n):
+                last = j == n - 1
+                out[i + j] = (units if last else units & integers.limb_max) % (1 << 32)
+                units >>= integers.limb_bits
+        i += n
+    return out

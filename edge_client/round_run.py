@@ -42,7 +42,8 @@ from cryptography import x509
 import wire
 from edge_client.contributions import ContributionRule
 from edge_client.devices import Device
-from edge_client.faults import FaultPlan
+from edge_client.faults import FaultPlan, forged_metric_limbs
+from edge_client.state import DIR_MODE, FILE_MODE
 from edge_client.trainer import TrainOutput
 from fedmask_proto.v1 import secagg_pb2, session_pb2
 from secagg import messages as sm
@@ -148,6 +149,8 @@ class RoundRun:
                 values = self.train.device_metrics(dr.row)
             except Exception:  # a metric must never cost the update: zeros, seen as unavailable
                 log.exception("round %d, %s: metrics failed", self.view.round_number, dr.device.local_id)
+        if self.io.faults.forged_metrics:  # fault injection: a hostile device writing its own limbs
+            return forged_metric_limbs(layout, layout.encode(values), dict(self.io.faults.forged_metrics))
         return layout.encode(values)
 
     # ------------------------------------------------------------ replies
@@ -214,14 +217,34 @@ class RoundRun:
         return RoundEvent(self.view.round_number, outcome, len(self.devices), detail)
 
 
+def _private_dir(path: Path) -> None:
+    """`path` and its missing parents made owner-only (DIR_MODE, like the
+    state dir); `path` itself tightened if it exists (an older release made
+    them 0755)."""
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=DIR_MODE, exist_ok=True)
+        os.chmod(d, DIR_MODE)  # mkdir's mode passes through the umask
+    os.chmod(path, DIR_MODE)
+
+
 def record_input(folder: Path, round_number: int, device_id: int, encoded: np.ndarray) -> None:
     """DEBUG ONLY: FOLDER/round-NNNNNN/device-ID.npy (uint32, what secagg masks);
-    a failure is logged, never raised (a debug aid never stops a round)."""
+    a failure is logged, never raised (a debug aid never stops a round).
+    The encoded input is the device's update in the clear, as private as its
+    state: the folders are 0700 and the files 0600, whatever the umask."""
     sub = folder / f"round-{round_number:06d}"
     try:
-        sub.mkdir(parents=True, exist_ok=True)
+        _private_dir(folder)
+        _private_dir(sub)
         tmp = sub / f".device-{device_id}.npy.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), FILE_MODE)  # a temp file a crash left behind keeps its old mode otherwise
             np.save(f, encoded, allow_pickle=False)
         os.replace(tmp, sub / f"device-{device_id}.npy")
     except OSError as e:

@@ -49,8 +49,10 @@ _LOCAL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 TEMP_MARK = ".tmp-"
 
 
-#: Every state folder: owner only (files are 0600).
+#: Every state folder: owner only (files are FILE_MODE).
 DIR_MODE = 0o700
+#: Every state file: owner read/write only.
+FILE_MODE = 0o600
 
 
 class StateError(Exception):

@@ -12,7 +12,9 @@ Each slot is a count (unit 1, exact) or a real sum in fixed point (unit
 1e-6: a device's value is rounded to the nearest 1e-6, so a total over m
 devices is within m * 5e-7 of the sum of their values). A device clamps
 its value to [0, max_value] before encoding (max_value is per device and
-stated in `SLOTS`), so an honest total never exceeds m * max_value. The
+stated in `SLOTS`: what one honest device can report where the protocol
+fixes it, e.g. one held-out item per device in the sampled ranking, else a
+deployment-wide bound), so an honest total never exceeds m * max_value. The
 cohort size n and the round's modulus fix the limb width
 (`IntegerSumEncoding.for_encoding`), so no total over any part of the
 cohort can wrap; with w = 32 and n = 1,000 the limbs are 22 bits and the
@@ -21,6 +23,14 @@ largest layout (an explicit model with DP) takes 12 coordinates.
 `MetricLayout.decode` gives the totals as (sums, counts) in the names of
 `coordinator.metric_rules`, or raises `MetricRangeError` when a limb sum is
 out of range (some device put a value outside its slot there).
+
+What the bounds cannot do (D35): the coordinator sees only the totals, so
+it checks them against m * max_value, not each device's value. A device
+that writes its limbs itself moves a total anywhere inside that window
+(and the rules of `coordinator.metric_rules`), e.g. the sampled hits up to
+the sampled count, which is a hit rate of 1.0. A tight bound narrows the
+window (no more 10^6 users from one device); only a range check of each
+input inside the secure sum would bound one device's effect.
 """
 
 from __future__ import annotations
@@ -37,7 +47,13 @@ from wire.errors import WireError
 
 #: A RoundTask names at most this many metrics.
 MAX_METRICS = 16
-#: Validation users / ratings one device may report (per count slot).
+#: Held-out validation items one device has in the sampled ranking protocol
+#: (models/evaluation.py, the NCF protocol): a device is one user, with one
+#: held-out item. The sampled hit, NDCG and user slots are bounded by it.
+HELD_OUT_PER_DEVICE = 1
+#: Validation ratings one device may report: a user's, or a whole
+#: platform's in a cross-silo federation (D68), so no smaller bound holds
+#: for every device that reports them.
 MAX_VALIDATION_PER_DEVICE = 1_000_000
 #: Training examples one device may report.
 MAX_EXAMPLES_PER_DEVICE = 10_000_000
@@ -89,9 +105,10 @@ SLOTS: dict[str, MetricSlot] = _slots(
     MetricSlot("examples", True, MAX_EXAMPLES_PER_DEVICE),  # training positives / ratings
     MetricSlot("update_norm", False, 1e6),  # pre-clipping L2 norm of the update
     MetricSlot("clipped", True, 1),  # 1 if the device's update was clipped
-    MetricSlot("val_sampled_hits@10", True, _V),
-    MetricSlot("val_sampled_ndcg@10", False, _V),
-    MetricSlot("val_sampled_count", True, _V),
+    # one held-out item per device: at most 1 hit, NDCG at most 1, 1 user
+    MetricSlot("val_sampled_hits@10", True, HELD_OUT_PER_DEVICE),
+    MetricSlot("val_sampled_ndcg@10", False, float(HELD_OUT_PER_DEVICE)),
+    MetricSlot("val_sampled_count", True, HELD_OUT_PER_DEVICE),
     MetricSlot("val_sse", False, 100.0 * _V),  # squared errors: at most RATING_SPAN^2 per rating
     MetricSlot("val_sae", False, 10.0 * _V),
     MetricSlot("val_rating_count", True, _V),
@@ -159,6 +176,7 @@ EMPTY_LAYOUT = MetricLayout((), None)
 
 __all__ = [
     "EMPTY_LAYOUT",
+    "HELD_OUT_PER_DEVICE",
     "MAX_METRICS",
     "MetricLayout",
     "MetricRangeError",

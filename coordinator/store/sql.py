@@ -23,8 +23,10 @@ Concurrency:
     clock readings included, afresh on each attempt). An error whose
     outcome is unknown (the connection dropped during COMMIT) is never
     retried. Enrolment also retries a unique-key violation on the devices
-    key: the concurrent enrolment of the same key committed first, and the
-    next attempt returns that device as already enrolled.
+    key or user handle: the concurrent enrolment of the same key committed
+    first, and the next attempt returns that device as already enrolled
+    (it reads keys and handles in one statement, one snapshot; see
+    `enroll_devices`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import ColumnElement, Engine, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -155,24 +157,35 @@ class SqlStore(SqlShareReports):
     ) -> list[tuple[DeviceRecord, bool]]:
         keys = check_enrollment_batch(devices)
 
+        handles = [local_id for _, local_id in devices if local_id]
+        wanted_keys = set(keys)
+        in_the_way: ColumnElement[bool] = DeviceRow.identity_public_key.in_(keys)
+        if handles:
+            in_the_way = or_(in_the_way, DeviceRow.local_id.in_(handles))
+
         def body(s: Session) -> list[tuple[DeviceRecord, bool]]:
-            found = {
-                bytes(r.identity_public_key): r
-                for r in s.scalars(select(DeviceRow).where(DeviceRow.identity_public_key.in_(keys)))
-            }
+            # ONE statement reads the batch's keys and handles: under READ
+            # COMMITTED each statement has its own snapshot, so with two
+            # statements a concurrent enrolment of the same keys and handles
+            # could commit in between and its handles read as taken by
+            # another device. In one snapshot a handle's holder is either
+            # the same key (found: the device is returned as enrolled) or
+            # another device. A concurrent enrolment not yet committed is
+            # caught by the unique indexes; the retry then reads it here.
+            rows = list(s.scalars(select(DeviceRow).where(in_the_way)))
+            found = {bytes(r.identity_public_key): r for r in rows if bytes(r.identity_public_key) in wanted_keys}
             for i, key in enumerate(keys):
                 row = found.get(key)
                 if row is not None:
                     reason = enrollment_refusal(DeviceStatus(row.status), row.client_id, client_id)
                     if reason is not None:
                         raise EnrollmentConflictError(i, row.id, reason)
-            # User handles of the new keys: taken ones refuse the batch (the
-            # unique index catches a concurrent taker; the retry then lands here).
-            wanted = {devices[i][1]: i for i, k in enumerate(keys) if k not in found and devices[i][1]}
-            if wanted:
-                for holder in s.scalars(select(DeviceRow).where(DeviceRow.local_id.in_(list(wanted)))):
-                    raise EnrollmentConflictError(wanted[holder.local_id], holder.id,
-                                                  EnrollmentConflictError.HANDLE_TAKEN)
+            # User handles of the new keys: one held by any device refuses the batch.
+            holders = {r.local_id: r for r in rows if r.local_id}
+            for i, key in enumerate(keys):
+                holder = holders.get(devices[i][1]) if key not in found and devices[i][1] else None
+                if holder is not None:
+                    raise EnrollmentConflictError(i, holder.id, EnrollmentConflictError.HANDLE_TAKEN)
             enrolled_at = self._clock()
             new: dict[bytes, DeviceRow] = {}
             # Inserted in key order: concurrent batches lock the unique index in one order.

@@ -21,7 +21,13 @@ Once the first round has committed, the bench process itself sends for
   not in;
 - `enrol_flood`: Enroll calls of 50 fresh devices each, half of them
   signed over a fresh challenge (keys the sender holds), half with forged
-  possession signatures; the coordinator's limits and checks decide.
+  possession signatures; the coordinator's limits and checks decide;
+- `huge_ids`: Session streams carrying, in one 64-bit integer field of a
+  ClientMessage picked at random among all of them (a device id, a round
+  number, a peer in a share receipt, a heartbeat's clock...), a value
+  the store cannot hold: 2^63 or 2^64 - 1 (-1 for a signed field). Each
+  must be refused INVALID_ARGUMENT (D83); `huge_id_answers` counts the
+  status codes they got.
 
 Result (last stdout line, JSON): `ok`, `coordinator_crashes` (the
 coordinator exited before the bench stopped it), `rounds_committed`,
@@ -29,8 +35,10 @@ coordinator exited before the bench stopped it), `rounds_committed`,
 `aggregates_exact` (every committed round's sum equals, bit for bit, the
 sum of its counted devices' encoded inputs as they recorded them),
 `honest_devices_dropped` (honest devices dropped from any round), the
-attack counts and the per-round table. `ok` = no crash, at least one round
-committed, none aborted, every aggregate exact and no honest device dropped.
+attack counts, `huge_id_answers` and the per-round table. `ok` = no crash,
+at least one round committed, none aborted, every aggregate exact, no
+honest device dropped and no huge id answered INTERNAL or UNKNOWN (an
+exception inside the coordinator).
 Every round has enough honest devices by construction (H >= the threshold of
 the full cohort), so each one must commit.
 """
@@ -60,7 +68,9 @@ from fedmask.bench.loopback_federation import (
 )
 from fedmask.bench.processes import LOOPBACK, ProcessFailed, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
-ATTACKS = ("random_bytes", "malformed", "oversized", "out_of_order", "enrol_flood")
+ATTACKS = ("random_bytes", "malformed", "oversized", "out_of_order", "enrol_flood", "huge_ids")
+#: What a huge id must never be answered: the coordinator raised inside.
+EXCEPTION_CODES = ("INTERNAL", "UNKNOWN")
 HOSTILE_DEVICES = 2  # per hostile client process
 _SESSION = "/fedmask.v1.CoordinatorService/Session"
 _ENROLL = "/fedmask.v1.CoordinatorService/Enroll"
@@ -147,6 +157,31 @@ def _out_of_order(channel: grpc.Channel, rng: random.Random) -> None:
     _stream(channel, [m.SerializeToString() for m in msgs])
 
 
+def _huge_ids(channel: grpc.Channel, rng: random.Random) -> str:
+    """One Session stream with a value out of 0..2^63-1 in a random 64-bit
+    integer field of a ClientMessage, where the stream's contract puts that
+    message (a Hello first, DeviceProofs second, the rest after them); the
+    status code name it ended with."""
+    from fedmask_proto.v1 import session_pb2
+    from wire.id_bounds import int64_field_paths, message_with, out_of_range_values
+    from wire.protocol import PROTOCOL_VERSION
+
+    C = session_pb2.ClientMessage
+    path = rng.choice(int64_field_paths(C))
+    bad = message_with(C, path, rng.choice(out_of_range_values(C, path)))
+    hello = C(hello=session_pb2.Hello(client_name="hostile", protocol_version=PROTOCOL_VERSION))
+    proof = C(proof=session_pb2.DeviceProofs())
+    kind = path.split(".")[0]
+    stream = [bad, proof] if kind == "hello" else [hello, bad] if kind == "proof" else [hello, proof, bad]
+    call = channel.stream_stream(_SESSION, request_serializer=_identity, response_deserializer=_identity)
+    try:
+        for _ in call(iter([m.SerializeToString() for m in stream]), timeout=2.0):
+            pass
+    except grpc.RpcError as exc:
+        return str(exc.code().name)
+    return "OK"
+
+
 def _enrol_flood(channel: grpc.Channel, rng: random.Random) -> None:
     """50 fresh devices per call: every other call properly signed over a
     fresh challenge (a token holder enrolling keys it holds), the others
@@ -174,7 +209,7 @@ def _enrol_flood(channel: grpc.Channel, rng: random.Random) -> None:
 
 
 def _attacker(kind: str, port: int, rate: float, seed: int, stop: threading.Event,
-              counts: dict[str, int]) -> Callable[[], None]:
+              counts: dict[str, int], answers: dict[str, int]) -> Callable[[], None]:
     def run() -> None:
         rng = random.Random(f"{seed}-{kind}")
         options = [("grpc.max_send_message_length", 8 << 20), ("grpc.enable_retries", 0)]
@@ -185,6 +220,9 @@ def _attacker(kind: str, port: int, rate: float, seed: int, stop: threading.Even
                 try:
                     if kind == "random_bytes":
                         _random_bytes(port, rng)
+                    elif kind == "huge_ids":
+                        code = _huge_ids(channel, rng)
+                        answers[code] = answers.get(code, 0) + 1
                     else:
                         {"malformed": _malformed, "oversized": _oversized, "out_of_order": _out_of_order,
                          "enrol_flood": _enrol_flood}[kind](channel, rng)
@@ -253,6 +291,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     ]
     state_dirs = [work / name for name, _, _ in roles]
     counts = dict.fromkeys(ATTACKS, 0)
+    huge_id_answers: dict[str, int] = {}
     stop = threading.Event()
     crashed = False
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
@@ -272,8 +311,8 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         wait_until(lambda: _committed(db) >= 1, 120, what="the first round to commit", watch=group.children,
                    step=0.5)
         log(f"first round committed; attacks for {cfg.seconds:.0f} s")
-        attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts), daemon=True,
-                                      name=f"attack-{k}") for k in ATTACKS]
+        attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts, huge_id_answers),
+                                      daemon=True, name=f"attack-{k}") for k in ATTACKS]
         for t in attackers:
             t.start()
         t_end = time.monotonic() + cfg.seconds
@@ -312,7 +351,8 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         per_round.append({"round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
                           "seconds": seconds, "counted": len(r.survivors.get("masked_input", [])), "exact": exact,
                           "dropped": sorted(dropped), "metrics_unavailable": bool(r.metrics.get("metrics_unavailable"))})
-    ok = not crashed and committed >= 1 and aborted == 0 and exact_all and not honest_dropped
+    raised = sum(huge_id_answers.get(code, 0) for code in EXCEPTION_CODES)
+    ok = not crashed and committed >= 1 and aborted == 0 and exact_all and not honest_dropped and not raised
     return {
         "ok": ok,
         "coordinator_crashes": int(crashed),
@@ -321,6 +361,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         "aggregates_exact": exact_all,
         "honest_devices_dropped": len(honest_dropped),
         "attacks": counts,
+        "huge_id_answers": huge_id_answers,
         "seconds": cfg.seconds,
         "rounds": per_round,
     }

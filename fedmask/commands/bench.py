@@ -153,7 +153,7 @@ def hostile(
 ) -> None:
     """Run live secure rounds under hostile traffic and check nothing breaks.
 
-    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates) while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages and enrolment floods to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact and honest_devices_dropped (target: no crash, every round commits exactly, no honest device dropped).
+    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates) while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages, enrolment floods and ids of 2^63 or more to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact, honest_devices_dropped and huge_id_answers (target: no crash, every round commits exactly, no honest device dropped, no huge id answered INTERNAL or UNKNOWN).
     """
     from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
 

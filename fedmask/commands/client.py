@@ -23,6 +23,7 @@ from fedmask.commands.client_options import (
     DropStageOption,
     ExitAfterRoundsOption,
     FaultFalseReportsOption,
+    FaultForgedMetricOption,
     FaultGarbageMetricsOption,
     FaultGarbageSharesOption,
     InsecureTokenWithoutTlsOption,
@@ -83,6 +84,7 @@ def client(
     drop_rate: DropRateOption = 0.0,
     drop_stage: DropStageOption = None,
     fault_garbage_metrics: FaultGarbageMetricsOption = False,
+    fault_forged_metric: FaultForgedMetricOption = None,
     fault_garbage_shares: FaultGarbageSharesOption = False,
     fault_false_reports: FaultFalseReportsOption = False,
     crash_after_round: CrashAfterRoundOption = None,
@@ -119,7 +121,8 @@ def client(
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
     faults = _fault_plan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
                          delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares,
-                         false_reports=fault_false_reports)
+                         false_reports=fault_false_reports,
+                         forged_metrics=fault_forged_metric or [])
     hosting = _platform_hosting(users, platform, platforms, dirichlet_beta)
     floor = _cohort_floor(min_cohort, min_threshold, hosting)
     dp_floor = _dp_floor(min_dp, min_noise_multiplier, max_dp_clip, off=no_dp_floor)
@@ -168,7 +171,7 @@ def _configure_logging(log_level: str, coordinator: str, *, token: str | None, t
 
 
 def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_after_round: int | None,
-                delay_ms: float, garbage_metrics: bool, garbage_shares: bool,
+                delay_ms: float, garbage_metrics: bool, garbage_shares: bool, forged_metrics: list[str],
                 false_reports: bool = False) -> FaultPlan:
     """The fault-injection options, checked (typer.BadParameter naming the option)."""
     from edge_client.faults import DROP_STAGES, FaultPlan
@@ -179,9 +182,21 @@ def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_af
         raise typer.BadParameter("--drop-rate needs --drop-stage", param_hint="--drop-stage")
     if crash_after_round is not None and crash_after_round < 0:
         raise typer.BadParameter("must be >= 0", param_hint="--crash-after-round")
-    return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
-                     delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares,
-                     false_reports=false_reports)
+    forged: list[tuple[str, float]] = []
+    for item in forged_metrics:
+        name, sep, value = item.partition("=")
+        try:
+            forged.append((name, float(value)))
+        except ValueError:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--fault-forged-metric") from None
+        if not sep:
+            raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--fault-forged-metric")
+    try:
+        return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
+                         delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares,
+                         forged_metrics=tuple(forged), false_reports=false_reports)
+    except ValueError as exc:  # the message names the option
+        raise typer.BadParameter(str(exc)) from None
 
 
 def _platform_hosting(users: str | None, platform: int | None, platforms: int, beta: float) -> PlatformHosting | None:

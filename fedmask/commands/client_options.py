@@ -107,6 +107,12 @@ FaultGarbageMetricsOption = Annotated[
                        "its metric coordinates. The coordinator can only mark the round's metrics "
                        "unavailable.")
 ]
+FaultForgedMetricOption = Annotated[
+    list[str] | None, typer.Option("--fault-forged-metric", metavar="NAME=VALUE", help="Fault injection (a "
+                                   "hostile device, for tests and benchmarks; repeatable): every device of this "
+                                   "process reports VALUE for the round metric NAME instead of its own, not "
+                                   "clamped to what one device may report (D35).")
+]
 FaultGarbageSharesOption = Annotated[
     bool, typer.Option("--fault-garbage-shares", help="Fault injection (a hostile device, for tests and "
                        "benchmarks): every device of this process seals random bytes instead of its shares, "
@@ -194,8 +200,9 @@ DirichletBetaOption = Annotated[float, typer.Option(
 
 DebugRecordInputsOption = Annotated[
     bool, typer.Option("--debug-record-inputs", help="DEBUG ONLY (loopback coordinator): write each device's "
-                       "encoded input of every round to STATE_DIR/debug/inputs/, so tests and benchmarks can "
-                       "check the aggregate exactly.", rich_help_panel="Debug")
+                       "encoded input of every round to STATE_DIR/debug/inputs/ (owner-only: 0700 folders, 0600 files; "
+                       "each is the device's update in the clear), so tests and benchmarks can check the "
+                       "aggregate exactly.", rich_help_panel="Debug")
 ]
 DebugAllowInsecurePlaintextOption = Annotated[
     bool, typer.Option("--debug-allow-insecure-plaintext", help="INSECURE, benchmarks only (loopback "

@@ -195,3 +195,69 @@ def test_parallel_enrolment_with_live_rounds(backend: Any) -> None:
     versions = main.list_model_versions(limit=1000).items
     assert sorted(v.round_number for v in versions if v.round_number is not None) == sorted(committed)
 
+
+
+TWIN_ROUNDS = 40
+
+
+@pytest.mark.timeout(60)
+def test_the_same_fresh_keys_and_handles_enrolled_twice_at_once_get_the_same_ids(backend: Any) -> None:
+    """Two calls of one client enrol the same fresh keys with the same user
+    handles at the same moment (a retried RPC racing its original), while
+    other enrolments run: both calls return the same ids, never a refusal
+    (D23: enrolment is idempotent per key, also against a concurrent call).
+    On PostgreSQL under READ COMMITTED the other call can commit between
+    the lookup of the keys and the lookup of the handles; that must not
+    read as "the handle is taken"."""
+    stores: list[Store] = []
+
+    def own_store() -> Store:
+        if backend.url is None:
+            return backend.store
+        s = open_store(backend.url, migrate=False)
+        stores.append(s)
+        return s
+
+    twins = [own_store(), own_store()]
+    others = [own_store(), own_store()]
+    gate = threading.Barrier(2)
+    got: dict[int, list[list[tuple[int, bool]]]] = {0: [], 1: []}
+    stop = threading.Event()
+
+    def twin(t: int) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                for r in range(TWIN_ROUNDS):
+                    batch = [(key(50_000 + 4 * r + i), f"twin-{r}-{i}") for i in range(4)]
+                    gate.wait(10)
+                    got[t].append([(rec.id, new) for rec, new in twins[t].enroll_devices(batch, client_id="client-a")])
+            except BaseException:
+                gate.abort()  # the other twin stops waiting
+                raise
+            finally:
+                stop.set()
+
+        return run
+
+    def other(o: int) -> Callable[[], None]:
+        def run() -> None:
+            n = 0
+            while not stop.is_set():
+                first = 100_000 + 1_000 * o + 4 * n
+                others[o].enroll_devices([(key(first + i), f"other-{o}-{n}-{i}") for i in range(4)],
+                                         client_id="client-b")
+                n += 1
+                stop.wait(0.002)
+
+        return run
+
+    try:
+        errors = run_threads([twin(0), twin(1), other(0), other(1)])
+    finally:
+        for s in stores:
+            s.close()
+    assert errors == [], f"{len(errors)} failed calls, first: {errors[0]!r}"
+    assert len(got[0]) == len(got[1]) == TWIN_ROUNDS
+    for a, b in zip(got[0], got[1], strict=True):
+        assert [i for i, _ in a] == [i for i, _ in b], "the two calls got different ids"
+        assert all(x != y for (_, x), (_, y) in zip(a, b, strict=True)), "each key is new to exactly one call"

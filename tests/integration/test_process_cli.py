@@ -42,8 +42,9 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
 
 def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     """Hostile traffic over real processes: garbage shares and metrics inside the
-    cohorts, random bytes, malformed, oversized and out-of-order messages
-    and enrolment floods at the port; the rounds go on, exact."""
+    cohorts, random bytes, malformed, oversized and out-of-order messages,
+    enrolment floods and ids of 2^63 or more at the port; the rounds go on,
+    exact."""
     p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "8", "--dim", "64",
                                       "--rate", "5"])
     assert p.wait(120) == 0, p.tail()
@@ -51,6 +52,10 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     assert r["ok"] is True and r["coordinator_crashes"] == 0 and r["rounds_aborted"] == 0
     assert r["rounds_committed"] >= 1 and r["aggregates_exact"] is True and r["honest_devices_dropped"] == 0
     assert all(n > 0 for n in r["attacks"].values())
+    # ids of 2^63 or more: refused INVALID_ARGUMENT (or turned away earlier by the per-peer limits), never an
+    # exception inside the coordinator (D83)
+    answers = r["huge_id_answers"]
+    assert answers.get("INVALID_ARGUMENT", 0) > 0 and not {"INTERNAL", "UNKNOWN", "OK"} & set(answers), answers
     first = r["rounds"][0]
     assert len(first["dropped"]) == 2  # the garbage-share devices, reported at the share check
     assert first["metrics_unavailable"] is True  # the garbage-metric devices cost only the metrics

@@ -18,7 +18,7 @@ EXPLICIT = ("devices", "examples", "update_norm", "clipped", "val_sse", "val_sae
 
 
 def test_layouts_are_small_at_the_largest_cohorts() -> None:
-    assert MetricLayout.for_round(IMPLICIT, ENC_1000).coordinates == 10
+    assert MetricLayout.for_round(IMPLICIT, ENC_1000).coordinates == 9  # 1 limb for each sampled slot
     assert MetricLayout.for_round(EXPLICIT, ENC_1000).coordinates == 12
     assert MetricLayout.for_round((), ENC_1000).coordinates == 0
 
@@ -60,3 +60,41 @@ def test_out_of_range_limbs_are_reported() -> None:
     bad = np.full(layout.coordinates, 0xFFFFFFFF, dtype=np.uint32)
     with pytest.raises(MetricRangeError):
         layout.decode(bad, 3)
+
+
+def test_the_sampled_slots_hold_what_one_device_reports_and_no_more() -> None:
+    """One held-out item per device: a device's sampled count, hits and
+    NDCG are at most 1; a device reporting more is clamped, and totals
+    above the number of devices are refused."""
+    assert {n: SLOTS[n].max_value for n in ("val_sampled_hits@10", "val_sampled_ndcg@10", "val_sampled_count")} == {
+        "val_sampled_hits@10": 1, "val_sampled_ndcg@10": 1.0, "val_sampled_count": 1}
+    layout = MetricLayout.for_round(IMPLICIT, ENC_1000)
+    _, counts = layout.decode(layout.encode({"val_sampled_count": 10**6, "val_sampled_hits@10": 10**6}), 1)
+    assert counts["val_sampled_count"] == counts["val_sampled_hits@10"] == 1
+
+
+def test_what_one_hostile_device_can_still_do_to_the_sampled_totals() -> None:
+    """D35's remaining bias, recorded: m - 1 honest devices (hit rate 0.3)
+    and one device writing its own limbs. The old worst case (10^6 users,
+    all hits) is out of range now; but adding hits up to the count keeps
+    every total in range and every rule of coordinator.metric_rules, and
+    reads as a hit rate of 1.0. The coordinator sees only totals: no bound
+    per slot can stop that (a range check per input inside the secure sum
+    could)."""
+    from coordinator.metric_rules import metric_violation
+    from edge_client.faults import forged_metric_limbs
+
+    m = 100
+    layout = MetricLayout.for_round(IMPLICIT, ENC_1000)
+    honest = [layout.encode({"devices": 1, "val_sampled_count": 1, "val_sampled_hits@10": int(i < 30),
+                             "val_sampled_ndcg@10": 0.5 * (i < 30)}) for i in range(m - 1)]
+
+    def totals(hostile: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
+        limbs = [*honest, forged_metric_limbs(layout, layout.encode({"devices": 1}), hostile)]
+        return layout.decode(np.stack(limbs).sum(axis=0, dtype=np.uint64).astype(np.uint32), m)
+
+    with pytest.raises(MetricRangeError):  # the old worst case: refused
+        totals({"val_sampled_count": 1e6, "val_sampled_hits@10": 1e6, "val_sampled_ndcg@10": 1e6})
+    sums, counts = totals({"val_sampled_count": 1, "val_sampled_hits@10": m - 30, "val_sampled_ndcg@10": 0})
+    assert metric_violation(sums, counts, m) is None
+    assert counts["val_sampled_hits@10"] / counts["val_sampled_count"] == 1.0  # from 0.3: one device did it
