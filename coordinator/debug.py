@@ -13,8 +13,9 @@ given to secagg) checks the aggregate bit for bit:
     total = np.sum(encoded_inputs_of_counted_devices, axis=0, dtype=np.uint64).astype(np.uint32)
     assert encoded_checksum(total) == record.metrics["debug.encoded_checksum"]
 
-and the float sum to within the quantization step (n * step / 2 per
-coordinate). The sum is what the secagg server learns by design; the flag
+(the recorded sum is reduced mod 2^w, the round's modulus; an honest sum is
+below 2^w, so the two agree bit for bit) and the float sum to within the
+quantization step (n * step / 2 per coordinate). The sum is what the secagg server learns by design; the flag
 only persists it, so it is refused off loopback.
 """
 

@@ -100,7 +100,7 @@ class AggregateResult:
     """What the secagg server produced: the exact encoded sum and its decoding."""
 
     counted: tuple[int, ...]  # device ids whose inputs are in the sum (U3)
-    encoded_sum: np.ndarray  # uint32 (L + M,): the whole unmasked sum, metric limbs included
+    encoded_sum: np.ndarray  # uint32 (L + M,): the whole unmasked sum mod 2^w, metric limbs included
     decoded_sum: np.ndarray  # float64 (L,): the model update's coordinates only
     decoded_mean: np.ndarray  # float64 (L,)
     metric_sums: np.ndarray  # uint32 (M,): the metric limbs' sums, undecoded
@@ -112,7 +112,15 @@ def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: n
     (its first L = vector_length - metrics.coordinates coordinates, decoded
     with the round's fixed-point encoding) and the metric limbs (the rest).
     The two parts are separate coordinates of a coordinatewise sum, so
-    nothing in the metric limbs changes the model update."""
+    nothing in the metric limbs changes the model update.
+
+    The whole sum is first reduced mod 2^w (`FixedPointEncoding.reduce`), the
+    ring both the fixed-point encoding and the metric limbs are defined in:
+    the secagg server unmasks mod 2^32, and a hostile device's out-of-range
+    input would otherwise reach 2^(32 - w) times further (D86). An honest
+    sum is below 2^w and passes unchanged, so `encoded_sum` stays the exact
+    sum of the counted devices' encoded inputs."""
+    encoded_sum = config.encoding.reduce(encoded_sum)
     length = config.vector_length - metrics.coordinates
     model = encoded_sum[:length]
     decoded = config.encoding.decode_sum(model, len(counted))

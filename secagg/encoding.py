@@ -17,8 +17,14 @@ Rounding is stochastic (unbiased: floor(v + u), u ~ U[0, 1)) when a numpy
 Generator is passed, deterministic (round half up) otherwise. That generator
 is only for rounding; masks never use numpy's RNG (see prg.py).
 
-Decoding the sum of m encoded vectors: sum / scale - m * c; the mean divides
-that by m (the number of counted devices).
+Decoding the sum of m encoded vectors: (sum mod 2^w) / scale - m * c; the
+mean divides that by m (the number of counted devices). The reduction mod 2^w
+is the protocol's own ring: the secagg server unmasks mod 2^32, and since 2^w
+divides 2^32 the word it returns is congruent to the exact sum mod 2^w. An
+honest sum is below 2^w, so the reduction leaves it as it is, bit for bit;
+a device that puts an arbitrary uint32 in its masked input (D86) can then
+put the decoded sum no further than (2^w - 1) / scale - m * c, the same reach
+relative to the clip whatever w is (without it, 2^(32 - w) times further).
 """
 
 from __future__ import annotations
@@ -134,14 +140,22 @@ class FixedPointEncoding:
         out: np.ndarray = v.astype(np.uint32)
         return out
 
-    def decode_sum(self, encoded_sum: np.ndarray, count: int) -> np.ndarray:
-        """Float sum of `count` clipped inputs from the exact encoded sum."""
-        if not (isinstance(count, int) and 0 < count <= self.num_clients):
-            raise ValueError(f"count must be in 1..{self.num_clients}, got {count!r}")
+    def reduce(self, encoded_sum: np.ndarray) -> np.ndarray:
+        """An unmasked sum (uint32 words, mod 2^32) as an element of Z_{2^w}:
+        a new np.uint32 vector of its words mod 2^w (see the module doc). The
+        identity on an honest sum (below 2^w)."""
         s = np.asarray(encoded_sum)
         if s.dtype != np.uint32:
             raise TypeError(f"encoded sum must be uint32, got {s.dtype}")
-        return s.astype(np.float64) / self.scale - count * self.clip
+        out: np.ndarray = s & np.uint32((1 << self.modulus_bits) - 1)
+        return out
+
+    def decode_sum(self, encoded_sum: np.ndarray, count: int) -> np.ndarray:
+        """Float sum of `count` clipped inputs from the exact encoded sum
+        (reduced mod 2^w first, see the module doc)."""
+        if not (isinstance(count, int) and 0 < count <= self.num_clients):
+            raise ValueError(f"count must be in 1..{self.num_clients}, got {count!r}")
+        return self.reduce(encoded_sum).astype(np.float64) / self.scale - count * self.clip
 
     def decode_mean(self, encoded_sum: np.ndarray, count: int) -> np.ndarray:
         """Float mean of `count` clipped inputs from the exact encoded sum."""
