@@ -104,6 +104,23 @@ def in_force(quarantines: Iterable[Quarantine], next_round: int, now: datetime) 
     return [q for q in quarantines if q.released_at is None and next_round < q.until_round and now < q.until]
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaRefusal:
+    """A device reported by enough credentials in enough rounds whose
+    quarantine the quota refused: fewer than `reporters` of its reporters
+    have quota left."""
+
+    device_id: int
+    reporters: tuple[str, ...]  # the credentials whose counted reports are in the window
+    with_quota: tuple[str, ...]  # those of them with quota left
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineDecision:
+    started: list[Quarantine]
+    refused: list[QuotaRefusal]
+
+
 def start_quarantines(
     policy: ReportPolicy, reports: Sequence[ShareReport], quarantines: Sequence[Quarantine],
     round_number: int, now: datetime,
@@ -111,6 +128,16 @@ def start_quarantines(
     """The quarantines the stored `reports` start after round
     `round_number` (ids 0; the store assigns them), given the stored
     `quarantines` (for the quota and the ones already in force)."""
+    return decide_quarantines(policy, reports, quarantines, round_number, now).started
+
+
+def decide_quarantines(
+    policy: ReportPolicy, reports: Sequence[ShareReport], quarantines: Sequence[Quarantine],
+    round_number: int, now: datetime,
+) -> QuarantineDecision:
+    """`start_quarantines`, and the devices whose reports met the reporter
+    and round counts but whose quarantine the credentials' quota refused
+    (the coordinator logs each refusal)."""
     oldest_round, oldest_at = report_window(policy, round_number, now)
     charge_since = now - timedelta(seconds=policy.window_s)
     charges: dict[str, int] = {}
@@ -124,12 +151,16 @@ def start_quarantines(
         if r.round_number >= oldest_round and r.at >= oldest_at and r.reported not in busy:
             by_device.setdefault(r.reported, []).append(r)
     started: list[Quarantine] = []
+    refused: list[QuotaRefusal] = []
     for device, recent in sorted(by_device.items()):
         if len({r.round_number for r in recent}) < policy.rounds:
             continue
-        able = sorted({r.reporter for r in recent if charges.get(r.reporter, 0) < policy.quota},
+        reporters = sorted({r.reporter for r in recent})
+        able = sorted((c for c in reporters if charges.get(c, 0) < policy.quota),
                       key=lambda c: (charges.get(c, 0), c))
         if len(able) < policy.reporters:
+            if len(reporters) >= policy.reporters:
+                refused.append(QuotaRefusal(device, tuple(reporters), tuple(sorted(able))))
             continue
         charged = tuple(sorted(able[: policy.reporters]))
         for c in charged:
@@ -139,7 +170,7 @@ def start_quarantines(
             until_round=round_number + 1 + policy.quarantine_rounds,
             until=now + timedelta(seconds=policy.quarantine_s), charged=charged,
         ))
-    return started
+    return QuarantineDecision(started, refused)
 
 
 def releases_for_minimum(active: Iterable[Quarantine], eligible: Iterable[int], minimum: int) -> list[Quarantine]:

@@ -24,11 +24,11 @@ from coordinator.logs import log_event
 from coordinator.peer_reports import (
     ReportPolicy,
     countable_reports,
+    decide_quarantines,
     forgettable,
     in_force,
     releases_for_minimum,
     report_window,
-    start_quarantines,
 )
 from coordinator.store import Store
 from coordinator.store.report_records import Quarantine, ShareReport
@@ -72,8 +72,13 @@ class ReportLedger:
         s.add_share_reports(counted)
         oldest_round, oldest_at = report_window(self.policy, round_number, now)
         s.forget_share_reports(before_round=oldest_round, before=oldest_at)
-        started = start_quarantines(self.policy, s.list_share_reports(), s.list_quarantines(), round_number, now)
-        started = s.add_quarantines(started)
+        decision = decide_quarantines(self.policy, s.list_share_reports(), s.list_quarantines(), round_number, now)
+        for r in decision.refused:  # the bound of D37 at work: a coalition spent its quota
+            log_event("quarantine_refused", logging.WARNING, round=round_number, device=r.device_id,
+                      reporters=",".join(r.reporters), with_quota=",".join(r.with_quota),
+                      why=f"fewer than {self.policy.reporters} reporting credentials have quota left "
+                          f"({self.policy.quota} quarantines per {self.policy.window_s:g} s each)")
+        started = s.add_quarantines(decision.started)
         self._load(round_number + 1, now)
         return started
 

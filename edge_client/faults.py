@@ -33,6 +33,12 @@
 - False reports (`--fault-false-reports`, a hostile device that follows the
   protocol otherwise): every device of the process names every sender whose
   shares were relayed to it in its ShareReceipt, as if none opened (D37).
+- False reports about a few (`--fault-false-reports-about IDS`, a hostile
+  device that accuses only the named devices): every device of the process
+  adds the relayed senders whose enrolled device id is in IDS to the
+  senders its ShareReceipt names (its honest reports stay). It keeps its
+  other edges, so it stays in the round and its reports count: the case
+  the per-credential quota of D37 bounds.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class FaultPlan:
     forged_metrics: tuple[tuple[str, float], ...] = ()
     garbage_shares: bool = False
     false_reports: bool = False
+    #: device ids every device of the process falsely reports (see the module doc)
+    false_reports_about: frozenset[int] = frozenset()
     exit: Callable[[int], None] = os._exit
 
     def __post_init__(self) -> None:
@@ -100,13 +108,22 @@ class FaultPlan:
     def should_crash_after(self, round_number: int) -> bool:
         return self.crash_after_round is not None and round_number >= self.crash_after_round
 
-    def falsify_receipts(self, relay: object, replies: list[Any]) -> list[Any]:
+    def falsify_receipts(self, relay: object, replies: list[Any],
+                         device_of: Callable[[int], int] | None = None) -> list[Any]:
         """With `false_reports`: each ShareReceipt of `replies` (the answer to
-        the ShareRelay `relay`) names every relayed sender; else `replies`."""
-        if not self.false_reports or not isinstance(relay, ShareRelay):
+        the ShareRelay `relay`) names every relayed sender; with
+        `false_reports_about`: it also names the relayed senders whose device
+        id (`device_of` their secagg id) is in that set; else `replies`."""
+        if not (self.false_reports or self.false_reports_about) or not isinstance(relay, ShareRelay):
             return replies
-        senders = tuple(sorted(u for u, _ in relay.shares))
-        return [dataclasses.replace(m, undecryptable=senders) if isinstance(m, ShareReceipt) else m for m in replies]
+        relayed = [u for u, _ in relay.shares]
+        if self.false_reports:
+            accused = set(relayed)
+        else:
+            of = device_of if device_of is not None else (lambda u: u)
+            accused = {u for u in relayed if of(u) in self.false_reports_about}
+        return [dataclasses.replace(m, undecryptable=tuple(sorted(accused | set(m.undecryptable))))
+                if isinstance(m, ShareReceipt) else m for m in replies]
 
     def crash(self) -> None:
         """Exit abruptly (os._exit: no finally blocks, no atexit, no stream close)."""

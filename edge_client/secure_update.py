@@ -149,7 +149,7 @@ async def answer_stage(run: RoundRun, dr: DeviceRound, field_name: str, p: Any) 
 
         def step() -> tuple[Any, list[Any]]:
             nxt, replies = current.handle(decoded)
-            replies = run.io.faults.falsify_receipts(decoded, replies)  # fault injection: a hostile device
+            replies = run.io.faults.falsify_receipts(decoded, replies, view.ids.device)  # fault injection
             dr.state = nxt  # encode_replies reads the new state (an abort's detail)
             return nxt, run.encode_replies(dr, replies)
 

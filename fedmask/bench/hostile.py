@@ -7,7 +7,18 @@ two hostile client processes inside the cohorts:
 - `hostile-shares` (`--fault-garbage-shares`): its devices seal random
   bytes instead of their shares (reported at the share check);
 - `hostile-metrics` (`--fault-garbage-metrics`): its devices put 2^32 - 1
-  in every metric coordinate of their masked input (A1/D).
+  in every metric coordinate of their masked input (A1/D);
+- `hostile-reports-0..2`, a coalition of 3 credentials that false-reports
+  (`--fault-false-reports-about IDS`): once the first round has committed,
+  three client processes of one device each join, and each device names
+  `FALSE_REPORT_TARGETS` honest devices undecryptable at every share check
+  (and follows the protocol otherwise, so it stays in the rounds and its
+  reports count: the case the per-credential quota of D37 bounds). The
+  bench runs without per-client credentials (no mTLS), and a device
+  enrolled without a client identity is its own credential (D37), so one
+  device per process makes 3 credentials. At most
+  N = floor(3 * quota / reporters) = 2 honest devices may be quarantined
+  per report window; the others accused are refused by the quota.
 
 Once the first round has committed, the bench process itself sends for
 `seconds`, each kind at `rate` per second:
@@ -35,17 +46,24 @@ coordinator exited before the bench stopped it), `rounds_committed`,
 `aggregates_exact` (every committed round's sum equals, bit for bit, the
 sum of its counted devices' encoded inputs as they recorded them),
 `honest_devices_dropped` (honest devices dropped from any round), the
-attack counts, `huge_id_answers` and the per-round table. `ok` = no crash,
-at least one round committed, none aborted, every aggregate exact, no
-honest device dropped and no huge id answered INTERNAL or UNKNOWN (an
-exception inside the coordinator).
-Every round has enough honest devices by construction (H >= the threshold of
-the full cohort), so each one must commit.
+attack counts, `huge_id_answers`, `false_reports` (the coalition: the
+devices it accused, `honest_quarantined`, its `bound` N,
+`quota_refusals` logged, `rounds_committed_with_coalition` (counting its
+devices) and `rounds_committed_after_quarantines` (after the last honest
+quarantine started, or after it joined if it started none)) and the
+per-round table. `ok` = no crash, at least one round committed, none
+aborted, every aggregate exact, no honest device dropped, no huge id
+answered INTERNAL or UNKNOWN (an exception inside the coordinator), at most
+N honest devices quarantined, and rounds still committing after the
+coalition spent its quota.
+Every round has enough devices by construction (`_every_round_commits`):
+whichever of the garbage-share devices and of the N accused devices are
+out, the devices that stay reach the threshold, and so does an accused
+device's closure without its 3 accusers and the garbage-share devices.
 """
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import socket
@@ -72,6 +90,8 @@ ATTACKS = ("random_bytes", "malformed", "oversized", "out_of_order", "enrol_floo
 #: What a huge id must never be answered: the coordinator raised inside.
 EXCEPTION_CODES = ("INTERNAL", "UNKNOWN")
 HOSTILE_DEVICES = 2  # per hostile client process
+FALSE_REPORTERS = 3  # client processes of one device each: 3 credentials
+FALSE_REPORT_TARGETS = 3  # honest devices each false reporter accuses: N + 1
 _SESSION = "/fedmask.v1.CoordinatorService/Session"
 _ENROLL = "/fedmask.v1.CoordinatorService/Enroll"
 
@@ -89,8 +109,28 @@ class HostileBenchConfig:
     def __post_init__(self) -> None:
         if self.seconds <= 0 or self.rate <= 0:
             raise ValueError("--seconds and --rate must be positive")
-        if self.honest_devices < math.ceil(2 * (self.honest_devices + 2 * HOSTILE_DEVICES) / 3):
-            raise ValueError("--honest-devices must reach the cohort's two-thirds threshold on their own")
+        if not _every_round_commits(self.honest_devices):
+            raise ValueError("--honest-devices too few: with the hostile devices in a cohort, an accused honest "
+                             "device's peers must still reach the threshold (at least 11)")
+
+
+def _every_round_commits(honest: int) -> bool:
+    """Whatever the quarantine leaves out (the garbage-share devices, up to N
+    accused honest devices), the devices that stay in a round (honest, the
+    garbage-metric ones, the false reporters) reach the strictest threshold
+    of the cohort, floor(2n/3) + 1, and so does an accused device's closure
+    once the share check removed its edges to the 3 false reporters and to
+    the garbage-share devices."""
+    from coordinator.peer_reports import ReportPolicy
+
+    for garbage in (0, HOSTILE_DEVICES):
+        for quarantined in range(ReportPolicy().bound(FALSE_REPORTERS) + 1):
+            stay = honest - quarantined + HOSTILE_DEVICES + FALSE_REPORTERS
+            n = stay + garbage
+            t = 2 * n // 3 + 1
+            if stay < t or n - garbage - FALSE_REPORTERS < t:
+                return False
+    return True
 
 
 # ------------------------------------------------------------------ the attacks (each one attempt)
@@ -247,16 +287,63 @@ def _committed(db: Path) -> int:
         return 0
 
 
-def _honest_ids(db: Path, honest_users: int) -> set[int]:
+def _ids_of_users(db: Path, users: range) -> set[int]:
+    """The enrolled device ids of the bench's users `users` (1-based rows of its csv)."""
     from coordinator.store import open_store
     from edge_client.devices import local_id_of
 
-    honest = {local_id_of(n) for n in range(1, honest_users + 1)}
+    wanted = {local_id_of(n) for n in users}
     store = open_store(f"sqlite:///{db}", migrate=False)
     try:
-        return {d.id for d in store.list_devices() if d.local_id in honest}
+        return {d.id for d in store.list_devices() if d.local_id in wanted}
     finally:
         store.close()
+
+
+def _quarantines(db: Path) -> list[Any]:
+    from coordinator.store import open_store
+
+    store = open_store(f"sqlite:///{db}", migrate=False)
+    try:
+        return store.list_quarantines()
+    finally:
+        store.close()
+
+
+@dataclass
+class _Coalition:
+    """The false-report coalition of the run (see the module doc)."""
+
+    users: range  # its users: one device per client process
+    accused: list[int]  # the honest device ids it names undecryptable
+    joined_after: int = 0  # the last round number before it joined
+
+    def start(self, group: ProcessGroup, port: int, work: Path, client_flags: dict[str, Any]) -> list[Path]:
+        """Its client processes; their state folders."""
+        dirs = []
+        for i, user in enumerate(self.users):
+            state = work / f"hostile-reports-{i}"
+            start_client(group, state.name, port, str(user), state,
+                         {**client_flags, "fault_false_reports_about": ",".join(map(str, self.accused))})
+            dirs.append(state)
+        return dirs
+
+    def result(self, db: Path, honest: set[int], committed: list[Any], coordinator_log: str) -> dict[str, Any]:
+        from coordinator.peer_reports import ReportPolicy
+
+        mine = _ids_of_users(db, self.users)
+        held = [q for q in _quarantines(db) if q.device_id in honest]
+        since = max((q.started_round for q in held), default=self.joined_after)
+        return {
+            "credentials": len(self.users),
+            "accused": self.accused,
+            "honest_quarantined": sorted({q.device_id for q in held}),
+            "bound": ReportPolicy().bound(len(self.users)),
+            "quota_refusals": coordinator_log.count("event=quarantine_refused"),
+            "rounds_committed_with_coalition": sum(bool(mine & set(r.survivors.get("masked_input", [])))
+                                                   for r in committed),
+            "rounds_committed_after_quarantines": sum(r.number > since for r in committed),
+        }
 
 
 def run_hostile_bench(cfg: HostileBenchConfig, log: Any = print) -> dict[str, Any]:
@@ -270,7 +357,8 @@ def run_hostile_bench(cfg: HostileBenchConfig, log: Any = print) -> dict[str, An
 
 
 def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
-    total = cfg.honest_devices + 2 * HOSTILE_DEVICES
+    in_processes = cfg.honest_devices + 2 * HOSTILE_DEVICES  # the garbage ones' last user
+    total = in_processes + FALSE_REPORTERS
     csv = write_user_csv(work / "users.csv", total, seed=cfg.seed)
     db = work / "coordinator.db"
     port = free_port()
@@ -287,9 +375,13 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     first_hostile = cfg.honest_devices + 1
     roles: list[tuple[str, str, dict[str, Any]]] = [(f"honest-{i}", users, {}) for i, users in enumerate(honest_parts)] + [
         ("hostile-shares", f"{first_hostile}-{first_hostile + HOSTILE_DEVICES - 1}", {"fault_garbage_shares": True}),
-        ("hostile-metrics", f"{first_hostile + HOSTILE_DEVICES}-{total}", {"fault_garbage_metrics": True}),
+        ("hostile-metrics", f"{first_hostile + HOSTILE_DEVICES}-{in_processes}", {"fault_garbage_metrics": True}),
     ]
     state_dirs = [work / name for name, _, _ in roles]
+    client_flags = {"dataset": str(csv), "seed": cfg.seed, "debug_record_inputs": True, "threads": 1,
+                    "no_dp_floor": True,  # the synthetic model runs without DP (D85)
+                    "log_level": "warning"}
+    coalition = _Coalition(users=range(in_processes + 1, total + 1), accused=[])
     counts = dict.fromkeys(ATTACKS, 0)
     huge_id_answers: dict[str, int] = {}
     stop = threading.Event()
@@ -297,10 +389,7 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
         coord = start_coordinator(group, port, coord_flags)
         for (name, users, extra), state in zip(roles, state_dirs, strict=True):
-            client_flags = {"dataset": str(csv), "seed": cfg.seed, "debug_record_inputs": True, "threads": 1,
-                            "no_dp_floor": True,  # the synthetic model runs without DP (D85)
-                            "log_level": "warning", **extra}
-            start_client(group, name, port, users, state, client_flags)
+            start_client(group, name, port, users, state, {**client_flags, **extra})
         log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "
             f"({cfg.honest_devices} honest devices, {2 * HOSTILE_DEVICES} hostile)")
         # The attacks target a running federation: they start once the first
@@ -310,32 +399,63 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         # own enrolment, which on a real network comes from other addresses.
         wait_until(lambda: _committed(db) >= 1, 120, what="the first round to commit", watch=group.children,
                    step=0.5)
-        log(f"first round committed; attacks for {cfg.seconds:.0f} s")
-        attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts, huge_id_answers),
-                                      daemon=True, name=f"attack-{k}") for k in ATTACKS]
-        for t in attackers:
-            t.start()
-        t_end = time.monotonic() + cfg.seconds
-        last = time.monotonic()
-        while time.monotonic() < t_end:
-            if not coord.alive():
-                crashed = True
-                break
-            time.sleep(0.5)
-            if time.monotonic() - last >= 15:
-                last = time.monotonic()
-                log(f"{t_end - last:5.0f} s left; attacks so far {sum(counts.values())}")
-        stop.set()
-        for t in attackers:
-            t.join(10)
+        # The false-report coalition names honest devices by id, so it joins
+        # now, and the traffic starts once a round has counted its devices.
+        coalition.accused = sorted(_ids_of_users(db, range(1, cfg.honest_devices + 1)))[:FALSE_REPORT_TARGETS]
+        coalition.joined_after = max(r.number for r in read_rounds(db))
+        state_dirs += coalition.start(group, port, work, client_flags)
+        wait_until(lambda: _coalition_counted(db, coalition), 120, what="a round counting the false reporters",
+                   watch=group.children, step=0.5)
+        log(f"first round committed, false reporters in; attacks for {cfg.seconds:.0f} s")
+        crashed = _traffic(cfg, port, coord, counts, huge_id_answers, stop, log)
         if not crashed:
             group.stop(coord, grace=15.0)
+        coordinator_log = coord.log()
     if not db.exists():
         raise ProcessFailed("the coordinator left no database")
-    honest = _honest_ids(db, cfg.honest_devices)
+    return _summary(cfg, db, state_dirs, coalition, coordinator_log, crashed=crashed, counts=counts,
+                    huge_id_answers=huge_id_answers)
+
+
+def _coalition_counted(db: Path, coalition: _Coalition) -> bool:
+    if not db.exists():
+        return False
+    mine = _ids_of_users(db, coalition.users)
+    return any(r.state.value == "committed" and mine & set(r.survivors.get("masked_input", []))
+               for r in read_rounds(db) if r.number > coalition.joined_after)
+
+
+def _traffic(cfg: HostileBenchConfig, port: int, coord: Any, counts: dict[str, int], huge_id_answers: dict[str, int],
+             stop: threading.Event, log: Any) -> bool:
+    """The attack threads for `cfg.seconds`; True if the coordinator died meanwhile."""
+    attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts, huge_id_answers),
+                                  daemon=True, name=f"attack-{k}") for k in ATTACKS]
+    for t in attackers:
+        t.start()
+    crashed = False
+    t_end = time.monotonic() + cfg.seconds
+    last = time.monotonic()
+    while time.monotonic() < t_end:
+        if not coord.alive():
+            crashed = True
+            break
+        time.sleep(0.5)
+        if time.monotonic() - last >= 15:
+            last = time.monotonic()
+            log(f"{t_end - last:5.0f} s left; attacks so far {sum(counts.values())}")
+    stop.set()
+    for t in attackers:
+        t.join(10)
+    return crashed
+
+
+def _summary(cfg: HostileBenchConfig, db: Path, state_dirs: list[Path], coalition: _Coalition, coordinator_log: str,
+             *, crashed: bool, counts: dict[str, int], huge_id_answers: dict[str, int]) -> dict[str, Any]:
+    honest = _ids_of_users(db, range(1, cfg.honest_devices + 1))
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     per_round = []
-    committed = aborted = 0
+    committed: list[Any] = []
+    aborted = 0
     exact_all = True
     honest_dropped: set[int] = set()
     for r in records:
@@ -344,7 +464,8 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         dropped = {d for ids in r.dropouts.values() for d in ids}
         honest_dropped |= dropped & honest
         exact = r.state.value == "committed" and exact_aggregate(r, state_dirs)
-        committed += r.state.value == "committed"
+        if r.state.value == "committed":
+            committed.append(r)
         aborted += r.state.value == "aborted"
         exact_all = exact_all and (r.state.value != "committed" or exact)
         seconds = (r.ended_at - r.started_at).total_seconds() if r.ended_at else None
@@ -352,16 +473,19 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
                           "seconds": seconds, "counted": len(r.survivors.get("masked_input", [])), "exact": exact,
                           "dropped": sorted(dropped), "metrics_unavailable": bool(r.metrics.get("metrics_unavailable"))})
     raised = sum(huge_id_answers.get(code, 0) for code in EXCEPTION_CODES)
-    ok = not crashed and committed >= 1 and aborted == 0 and exact_all and not honest_dropped and not raised
+    reports = coalition.result(db, honest, committed, coordinator_log)
+    bounded = len(reports["honest_quarantined"]) <= reports["bound"] and reports["rounds_committed_after_quarantines"] >= 1
+    ok = not crashed and len(committed) >= 1 and aborted == 0 and exact_all and not honest_dropped and not raised
     return {
-        "ok": ok,
+        "ok": ok and bounded,
         "coordinator_crashes": int(crashed),
-        "rounds_committed": committed,
+        "rounds_committed": len(committed),
         "rounds_aborted": aborted,
         "aggregates_exact": exact_all,
         "honest_devices_dropped": len(honest_dropped),
         "attacks": counts,
         "huge_id_answers": huge_id_answers,
+        "false_reports": reports,
         "seconds": cfg.seconds,
         "rounds": per_round,
     }

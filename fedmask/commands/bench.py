@@ -144,7 +144,8 @@ def connections(
 @bench_app.command("hostile")
 def hostile(
     seconds: Annotated[float, typer.Option(min=1.0, help="How long the hostile traffic runs against live rounds.")] = 120.0,
-    honest_devices: Annotated[int, typer.Option(min=2, help="Honest devices (they alone must reach the threshold).")] = 12,
+    honest_devices: Annotated[int, typer.Option(min=2, help="Honest devices (at least 11: with the hostile devices in a cohort, an accused device's peers must "
+                                "still reach the threshold).")] = 12,
     honest_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the honest devices.")] = 2,
     dim: Annotated[int, typer.Option(min=1, help="Length of the synthetic model's update.")] = 1000,
     rate: Annotated[float, typer.Option(min=0.1, help="Attacks per second of each kind.")] = 10.0,
@@ -153,7 +154,7 @@ def hostile(
 ) -> None:
     """Run live secure rounds under hostile traffic and check nothing breaks.
 
-    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates) while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages, enrolment floods and ids of 2^63 or more to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact, honest_devices_dropped and huge_id_answers (target: no crash, every round commits exactly, no honest device dropped, no huge id answered INTERNAL or UNKNOWN).
+    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates), then a coalition of 3 credentials (three client processes of one device each) that falsely reports 3 honest devices at every share check, while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages, enrolment floods and ids of 2^63 or more to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact, honest_devices_dropped, huge_id_answers and false_reports (target: no crash, every round commits exactly, no honest device dropped, no huge id answered INTERNAL or UNKNOWN, at most N = 2 honest devices quarantined and rounds still committing after that).
     """
     from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
 

@@ -22,6 +22,7 @@ from fedmask.commands.client_options import (
     DropRateOption,
     DropStageOption,
     ExitAfterRoundsOption,
+    FaultFalseReportsAboutOption,
     FaultFalseReportsOption,
     FaultForgedMetricOption,
     FaultGarbageMetricsOption,
@@ -87,6 +88,7 @@ def client(
     fault_forged_metric: FaultForgedMetricOption = None,
     fault_garbage_shares: FaultGarbageSharesOption = False,
     fault_false_reports: FaultFalseReportsOption = False,
+    fault_false_reports_about: FaultFalseReportsAboutOption = None,
     crash_after_round: CrashAfterRoundOption = None,
     delay_ms: DelayMsOption = 0.0,
     exit_after_rounds: ExitAfterRoundsOption = None,
@@ -121,7 +123,7 @@ def client(
     _configure_logging(log_level, coordinator, token=token, tls_ca=tls_ca, allow_insecure=insecure_token_without_tls)
     faults = _fault_plan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
                          delay_ms=delay_ms, garbage_metrics=fault_garbage_metrics, garbage_shares=fault_garbage_shares,
-                         false_reports=fault_false_reports,
+                         false_reports=fault_false_reports, false_reports_about=fault_false_reports_about,
                          forged_metrics=fault_forged_metric or [])
     hosting = _platform_hosting(users, platform, platforms, dirichlet_beta)
     floor = _cohort_floor(min_cohort, min_threshold, hosting)
@@ -172,7 +174,7 @@ def _configure_logging(log_level: str, coordinator: str, *, token: str | None, t
 
 def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_after_round: int | None,
                 delay_ms: float, garbage_metrics: bool, garbage_shares: bool, forged_metrics: list[str],
-                false_reports: bool = False) -> FaultPlan:
+                false_reports: bool = False, false_reports_about: str | None = None) -> FaultPlan:
     """The fault-injection options, checked (typer.BadParameter naming the option)."""
     from edge_client.faults import DROP_STAGES, FaultPlan
 
@@ -192,9 +194,14 @@ def _fault_plan(*, drop_rate: float, drop_stage: str | None, seed: int, crash_af
         if not sep:
             raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--fault-forged-metric")
     try:
+        about = frozenset(int(x) for x in (false_reports_about or "").split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter("not a comma-separated list of device ids",
+                                 param_hint="--fault-false-reports-about") from None
+    try:
         return FaultPlan(drop_rate=drop_rate, drop_stage=drop_stage, seed=seed, crash_after_round=crash_after_round,
                          delay_ms=delay_ms, garbage_metrics=garbage_metrics, garbage_shares=garbage_shares,
-                         forged_metrics=tuple(forged), false_reports=false_reports)
+                         forged_metrics=tuple(forged), false_reports=false_reports, false_reports_about=about)
     except ValueError as exc:  # the message names the option
         raise typer.BadParameter(str(exc)) from None
 

@@ -123,6 +123,12 @@ FaultFalseReportsOption = Annotated[
                        "benchmarks): every device of this process names every relayed sender undecryptable in its "
                        "share-check receipt, whether its shares opened or not (D37).")
 ]
+FaultFalseReportsAboutOption = Annotated[
+    str | None, typer.Option("--fault-false-reports-about", metavar="IDS", hidden=True, help="Fault injection (a "
+                             "hostile device, for tests and benchmarks): every device of this process names the "
+                             "relayed senders with these enrolled device ids (comma-separated) undecryptable in "
+                             "its share-check receipt, and keeps its other edges (D37).", show_default=False)
+]
 CrashAfterRoundOption = Annotated[
     int | None, typer.Option(help="Fault injection: exit abruptly (os._exit, code 75) once round R (or a later "
                              "one) this process took part in has ended, its private state committed.",

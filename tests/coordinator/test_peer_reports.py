@@ -12,6 +12,7 @@ from coordinator.peer_reports import (
     ReportPolicy,
     countable_reports,
     credential,
+    decide_quarantines,
     forgettable,
     in_force,
     releases_for_minimum,
@@ -127,6 +128,22 @@ def test_a_coalition_starts_at_most_its_bound_per_window() -> None:
     more = ledger.record(20, coalition, at=later) + ledger.record(21, coalition, at=later)
     assert len(more) == 2
     assert POLICY.bound(2) == 0 and ReportPolicy(quota=3).bound(4) == 4
+
+
+def test_the_quota_refusal_names_the_device_and_who_had_quota_left() -> None:
+    # k = 3 credentials accuse 4 honest devices: two quarantines spend the quota, the other two are refused
+    coalition = {100: [1, 2, 3, 4], 110: [1, 2, 3, 4], 120: [1, 2, 3, 4]}
+    ledger = Ledger()
+    ledger.record(1, coalition, at=T0)
+    assert ledger.record(2, coalition, at=T0) == [1, 2]
+    decision = decide_quarantines(POLICY, ledger.reports, ledger.quarantines, 2, T0)
+    assert decision.started == []
+    assert [(r.device_id, r.reporters, r.with_quota) for r in decision.refused] == [
+        (3, ("c10", "c11", "c12"), ()), (4, ("c10", "c11", "c12"), ())]
+    # too few reporters is not a quota refusal
+    thin = [r for rnd in (3, 4) for r in countable_reports(rnd, T0, {100: [5], 110: [5]}, survivors=[100, 110],
+                                                          credential_of=cred)]
+    assert decide_quarantines(POLICY, thin, [], 4, T0) == decide_quarantines(POLICY, [], [], 4, T0)
 
 
 def test_a_garbage_sealer_is_still_quarantined_by_honest_credentials() -> None:

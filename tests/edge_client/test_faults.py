@@ -47,3 +47,18 @@ def test_crash_uses_the_injected_exit() -> None:
     assert not plan.should_crash_after(2) and plan.should_crash_after(3) and plan.should_crash_after(4)
     plan.crash()
     assert codes == [75]
+
+
+def test_false_reports_about_names_only_the_chosen_relayed_senders() -> None:
+    from secagg.messages import ShareReceipt, ShareRelay
+
+    sid = b"s" * 16
+    relay = ShareRelay(session_id=sid, round_idx=1, device_id=0, shares=((1, b"a"), (2, b"b"), (3, b"c")))
+    own = [ShareReceipt(session_id=sid, round_idx=1, device_id=0, undecryptable=(3,))]  # its honest report stays
+    device_of = {1: 101, 2: 102, 3: 103}.__getitem__
+    plan = FaultPlan(false_reports_about=frozenset({102, 999}))
+    (receipt,) = plan.falsify_receipts(relay, own, device_of)
+    assert receipt.undecryptable == (2, 3)
+    (every,) = FaultPlan(false_reports=True).falsify_receipts(relay, own, device_of)
+    assert every.undecryptable == (1, 2, 3)
+    assert FaultPlan().falsify_receipts(relay, own, device_of) == own

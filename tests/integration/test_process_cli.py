@@ -43,9 +43,10 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
 def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     """Hostile traffic over real processes: garbage shares and metrics inside the
     cohorts, random bytes, malformed, oversized and out-of-order messages,
-    enrolment floods and ids of 2^63 or more at the port; the rounds go on,
-    exact."""
-    p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "8", "--dim", "64",
+    enrolment floods and ids of 2^63 or more at the port, a coalition of 3
+    credentials that falsely reports 3 honest devices; the rounds go on,
+    exact, and the coalition quarantines at most N = 2 honest devices."""
+    p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "12", "--dim", "64",
                                       "--rate", "5"])
     assert p.wait(120) == 0, p.tail()
     r = _last_json(p)
@@ -59,6 +60,10 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     first = r["rounds"][0]
     assert len(first["dropped"]) == 2  # the garbage-share devices, reported at the share check
     assert first["metrics_unavailable"] is True  # the garbage-metric devices cost only the metrics
+    fr = r["false_reports"]  # the false-report coalition stays in the rounds; the quota bounds what it costs
+    assert fr["credentials"] == 3 and fr["bound"] == 2 and len(fr["accused"]) == 3
+    assert set(fr["honest_quarantined"]) <= set(fr["accused"]) and len(fr["honest_quarantined"]) <= 2
+    assert fr["rounds_committed_with_coalition"] >= 2 and fr["rounds_committed_after_quarantines"] >= 1
     assert procs.leftovers() == {}
 
 

@@ -10,7 +10,11 @@ edge-client processes, each with its own client certificate (credential):
 - three hostile clients of one device each (`--fault-false-reports`): they
   follow the protocol but name every relayed sender undecryptable in each
   share-check receipt;
-- one client whose device seals garbage shares (`--fault-garbage-shares`).
+- one client whose device seals garbage shares (`--fault-garbage-shares`);
+- later, three more hostile clients of one device each
+  (`--fault-false-reports-about IDS`): they accuse only four honest devices
+  and keep their other edges, so they stay in each round and their reports
+  count. This is the case the per-credential quota bounds.
 
 Checked:
 - rounds keep committing with the honest devices while the coalition is
@@ -21,7 +25,12 @@ Checked:
   share check and their reports do not count);
 - the garbage sealer is still reported by honest peers of several
   credentials and quarantined: the defence stays on;
-- after the coalition leaves, a round opens within 2 selection intervals.
+- after the coalition leaves, a round opens within 2 selection intervals;
+- the coalition that accuses a few: exactly N = floor(3 * 2 / 3) = 2 of the
+  four accused honest devices are quarantined in the window, the log shows
+  the quota refusing the other two (`quarantine_refused`, no reporting
+  credential with quota left), and rounds keep committing and counting
+  those two.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ SELECTION_S = 2.0
 HONEST = {"honest-a": "1-3", "honest-b": "4-6", "honest-c": "7-9"}
 HOSTILE = {"liar-a": "10", "liar-b": "11", "liar-c": "12"}
 GARBAGE = {"garbage": "13"}
+ACCUSERS = {"accuser-a": "14", "accuser-b": "15", "accuser-c": "16"}
 
 
 def _committed(db: str) -> list[int]:
@@ -78,7 +88,7 @@ def _quarantined(db: str) -> set[int]:
 def test_a_coalition_of_liars_costs_only_itself(procs: Processes, tmp_path: Path) -> None:
     import grpc
 
-    names = [*HONEST, *HOSTILE, *GARBAGE]
+    names = [*HONEST, *HOSTILE, *GARBAGE, *ACCUSERS]
     pki = tmp_path / "pki"
     certs = procs.start("certs", ["certs", "init", str(pki), "--devices", str(len(names)), "--no-device-ca"])
     assert certs.wait(60) == 0, certs.tail()
@@ -145,3 +155,29 @@ def test_a_coalition_of_liars_costs_only_itself(procs: Processes, tmp_path: Path
     assert time.monotonic() - ended <= 2 * SELECTION_S + 1.0
     wait_until(lambda: len(_committed(db)) > len(rounds) and max(_committed(db)) > last, 40,
                what="a round to commit after the coalition left", watch=[coord], step=0.3)
+
+    # a coalition of 3 credentials that accuses only four honest devices stays in the rounds
+    accused = sorted(by_client[cn["honest-a"]])[:2] + sorted(by_client[cn["honest-b"]])[:1] \
+        + sorted(by_client[cn["honest-c"]])[:1]
+    for name, users in ACCUSERS.items():
+        clients[name] = procs.start(name, client_args(
+            port, users, tmp_path / name, tls_cert=cert[name][0], tls_key=cert[name][1], **common,
+            fault_false_reports_about=",".join(map(str, accused))))
+    watch = [coord, *(clients[n] for n in [*HONEST, *ACCUSERS])]
+    accusers_cn = {cn[n] for n in ACCUSERS}
+    wait_until(lambda: any(e.get("quarantined") for e in events(coord.log(), "share_reports")
+                           if set(e.get("counted", "").replace(";", ":").split(":")) & accusers_cn), 60,
+               what="the accusers' reports to quarantine", watch=watch, step=0.3)
+    bound = ReportPolicy().bound(len(ACCUSERS))
+    hit = _quarantined(db) & honest
+    assert hit <= set(accused) and len(hit) == bound == 2, (hit, accused)
+    spared = set(accused) - hit
+    refused = events(coord.log(), "quarantine_refused")
+    assert {int(e["device"]) for e in refused} == spared, refused
+    assert all(e["with_quota"] == "" and set(e["reporters"].split(",")) == accusers_cn for e in refused)
+    # rounds keep committing, with the spared accused devices (and the accusers) counted
+    after = max(_committed(db))
+    wait_until(lambda: any(r.number > after and spared <= set(r.survivors["masked_input"])
+                           for r in all_rounds(db) if r.state.value == "committed"), 40,
+               what="a round counting the spared accused devices", watch=watch, step=0.3)
+    assert _quarantined(db) & honest == hit  # no further quarantine in the window
