@@ -40,6 +40,13 @@ Once the first round has committed, the bench process itself sends for
   must be refused INVALID_ARGUMENT (D83); `huge_id_answers` counts the
   status codes they got.
 
+Unless `admin` is off (`--no-admin`), the coordinator also opens its admin
+listener, `fedmask admin` runs on it, and at the same `rate` the bench sends
+it the traffic whose cost D82 bounds (fedmask/bench/admin_attacks.py):
+64 MiB headers, 200 MiB bodies and bodies to routes that take none,
+floods past the concurrent-request bound, slow heads, and one viewer token
+hogging event streams, while an honest viewer and operator read.
+
 Result (last stdout line, JSON): `ok`, `coordinator_crashes` (the
 coordinator exited before the bench stopped it), `rounds_committed`,
 `rounds_aborted` (rounds aborted for any reason but the bench's own stop),
@@ -51,11 +58,13 @@ devices it accused, `honest_quarantined`, its `bound` N,
 `quota_refusals` logged, `rounds_committed_with_coalition` (counting its
 devices) and `rounds_committed_after_quarantines` (after the last honest
 quarantine started, or after it joined if it started none)) and the
-per-round table. `ok` = no crash, at least one round committed, none
+per-round table, and `admin` (the admin service's part: answers by status
+per kind, its RSS growth, the honest reads' latency; null with --no-admin).
+`ok` = no crash, at least one round committed, none
 aborted, every aggregate exact, no honest device dropped, no huge id
 answered INTERNAL or UNKNOWN (an exception inside the coordinator), at most
-N honest devices quarantined, and rounds still committing after the
-coalition spent its quota.
+N honest devices quarantined, rounds still committing after the
+coalition spent its quota, and the admin part's own `ok`.
 Every round has enough devices by construction (`_every_round_commits`):
 whichever of the garbage-share devices and of the N accused devices are
 out, the devices that stay reach the threshold, and so does an accused
@@ -77,6 +86,7 @@ from typing import Any
 
 import grpc
 
+from fedmask.bench.admin_attacks import AdminBench
 from fedmask.bench.loopback_federation import (
     StageDeadlines,
     exact_aggregate,
@@ -105,6 +115,7 @@ class HostileBenchConfig:
     rate: float = 10.0  # attacks per second, per kind
     seed: int = 0
     keep: Path | None = None  # keep the work folder here (logs, database)
+    admin: bool = True  # also run `fedmask admin` and its attacks (admin_attacks.py)
 
     def __post_init__(self) -> None:
         if self.seconds <= 0 or self.rate <= 0:
@@ -386,8 +397,12 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
     huge_id_answers: dict[str, int] = {}
     stop = threading.Event()
     crashed = False
+    admin = AdminBench(cfg.rate, cfg.seed) if cfg.admin else None
     with ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
-        coord = start_coordinator(group, port, coord_flags)
+        coord = start_coordinator(group, port, {**coord_flags, **(admin.coordinator_flags() if admin else {})},
+                                  env=admin.coordinator_env() if admin else None)
+        if admin:
+            admin.start(group, f"sqlite:///{db}")
         for (name, users, extra), state in zip(roles, state_dirs, strict=True):
             start_client(group, name, port, users, state, {**client_flags, **extra})
         log(f"coordinator pid {coord.pid} on port {port}; {len(roles)} client processes "
@@ -406,15 +421,17 @@ def _run(cfg: HostileBenchConfig, work: Path, log: Any) -> dict[str, Any]:
         state_dirs += coalition.start(group, port, work, client_flags)
         wait_until(lambda: _coalition_counted(db, coalition), 120, what="a round counting the false reporters",
                    watch=group.children, step=0.5)
+        if admin:
+            admin.ready(watch=group.children)
         log(f"first round committed, false reporters in; attacks for {cfg.seconds:.0f} s")
-        crashed = _traffic(cfg, port, coord, counts, huge_id_answers, stop, log)
+        crashed = _traffic(cfg, port, coord, counts, huge_id_answers, stop, log, admin)
         if not crashed:
             group.stop(coord, grace=15.0)
         coordinator_log = coord.log()
     if not db.exists():
         raise ProcessFailed("the coordinator left no database")
     return _summary(cfg, db, state_dirs, coalition, coordinator_log, crashed=crashed, counts=counts,
-                    huge_id_answers=huge_id_answers)
+                    huge_id_answers=huge_id_answers, admin=admin.result() if admin else None)
 
 
 def _coalition_counted(db: Path, coalition: _Coalition) -> bool:
@@ -426,12 +443,14 @@ def _coalition_counted(db: Path, coalition: _Coalition) -> bool:
 
 
 def _traffic(cfg: HostileBenchConfig, port: int, coord: Any, counts: dict[str, int], huge_id_answers: dict[str, int],
-             stop: threading.Event, log: Any) -> bool:
-    """The attack threads for `cfg.seconds`; True if the coordinator died meanwhile."""
+             stop: threading.Event, log: Any, admin: AdminBench | None) -> bool:
+    """The attack threads (the admin service's too) for `cfg.seconds`; True if the coordinator died meanwhile."""
     attackers = [threading.Thread(target=_attacker(k, port, cfg.rate, cfg.seed, stop, counts, huge_id_answers),
                                   daemon=True, name=f"attack-{k}") for k in ATTACKS]
     for t in attackers:
         t.start()
+    if admin:
+        admin.begin()
     crashed = False
     t_end = time.monotonic() + cfg.seconds
     last = time.monotonic()
@@ -444,13 +463,16 @@ def _traffic(cfg: HostileBenchConfig, port: int, coord: Any, counts: dict[str, i
             last = time.monotonic()
             log(f"{t_end - last:5.0f} s left; attacks so far {sum(counts.values())}")
     stop.set()
+    if admin:
+        admin.finish()
     for t in attackers:
         t.join(10)
     return crashed
 
 
 def _summary(cfg: HostileBenchConfig, db: Path, state_dirs: list[Path], coalition: _Coalition, coordinator_log: str,
-             *, crashed: bool, counts: dict[str, int], huge_id_answers: dict[str, int]) -> dict[str, Any]:
+             *, crashed: bool, counts: dict[str, int], huge_id_answers: dict[str, int],
+             admin: dict[str, Any] | None) -> dict[str, Any]:
     honest = _ids_of_users(db, range(1, cfg.honest_devices + 1))
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     per_round = []
@@ -477,7 +499,7 @@ def _summary(cfg: HostileBenchConfig, db: Path, state_dirs: list[Path], coalitio
     bounded = len(reports["honest_quarantined"]) <= reports["bound"] and reports["rounds_committed_after_quarantines"] >= 1
     ok = not crashed and len(committed) >= 1 and aborted == 0 and exact_all and not honest_dropped and not raised
     return {
-        "ok": ok and bounded,
+        "ok": ok and bounded and (admin is None or admin["ok"]),
         "coordinator_crashes": int(crashed),
         "rounds_committed": len(committed),
         "rounds_aborted": aborted,
@@ -486,6 +508,7 @@ def _summary(cfg: HostileBenchConfig, db: Path, state_dirs: list[Path], coalitio
         "attacks": counts,
         "huge_id_answers": huge_id_answers,
         "false_reports": reports,
+        "admin": admin,
         "seconds": cfg.seconds,
         "rounds": per_round,
     }

@@ -148,19 +148,20 @@ def hostile(
                                 "still reach the threshold).")] = 12,
     honest_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the honest devices.")] = 2,
     dim: Annotated[int, typer.Option(min=1, help="Length of the synthetic model's update.")] = 1000,
-    rate: Annotated[float, typer.Option(min=0.1, help="Attacks per second of each kind.")] = 10.0,
+    rate: Annotated[float, typer.Option(min=0.1, help="Attacks per second of each kind, the admin service's included.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Seed of the devices and the attacks.")] = 0,
     keep: KeepWorkFolderOption = None,
+    admin: Annotated[bool, typer.Option("--admin/--no-admin", help="Also start `fedmask admin` on the coordinator's admin listener and send it, at --rate per kind: 64 MiB headers (431 expected), 200 MiB bodies to an operator action and 1 KiB bodies to a route that takes none (413), floods past limits.max_concurrent_requests (503), slow heads (408; the bench sets limits.head_timeout_s to 2 s) and one viewer token asking for more event streams than its share (429), while an honest viewer and operator read and open their own streams. --no-admin: the device attacks only.")] = True,
 ) -> None:
     """Run live secure rounds under hostile traffic and check nothing breaks.
 
-    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates), then a coalition of 3 credentials (three client processes of one device each) that falsely reports 3 honest devices at every share check, while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages, enrolment floods and ids of 2^63 or more to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact, honest_devices_dropped, huge_id_answers and false_reports (target: no crash, every round commits exactly, no honest device dropped, no huge id answered INTERNAL or UNKNOWN, at most N = 2 honest devices quarantined and rounds still committing after that).
+    Two hostile client processes sit in the cohorts (devices that seal garbage shares; devices that send garbage metric coordinates), then a coalition of 3 credentials (three client processes of one device each) that falsely reports 3 honest devices at every share check, while the bench sends random bytes, malformed and oversized messages, out-of-order stage messages, enrolment floods and ids of 2^63 or more to the coordinator. Last stdout line: JSON with ok, coordinator_crashes, rounds_committed, rounds_aborted, aggregates_exact, honest_devices_dropped, huge_id_answers and false_reports (target: no crash, every round commits exactly, no honest device dropped, no huge id answered INTERNAL or UNKNOWN, at most N = 2 honest devices quarantined and rounds still committing after that). With --admin (the default) the JSON's admin object gives, per admin attack, the answers by status, the admin service's RSS growth and the honest viewer's and operator's read latency (p50/p99); its ok needs every attack answered with its expected status, RSS growth <= 20 MB, every honest read answered (200, or 503 while a flood holds every request slot) and the operator's own event stream accepted while a viewer hogs.
     """
     from fedmask.bench.hostile import HostileBenchConfig, run_hostile_bench
 
     _run_and_report(lambda: HostileBenchConfig(seconds=seconds, honest_devices=honest_devices,
                                                honest_processes=honest_processes, dim=dim, rate=rate, seed=seed,
-                                               keep=keep),
+                                               keep=keep, admin=admin),
                     run_hostile_bench)
 
 

@@ -45,7 +45,13 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     cohorts, random bytes, malformed, oversized and out-of-order messages,
     enrolment floods and ids of 2^63 or more at the port, a coalition of 3
     credentials that falsely reports 3 honest devices; the rounds go on,
-    exact, and the coalition quarantines at most N = 2 honest devices."""
+    exact, and the coalition quarantines at most N = 2 honest devices. Beside
+    them `fedmask admin` on the coordinator's admin listener takes 64 MiB
+    headers, 200 MiB bodies, bodies to routes that take none, concurrency
+    floods, slow heads and one viewer token hogging event streams: each is
+    refused with its status (D82), the service's RSS stays within 20 MB, the
+    honest viewer's and operator's reads answer and the operator's own event
+    stream is accepted."""
     p = procs.start("bench-hostile", ["bench", "hostile", "--seconds", "20", "--honest-devices", "12", "--dim", "64",
                                       "--rate", "5"])
     assert p.wait(120) == 0, p.tail()
@@ -64,6 +70,23 @@ def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     assert fr["credentials"] == 3 and fr["bound"] == 2 and len(fr["accused"]) == 3
     assert set(fr["honest_quarantined"]) <= set(fr["accused"]) and len(fr["honest_quarantined"]) <= 2
     assert fr["rounds_committed_with_coalition"] >= 2 and fr["rounds_committed_after_quarantines"] >= 1
+    admin = r["admin"]
+    assert admin["ok"] is True and admin["rss_growth_mb"] <= 20, admin
+    expected = {"oversized_head": [431], "oversized_body": [413, 503], "body_to_bodiless": [413],
+                "concurrency_flood": [503], "slow_head": [408], "stream_hog": [429]}
+    assert {k: a["expected"] for k, a in admin["attacks"].items()} == expected
+    for kind, a in admin["attacks"].items():  # every attempt refused as expected; nothing left unanswered
+        assert a["attempts"] > 0 and sum(a["answers"].values()) == a["attempts"], (kind, a)
+        assert {int(s) for s in a["answers"]} <= set(expected[kind]), (kind, a)
+    # the 200 MiB bodies and 64 MiB heads were refused long before their end
+    assert admin["attacks"]["oversized_body"]["answers"].get("413", 0) > 0
+    assert admin["attacks"]["oversized_body"]["max_sent_mib"] < 32 and admin["attacks"]["oversized_head"]["max_sent_mib"] < 32
+    assert admin["hog_streams_held"] == {"200": 4}  # the hog's share, then 429
+    for role in ("viewer", "operator"):
+        h = admin["honest"][role]
+        assert h["reads"] > 0 and set(h["read_answers"]) <= {"200", "503"} and h["read_answers"].get("200", 0) > 0, h
+        assert 0 < h["read_p50_ms"] <= h["read_p99_ms"] < 5000, h
+        assert h["streams"] and set(h["streams"]) == {"200"}, h  # its own stream while the hog holds its share
     assert procs.leftovers() == {}
 
 
