@@ -1,7 +1,9 @@
 """Cohort selection (pure; the RNG is injected).
 
     eligible = available devices of live sessions that support the model,
-               minus the devices of a running round,
+               minus the devices of a running round (and, passed with
+               them, those that already answered an unmasking request on
+               this model version: spent_devices.py, D85),
                minus the previous round's contributors unless
                cohort.allow_consecutive (FedRAP: two consecutive uploads of
                one device reveal its gradient)

@@ -16,13 +16,12 @@ The gRPC servicer only calls:
 and drains `session.outbox` (ServerMessage, or a StreamEnd that ends the
 stream with a status). Errors are `coordinator.errors` exceptions.
 
-It composes `relay` (device_relay.py: requests to devices), `actions`
-(operator_actions.py, for which it is the in-process `FederationControl`),
-`outcomes` (round_outcomes.py: round ends, the epsilon budget, D42),
-`census` (device_census.py) and `delivery` (round_delivery.py: messages to
-the streams, identity certificates, D33). The admin servicer gets
-`actions`, `live_state` and the event hub.
-"""
+It composes `relay` (device_relay.py), `actions` (operator_actions.py; it
+is their `FederationControl`), `outcomes` (round_outcomes.py: round ends, the
+epsilon budget, D42), `census` (device_census.py), `delivery`
+(round_delivery.py: messages to streams, D33) and `spent` (spent_devices.py:
+who already contributed to this version, D85). The admin servicer gets
+`actions`, `live_state` and the event hub."""
 
 from __future__ import annotations
 
@@ -61,6 +60,7 @@ from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.round_tasks import TaskFields
 from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
 from coordinator.selection import eligible_devices, select_cohort
+from coordinator.spent_devices import SpentDevices
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import RoundRecord, RoundState, Store, utc_now
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
@@ -101,6 +101,7 @@ class Coordinator:
         self.round: RoundMachine | None = None
         self._round_started_at: datetime | None = None
         self._previous_contributors: frozenset[int] = frozenset()
+        self.spent = SpentDevices(store)  # devices that answered unmasking on this version (D85)
         s = settings.secagg
         self.peer_reports = ReportLedger(store, ReportPolicy(
             reporters=s.report_reporters, rounds=s.report_rounds, window=s.report_window, window_s=s.report_window_s,
@@ -392,7 +393,7 @@ class Coordinator:
         """Devices selectable now; quarantine (D37) never leaves fewer than the cohort minimum."""
         c = self.settings.cohort
         free = eligible_devices(self.registry.available(self.model.name),
-                                busy=set(() if self.round is None else self.round.cohort),
+                                busy=set(() if self.round is None else self.round.cohort) | self.spent.devices,
                                 previous_contributors=self._previous_contributors,
                                 allow_consecutive=c.allow_consecutive)
         out = self.peer_reports.excluded(free, max(c.minimum, 2))
@@ -400,10 +401,8 @@ class Coordinator:
 
     async def _wait(self, event: asyncio.Event, timeout: float) -> None:
         if timeout > 0:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout)
-            except TimeoutError:
-                pass
         event.clear()
 
     async def run(self) -> None:
@@ -441,10 +440,11 @@ class Coordinator:
         c = self.settings.cohort
         minimum = max(c.minimum, 2)
         target = max(c.selected, minimum)
-        await self.peer_reports.refresh(self._last_round_number + 1)
-        while not self._stopping and len(self.eligible()) < minimum:
+        await self._refresh_exclusions()
+        while not self._stopping and len(eligible := self.eligible()) < minimum:
+            self.spent.waiting(self.registry.available(self.model.name), eligible=len(eligible), minimum=minimum)
             await self._wait(self._changed, 1.0)
-            await self.peer_reports.refresh(self._last_round_number + 1)
+            await self._refresh_exclusions()
         if self._stopping:
             return None
         window_end = self._clock() + self.settings.deadlines.selection
@@ -458,6 +458,10 @@ class Coordinator:
             await self.outcomes.record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES,
                                                   "devices left during selection", base_version=self.model_version)
         return cohort
+
+    async def _refresh_exclusions(self) -> None:  # both read the store (several replicas share it)
+        await self.peer_reports.refresh(self._last_round_number + 1)
+        await self.spent.refresh(self.model_version)
 
     def _record(self, r: RoundMachine, state: RoundState, *, ended: bool = False,
                 metrics: Mapping[str, float] | None = None, timings: Mapping[str, float] | None = None) -> RoundRecord:

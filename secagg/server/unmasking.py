@@ -65,6 +65,11 @@ class ServerUnmasking(ServerState[UnmaskingResponse]):
         x = shamir.x_of(sender)
         for store, owner, value in parsed:
             store.setdefault(owner, {})[x] = value
+        # recorded as answers arrive, so a round aborted during this stage
+        # (cancelled, the coordinator stopping) still lists who answered: the
+        # devices that may have spent their contribution to this task (D85)
+        r = self._round
+        r.survivors[self.stage] = tuple(sorted({*r.survivors.get(self.stage, ()), sender}))
 
     def _reconstruct(self, store: dict[int, dict[int, int]], owner: int) -> int | None:
         shares = store.get(owner, {})

@@ -420,15 +420,21 @@ class FlakyStore(InMemoryStore):
 
 
 def test_a_failed_commit_aborts_the_round_and_the_next_one_commits():
+    """The failed commit came after unmasking: its cohort's devices spent their
+    contribution to this model version (D85), so the next round on the same
+    version commits with the other devices (8 devices, cohorts of 4)."""
     async def main():
         store = FlakyStore()
         v0 = None
         async with running(make_settings(rounds=2), store) as (coord, target, _, rounds):
             v0 = coord.model_version
-            clients, devices = await _clients(target, 4, groups=1)
+            clients, devices = await _clients(target, 8, groups=1)
             await _wait_rounds(rounds)
-            assert store.get_round(1).state is RoundState.ABORTED and store.get_round(1).abort_reason == "cancelled"
-            assert store.get_round(2).state is RoundState.COMMITTED
+            first, second = store.get_round(1), store.get_round(2)
+            assert first.state is RoundState.ABORTED and first.abort_reason == "cancelled"
+            assert second.state is RoundState.COMMITTED
+            assert len(first.survivors["unmasking"]) == 4 and first.base_model_version == second.base_model_version
+            assert not set(first.survivors["unmasking"]) & set(second.survivors["selected"])
             assert store.latest_model_version("synthetic").id != v0
             assert store.latest_model_version("synthetic").hyperparameters["step"] == 1
             for c in clients:

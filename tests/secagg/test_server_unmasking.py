@@ -86,3 +86,16 @@ def test_terminal_states_ignore_late_messages() -> None:
         done.abort()
     with pytest.raises(TypeError):
         done.handle(0, ill_typed("late"))
+
+
+def test_answers_are_recorded_as_they_arrive_so_a_cancelled_round_lists_them() -> None:
+    """A device that answered unmasking spent its contribution to the task
+    (D85): a round aborted during unmasking must still say who answered."""
+    h, resp = unmasking_responses()
+    for i in (0, 3):
+        h.server, _ = h.server.handle(i, resp[i])
+    h.server, _ = h.server.handle(1, dataclasses.replace(resp[1], round_idx=1))  # dropped: not an answer
+    assert h.server.record.survivors["unmasking"] == (0, 3)
+    h.server, _ = h.server.abort(AbortReason.CANCELLED, "operator")
+    server_aborted(h.server, AbortReason.CANCELLED)
+    assert h.server.record.survivors["unmasking"] == (0, 3)
