@@ -56,6 +56,7 @@ def _handlers() -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
                                A.RecommendTopKResponse.SerializeToString),
         "Pause": unary(_refuses, *op), "Resume": unary(_refuses, *op), "AbortRound": unary(_refuses, *op),
         "Rollback": unary(_refuses, A.RollbackRequest.FromString, A.OperatorActionResponse.SerializeToString),
+        "RecordRefusal": unary(_refuses, A.RefusalRecord.FromString, A.RecordRefusalResponse.SerializeToString),
     }
 
 
