@@ -90,6 +90,19 @@ def status_of(answer: bytes) -> int | None:
     return int(line[1]) if len(line) >= 2 and line[1].isdigit() else None
 
 
+def read_status_line(s: socket.socket) -> bytes:
+    """What `s` receives up to the end of the answer's status line (less if it
+    closes or fails first; the socket's timeout applies)."""
+    answer = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n" not in answer:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
+
+
 def big_head(target: str, size: int) -> Iterator[bytes]:
     """A GET whose one header is `size` bytes long, 256 KiB at a time."""
     yield f"GET {target} HTTP/1.1\r\nHost: x\r\nX-Filler: ".encode()
@@ -134,12 +147,7 @@ def send_until_answered(port: int, parts: Iterator[bytes], *, give_up_s: float =
                 pending = pending[n:]
         s.setblocking(True)
         s.settimeout(max(0.5, give_up_s - (time.monotonic() - t0)))
-        with contextlib.suppress(OSError):
-            while b"\r\n" not in answer:
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
+        answer = read_status_line(s)
     return status_of(answer), sent
 
 
@@ -147,14 +155,7 @@ def open_stream(port: int, token: str, timeout: float = READ_TIMEOUT_S) -> tuple
     """GET /v1/events with `token`; its status and the open socket (the caller closes it)."""
     s = socket.create_connection((LOOPBACK, port), timeout=timeout)
     s.sendall(f"GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
-    answer = b""
-    with contextlib.suppress(OSError):
-        while b"\r\n" not in answer:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            answer += chunk
-    return status_of(answer), s
+    return status_of(read_status_line(s)), s
 
 
 def flood(port: int, slots: int, *, give_up_s: float = 5.0) -> int | None:
