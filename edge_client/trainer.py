@@ -45,7 +45,16 @@ from edge_client.local_data import DatasetError, LocalData
 from edge_client.state import StateCorruptError
 from edge_client.task import SYNTHETIC_MODEL, TaskSpec
 from fedmask_proto.v1 import common_pb2
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, resolve_device, take_cohort, take_rows
+from models.base import (
+    CohortData,
+    FederatedRecommender,
+    GlobalState,
+    LocalRound,
+    PrivateState,
+    resolve_device,
+    take_cohort,
+    take_rows,
+)
 from models.data.sampling import cohort_data
 from models.evaluation import evaluate
 from models.registry import ConfigError, build_model
@@ -311,7 +320,7 @@ class Trainer:
         data, split = self.cohort(numbers, entry.explicit)
         private = self._load_private(entry, task.model_name, numbers, data, global_)
         with torch.no_grad():
-            new_private, upd = model.local_update(global_, private, data, task.round_idx, self.seed)
+            new_private, upd = model.local_update(LocalRound(global_, private, data, task.round_idx, self.seed))
         B = len(numbers)
         if tuple(upd.shape) != (B, model.update_dim):
             raise TrainingError(f"{task.model_name}.local_update returned shape {tuple(upd.shape)}")

@@ -61,6 +61,19 @@ class CohortData:
     ratings: torch.Tensor | None = None  # float32 (B, Lmax)
 
 
+@dataclass(frozen=True)
+class LocalRound:
+    """What one call of local training is given: the round's global state (read
+    only), the cohort's private rows and data, the round index and the
+    federation's seed (see the module doc for how draws are keyed by them)."""
+
+    global_: GlobalState
+    private: PrivateState
+    data: CohortData
+    round_idx: int
+    seed: int
+
+
 def diverged(state: dict[str, torch.Tensor]) -> bool:
     """True when any parameter holds a NaN or an infinity: no later round can recover from it."""
     return not all(bool(torch.isfinite(v).all()) for v in state.values())
@@ -123,16 +136,9 @@ class FederatedRecommender(ABC):
         Row b depends only on (seed, data.users[b], its data, global_)."""
 
     @abstractmethod
-    def local_update(
-        self,
-        global_: GlobalState,
-        private: PrivateState,
-        data: CohortData,
-        round_idx: int,
-        seed: int,
-    ) -> tuple[PrivateState, torch.Tensor]:
+    def local_update(self, job: LocalRound) -> tuple[PrivateState, torch.Tensor]:
         """Train the cohort locally; return its new private state and the
-        (B, update_dim) updates to aggregate. Must not modify `global_`.
+        (B, update_dim) updates to aggregate. Must not modify `job.global_`.
         Row b depends only on (seed, round_idx, data.users[b], its data and
         private rows, global_): never on the other rows of the batch."""
 

@@ -33,7 +33,7 @@ from typing import ClassVar, Literal, TypedDict
 
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState
 from models.batched import flatten, randn
 from models.fedrap import FedRAP
 from models.keyed_random import check_seed, user_normal
@@ -182,23 +182,16 @@ class ExplicitMF(FederatedRecommender):
         """Private entries that local training leaves unchanged."""
         return {}
 
-    def local_update(
-        self,
-        global_: GlobalState,
-        private: PrivateState,
-        data: CohortData,
-        round_idx: int,
-        seed: int,
-    ) -> tuple[PrivateState, torch.Tensor]:
-        if data.ratings is None:
+    def local_update(self, job: LocalRound) -> tuple[PrivateState, torch.Tensor]:
+        if job.data.ratings is None:
             raise ValueError(f"{self.name} is an explicit model: the cohort data needs ratings")
         m, k = self.n_items, self.k
-        Q = global_["Q"]
-        bq = global_.get("bq")
-        flat = flatten(data)
+        Q = job.global_["Q"]
+        bq = job.global_.get("bq")
+        flat = flatten(job.data)
         nb = flat.n_devices
         dev_t = Q.device
-        f = self.lr_decay**round_idx
+        f = self.lr_decay**job.round_idx
         lr_u, lr_i = self.lr_user * f, self.lr_item * f
         assert flat.rating is not None
         # dense (B, m) tables of the targets and of which entries are rated
@@ -208,13 +201,13 @@ class ExplicitMF(FederatedRecommender):
         target[flat.dev * m + flat.item] = flat.rating
         rated, target = rated.view(nb, m), target.view(nb, m)
         target = target - self.center
-        off = self._offset(private)
+        off = self._offset(job.private)
         if off is not None:
             target = target - off
         n_r = flat.counts.clamp(min=1).to(torch.float32)
 
-        p_all = private["p"].clone()
-        bu_all = private["bu"].clone() if self.user_bias else None
+        p_all = job.private["p"].clone()
+        bu_all = job.private["bu"].clone() if self.user_bias else None
         upd = torch.empty(nb, self.update_dim, device=dev_t)
         mk = m * k
         for s in range(0, nb, self.chunk):
@@ -252,7 +245,7 @@ class ExplicitMF(FederatedRecommender):
         new_private: PrivateState = {"p": p_all}
         if bu_all is not None:
             new_private["bu"] = bu_all
-        new_private.update(self._carry(private))
+        new_private.update(self._carry(job.private))
         return new_private, upd
 
     def _solve_users(

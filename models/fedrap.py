@@ -88,7 +88,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState, take_cohort
+from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.batched import Flat, flatten, negative_counts, randn, soft_threshold
 from models.keyed_random import check_seed, user_normal
 
@@ -124,7 +124,7 @@ def curriculum_weight(kind: str, a: int) -> float:
 
 
 @dataclass(frozen=True)
-class _LocalRound:
+class _RoundWork:
     """One `FedRAP.local_update` call: its inputs, learning rates, per-device constants
     and output tables. Its chunks of devices share it; each reads and writes only its
     own devices' rows of the tables."""
@@ -287,32 +287,24 @@ class FedRAP(FederatedRecommender):
         per_dev = torch.zeros(flat.n_devices, device=w.device).index_add_(0, flat.dev, w)
         return w * (flat.counts.clamp(min=1).to(torch.float32) / per_dev.clamp(min=1e-30))[flat.dev]
 
-    def local_update(
-        self,
-        global_: GlobalState,
-        private: PrivateState,
-        data: CohortData,
-        round_idx: int,
-        seed: int,
-    ) -> tuple[PrivateState, torch.Tensor]:
-        r = self._start_round(global_, private, data, round_idx, seed)
+    def local_update(self, job: LocalRound) -> tuple[PrivateState, torch.Tensor]:
+        r = self._start_round(job)
         self._train_groups(r)
         new_private: PrivateState = {"u": r.u_all, "b": r.b_all}
         if self.has_d:
             new_private["D"] = r.d_out
         return new_private, r.upd
 
-    def _start_round(
-        self, global_: GlobalState, private: PrivateState, data: CohortData, round_idx: int, seed: int
-    ) -> _LocalRound:
+    def _start_round(self, job: LocalRound) -> _RoundWork:
         """The round's learning rates, per-device constants and fresh output tables."""
+        global_, private, data, round_idx, seed = job.global_, job.private, job.data, job.round_idx, job.seed
         m, k, n_ep = self.n_items, self.k, self.local_epochs
         flat = flatten(data)
         nb = flat.n_devices
         dev_t = flat.item.device
         lr_u, lr_i, lr_d = self._lrs(round_idx)
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
-        return _LocalRound(
+        return _RoundWork(
             flat=flat,
             data=data,
             private=private,
@@ -342,7 +334,7 @@ class FedRAP(FederatedRecommender):
             chunk=self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t),
         )
 
-    def _train_groups(self, r: _LocalRound) -> None:
+    def _train_groups(self, r: _RoundWork) -> None:
         """Train the cohort, `_CHUNKS_PER_DRAW` chunks at a time.
 
         Devices are independent and every group writes only its own rows of the
@@ -367,7 +359,7 @@ class FedRAP(FederatedRecommender):
         finally:  # the setting can be process-wide: the caller's count comes back
             torch.set_num_threads(threads)
 
-    def _train_group(self, r: _LocalRound, g: int) -> None:
+    def _train_group(self, r: _RoundWork, g: int) -> None:
         """Draw the negatives of the group of chunks starting at device g at once (keyed
         draws: the same as the whole cohort would draw for these devices), then train its chunks."""
         m, k, chunk = self.n_items, self.k, r.chunk
@@ -379,7 +371,7 @@ class FedRAP(FederatedRecommender):
         for s in range(g, g + members.numel(), chunk):
             self._train_chunk(r, s, negc[:, s - g : s - g + chunk], acc)
 
-    def _train_chunk(self, r: _LocalRound, s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
+    def _train_chunk(self, r: _RoundWork, s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
         """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
         acc: a scratch (chunk, m, k) table."""
         sl = slice(s, min(r.flat.n_devices, s + r.chunk))
@@ -393,7 +385,7 @@ class FedRAP(FederatedRecommender):
         self._split_step(r, sl, A, D, cb_i)
 
     def _bce_epochs(
-        self, r: _LocalRound, sl: slice, negc: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None
+        self, r: _RoundWork, sl: slice, negc: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None
     ) -> torch.Tensor | None:
         """The `local_epochs` BCE steps of the devices `sl`: u_i and b_i (their rows of
         r.u_all, r.b_all) in place, the item steps accumulated in A (bc, m, k). Returns the
@@ -443,7 +435,7 @@ class FedRAP(FederatedRecommender):
         return cb_i
 
     def _split_step(
-        self, r: _LocalRound, sl: slice, A: torch.Tensor, D: torch.Tensor | None, cb_i: torch.Tensor | None
+        self, r: _RoundWork, sl: slice, A: torch.Tensor, D: torch.Tensor | None, cb_i: torch.Tensor | None
     ) -> None:
         """The devices `sl`'s new D_i (into r.d_out) and update (into r.upd) from their
         accumulated item steps A and their copies of c, `cb_i`."""

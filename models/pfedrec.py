@@ -36,7 +36,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, PrivateState
+from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState
 from models.batched import (
     flatten,
     negative_sampler,
@@ -101,25 +101,18 @@ class PFedRec(FederatedRecommender):
             "E": global_["E"].unsqueeze(0).expand(nb, -1, -1).clone(),
         }
 
-    def local_update(
-        self,
-        global_: GlobalState,
-        private: PrivateState,
-        data: CohortData,
-        round_idx: int,
-        seed: int,
-    ) -> tuple[PrivateState, torch.Tensor]:
+    def local_update(self, job: LocalRound) -> tuple[PrivateState, torch.Tensor]:
         m, k, bs = self.n_items, self.k, self.batch_size
-        check_seed(seed)
-        Eg = global_["E"]
-        flat = flatten(data)
+        check_seed(job.seed)
+        Eg = job.global_["E"]
+        flat = flatten(job.data)
         nb = flat.n_devices
         dev_t = Eg.device
-        f = self.lr_decay**round_idx
+        f = self.lr_decay**job.round_idx
         lr, lr_item = self.lr * f, self.lr_item * f
 
-        w_all = private["w"].clone()
-        b_all = private["b"].clone()
+        w_all = job.private["w"].clone()
+        b_all = job.private["b"].clone()
         e_out = torch.empty(nb, m, k, device=dev_t)
         upd = torch.empty(nb, m * k, device=dev_t)
         n_samples = flat.counts * (1 + self.n_neg)
@@ -133,14 +126,14 @@ class PFedRec(FederatedRecommender):
             self.n_neg, device=dev_t
         ).repeat(pos_idx.numel())
         sample_idx = torch.cat([pos_idx, neg_idx])
-        sampler = negative_sampler(data, m, self.n_neg)
+        sampler = negative_sampler(job.data, m, self.n_neg)
         for e in range(self.local_epochs):
-            ndev, nitem = negative_samples(data, m, self.n_neg, negatives_stream(seed, round_idx, e), sampler)
+            ndev, nitem = negative_samples(job.data, m, self.n_neg, negatives_stream(job.seed, job.round_idx, e), sampler)
             dev = torch.cat([flat.dev, ndev])
             item = torch.cat([flat.item, nitem])
             y = torch.cat([torch.ones_like(flat.item), torch.zeros_like(nitem)]).to(torch.float32)
             # keyed random rank of each sample inside its device -> mini-batch id
-            rank = shuffle_ranks(dev, sample_idx, n_samples, data.users, shuffle_stream(seed, round_idx, e))
+            rank = shuffle_ranks(dev, sample_idx, n_samples, job.data.users, shuffle_stream(job.seed, job.round_idx, e))
             ep_dev.append(dev)
             ep_item.append(item)
             ep_y.append(y)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, take_cohort
+from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
 from models.sim.aggregation import RunningSum
@@ -92,7 +92,7 @@ def train_cohort(
     for part in parts:
         data = cohorts.get(part)
         with torch.no_grad():
-            new_priv, upd = model.local_update(global_, tables.take(part), data, round_idx, seed)
+            new_priv, upd = model.local_update(LocalRound(global_, tables.take(part), data, round_idx, seed))
         b = int(data.users.shape[0])
         if upd.shape != (b, dim):
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")

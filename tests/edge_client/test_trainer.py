@@ -15,6 +15,7 @@ from edge_client.queries import top_k
 from edge_client.recommend_policy import RecommendationPolicy
 from edge_client.task import TaskSpec
 from edge_client.trainer import Trainer, TrainingError, TrainingFailure, synthetic_updates
+from models.base import LocalRound
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import leave_one_out, random_explicit_split
 from models.data.synthetic import synthetic
@@ -59,7 +60,7 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     users = np.array(NUMBERS) - 1
     data = cohort_data(split, users, explicit_csr=explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None)
     private = model.init_private(data, global_, trainer.seed)
-    want_priv, want = model.local_update(global_, private, data, spec.round_idx, trainer.seed)
+    want_priv, want = model.local_update(LocalRound(global_, private, data, spec.round_idx, trainer.seed))
 
     out = trainer.train(spec, NUMBERS)
     np.testing.assert_array_equal(out.updates, want.numpy().astype(np.float64))
@@ -77,7 +78,7 @@ def test_training_a_batch_is_exactly_the_engine_path(trainer: Trainer, interacti
     rows = torch.tensor(sub)
     priv2 = {k: v.index_select(0, rows) for k, v in want_priv.items()}
     data2 = cohort_data(split, users[sub], explicit_csr=explicit_train_csr(split) if isinstance(split, ExplicitSplit) else None)
-    _, want2 = model.local_update(global_, priv2, data2, 4, trainer.seed)
+    _, want2 = model.local_update(LocalRound(global_, priv2, data2, 4, trainer.seed))
     out2 = trainer.train(spec2, [NUMBERS[i] for i in sub])
     np.testing.assert_array_equal(out2.updates, want2.numpy().astype(np.float64))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from models.base import CohortData
+from models.base import CohortData, LocalRound
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import random_explicit_split
 from models.data.synthetic import synthetic
@@ -39,7 +39,7 @@ def test_explicit_contract_and_exact_step() -> None:
     g0["bq"] = torch.randn(5, generator=gen(9)) * 0.1
     p0 = m.init_private(data, g0, 1)
     g_copy = {k: v.clone() for k, v in g0.items()}
-    new_p, upd = m.local_update(g0, p0, data, 0, 2)
+    new_p, upd = m.local_update(LocalRound(g0, p0, data, 0, 2))
     assert all(torch.equal(g0[k], g_copy[k]) for k in g0)
     for b in range(2):
         p = p0["p"][b].clone().requires_grad_()
@@ -90,7 +90,7 @@ def test_exact_user_solver_zeroes_the_user_gradient() -> None:
     g0 = m.init_global(gen())
     g0["bq"] = torch.randn(5, generator=gen(3)) * 0.2
     p0 = m.init_private(data, g0, 1)
-    new_p, upd = m.local_update(g0, p0, data, 0, 2)
+    new_p, upd = m.local_update(LocalRound(g0, p0, data, 0, 2))
     assert torch.count_nonzero(upd) == 0  # lr_item = 0: only the users moved
     for b in range(2):
         p = new_p["p"][b].clone().requires_grad_()

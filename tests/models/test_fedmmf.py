@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from models.base import LocalRound
 from models.data.sampling import cohort_data, explicit_train_csr
 from models.data.splits import random_explicit_split
 from models.data.synthetic import synthetic
@@ -72,7 +73,7 @@ def test_private_state_prediction_and_summary(split, data) -> None:
     assert torch.allclose(got, want, atol=1e-5)
     rows = torch.tensor([2, 3])
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
-    new_p, upd = m.local_update(g0, part, cohort_data(split, rows), 0, 2)
+    new_p, upd = m.local_update(LocalRound(g0, part, cohort_data(split, rows), 0, 2))
     assert upd.shape == (2, m.update_dim)
     assert torch.equal(new_p["mask"], part["mask"]) and torch.equal(new_p["J"], part["J"])
     s = m.summary(g0, p0)
@@ -91,7 +92,7 @@ def test_masked_mf_trains_on_the_residual(split, data) -> None:
         data.mask
     ]
     p0["mask"] = table
-    _, upd = m.local_update(g0, p0, data, 0, 2)
+    _, upd = m.local_update(LocalRound(g0, p0, data, 0, 2))
     assert torch.count_nonzero(upd) == 0
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import models.fedrap as fedrap_mod
-from models.base import CohortData
+from models.base import CohortData, LocalRound
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
@@ -50,7 +50,7 @@ def test_contract_shapes_and_no_mutation(synth_split, variant: str) -> None:
     sub = cohort_data(s, rows)
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
     part_copy = {k: v.clone() for k, v in part.items()}
-    new_p, upd = m.local_update(g0, part, sub, round_idx=3, seed=2)
+    new_p, upd = m.local_update(LocalRound(g0, part, sub, round_idx=3, seed=2))
     assert upd.shape == (4, m.update_dim) and upd.dtype == torch.float32
     assert set(new_p) == set(p0) and all(new_p[k].shape == part[k].shape for k in new_p)
     for k in g0:  # global state untouched
@@ -78,7 +78,7 @@ def test_update_is_only_the_change_of_c(synth_split) -> None:
     )
     priv = m.init_private(empty, g0, 1)
     priv["D"].normal_(generator=gen(5))
-    _, upd = m.local_update(g0, priv, empty, 0, 2)
+    _, upd = m.local_update(LocalRound(g0, priv, empty, 0, 2))
     assert upd.shape == (2, g0["C"].numel())
     assert torch.count_nonzero(upd) == 0
 
@@ -105,7 +105,7 @@ def test_inner_chunks_and_worker_threads_change_nothing(
                        item_bias=item_bias, weight_decay_d=0.1, update_scale=3.0, chunk=chunk)  # fmt: skip
             g0 = m.init_global(gen())
             p0 = m.init_private(sub, g0, 1)
-            outs.append(m.local_update(g0, p0, sub, round_idx=4, seed=2))
+            outs.append(m.local_update(LocalRound(g0, p0, sub, round_idx=4, seed=2)))
             assert torch.get_num_threads() == n_threads  # the workers' single-threading does not leak
     finally:
         torch.set_num_threads(threads)
@@ -147,7 +147,7 @@ def test_dense_formulation_equals_autograd(monkeypatch: pytest.MonkeyPatch, rece
     G = model.init_global(gen(1))
     P = model.init_private(data, G, 1)
     a = 5
-    new_p, upd = model.local_update(G, P, data, a, 2)
+    new_p, upd = model.local_update(LocalRound(G, P, data, a, 2))
     lam = model.lam(a)
     for b in range(B):
         u = P["u"][b].clone().requires_grad_()
@@ -200,7 +200,7 @@ def test_item_bias_step_equals_autograd(monkeypatch: pytest.MonkeyPatch) -> None
     G = model.init_global(gen(1))
     G["c_bias"] = torch.randn(m_items, generator=gen(4)) * 0.1
     P = model.init_private(data, G, 1)
-    new_p, upd = model.local_update(G, P, data, 3, 2)
+    new_p, upd = model.local_update(LocalRound(G, P, data, 3, 2))
     assert upd.shape == (B, m_items * k + m_items)
     for b in range(B):
         u = P["u"][b].clone().requires_grad_()
@@ -244,7 +244,7 @@ def test_regulariser_pushes_d_and_c_apart() -> None:
     m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, curriculum="fixed", init_std_d=0.5, item_bias=False)
     G = m.init_global(gen())
     P = m.init_private(data, G, 1)
-    new_p, upd = m.local_update(G, P, data, 0, 2)
+    new_p, upd = m.local_update(LocalRound(G, P, data, 0, 2))
     before = (P["D"][0] - G["C"]).norm()
     after = (new_p["D"][0] - (G["C"] + upd[0].view(5, 3))).norm()
     assert after > before
@@ -282,8 +282,8 @@ def test_curriculum_is_applied_in_training() -> None:
     m = FedRAP(1, 5, k=3, local_epochs=1, v1=0.1, init_std_d=0.5, item_bias=False)
     G = m.init_global(gen())
     P = m.init_private(data, G, 1)
-    _, upd0 = m.local_update(G, P, data, 0, 2)
-    _, upd20 = m.local_update(G, P, data, 20, 2)
+    _, upd0 = m.local_update(LocalRound(G, P, data, 0, 2))
+    _, upd20 = m.local_update(LocalRound(G, P, data, 20, 2))
     assert torch.count_nonzero(upd0) == 0 and torch.count_nonzero(upd20) > 0
 
 
@@ -337,8 +337,8 @@ def test_update_scale_only_changes_the_unit(synth_split) -> None:
     b = FedRAP(s.n_users, s.n_items, k=4, local_epochs=1, update_scale=7.0)
     g0 = a.init_global(gen())
     p0 = a.init_private(data, g0, 1)
-    _, ua = a.local_update(g0, p0, data, 4, 2)
-    _, ub = b.local_update(g0, p0, data, 4, 2)
+    _, ua = a.local_update(LocalRound(g0, p0, data, 4, 2))
+    _, ub = b.local_update(LocalRound(g0, p0, data, 4, 2))
     assert torch.allclose(ub * 7.0, ua, atol=1e-5)
     assert torch.allclose(a.apply_mean_update(g0, ua.mean(0), 4)["C"], b.apply_mean_update(g0, ub.mean(0), 4)["C"], atol=1e-5)
 

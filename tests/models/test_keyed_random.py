@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from models.base import LocalRound
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
@@ -106,7 +107,7 @@ def test_every_model_trains_a_device_the_same_in_any_batch(name: str, explicit: 
     def run(users: np.ndarray) -> tuple[dict, torch.Tensor, dict]:
         data = cohort_data(split, users)
         priv = model.init_private(data, g0, 17)
-        new_priv, upd = model.local_update(g0, priv, data, 2, 17)
+        new_priv, upd = model.local_update(LocalRound(g0, priv, data, 2, 17))
         return priv, upd, new_priv
 
     p30, u30, n30 = run(thirty)
@@ -123,5 +124,5 @@ def test_every_model_trains_a_device_the_same_in_any_batch(name: str, explicit: 
             torch.testing.assert_close(n1[key][0], n30[key][i], atol=1e-5, rtol=1e-5)
     # and the seed matters
     data = cohort_data(split, five)
-    _, other = model.local_update(g0, model.init_private(data, g0, 18), data, 2, 18)
+    _, other = model.local_update(LocalRound(g0, model.init_private(data, g0, 18), data, 2, 18))
     assert not torch.allclose(other, u5, atol=1e-4)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import models.pfedrec as pf_mod
-from models.base import CohortData
+from models.base import CohortData, LocalRound
 from models.data.sampling import cohort_data
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
@@ -32,7 +32,7 @@ def test_contract(monkeypatch: pytest.MonkeyPatch) -> None:
     part = {k: v.index_select(0, rows) for k, v in p0.items()}
     g_copy = {k: v.clone() for k, v in g0.items()}
     part_copy = {k: v.clone() for k, v in part.items()}
-    new_p, upd = m.local_update(g0, part, sub, 0, 2)
+    new_p, upd = m.local_update(LocalRound(g0, part, sub, 0, 2))
     assert upd.shape == (3, m.update_dim)
     assert all(torch.equal(g0[k], g_copy[k]) for k in g0)
     assert all(torch.equal(part[k], part_copy[k]) for k in part)
@@ -56,7 +56,7 @@ def test_two_step_minibatch_update_equals_autograd(monkeypatch: pytest.MonkeyPat
     m = PFedRec(1, 6, k=3, batch_size=4, n_neg=1, lr=0.3, lr_item=0.7, weight_decay=0.0)
     g0 = m.init_global(gen(3))
     p0 = m.init_private(data, g0, 4)
-    new_p, upd = m.local_update(g0, p0, data, 0, 5)
+    new_p, upd = m.local_update(LocalRound(g0, p0, data, 0, 5))
     # replay the shuffling the model did: sample i of user 0 (positives 0..2, then the
     # negatives of positions 0..2) has the keyed sort key of (seed 5, SHUFFLE, round 0, epoch 0, user 0, i)
     dev = torch.zeros(6, dtype=torch.long)
