@@ -94,23 +94,27 @@ def guarded(method: str, behaviour: Behaviour, *, check_request: bool,
     return run
 
 
+#: The four kinds of method handler: the handler's attribute holding the
+#: behaviour, grpc's constructor for a handler of that kind, and whether the
+#: request is one message (checked before the behaviour runs; streamed
+#: requests are checked by whoever reads them).
+_HANDLER_KINDS: tuple[tuple[str, Callable[..., grpc.RpcMethodHandler[Any, Any]], bool], ...] = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler, True),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler, False),
+)
+
+
 def guard_handler(method: str, handler: grpc.RpcMethodHandler[Any, Any],
                   refusals: _RefusalLog) -> grpc.RpcMethodHandler[Any, Any]:
     """A method handler like `handler` (same kind, same (de)serializers)
     whose behaviour runs `guarded`."""
-    des, ser = handler.request_deserializer, handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            guarded(method, handler.unary_unary, check_request=True, refusals=refusals), des, ser)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            guarded(method, handler.unary_stream, check_request=True, refusals=refusals), des, ser)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(
-            guarded(method, handler.stream_unary, check_request=False, refusals=refusals), des, ser)
-    if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(
-            guarded(method, handler.stream_stream, check_request=False, refusals=refusals), des, ser)
+    for attribute, make_handler, one_request in _HANDLER_KINDS:
+        behaviour = getattr(handler, attribute)
+        if behaviour is not None:
+            return make_handler(guarded(method, behaviour, check_request=one_request, refusals=refusals),
+                                handler.request_deserializer, handler.response_serializer)
     raise ValueError(f"{method}: a method handler without a behaviour")
 
 
