@@ -39,6 +39,7 @@ from coordinator.store.records import (
     PrivacySummary,
     RoundRecord,
 )
+from coordinator.store.lease_records import Lease
 from coordinator.store.report_records import Quarantine, ShareReport
 
 
@@ -137,17 +138,22 @@ class Store(Protocol):
         round_record: RoundRecord,
         new_model_version: NewModelVersion,
         privacy_entry: PrivacyEntry | None,
+        *,
+        fence: Lease | None = None,
     ) -> ModelVersionSummary:
         """In ONE transaction: write the round in state COMMITTED (insert or
         update), store the model version it produced (round_number set) and
         its privacy-ledger entry (None when DP is off). All or nothing.
+        With `fence` (a replicated coordinator's lease), the same transaction
+        first checks that the lease still names that holder and token.
         Raises InvalidRecordError (state not COMMITTED, entry for another
-        round), ConflictError (round already terminal)."""
+        round), ConflictError (round already terminal), FencedOut (the
+        fence's holder was deposed; nothing written)."""
         ...
 
-    def abort_round(self, round_record: RoundRecord) -> None:
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
         """Write the round in state ABORTED (insert or update).
-        Raises InvalidRecordError, ConflictError as commit_round."""
+        Raises InvalidRecordError, ConflictError, FencedOut as commit_round."""
         ...
 
     def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
@@ -218,6 +224,26 @@ class Store(Protocol):
 
     def forget_quarantines(self, ids: Iterable[int]) -> None:
         """Delete those quarantines; unknown ids are ignored."""
+        ...
+
+    # ---------------------------------------------------- the leader lease (D90)
+
+    def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
+        """Take the leader lease for `seconds` by the store's clock when it is
+        free or expired (its token grows by one), or renew it when `holder`
+        holds it (same token). None when another holder's lease still runs.
+        Raises InvalidRecordError for an empty holder or a duration outside
+        (0, 3600] s."""
+        ...
+
+    def release_lease(self, lease: Lease) -> None:
+        """End `lease` now if it is still the current term (a clean shutdown,
+        so another replica need not wait for the expiry); otherwise nothing."""
+        ...
+
+    def current_lease(self) -> Lease | None:
+        """The running lease (its remaining seconds by the store's clock), or
+        None when no replica leads."""
         ...
 
     def close(self) -> None:

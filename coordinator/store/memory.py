@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -21,6 +22,8 @@ from coordinator.store.errors import (
     InvalidRecordError,
     NotFoundError,
 )
+from coordinator.store.lease_records import Lease
+from coordinator.store.memory_lease import InMemoryLeaderLease
 from coordinator.store.memory_reports import InMemoryShareReports
 from coordinator.store.records import (
     COORDINATOR_RESTART,
@@ -67,12 +70,15 @@ class _State:
         )
 
 
-class InMemoryStore(InMemoryShareReports):
+class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
     """A Store held in process memory; lost when the process ends (share
-    reports and quarantines: the InMemoryShareReports mixin)."""
+    reports and quarantines: the InMemoryShareReports mixin; the leader
+    lease: InMemoryLeaderLease)."""
 
-    def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(self, *, clock: Callable[[], datetime] = utc_now,
+                 lease_clock: Callable[[], float] = time.monotonic) -> None:
         InMemoryShareReports.__init__(self)
+        InMemoryLeaderLease.__init__(self, lease_clock)
         self._clock = clock
         self._lock = threading.RLock()
         self._state = _State({}, {}, {}, {})
@@ -225,9 +231,12 @@ class InMemoryStore(InMemoryShareReports):
         round_record: RoundRecord,
         new_model_version: NewModelVersion,
         privacy_entry: PrivacyEntry | None,
+        *,
+        fence: Lease | None = None,
     ) -> ModelVersionSummary:
         check_commit_args(round_record, privacy_entry)
-        with self._lock:
+        with self._lease_lock, self._lock:
+            self._check_fence(fence)
             self._check_writable(round_record)
             if privacy_entry is not None and round_record.number in self._state.ledger:
                 raise ConflictError(f"round {round_record.number} already has a privacy entry")
@@ -243,10 +252,11 @@ class InMemoryStore(InMemoryShareReports):
     def _insert_privacy_entry(staged: _State, entry: PrivacyEntry) -> None:
         staged.ledger[entry.round_number] = entry
 
-    def abort_round(self, round_record: RoundRecord) -> None:
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
-        with self._lock:
+        with self._lease_lock, self._lock:
+            self._check_fence(fence)
             self._check_writable(round_record)
             staged = self._state.copy()
             staged.rounds[round_record.number] = _copy_round(round_record)

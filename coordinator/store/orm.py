@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    CheckConstraint,
     DateTime,
     Double,
     ForeignKey,
@@ -192,3 +193,16 @@ class QuarantineRow(Base):
     until: Mapped[datetime]
     charged: Mapped[dict[str, Any]]
     released_at: Mapped[datetime | None]
+
+
+class LeaderLeaseRow(Base):
+    """The one leader lease (migration 0005, D90): `expires_at` in seconds
+    since the epoch by the database's clock; `token` grows on every takeover."""
+
+    __tablename__ = "leader_lease"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str | None] = mapped_column(String(255))
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Double)

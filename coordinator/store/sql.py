@@ -70,6 +70,8 @@ from coordinator.store.records import (
     utc_now,
 )
 from coordinator.store.retry import RetryPolicy, run_with_retries
+from coordinator.store.lease_records import Lease
+from coordinator.store.sql_lease import SqlLeaderLease, check_fence
 from coordinator.store.sql_reports import SqlShareReports
 from coordinator.store.summaries import (
     check_audit_details,
@@ -90,9 +92,10 @@ log = logging.getLogger("fedmask.coordinator.store")
 RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
 
 
-class SqlStore(SqlShareReports):
+class SqlStore(SqlShareReports, SqlLeaderLease):
     """A Store on an Engine from coordinator.store.engine.create_store_engine
-    (share reports and quarantines: the SqlShareReports mixin).
+    (share reports and quarantines: the SqlShareReports mixin; the leader
+    lease: SqlLeaderLease).
 
     The schema must be at head (coordinator.store.migrate.upgrade_to_head);
     `coordinator.store.open_store` does both.
@@ -364,10 +367,13 @@ class SqlStore(SqlShareReports):
         round_record: RoundRecord,
         new_model_version: NewModelVersion,
         privacy_entry: PrivacyEntry | None,
+        *,
+        fence: Lease | None = None,
     ) -> ModelVersionSummary:
         check_commit_args(round_record, privacy_entry)
 
         def body(s: Session) -> ModelVersionSummary:  # one transaction: all three writes or none
+            check_fence(s, fence)
             self._write_round(s, round_record)
             model = self._insert_model(s, new_model_version, round_record.number)
             if privacy_entry is not None:
@@ -377,10 +383,15 @@ class SqlStore(SqlShareReports):
 
         return self._write(body)
 
-    def abort_round(self, round_record: RoundRecord) -> None:
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
-        self._write(lambda s: self._write_round(s, round_record).number)
+
+        def body(s: Session) -> None:
+            check_fence(s, fence)
+            self._write_round(s, round_record)
+
+        self._write(body)
 
     def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
         def body(s: Session) -> list[int]:

@@ -20,7 +20,7 @@ from coordinator.store.migrate import alembic_config, current_revision, head_rev
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
 TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "audit_log", "share_reports",
-          "quarantines", "alembic_version"}
+          "quarantines", "leader_lease", "alembic_version"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
