@@ -33,12 +33,14 @@ from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
 from coordinator.admin_servicer import AdminServicer, add_admin_to_server
 from coordinator.auth import TokenAuthInterceptor, TokenFile
 from coordinator.credential_watch import CredentialCheck, recheck_interval_s, token_file_interval_s
+from coordinator.leadership import LeaseHeld, LeaseKeeper, default_replica_id
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
 from coordinator.servicer import add_to_server
 from coordinator.service import Coordinator
 from coordinator.settings import MIN_TOKEN_LENGTH, CoordinatorSettings
 from coordinator.store import Store, StoreError, open_store
+from coordinator.store.url import serves_replicas
 from fedmask_proto.v1 import coordinator_service_pb2
 from wire.protocol import (
     ENCRYPTED_SHARE_WIRE_BYTES,
@@ -260,6 +262,24 @@ async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool,
         await health_servicer.set(service, status)
 
 
+#: Exit status of a leader that lost its lease (a supervisor restarts it as a standby).
+EXIT_DEPOSED = 3
+
+
+async def lead(keeper: LeaseKeeper, database_url: str) -> bool:
+    """Take the leader lease (D90). On PostgreSQL a replica waits as a
+    standby until it leads; a store that serves one coordinator (SQLite)
+    waits at most 1.5 leases (a restarted coordinator outlives its
+    predecessor's lease) and then refuses: False, with the reason logged."""
+    try:
+        await keeper.acquire(wait_s=None if serves_replicas(database_url) else 1.5 * keeper.lease_s)
+    except LeaseHeld as exc:
+        log_event("refused", logging.ERROR, why=f"{exc}: this store serves one coordinator process; run "
+                  "several replicas on PostgreSQL (D90)")
+        return False
+    return True
+
+
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, grace: float = 5.0,
                 on_ready: Callable[[Coordinator, int], None] | None = None) -> int:
@@ -271,10 +291,15 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     own_store = store is None
     store = store if store is not None else await open_store_waiting(settings.database_url, settings.database_wait_s)
-    coordinator = Coordinator(settings, store=store, model=model)
+    keeper = LeaseKeeper(store, settings.replica.id or default_replica_id(), settings.replica.lease_s)
     server = admin_server = httpd = None
     health_server = None
+    lost: asyncio.Task[str] | None = None
     try:
+        if not await lead(keeper, settings.database_url):
+            return 2
+        store.fence_writes(keeper.fence)
+        coordinator = Coordinator(settings, store=store, model=model)
         await coordinator.start()
         server, port, health_servicer = await build_server(coordinator, settings)
         if settings.health_listen_address is not None:
@@ -310,9 +335,13 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             ready.set()
         rounds = asyncio.create_task(coordinator.run(), name="fedmask-rounds")
         stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({rounds, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        lost = asyncio.create_task(keeper.keep(), name="fedmask-lease")
+        await asyncio.wait({rounds, stopper, lost}, return_when=asyncio.FIRST_COMPLETED)
         await set_serving(health_servicer, False)
-        await coordinator.shutdown("coordinator shutting down" if stop.is_set() else "configured rounds done")
+        if lost.done():  # deposed: stop leading at once; the store's fence refuses what is in flight
+            log_event("leadership_lost", logging.ERROR, replica=keeper.holder, reason=lost.result())
+        await coordinator.shutdown("coordinator shutting down" if stop.is_set() or lost.done()
+                                   else "configured rounds done")
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(rounds, timeout=grace + 30)
         stopper.cancel()
@@ -322,8 +351,11 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-        return 0
+        return EXIT_DEPOSED if lost.done() else 0
     finally:
+        if lost is not None and not lost.done():
+            lost.cancel()
+            await keeper.release()
         if server is not None:
             await server.stop(0)
         if admin_server is not None:

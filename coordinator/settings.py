@@ -353,6 +353,17 @@ class MetricsSettings(SettingsGroup):
     listen: ListenAddress | None = None
 
 
+class ReplicaSettings(SettingsGroup):
+    """This process as one replica of a coordinator tier (D90)."""
+
+    #: The replica's name in the leader lease and the logs (default:
+    #: HOSTNAME-PID). Two live replicas must not share one.
+    id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
+    #: Seconds a leader's lease lasts; it renews every third of it. A dead
+    #: leader stops rounds for at most about this long.
+    lease_s: Annotated[float, Field(ge=1.0, le=600.0)] = 10.0
+
+
 class DebugSettings(SettingsGroup):
     #: DEBUG ONLY. Write each round's decoded sum (first `sum_coordinates`
     #: coordinates, its L1/L2 norms and an exact checksum of the encoded
@@ -409,6 +420,7 @@ class CoordinatorSettings(LayeredSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     debug: DebugSettings = Field(default_factory=DebugSettings)
     hybrid: HybridSettings = Field(default_factory=HybridSettings)
+    replica: ReplicaSettings = Field(default_factory=ReplicaSettings)
     #: Ask the devices for round metrics (totals through the secure sum, D35);
     #: off: no metric leaves a device, and rounds record only contributors
     #: and cohort (the metric totals are not covered by DP, D36).

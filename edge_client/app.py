@@ -136,7 +136,8 @@ class EdgeClient:
             numbers = [cfg.platform.platform] if cfg.platform is not None else parse_user_ranges(cfg.users)
         except (TransportConfigError, UserRangeError) as e:
             raise ClientError(str(e)) from None
-        if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not is_loopback_target(cfg.coordinator):
+        if (cfg.debug_record_inputs or cfg.allow_insecure_plaintext) and not all(
+                is_loopback_target(t) for t in self.transport.targets):
             raise ClientError("--debug-record-inputs and --debug-allow-insecure-plaintext are for tests and "
                               "benchmarks against a loopback coordinator only")
         if cfg.unprotected_plaintext_j_bound is not None:
@@ -295,11 +296,17 @@ class EdgeClient:
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread / Windows
             loop.add_signal_handler(signal.SIGTERM, self.stop)
         log.info("connecting to %s (%s)", self.config.coordinator, self.transport.mode)
-        channel = make_channel(self.transport)
-        stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel)
+        attempt = 0
+        channel = make_channel(self.transport, attempt)
         stopper = asyncio.ensure_future(self._stop.wait())
         try:
             while not self._stop.is_set():
+                if attempt and len(self.transport.targets) > 1:  # the next replica of the list
+                    await channel.close()
+                    channel = make_channel(self.transport, attempt)
+                    log.info("connecting to %s", self.transport.for_attempt(attempt))
+                stub = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel)
+                attempt += 1
                 work = asyncio.ensure_future(self._connect_once(stub))
                 done, _ = await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
                 if stopper in done:

@@ -59,7 +59,9 @@ class TransportConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TransportConfig:
-    target: str  # HOST:PORT
+    #: HOST:PORT, or several comma-separated: the replicas of a coordinator
+    #: tier (D90), tried in turn, one per connection attempt (`for_attempt`).
+    target: str
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -67,15 +69,29 @@ class TransportConfig:
     token: str | None = None
 
     def __post_init__(self) -> None:
-        host, sep, port = self.target.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise TransportConfigError(f"--coordinator must be HOST:PORT, got {self.target!r}")
+        for target in self.targets:
+            host, sep, port = target.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise TransportConfigError(f"--coordinator must be HOST:PORT[,HOST:PORT...], got {self.target!r}")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise TransportConfigError("--tls-cert and --tls-key go together (mTLS)")
         if self.tls_cert is not None and self.tls_ca is None:
             raise TransportConfigError("mTLS needs --tls-ca too (the CA that signed the coordinator's certificate)")
         if self.token is not None and not self.token.strip():
             raise TransportConfigError("--token is empty")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The addresses of --coordinator, in the order given."""
+        return tuple(t.strip() for t in self.target.split(","))
+
+    def for_attempt(self, attempt: int) -> str:
+        """The address to dial on connection attempt `attempt` (0, 1, ...):
+        the list in turn, so a dead or standby replica costs one attempt.
+        Client-side rotation rather than gRPC's own balancing: each device
+        stream stays on one replica, and a plain list works with host names
+        and TLS alike (a load balancer in front is the other way, D90)."""
+        return self.targets[attempt % len(self.targets)]
 
     @property
     def mode(self) -> str:
@@ -94,7 +110,9 @@ def _read(path: Path, what: str) -> bytes:
         raise TransportConfigError(f"cannot read {what} {path}: {e.strerror}") from None
 
 
-def make_channel(cfg: TransportConfig) -> grpc.aio.Channel:
+def make_channel(cfg: TransportConfig, attempt: int = 0) -> grpc.aio.Channel:
+    """A channel to `cfg.for_attempt(attempt)`."""
+    target = cfg.for_attempt(attempt)
     options: list[tuple[str, int | str]] = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -106,7 +124,7 @@ def make_channel(cfg: TransportConfig) -> grpc.aio.Channel:
         ("grpc.max_reconnect_backoff_ms", 2_000),
     ]
     if cfg.tls_ca is None:
-        return grpc.aio.insecure_channel(cfg.target, options=options)
+        return grpc.aio.insecure_channel(target, options=options)
     if cfg.tls_server_name:
         options.append(("grpc.ssl_target_name_override", cfg.tls_server_name))
     creds = grpc.ssl_channel_credentials(
@@ -114,7 +132,7 @@ def make_channel(cfg: TransportConfig) -> grpc.aio.Channel:
         private_key=_read(cfg.tls_key, "--tls-key") if cfg.tls_key else None,
         certificate_chain=_read(cfg.tls_cert, "--tls-cert") if cfg.tls_cert else None,
     )
-    return grpc.aio.secure_channel(cfg.target, creds, options=options)
+    return grpc.aio.secure_channel(target, creds, options=options)
 
 
 def describe_rpc_error(e: grpc.aio.AioRpcError, cfg: TransportConfig) -> str:

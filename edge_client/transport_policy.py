@@ -20,8 +20,9 @@ INSECURE_TOKEN_FLAG = "--insecure-token-without-tls"
 
 
 def token_in_clear(target: str, *, has_token: bool, has_tls_ca: bool) -> bool:
-    """True when a bearer token would go to a non-loopback `target` without TLS."""
-    return has_token and not has_tls_ca and not is_loopback_target(target)
+    """True when a bearer token would go to a non-loopback `target` (any
+    address of a comma-separated list) without TLS."""
+    return has_token and not has_tls_ca and not all(is_loopback_target(t.strip()) for t in target.split(","))
 
 
 def token_transport_refusal(target: str, *, has_token: bool, has_tls_ca: bool, allow_insecure: bool) -> str | None:

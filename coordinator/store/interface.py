@@ -23,7 +23,7 @@ Contract (all implementations):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -244,6 +244,12 @@ class Store(Protocol):
     def current_lease(self) -> Lease | None:
         """The running lease (its remaining seconds by the store's clock), or
         None when no replica leads."""
+        ...
+
+    def fence_writes(self, fence: Callable[[], Lease]) -> None:
+        """From now on, `commit_round` and `abort_round` called without a
+        fence are fenced with `fence()` (a leading replica's current lease).
+        Set once, before the first round; there is no way back to unfenced."""
         ...
 
     def close(self) -> None:

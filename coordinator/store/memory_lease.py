@@ -21,6 +21,10 @@ class InMemoryLeaderLease:
         self._lease_holder: str | None = None
         self._lease_token = 0
         self._lease_expires = -float("inf")
+        self._default_fence: Callable[[], Lease] | None = None
+
+    def fence_writes(self, fence: Callable[[], Lease]) -> None:
+        self._default_fence = fence
 
     def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
         check_lease_request(holder, seconds)
@@ -51,5 +55,7 @@ class InMemoryLeaderLease:
     def _check_fence(self, fence: Lease | None) -> None:
         """Raise FencedOut unless `fence` (when given) is the current term.
         Callers hold `_lease_lock` around the check and their write."""
+        if fence is None and self._default_fence is not None:
+            fence = self._default_fence()
         if fence is not None and (fence.holder != self._lease_holder or fence.token != self._lease_token):
             raise FencedOut(f"{fence.holder} no longer leads (its token {fence.token}, now {self._lease_token})")

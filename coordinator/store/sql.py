@@ -371,6 +371,7 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
         fence: Lease | None = None,
     ) -> ModelVersionSummary:
         check_commit_args(round_record, privacy_entry)
+        fence = self._fence_for(fence)
 
         def body(s: Session) -> ModelVersionSummary:  # one transaction: all three writes or none
             check_fence(s, fence)
@@ -386,6 +387,7 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
     def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
+        fence = self._fence_for(fence)
 
         def body(s: Session) -> None:
             check_fence(s, fence)

@@ -64,6 +64,17 @@ class SqlLeaderLease:
         def _read(self, body: Callable[[Session], T]) -> T: ...
         def _write(self, body: Callable[[Session], T], *, retry_unique: bool = False) -> T: ...
 
+    _default_fence: Callable[[], Lease] | None = None
+
+    def fence_writes(self, fence: Callable[[], Lease]) -> None:
+        self._default_fence = fence
+
+    def _fence_for(self, fence: Lease | None) -> Lease | None:
+        """`fence`, or the default fence when none is given."""
+        if fence is None and self._default_fence is not None:
+            return self._default_fence()
+        return fence
+
     def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
         check_lease_request(holder, seconds)
 

@@ -21,3 +21,10 @@ def check_database_url(value: str) -> str:
         return normalize_url(value).render_as_string(hide_password=False)
     except StoreError as exc:
         raise ValueError(str(exc)) from None
+
+
+def serves_replicas(url: str) -> bool:
+    """Whether several coordinator processes may share the store at `url`:
+    PostgreSQL only (D90). SQLite serves one process; "memory://" is the
+    process's own."""
+    return url.startswith("postgresql")

@@ -19,7 +19,9 @@ STAGES = " | ".join(CLI_NAMES)
 # ---------------------------------------------------------------- the process: coordinator, state, logs
 
 CoordinatorOption = Annotated[
-    str, typer.Option("--coordinator", "-c", help="Coordinator address HOST:PORT.", show_default=False)
+    str,
+    typer.Option("--coordinator", "-c", help="Coordinator address HOST:PORT, or the replicas' addresses "
+                 "comma-separated (HOST:PORT,HOST:PORT,...), tried in turn on each reconnect.", show_default=False),
 ]
 StateDirOption = Annotated[
     Path,

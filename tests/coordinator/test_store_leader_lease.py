@@ -84,6 +84,7 @@ def test_a_deposed_leader_can_neither_commit_nor_abort(backend: Backend) -> None
     s.commit_round(committed(2), version(), None, fence=b)
     assert s.get_round(2) is not None and s.get_round(2).state is RoundState.COMMITTED
     s.abort_round(aborted(3))  # unfenced writes (one coordinator, no lease) are unchanged
+    assert s.get_round(3) is not None
 
 
 def test_a_same_named_holder_of_an_older_term_is_fenced_too(backend: Backend) -> None:
@@ -124,3 +125,17 @@ def test_lease_requests_that_no_lease_can_have_are_refused() -> None:
             s.acquire_lease(holder, seconds)
     with pytest.raises(InvalidRecordError):
         Lease("a", 0, 5.0)
+
+
+def test_a_default_fence_guards_unfenced_writes(backend: Backend) -> None:
+    s = backend.store
+    a = s.acquire_lease("replica-a", 0.5)
+    assert a is not None
+    s.fence_writes(lambda: a)
+    s.commit_round(committed(1), version(), None)  # fenced with a: its term
+    time.sleep(0.7)
+    assert s.acquire_lease("replica-b", 30.0) is not None
+    with pytest.raises(FencedOut):
+        s.commit_round(committed(2), version(), None)
+    with pytest.raises(FencedOut):
+        s.abort_round(aborted(2))

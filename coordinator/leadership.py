@@ -1,0 +1,145 @@
+"""Leading the federation under a lease (D90): take the store's leader
+lease, keep renewing it, and say at once when it is lost.
+
+`LeaseKeeper` is the only caller of the store's lease methods. Contract:
+- `acquire(wait_s)` returns once this replica holds the lease. A replica
+  whose lease is held by another waits (a standby), logging who leads;
+  with `wait_s`, it gives up after that long (`LeaseHeld`): the answer of a
+  store that serves one coordinator (SQLite), where a second live process
+  is a mistake, and a restarted one waits out its predecessor's lease.
+- `keep()` renews every third of the lease and returns with the reason
+  when the lease is lost: another replica holds it, or no renewal reached
+  the store before `lost_after` (the lease minus a safety margin, counted
+  on this process's monotonic clock from the store's answer). After that
+  the replica must stop leading; the store's fence refuses its writes
+  anyway (`fence()` keeps returning the last lease it held).
+- `release()` ends the term on a clean shutdown so a standby takes over at
+  once.
+
+`lease_state` is the pure rule, apart from the I/O, so it is tested alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from coordinator.logs import log_event
+from coordinator.store import Lease, Store, StoreError
+
+#: Fraction of the lease after which the holder stops counting on it
+#: without a renewal: leaves 20% for clock-rate drift and a slow store.
+SAFETY = 0.8
+
+LeaseVerdict = Literal["renew", "wait", "lost"]
+
+
+class LeaseHeld(Exception):
+    """Another live process holds the lease (and kept it for `wait_s`)."""
+
+
+def default_replica_id() -> str:
+    """HOSTNAME-PID: unique among live replicas."""
+    return f"{socket.gethostname()}-{os.getpid()}"[:255]
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """The lease as last granted, and when (this process's monotonic clock)."""
+
+    lease: Lease
+    granted_at: float
+
+    @property
+    def lost_after(self) -> float:
+        return self.granted_at + SAFETY * self.lease.remaining_s
+
+    @property
+    def renew_after(self) -> float:
+        return self.granted_at + self.lease.remaining_s / 3.0
+
+
+def lease_state(term: Term, now: float) -> LeaseVerdict:
+    """What the holder of `term` does at monotonic time `now`."""
+    if now >= term.lost_after:
+        return "lost"
+    return "renew" if now >= term.renew_after else "wait"
+
+
+class LeaseKeeper:
+    """Holds the leader lease for one replica (see the module doc)."""
+
+    def __init__(self, store: Store, holder: str, lease_s: float, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._store, self.holder, self.lease_s, self._clock = store, holder, lease_s, clock
+        self._term: Term | None = None
+
+    def fence(self) -> Lease:
+        """The last lease this replica held (the fence of its writes)."""
+        if self._term is None:
+            raise RuntimeError("the lease was never acquired")
+        return self._term.lease
+
+    async def _try(self) -> Lease | None:
+        asked_at = self._clock()
+        lease = await asyncio.to_thread(self._store.acquire_lease, self.holder, self.lease_s)
+        if lease is not None:
+            self._term = Term(lease, asked_at)  # count from the question: never later than the store's clock
+        return lease
+
+    async def acquire(self, *, wait_s: float | None = None, poll_s: float | None = None) -> Lease:
+        poll = poll_s if poll_s is not None else max(self.lease_s / 5.0, 0.2)
+        deadline = None if wait_s is None else self._clock() + wait_s
+        logged = -float("inf")
+        while True:
+            lease = await self._try()
+            if lease is not None:
+                log_event("leader_elected", replica=self.holder, token=lease.token, lease_s=self.lease_s)
+                return lease
+            held = await asyncio.to_thread(self._store.current_lease)
+            who = "another replica" if held is None else f"{held.holder} ({held.remaining_s:.1f} s left)"
+            if deadline is not None and self._clock() >= deadline:
+                raise LeaseHeld(f"the store's leader lease is held by {who}")
+            if self._clock() - logged >= 30.0:
+                log_event("standby", replica=self.holder, leader=who)
+                logged = self._clock()
+            await asyncio.sleep(poll)
+
+    async def keep(self) -> str:
+        """Renew until the lease is lost; returns why."""
+        while True:
+            term = self._term
+            if term is None:
+                raise RuntimeError("keep() before acquire()")
+            verdict = lease_state(term, self._clock())
+            if verdict == "lost":
+                return f"no renewal reached the store within {SAFETY * term.lease.remaining_s:.1f} s"
+            if verdict == "wait":
+                await asyncio.sleep(max(term.renew_after - self._clock(), 0.01))
+                continue
+            asked_at = self._clock()
+            try:
+                lease = await asyncio.to_thread(self._store.acquire_lease, self.holder, self.lease_s)
+            except StoreError as exc:  # keep trying until lost_after
+                log_event("lease_renewal_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])
+                await asyncio.sleep(min(1.0, self.lease_s / 10.0))
+                continue
+            if lease is None:
+                return "another replica holds the lease"
+            if lease.token != term.lease.token:  # it expired and this replica took a NEW term: step down
+                await asyncio.to_thread(self._store.release_lease, lease)
+                return "the lease expired before it was renewed"
+            self._term = Term(lease, asked_at)
+
+    async def release(self) -> None:
+        if self._term is not None:
+            try:
+                await asyncio.to_thread(self._store.release_lease, self._term.lease)
+            except StoreError as exc:
+                log_event("lease_release_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])

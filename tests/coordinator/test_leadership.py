@@ -1,0 +1,74 @@
+"""The leader-lease rule (coordinator/leadership.py, D90) and the keeper over
+an in-memory store whose clock the test moves."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coordinator.leadership import SAFETY, LeaseHeld, LeaseKeeper, Term, lease_state
+from coordinator.store import InMemoryStore, Lease
+from edge_client.transport import TransportConfig, TransportConfigError
+
+
+def test_the_holder_renews_after_a_third_and_counts_itself_deposed_before_the_expiry() -> None:
+    term = Term(Lease("a", 1, 9.0), granted_at=100.0)
+    assert lease_state(term, 100.0) == "wait"
+    assert lease_state(term, 102.9) == "wait"
+    assert lease_state(term, 103.0) == "renew"
+    assert lease_state(term, 100.0 + SAFETY * 9.0 - 0.01) == "renew"
+    assert lease_state(term, 100.0 + SAFETY * 9.0) == "lost"  # before the store's expiry at 109
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_standby_waits_and_a_second_process_on_a_one_process_store_gives_up() -> None:
+    clock, a_clock = Clock(), Clock()  # the store's and b's clock; a's own (which runs slow)
+    store = InMemoryStore(lease_clock=clock)
+    a = LeaseKeeper(store, "a", 10.0, clock=a_clock)
+    b = LeaseKeeper(store, "b", 10.0, clock=clock)
+
+    async def scenario() -> None:
+        first = await a.acquire()
+        assert first.token == 1 and a.fence() == first
+        with pytest.raises(LeaseHeld, match="held by a"):
+            await b.acquire(wait_s=0.0)
+        waiting = asyncio.create_task(b.acquire(poll_s=0.01))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # a standby while a's lease runs
+        clock.now = 11.0  # a never renewed: its lease expired
+        second = await asyncio.wait_for(waiting, 5.0)
+        assert second.token == 2 and b.fence().holder == "b"
+        a_clock.now = 4.0  # a thinks its lease still runs: its renewal finds b's
+        assert await a.keep() == "another replica holds the lease"
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_whose_lease_lapsed_steps_down_even_if_nobody_took_it() -> None:
+    clock = Clock()
+    store = InMemoryStore(lease_clock=clock)
+    a = LeaseKeeper(store, "a", 10.0, clock=clock)
+
+    async def scenario() -> None:
+        await a.acquire()
+        clock.now = 20.0  # paused past its lease
+        assert (await a.keep()).startswith("no renewal reached the store")
+        assert a.fence().token == 1  # its writes stay fenced with the old term
+
+    asyncio.run(scenario())
+
+
+def test_clients_take_a_list_of_replica_addresses_and_try_them_in_turn() -> None:
+    cfg = TransportConfig(target="10.0.0.1:50051, coordinator-b:50051")
+    assert cfg.targets == ("10.0.0.1:50051", "coordinator-b:50051")
+    assert [cfg.for_attempt(i) for i in range(3)] == ["10.0.0.1:50051", "coordinator-b:50051", "10.0.0.1:50051"]
+    with pytest.raises(TransportConfigError, match="HOST:PORT"):
+        TransportConfig(target="10.0.0.1:50051,nope")
