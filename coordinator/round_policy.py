@@ -247,8 +247,10 @@ class AdaptiveDeadlines:
             if stage is not None and math.isfinite(seconds) and seconds >= 0:
                 self._seen[stage].append(float(seconds))
 
-    def deadline(self, stage: Stage) -> float:
-        ceiling = self._ceiling[stage]
+    def deadline(self, stage: Stage, cohort: int = 0) -> float:
+        """The stage's next deadline for a round of `cohort` devices: the
+        learnt value within [floor, the ceiling + per_device x cohort]."""
+        ceiling = self._ceiling[stage] + self._settings.per_device * max(cohort, 0)
         seen = self._seen[stage]
         if not self.adaptive or not seen:
             return ceiling
@@ -256,15 +258,16 @@ class AdaptiveDeadlines:
         learnt = s.margin * quantile(seen, s.quantile) + s.slack
         return min(ceiling, max(s.floor, learnt))
 
-    def deadlines(self) -> dict[Stage, float]:
+    def deadlines(self, cohort: int = 0) -> dict[Stage, float]:
         """{Stage: seconds}; the stage that includes training (ADVERTISE_KEYS,
         or MASKED_INPUT in a plaintext round) includes the training window."""
-        return {s: self.deadline(s) for s in Stage}
+        return {s: self.deadline(s, cohort) for s in Stage}
 
-    def windows(self, *, active: bool) -> RoundWindows:
-        """The next round's windows (see `round_windows`), with the learnt
-        window that includes training split back into training + the stage."""
-        learnt = self.deadlines()
+    def windows(self, *, active: bool, cohort: int = 0) -> RoundWindows:
+        """The next round's windows for a cohort of `cohort` devices (see
+        `round_windows`), with the learnt window that includes training split
+        back into training + the stage."""
+        learnt = self.deadlines(cohort)
         training = self._settings.training
         first = Stage.MASKED_INPUT if self._plaintext else Stage.ADVERTISE_KEYS
         training = min(training, learnt[first])

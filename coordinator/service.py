@@ -497,7 +497,7 @@ class Coordinator:
         self.delivery.new_round()
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
-        windows = self.deadlines.windows(active=config.active_adversary)
+        windows = self.deadlines.windows(active=config.active_adversary, cohort=len(cohort))
         machine: type[RoundMachine] = RoundMachine
         if plaintext:
             machine = PlaintextRoundMachine

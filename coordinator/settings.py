@@ -99,6 +99,11 @@ class DeadlineSettings(SettingsGroup):
     window: Annotated[int, Field(ge=1, le=1000)] = 20
     #: No learnt deadline goes below this many seconds.
     floor: PositiveFloat = 1.0
+    #: Seconds added to every stage's ceiling per device of the round's
+    #: cohort: the server's work in a stage grows with the cohort, so a first
+    #: round of 10,000 devices gets 50 s more per stage than the values below
+    #: (which are sized for about 100).
+    per_device: Annotated[float, Field(ge=0.0, le=1.0)] = 0.005
 
     selection: PositiveFloat = 60.0
     #: Local training, before a device advertises its keys: the stage-0

@@ -119,3 +119,16 @@ def test_the_metrics_a_round_asks_for() -> None:
     assert metric_names_for(model, dp, plaintext=False) == (*model, "clipped")
     assert metric_names_for(model, dp, plaintext=True) == ()  # inputs in the clear: no metrics with them
     assert metric_names_for(model, dp, plaintext=False, enabled=False) == ()
+
+
+def test_ceilings_grow_with_the_cohort_so_a_large_first_round_is_not_cut_short() -> None:
+    d = AdaptiveDeadlines(BOUNDS.model_copy(update={"per_device": 0.005}))
+    small, large = d.deadlines(100), d.deadlines(10_000)
+    assert small[Stage.UNMASKING] == pytest.approx(5.0 + 0.5)
+    assert large[Stage.UNMASKING] == pytest.approx(5.0 + 50.0)  # a first round at 10,000: +50 s per stage
+    assert large[Stage.ADVERTISE_KEYS] == pytest.approx(6.0 + 50.0)
+    d.observe({"unmasking": 30.0})  # what a 10,000-device round took
+    assert d.deadline(Stage.UNMASKING, 10_000) == pytest.approx(1.5 * 30.0 + 0.25)  # learnt, within the ceiling
+    assert d.deadline(Stage.UNMASKING, 100) == pytest.approx(5.5)  # capped by the small cohort's ceiling
+    windows = d.windows(active=False, cohort=10_000)
+    assert windows.machine[Stage.SHARE_KEYS] == pytest.approx(55.0)
