@@ -1,0 +1,56 @@
+"""`python -m dpmech.speed`: how long the exact sampler takes for one device's noise.
+
+Prints the median (and min, max) wall time of drawing `--dim` coordinates of
+N_Z(0, sigma^2) with `dpmech.exact_sampler` from the operating system's
+CSPRNG, over `--runs` runs after one warm-up, on one thread (the sampler
+is single-threaded numpy). A benchmark, not a test: the figure depends on
+the machine and what else runs on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from fractions import Fraction
+
+from dpmech.exact_sampler import check_variance, discrete_gaussian
+from dpmech.random_source import SystemBytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpmech.speed",
+        description="Time the exact discrete Gaussian sampler for one device's noise vector "
+                    "(CSPRNG, integer arithmetic). Prints the median of several runs in ms.")
+    parser.add_argument("--dim", type=int, default=65_536, help="coordinates per draw (default 65536 = 2^16)")
+    parser.add_argument("--sigma2", type=str, nargs="+", default=["4", "1000000", "100000000"],
+                        help="noise variances, exact fractions such as 7/3 (default: 4 1e6 1e8)")
+    parser.add_argument("--runs", type=int, default=11, help="timed runs per variance (default 11)")
+    args = parser.parse_args(argv)
+    if args.dim < 1 or args.runs < 1:
+        parser.error("--dim and --runs must be >= 1")
+    try:
+        variances = [Fraction(v) for v in args.sigma2]
+        for v in variances:
+            check_variance(v)
+    except (ValueError, ZeroDivisionError) as exc:
+        parser.error(str(exc))
+    source = SystemBytes()
+    print(f"exact discrete Gaussian, d = {args.dim}, {args.runs} runs after a warm-up; "
+          f"python {platform.python_version()} on {platform.machine()}")
+    for v in variances:
+        discrete_gaussian(args.dim, v, source)
+        times = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            discrete_gaussian(args.dim, v, source)
+            times.append(1000 * (time.perf_counter() - start))
+        print(f"sigma^2 = {str(v):>10}: median {statistics.median(times):6.1f} ms  "
+              f"(min {min(times):.1f}, max {max(times):.1f})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
