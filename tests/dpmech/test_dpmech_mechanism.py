@@ -94,7 +94,7 @@ def test_the_simulators_sum_has_the_devices_law() -> None:
     plain = decode_sum(rounded.sum(axis=0), cfg, b"x")
     expected = 5 * float(cfg.sigma2) / cfg.scale ** 2
     for noisy in (simulated, real):
-        assert 0.9 < (noisy - plain).var() / expected < 1.1
+        assert 0.85 < (noisy - plain).var() / expected < 1.15  # 4096 coordinates: +-2.2% sd
 
 
 def test_noise_wraps_on_devices_and_the_sum_still_decodes() -> None:
