@@ -2,9 +2,9 @@
 
 Everything random in the exact noise sampler (`dpmech.exact_sampler`) comes
 from `uniform_below`, which turns random bytes into integers uniform on
-{0, ..., m - 1} by masking and rejection: no floating point, no modulo bias.
-It reads as few bytes as the modulus needs (1, 2, 4 or 8 per try). The bytes
-come from a `ByteSource`:
+{0, ..., m - 1} by rejection: no floating point, no modulo bias. It reads
+words of 1, 2, 4 or 8 bytes, the narrowest with at least 64 values per
+residue. The bytes come from a `ByteSource`:
 
 - `SystemBytes` reads the operating system's CSPRNG (`os.urandom`, which is
   `getrandom(2)` on Linux), buffered so that a vectorised pass costs no
@@ -104,12 +104,6 @@ def uniform_below(modulus: int, n: int, source: ByteSource) -> I64:
         out[pending[ok]] = words[ok] % mod
         pending = pending[~ok]
     return out
-
-
-def bernoulli(numerator: int | I64, denominator: int, n: int, source: ByteSource) -> Bits:
-    """`n` independent Bernoulli(numerator_i / denominator) bits, exactly
-    (0 <= numerator_i <= denominator <= 2^62)."""
-    return uniform_below(denominator, n, source) < numerator
 
 
 def fair_bits(n: int, source: ByteSource) -> Bits:

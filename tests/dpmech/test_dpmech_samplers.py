@@ -24,7 +24,7 @@ from scipy import stats
 
 from dpmech import exact_sampler, fast_sampler
 from dpmech.divergence import discrete_gaussian_pmf
-from dpmech.random_source import GeneratorBytes, SystemBytes
+from dpmech.random_source import GeneratorBytes, SystemBytes, uniform_below
 
 ROOT = Path(__file__).resolve().parents[2]
 ALPHA = 1e-6
@@ -102,6 +102,20 @@ def test_the_sum_of_seeded_shares_is_the_convolution() -> None:
     tails = n - observed.sum()
     observed, expected = np.append(observed, tails), np.append(expected, n - expected.sum())
     assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+@pytest.mark.parametrize("modulus", [2, 3, 5, 1000, 3 * 2 ** 20 + 1, 2 ** 61 + 12345])
+def test_uniform_below_is_uniform(modulus: int) -> None:
+    """Every lane width (1, 2, 4, 8 bytes): 16 value ranges hit as often as
+    their exact sizes say."""
+    n = 100_000
+    draws = uniform_below(modulus, n, SystemBytes())
+    assert draws.min() >= 0 and draws.max() < modulus
+    buckets = min(16, modulus)
+    edges = [modulus * i // buckets for i in range(buckets + 1)]
+    observed = np.histogram(draws, bins=np.array(edges, dtype=np.float64))[0]
+    expected = np.diff(np.array(edges, dtype=np.float64)) / modulus * n
+    assert stats.chisquare(observed, expected).pvalue > ALPHA
 
 
 def test_bernoulli_exp_minus_has_the_exact_probability() -> None:
