@@ -74,7 +74,7 @@ POSTGRES_IMAGE ?= localhost/fedmask-postgres:15
 TORCH_FLAVOR   ?= cpu
 CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVOR))
 DEPLOY_STATE   := deploy/.state
-IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto fedmask_settings admin 2>/dev/null) \
+IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models secagg wire fedmask_proto fedmask_settings admin dpmech 2>/dev/null) \
                   pyproject.toml constraints.txt deploy/build-wheelhouse.sh
 PODMAN_COMPOSE ?= $(VENV)/bin/podman-compose
 COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask

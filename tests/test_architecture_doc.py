@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("secagg", "models", "wire", "fedmask_proto", "fedmask_settings", "coordinator", "edge_client", "admin",
-            "fedmask")
+            "fedmask", "dpmech")
 _STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 

@@ -1,7 +1,8 @@
 """Package boundaries of docs/design.md, enforced two ways.
 
 1. An allow-list walk of `secagg`'s source: every import resolves to the
-   standard library, numpy, cryptography or secagg itself.
+   standard library, numpy, cryptography or secagg itself; and of `dpmech`'s
+   (the DP mechanism, a leaf): the standard library, numpy, dp_accounting.
 2. import-linter's contracts from pyproject.toml (forbidden and independence
    contracts across all packages), run through its Python API.
 """
@@ -17,6 +18,7 @@ from importlinter.cli import lint_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 SECAGG_ALLOWED = set(sys.stdlib_module_names) | {"numpy", "cryptography", "secagg", "__future__"}
+DPMECH_ALLOWED = set(sys.stdlib_module_names) | {"numpy", "dp_accounting", "dpmech", "__future__"}
 
 
 def _imported_top_levels(path: Path) -> set[str]:
@@ -38,6 +40,13 @@ def test_secagg_imports_only_stdlib_numpy_cryptography() -> None:
     }
     offenders = {k: v for k, v in offenders.items() if v}
     assert not offenders, f"secagg imports outside its allow-list: {offenders}"
+
+
+def test_dpmech_imports_only_stdlib_numpy_dp_accounting() -> None:
+    files = sorted((ROOT / "dpmech").rglob("*.py"))
+    assert files, "dpmech has no source files"
+    offenders = {str(f.relative_to(ROOT)): sorted(_imported_top_levels(f) - DPMECH_ALLOWED) for f in files}
+    assert not {k: v for k, v in offenders.items() if v}, f"dpmech imports outside its allow-list: {offenders}"
 
 
 def test_allow_list_check_catches_a_forbidden_import(tmp_path: Path) -> None:

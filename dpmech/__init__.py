@@ -1,0 +1,20 @@
+"""The distributed discrete Gaussian mechanism (D88): pure building blocks.
+
+A leaf package: numpy, scipy (the divergence check only), the standard
+library and dp_accounting (`accounting` only); nothing of fedmask's.
+
+- `mechanism`     the steps end to end: `MechanismConfig`, `encode` (a
+                  device), `decode_sum` (the server), `privacy_rho`
+- `rotation`      randomised Hadamard rotation from a shared seed
+- `quantize`      L2 clip, randomised rounding under the conditional norm bound
+- `exact_sampler` N_Z(0, sigma^2) with integer arithmetic from a CSPRNG
+- `fast_sampler`  the same law from a seeded numpy Generator (simulator)
+- `random_source` exact uniform integers from os.urandom (or a Generator)
+- `field`         centred arithmetic mod 2^w and the bound on a sum wrapping
+- `accounting`    the sum's Renyi DP / zCDP bound, epsilon via dp_accounting
+- `divergence`    exact laws and Renyi divergences over the integers (checks)
+- `speed`         `python -m dpmech.speed`: the exact sampler's time per draw
+
+Importing the package imports none of its modules (dp_accounting is slow
+to import).
+"""

@@ -1,0 +1,92 @@
+"""The randomised Hadamard rotation R = H D / sqrt(d): pad, flip signs, transform.
+
+A device's clipped update x (length d) is padded with zeros to the next power
+of two d' (53,824 -> 65,536), its coordinates' signs are flipped by a
+diagonal D of random signs, and the fast Walsh-Hadamard transform H (the
++-1 Sylvester matrix, H H = d' I) mixes them. R = H D / sqrt(d') is
+orthogonal: ||R x||_2 = ||x||_2, and R^-1 = D H / sqrt(d').
+
+Why: after R every coordinate of R x is a sum of independent +-x_k / sqrt(d')
+terms, so it is sub-Gaussian with variance proxy ||x||^2 / d' (Hoeffding);
+no coordinate carries the whole norm, which is what lets a sum fit in a
+small field (`dpmech.field.overflow_bound`).
+
+The signs come from SHAKE-256 of the round's shared seed, so every device and
+the server derive the same D on any platform and numpy version. The seed
+needs no secrecy for privacy (the noise gives that); a sum's overflow bound
+holds for updates chosen without knowing it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from dpmech.random_source import I64
+
+F64 = npt.NDArray[np.float64]
+_DOMAIN = b"fedmask dpmech rotation signs v1\x00"
+
+
+def padded_dimension(dim: int) -> int:
+    """The smallest power of two >= `dim` (dim >= 1)."""
+    if dim < 1:
+        raise ValueError(f"dimension must be >= 1, got {dim}")
+    return 1 << (dim - 1).bit_length()
+
+
+def rotation_signs(seed: bytes, padded_dim: int) -> npt.NDArray[np.int8]:
+    """The diagonal of D: `padded_dim` signs +-1 from SHAKE-256(domain | seed)."""
+    if padded_dim < 1 or padded_dim & (padded_dim - 1):
+        raise ValueError(f"padded dimension must be a power of two, got {padded_dim}")
+    stream = hashlib.shake_256(_DOMAIN + seed).digest((padded_dim + 7) // 8)
+    bits = np.unpackbits(np.frombuffer(stream, dtype=np.uint8))[:padded_dim]
+    return (1 - 2 * bits.astype(np.int8)).astype(np.int8)
+
+
+def fwht(x: npt.NDArray[np.float64] | I64) -> npt.NDArray[np.float64] | I64:
+    """H x along the last axis (unnormalised Walsh-Hadamard, Sylvester order).
+
+    Exact on int64 input as long as |x| d' < 2^63; float64 input rounds as
+    any sum of d' terms does. The last axis must be a power of two."""
+    d = x.shape[-1]
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"the last axis must have a power-of-two length, got {d}")
+    lead = x.shape[:-1]
+    y = x.reshape(-1, d)
+    h = 1
+    while h < d:
+        pairs = y.reshape(y.shape[0], d // (2 * h), 2, h)
+        first, second = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        y = np.stack((first + second, first - second), axis=2).reshape(-1, d)
+        h *= 2
+    return y.reshape(*lead, d)
+
+
+def rotate(x: F64, seed: bytes) -> F64:
+    """R x for each row of x (..., d): padded to d' = padded_dimension(d)."""
+    d = x.shape[-1]
+    dp = padded_dimension(d)
+    padded = np.zeros((*x.shape[:-1], dp), dtype=np.float64)
+    padded[..., :d] = x
+    padded *= rotation_signs(seed, dp)
+    return np.asarray(fwht(padded), dtype=np.float64) / math.sqrt(dp)
+
+
+def unrotate(y: F64 | I64, seed: bytes, dim: int) -> F64:
+    """R^-1 y for each row of y (..., d'), cut back to the first `dim` coordinates.
+
+    Integer input is transformed exactly in int64 when |y| d' < 2^63 and
+    divided by sqrt(d') once at the end (d' = 4^k: an integer, e.g. 256)."""
+    dp = y.shape[-1]
+    if padded_dimension(dim) != dp:
+        raise ValueError(f"a length-{dim} update is padded to {padded_dimension(dim)}, got {dp}")
+    if y.dtype == np.int64 and (y.size == 0 or max(-int(y.min()), int(y.max())) < (1 << 63) // dp):
+        mixed = fwht(y).astype(np.float64)
+    else:
+        mixed = np.asarray(fwht(y.astype(np.float64)), dtype=np.float64)
+    mixed *= rotation_signs(seed, dp)
+    return mixed[..., :dim] / math.sqrt(dp)
