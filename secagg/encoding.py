@@ -118,7 +118,7 @@ class FixedPointEncoding:
         its inputs (a group of the cohort it is sized for; D87): the same
         clip, w and max_level, hence the same encoded values and scale, so
         the groups' sums add into the cohort's without overflow."""
-        if not (isinstance(num_clients, int) and 1 <= num_clients <= self.num_clients):
+        if isinstance(num_clients, bool) or not (isinstance(num_clients, int) and 1 <= num_clients <= self.num_clients):
             raise SecAggConfigError(f"a group of this encoding has 1..{self.num_clients} devices, got {num_clients!r}")
         return FixedPointEncoding(self.clip, num_clients, self.modulus_bits, self.max_level)
 

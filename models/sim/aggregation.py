@@ -229,8 +229,9 @@ def aggregate_round(
         B = upd.shape[0]
         # the groups the secure sum will use (the same pure partition); a hybrid round's
         # secure part is grouped later, over its own devices: its noise is local (one device's)
-        grouped = secure is not None and config.plaintext_j_bound is None and B >= 2
-        groups = secure.partition(B, round_idx) if grouped and secure is not None else (tuple(range(B)),)
+        groups: tuple[tuple[int, ...], ...] = (tuple(range(B)),)
+        if secure is not None and config.plaintext_j_bound is None and B >= 2:
+            groups = secure.partition(B, round_idx)
         upd, norms, rec["dp"] = privatize_in_groups(upd, dp=dp, groups=groups, generator=dp_generator)
         rec["update_norm_mean"] = float(norms.mean())
         rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
