@@ -7,11 +7,22 @@ few colluders reconstruct a device's masks. Each device therefore enforces
 its own floor on the RoundTask it receives, and withdraws from a round
 below it (`fedmask client --min-cohort N --min-threshold F`):
 
-- cohort: at least `min_cohort` devices (default 3);
-- threshold: t > `min_threshold` x the group the shares are spread over
-  (the device and its neighbours: the whole cohort on a complete graph),
-  default 0.5, i.e. at least a strict majority. Raise it (e.g. 0.66 for the
-  active-adversary mode) where the federation's settings allow it.
+- cohort: at least `min_cohort` devices (default 3) in the secure-
+  aggregation instance the device is asked into. In a round run in groups
+  (D87) that is the device's *group*, whose sum the server learns, not the
+  whole cohort: the config the device is given describes exactly its
+  instance (`config.num_clients` is its group's size). Over gRPC the
+  coordinator does not form groups yet, so a device's group is the cohort
+  and the RoundTask is unchanged;
+- threshold: t > `min_threshold` x the set the shares are spread over
+  (the device and its neighbours in its group's graph: the whole group on a
+  complete graph), default 0.5, i.e. at least a strict majority. Raise it
+  (e.g. 0.66 for the active-adversary mode) where the federation's
+  settings allow it.
+
+The floor counts devices, not people: a malicious coordinator may fill a
+group with devices it controls around one honest device. The floor makes
+that cost at least `min_cohort - 1` such devices (D34, D87).
 """
 
 from __future__ import annotations
@@ -33,13 +44,16 @@ class CohortFloor:
             raise ValueError(f"--min-threshold must be in [0.5, 1), got {self.min_threshold}")
 
     def refusal(self, config: SecAggConfig) -> str | None:
-        """Why this device will not join a round configured so, or None."""
-        if config.num_clients < self.min_cohort:
-            return f"cohort of {config.num_clients} is below this device's minimum of {self.min_cohort}"
-        group = config.degree + 1
-        if config.threshold <= self.min_threshold * group:
-            return (f"threshold {config.threshold} of a group of {group} is not above this device's minimum "
-                    f"fraction {self.min_threshold}")
+        """Why this device will not join the secure-aggregation instance
+        `config` describes (its group, see the module doc), or None."""
+        n = config.num_clients
+        if n < self.min_cohort:
+            return (f"cohort of {n} (the secure sum this device is asked into: its group) is below this "
+                    f"device's minimum of {self.min_cohort}")
+        closure = config.degree + 1
+        if config.threshold <= self.min_threshold * closure:
+            return (f"threshold {config.threshold} of the {closure} devices holding a device's shares is not above "
+                    f"this device's minimum fraction {self.min_threshold}")
         return None
 
 

@@ -11,6 +11,8 @@ Entry points:
     ServerAdvertiseKeys(config, round)             the server's first state (secagg.server)
     decode_message(data) / message.to_bytes()      the wire format (secagg.messages)
     secagg.inprocess.run_round(inputs, config=...) the in-process driver
+    secagg.groups.partition(cohort, group_size=G, seed=...)  a round's cohort in groups (D87)
+    secagg.grouped_round.run_grouped_round(...)    one instance per group, the sums added
 """
 
 from secagg.client import ClientAborted, ClientAdvertiseKeys, ClientCompleted

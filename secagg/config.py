@@ -7,6 +7,12 @@ part of the config: one config serves every round of a session with the same
 cohort size, and each state takes `round_idx` explicitly.
 
 Device ids are 0..n-1 (the coordinator's per-round cohort index).
+
+A config describes one SecAgg(+) *instance*: the whole cohort, or one group
+of a round run in groups (`secagg.groups`, D87). A group's encoding is the
+round's, sized for the whole cohort (`create(encoding_clients=...)`, i.e.
+`FixedPointEncoding.for_group`), so that the groups' sums add without
+overflow.
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class SecAggConfig:
         correctness_bits: int = 20,
         security_bits: int = 40,
         active_adversary: bool = False,
+        encoding_clients: int | None = None,
     ) -> SecAggConfig:
         """Resolve the policy into concrete settings.
 
@@ -89,7 +96,9 @@ class SecAggConfig:
                  default threshold = majority of the closure, floor((K+1)/2)+1.
         An explicit `threshold` always wins (and is validated).
         Encoding: see `FixedPointEncoding.for_cohort` (clip, modulus_bits,
-        precision).
+        precision), sized for `encoding_clients` devices (default: this
+        instance's n; a group of a round in groups passes the whole cohort's
+        size and gets the cohort's encoding `for_group(n)`, D87).
         """
         n = num_clients
         if not (isinstance(n, int) and n >= 2):
@@ -116,9 +125,13 @@ class SecAggConfig:
                 threshold = (2 * n) // 3 + 1 if active_adversary else n // 2 + 1
             else:
                 threshold = majority_threshold(k)
+        if encoding_clients is None:
+            encoding_clients = n
+        elif isinstance(encoding_clients, bool) or not (isinstance(encoding_clients, int) and encoding_clients >= n):
+            raise SecAggConfigError(f"encoding_clients must be an int >= num_clients ({n}), got {encoding_clients!r}")
         encoding = FixedPointEncoding.for_cohort(
-            n, clip=clip, modulus_bits=modulus_bits, precision=precision
-        )
+            encoding_clients, clip=clip, modulus_bits=modulus_bits, precision=precision
+        ).for_group(n)
         return cls(n, vector_length, session_id, k, threshold, encoding, active_adversary)
 
     @property

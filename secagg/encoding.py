@@ -13,6 +13,11 @@ modulus bits) is at most 32; encoded vectors are np.uint32 and all masking
 arithmetic is uint32 wraparound (mod 2^32, of which 2^w is a divisor, so an
 exact sum below 2^w is recovered bit for bit).
 
+One encoding per round: when a round runs in groups (D87), every group's
+instance uses the cohort's encoding (`for_group`: the cohort's max_level
+for fewer devices), so any partial sum stays below 2^w and the groups'
+sums add exactly.
+
 Rounding is stochastic (unbiased: floor(v + u), u ~ U[0, 1)) when a numpy
 Generator is passed, deterministic (round half up) otherwise. That generator
 is only for rounding; masks never use numpy's RNG (see prg.py).
@@ -107,6 +112,15 @@ class FixedPointEncoding:
         else:
             w = MAX_MODULUS_BITS if modulus_bits is None else modulus_bits
         return cls(float(clip), num_clients, w, ((1 << w) - 1) // num_clients)
+
+    def for_group(self, num_clients: int) -> FixedPointEncoding:
+        """This encoding for an instance that sums at most `num_clients` of
+        its inputs (a group of the cohort it is sized for; D87): the same
+        clip, w and max_level, hence the same encoded values and scale, so
+        the groups' sums add into the cohort's without overflow."""
+        if isinstance(num_clients, bool) or not (isinstance(num_clients, int) and 1 <= num_clients <= self.num_clients):
+            raise SecAggConfigError(f"a group of this encoding has 1..{self.num_clients} devices, got {num_clients!r}")
+        return FixedPointEncoding(self.clip, num_clients, self.modulus_bits, self.max_level)
 
     @property
     def scale(self) -> float:

@@ -14,7 +14,7 @@ Stable signature:
 
     run_round(inputs, *, config, dropouts=None, round_idx=0, seed=0,
               wire=True, intercept=None, stochastic_rounding=True,
-              clock=time.thread_time) -> RoundOutcome
+              clock=time.thread_time, rounding_keys=None) -> RoundOutcome
 
 - inputs: float array (n, L), n = config.num_clients, L = config.vector_length.
 - dropouts: DropoutPlan: which devices go silent at which stage.
@@ -26,6 +26,11 @@ Stable signature:
 - intercept(sender, receiver, message) -> message | None: a man in the middle
   for tests (SERVER = -1 stands for the server); return a replacement to
   deliver, or None to lose the message.
+- rounding_keys: device i rounds with np.random.default_rng(rounding_keys[i])
+  (default: (seed, i)). A round in groups (`secagg.grouped_round`) passes
+  (the round's seed, the device's position in the cohort), so that a
+  device's encoding is the one it would have in one round of the whole
+  cohort.
 - client_cpu_ms[i] covers device i's encoding, its handlers and the encoding
   and decoding of its messages; server_cpu_ms[stage] likewise for the server.
 """
@@ -33,7 +38,7 @@ Stable signature:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +81,18 @@ _TRIGGER = {
 }
 
 Intercept = Callable[[int, int, Message], Message | None]
+
+
+RoundingKeys = Sequence[tuple[int, int]]
+
+
+def _rounding_rng(
+    seed: int, i: int, rounding_keys: RoundingKeys | None, stochastic: bool
+) -> np.random.Generator | None:
+    """The generator device i rounds its encoding with (None: round half up)."""
+    if not stochastic:
+        return None
+    return np.random.default_rng((seed, i) if rounding_keys is None else rounding_keys[i])
 
 
 @dataclass(frozen=True)
@@ -153,16 +170,23 @@ class RoundOutcome:
 
 
 def encode_inputs(
-    inputs: np.ndarray, *, config: SecAggConfig, seed: int = 0, stochastic_rounding: bool = True
+    inputs: np.ndarray, *, config: SecAggConfig, seed: int = 0, stochastic_rounding: bool = True,
+    rounding_keys: RoundingKeys | None = None,
 ) -> np.ndarray:
     """The (n, L) uint32 encodings `run_round` gives the devices (same seed,
-    same result): device i rounds with np.random.default_rng((seed, i))."""
+    same result): device i rounds with np.random.default_rng((seed, i)), or
+    with rounding_keys[i]."""
     inputs = _check_inputs(inputs, config)
+    _check_rounding_keys(rounding_keys, config.num_clients)
     out = np.empty(inputs.shape, dtype=np.uint32)
     for i in range(inputs.shape[0]):
-        rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
-        out[i] = config.encoding.encode(inputs[i], rng)
+        out[i] = config.encoding.encode(inputs[i], _rounding_rng(seed, i, rounding_keys, stochastic_rounding))
     return out
+
+
+def _check_rounding_keys(rounding_keys: RoundingKeys | None, n: int) -> None:
+    if rounding_keys is not None and len(rounding_keys) != n:
+        raise ValueError(f"rounding_keys lists {len(rounding_keys)} keys for {n} devices")
 
 
 def identity_keys(num_clients: int, seed: int = 0) -> tuple[list[Ed25519PrivateKey], dict[int, bytes]]:
@@ -201,6 +225,7 @@ def run_round(
     intercept: Intercept | None = None,
     stochastic_rounding: bool = True,
     clock: Callable[[], float] = time.thread_time,
+    rounding_keys: RoundingKeys | None = None,
 ) -> RoundOutcome:
     """Run one secure-aggregation round among config.num_clients simulated
     devices (see the module doc). Never raises for dropouts or peer
@@ -208,13 +233,14 @@ def run_round(
     party's work; the default counts this thread's CPU only."""
     wall0 = time.perf_counter()
     inputs = _check_inputs(inputs, config)
+    _check_rounding_keys(rounding_keys, config.num_clients)
     plan = dropouts or DropoutPlan()
     n = config.num_clients
     for stage in DROPOUT_STAGES:
         if any(not 0 <= d < n for d in getattr(plan, stage)):
             raise ValueError(f"dropout plan lists ids outside 0..{n - 1}")
     rnd = _Round(config, plan, wire=wire, intercept=intercept, clock=clock)
-    encoded = rnd.encode(inputs, seed=seed, stochastic_rounding=stochastic_rounding)
+    encoded = rnd.encode(inputs, seed=seed, stochastic_rounding=stochastic_rounding, rounding_keys=rounding_keys)
     starting = rnd.start(encoded, round_idx=round_idx, seed=seed)
     rnd.advertise(starting)
     while not rnd.server.is_terminal:
@@ -256,12 +282,14 @@ class _Round:
         else:
             self.cpu[party] += seconds
 
-    def encode(self, inputs: np.ndarray, *, seed: int, stochastic_rounding: bool) -> np.ndarray:
+    def encode(
+        self, inputs: np.ndarray, *, seed: int, stochastic_rounding: bool, rounding_keys: RoundingKeys | None
+    ) -> np.ndarray:
         """Each device encodes its input, as `encode_inputs` does."""
         encoded = np.empty((self.config.num_clients, self.config.vector_length), dtype=np.uint32)
         for i in range(self.config.num_clients):
             t0 = self.clock()
-            rng = np.random.default_rng((seed, i)) if stochastic_rounding else None
+            rng = _rounding_rng(seed, i, rounding_keys, stochastic_rounding)
             encoded[i] = self.config.encoding.encode(inputs[i], rng)
             self.cpu[i] += self.clock() - t0
         return encoded

@@ -52,6 +52,16 @@ STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 
 
 def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings:
+    """The settings a device rebuilds `config` from (see the module doc). A
+    group's config whose encoding is sized for a larger cohort (D87) is
+    refused: SecaggSettings carries one size, from which the device derives
+    both the instance and its encoding, so it would encode at another scale."""
+    enc = config.encoding
+    if enc != FixedPointEncoding.for_cohort(config.num_clients, clip=enc.clip, modulus_bits=enc.modulus_bits):
+        raise WireError(
+            f"SecaggSettings carry one cohort size, from which a device derives the encoding: an instance of "
+            f"{config.num_clients} devices with another encoding (a group of a round in groups) cannot be sent"
+        )
     return session_pb2.SecaggSettings(
         threshold=config.threshold,
         graph=session_pb2.GRAPH_KIND_FULL if config.is_complete_graph else session_pb2.GRAPH_KIND_SPARSE,

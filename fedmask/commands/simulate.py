@@ -26,6 +26,7 @@ from fedmask.commands.simulate_options import (
     EvalEveryOption,
     ExplicitOption,
     FullValOption,
+    GroupSizeOption,
     LdpClipOption,
     LdpScaleOption,
     MemoryGbOption,
@@ -66,6 +67,7 @@ def simulate(
     secagg: SecAggOption = False,
     secagg_neighbors: SecAggNeighborsOption = None,
     secagg_clip: SecAggClipOption = None,
+    group_size: GroupSizeOption = None,
     dp_noise: DpNoiseOption = None,
     dp_clip: DpClipOption = None,
     dp_delta: DpDeltaOption = 1e-5,
@@ -107,7 +109,7 @@ def simulate(
             ldp_scale=ldp_scale, ldp_clip=ldp_clip, eval_every=eval_every, data_dir=data_dir,
             params=_parse_params(param or []), quiet=quiet, save_global=save_global, device=device, unsupported={
                 "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
-                "--users": users, "--secagg-neighbors": secagg_neighbors,
+                "--users": users, "--secagg-neighbors": secagg_neighbors, "--group-size": group_size,
                 "--plaintext-j-bound": plaintext_j_bound,
             },
         )  # fmt: skip
@@ -119,7 +121,7 @@ def simulate(
         cfg = SimulationConfig(
             model=model, dataset=dataset, seed=seed, rounds=rounds, clients_per_round=clients_per_round,
             secagg=secagg, secagg_neighbors=_parse_neighbors(secagg_neighbors), secagg_clip=secagg_clip,
-            dp_noise=dp_noise, dp_clip=dp_clip, dp_delta=dp_delta, dp_accountant=dp_accountant, dp_mode=dp_mode,
+            secagg_group_size=group_size, dp_noise=dp_noise, dp_clip=dp_clip, dp_delta=dp_delta, dp_accountant=dp_accountant, dp_mode=dp_mode,
             device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
             data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,

@@ -88,6 +88,18 @@ SecAggClipOption = Annotated[
         show_default=False,
     ),
 ]
+GroupSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        "--group-size",
+        help="Secure aggregation in groups (D87): a cohort of 2G devices or more is split into balanced "
+        "groups of at least G, one SecAgg+ instance each, and their sums added (one encoding for the "
+        "cohort); a smaller cohort is one group. The server learns each group's sum; with --dp-mode "
+        "distributed each device's noise is sized for its group, so the model's noise grows with the "
+        "square root of the number of groups. Needs --secagg (default: 500).",
+        show_default=False,
+    ),
+]
 PlaintextJBoundOption = Annotated[
     float | None,
     typer.Option(
@@ -119,8 +131,9 @@ DpAccountantOption = Annotated[str, typer.Option(help="Privacy accountant: rdp o
 DpModeOption = Annotated[
     str,
     typer.Option(
-        help="local: every device adds N(0, (z tau)^2); distributed: N(0, (z tau)^2 / B) each, so only "
-        "the sum carries the full noise (needs --secagg)."
+        help="local: every device adds N(0, (z tau)^2); distributed: N(0, (z tau)^2 / n) each, n the "
+        "device's secure-aggregation group (the cohort below 2 --group-size), so only each group's sum "
+        "carries the full noise (needs --secagg)."
     ),
 ]
 

@@ -5,7 +5,6 @@ round (D64); a chunked plain round keeps only a running sum."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -20,28 +19,53 @@ if TYPE_CHECKING:
 
 
 class SecureAggregator:
-    """Aggregation through the real SecAgg(+) protocol, run in process by
-    `secagg.inprocess.run_round`: every device encodes its update to fixed point,
-    runs its own client states (keys, Shamir shares, pairwise and self masks)
-    and the server states unmask only the sum. One `SecAggConfig` per cohort
-    size, reused across rounds (the round index is bound into every key)."""
+    """Aggregation through the real SecAgg(+) protocol, run in process: every
+    device encodes its update to fixed point, runs its own client states
+    (keys, Shamir shares, pairwise and self masks) and the server states
+    unmask only the sum. A cohort of 2G devices or more (G = `group_size`)
+    is split into groups (`secagg.groups.partition`, D87), one instance
+    each (`secagg.grouped_round.run_grouped_round`), whose sums are added
+    and decoded once with the encoding of the whole cohort; a smaller cohort
+    is one group, run by `secagg.inprocess.run_round` exactly as before
+    groups existed. Configs are kept per (instance size, cohort size,
+    length, clip, group), reused across rounds (the round index is bound
+    into every key)."""
 
-    def __init__(self, *, seed: int, neighbors: Neighbors) -> None:
+    def __init__(self, *, seed: int, neighbors: Neighbors, group_size: int | None = None) -> None:
+        from secagg.groups import DEFAULT_GROUP_SIZE
+
         self.seed = seed
         self.neighbors = neighbors
+        self.group_size = DEFAULT_GROUP_SIZE if group_size is None else group_size
         self.session_id = f"fedmask-sim-seed-{seed}".encode()
-        self._configs: dict[tuple[int, int, float], SecAggConfig] = {}
+        self._configs: dict[tuple[int, int, int, float, int | None], SecAggConfig] = {}
         self.last: dict[str, Any] = {}
 
-    def config(self, n: int, length: int, clip: float) -> SecAggConfig:
-        from secagg import SecAggConfig, SecAggConfigError
+    def partition(self, n: int, round_idx: int) -> tuple[tuple[int, ...], ...]:
+        """The groups of round `round_idx`'s n devices (rows 0..n-1): one
+        group below 2G, else balanced groups of at least G."""
+        from secagg.groups import partition, partition_seed
 
-        key = (n, length, clip)
+        if n < 2:
+            raise ConfigError("--secagg needs at least 2 devices per round")
+        return partition(range(n), group_size=self.group_size, seed=partition_seed(self.session_id, round_idx))
+
+    def config(self, n: int, length: int, clip: float, *, cohort: int | None = None,
+               group: int | None = None) -> SecAggConfig:
+        """The instance of n devices: the whole cohort (`group` None), or
+        group `group` of a cohort of `cohort` devices, with the cohort's
+        encoding and the group's session id."""
+        from secagg import SecAggConfig, SecAggConfigError
+        from secagg.groups import group_session_id
+
+        key = (n, cohort or n, length, clip, group)
         if key not in self._configs:
+            session = self.session_id if group is None else group_session_id(self.session_id, group)
 
             def create(neighbors: Neighbors) -> SecAggConfig:
                 return SecAggConfig.create(
-                    num_clients=n, vector_length=length, session_id=self.session_id, clip=clip, neighbors=neighbors
+                    num_clients=n, vector_length=length, session_id=session, clip=clip, neighbors=neighbors,
+                    encoding_clients=cohort,
                 )
 
             try:
@@ -59,27 +83,58 @@ class SecureAggregator:
 
     def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
         """The decoded exact sum of the devices' encoded updates (all counted: no dropouts here)."""
-        from secagg.inprocess import run_round
-
         n, length = updates.shape
-        if n < 2:
-            raise ConfigError("--secagg needs at least 2 devices per round")
-        cfg = self.config(n, length, clip)
+        groups = self.partition(n, round_idx)
         x = updates.detach().to("cpu", torch.float32).numpy()
+        seed = self.seed * 1_000_003 + round_idx
         # wire=False: in one process the messages are handed over as objects instead of
         # being serialised and parsed; every cryptographic step of every device and of the
         # server still runs (serialisation is ~14 % of a 943-device round and is covered by
         # the secagg tests and `fedmask bench round`, which use the real wire format).
-        out = run_round(x, config=cfg, round_idx=round_idx, seed=self.seed * 1_000_003 + round_idx, wire=False)
+        if len(groups) == 1:
+            total = self._one_group(x, round_idx=round_idx, clip=clip, seed=seed)
+        else:
+            total = self._groups(x, groups, round_idx=round_idx, clip=clip, seed=seed)
+        return torch.as_tensor(np.asarray(total, dtype=np.float32), device=updates.device)
+
+    def _one_group(self, x: np.ndarray, *, round_idx: int, clip: float, seed: int) -> np.ndarray:
+        from secagg.inprocess import run_round
+
+        n, length = x.shape
+        cfg = self.config(n, length, clip)
+        out = run_round(x, config=cfg, round_idx=round_idx, seed=seed, wire=False)
         if not out.ok or out.sum is None:
             raise RuntimeError(f"secure aggregation aborted in round {round_idx}: {out.abort_reason} {out.abort_detail}")
         self.last = {
             "secagg_graph": cfg.describe(),
+            "secagg_groups": 1,
             "secagg_counted": len(out.counted),
             "secagg_exact": bool(out.exact),
             "secagg_wall_s": float(out.wall_s),
         }
-        return torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=updates.device)
+        return out.sum
+
+    def _groups(self, x: np.ndarray, groups: tuple[tuple[int, ...], ...], *, round_idx: int, clip: float,
+                seed: int) -> np.ndarray:
+        from secagg.grouped_round import run_grouped_round
+
+        n, length = x.shape
+        configs = [self.config(len(g), length, clip, cohort=n, group=j) for j, g in enumerate(groups)]
+        out = run_grouped_round(x, groups=groups, configs=configs, round_idx=round_idx, seed=seed, wire=False)
+        failed = [j for j, o in enumerate(out.outcomes) if not o.ok]
+        if failed or out.sum is None:
+            o = out.outcomes[failed[0]] if failed else out.outcomes[0]
+            raise RuntimeError(f"secure aggregation aborted in round {round_idx}, group {failed[:1]}: "
+                               f"{o.abort_reason} {o.abort_detail}")
+        self.last = {
+            "secagg_graph": "; ".join(sorted({c.describe() for c in configs})),
+            "secagg_groups": len(groups),
+            "secagg_group_sizes": [len(g) for g in groups],
+            "secagg_counted": len(out.counted),
+            "secagg_exact": bool(out.exact),
+            "secagg_wall_s": float(out.wall_s),
+        }
+        return out.sum
 
 
 class RunningSum:
@@ -157,22 +212,27 @@ def aggregate_round(
 ) -> torch.Tensor | None:
     """The mean update the server applies in round `round_idx`, from the
     cohort's (B, update_dim) updates or a chunked plain round's running sum:
-    with DP every update is clipped and noised first (the noise split over the
-    cohort in distributed mode); then FedMMF's hybrid round when
-    `config.plaintext_j_bound` is set (`cohort_J`: the cohort's privacy
-    indicators), else the SecAgg mean with `secure`, else the plain mean.
-    None when no device is counted (a hybrid round with too few of either
-    kind). Records what it did in `rec` (results.json's round record)."""
+    with DP every update is clipped and noised first (in distributed mode
+    each device's share calibrated to its secure-aggregation group, D87;
+    `models.sim.dp_groups`), and the round's privacy entry goes to
+    rec["dp"]; then FedMMF's hybrid round when `config.plaintext_j_bound` is
+    set (`cohort_J`: the cohort's privacy indicators), else the SecAgg mean
+    with `secure`, else the plain mean. None when no device is counted (a
+    hybrid round with too few of either kind). Records what it did in `rec`
+    (results.json's round record)."""
     if isinstance(upd, RunningSum):  # plain mean of a chunked round: only the sum was kept
         return upd.mean()
     dp = config.dp
     if dp is not None and upd.shape[1] > 0:
-        from models.privacy import privatize
+        from models.sim.dp_groups import privatize_in_groups
 
-        z = dp.noise
-        if dp.mode == "distributed":  # each device 1/B of the variance: the sum gets N(0, (z tau)^2)
-            z = z / math.sqrt(upd.shape[0])
-        upd, norms = privatize(upd, clip=dp.clip, noise_multiplier=z, generator=dp_generator)
+        B = upd.shape[0]
+        # the groups the secure sum will use (the same pure partition); a hybrid round's
+        # secure part is grouped later, over its own devices: its noise is local (one device's)
+        groups: tuple[tuple[int, ...], ...] = (tuple(range(B)),)
+        if secure is not None and config.plaintext_j_bound is None and B >= 2:
+            groups = secure.partition(B, round_idx)
+        upd, norms, rec["dp"] = privatize_in_groups(upd, dp=dp, groups=groups, generator=dp_generator)
         rec["update_norm_mean"] = float(norms.mean())
         rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
     if upd.shape[1] == 0:

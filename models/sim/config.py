@@ -25,11 +25,14 @@ class SimulationConfig:
     secagg: bool = False
     secagg_neighbors: int | str | None = None  # SecAgg+ graph degree, or 'all'; None: 'auto' (SecAgg+)
     secagg_clip: float | None = None  # fixed-point range [-c, c]; None: see secagg_clip
+    #: devices per secure-aggregation group (D87): a cohort of 2G or more runs in groups of at
+    #: least G; None: secagg.groups.DEFAULT_GROUP_SIZE
+    secagg_group_size: int | None = None
     dp_noise: float | None = None
     dp_clip: float | None = None
     dp_delta: float = 1e-5
     dp_accountant: str = "rdp"
-    dp_mode: str = "local"  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / B)
+    dp_mode: str = "local"  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / |its group|)
     device: str = "cpu"
     explicit: bool = False
     eval_every: int = 1
@@ -61,6 +64,13 @@ class SimulationConfig:
             raise ConfigError(
                 "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
             )
+        if self.secagg_group_size is not None:
+            if not self.secagg:
+                raise ConfigError("--group-size splits the secure sum into groups: it needs --secagg")
+            if isinstance(self.secagg_group_size, bool) or not (
+                isinstance(self.secagg_group_size, int) and self.secagg_group_size >= 2
+            ):
+                raise ConfigError(f"--group-size must be an int >= 2, got {self.secagg_group_size!r}")
         if self.secagg_clip is not None and not self.secagg_clip > 0:
             raise ConfigError("--secagg-clip must be > 0")
         if self.eval_every < 1:
@@ -121,7 +131,7 @@ class DPSettings:
     clip: float
     delta: float
     accountant: Accountant
-    mode: DPMode  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / B)
+    mode: DPMode  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / |its group|)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,14 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
 3. `model.local_update` -> new private rows and the (B, update_dim) updates
    (chunked: their running sum, or the whole table with DP or SecAgg);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
-   (`models/privacy.py`), on the device side, before aggregation;
+   (`models/privacy.py`), on the device side, before aggregation (distributed
+   mode: 1/|g| of that variance, g the device's secure-aggregation group;
+   `models/sim/dp_groups.py`, whose ledger keeps each round's groups and
+   epsilon);
 5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
-   in-process (fixed-point encoding, pairwise and self masks, unmasking);
+   in-process (fixed-point encoding, pairwise and self masks, unmasking), in
+   groups of at least `secagg_group_size` devices for a cohort of twice that
+   or more (D87);
 6. `model.apply_mean_update` -> the new global state; the private rows go back
    into the tables (RAM, or memory-mapped files; `models/sim/private_tables.py`);
 7. every `eval_every` rounds (and after the last) evaluate on *validation*
@@ -39,6 +44,7 @@ state, after training. Test numbers never influence anything.
 The engine composes the simulator's parts, each a module of `models/sim/`:
 `config` (the settings), `training` (cohorts, private state, memory plan,
 local training), `aggregation` (one round's DP, SecAgg and hybrid mean),
+`dp_groups` (DP per secure-aggregation group and the privacy ledger),
 `evaluate`, `report` (the results document), `global_state` and `results`
 (the files written).
 """
@@ -75,7 +81,7 @@ from models.sim.results import write_results
 from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
 
 if TYPE_CHECKING:
-    from models.privacy import RoundAccountant
+    from models.sim.dp_groups import PrivacyLedger
 
 #: the simulator's name for the catalogue's one configuration error (the same class)
 SimulationConfigError = ConfigError
@@ -157,15 +163,14 @@ def _prepare(
     return _Setup(explicit, rounds, x.name, split, population, cohort_size, model, cohorts, global_, plan, tables)
 
 
-def _accountant(dp: DPSettings | None, sampling_rate: float) -> RoundAccountant | None:
-    """The round accountant of a run with DP noise, else None."""
+def _ledger(dp: DPSettings | None, sampling_rate: float) -> PrivacyLedger | None:
+    """The privacy ledger of a run with DP noise, else None (epsilon is then
+    infinite)."""
     if dp is None or not dp.noise > 0:
         return None
-    from models.privacy import RoundAccountant
+    from models.sim.dp_groups import PrivacyLedger
 
-    return RoundAccountant(
-        noise_multiplier=dp.noise, sampling_rate=sampling_rate, delta=dp.delta, accountant=dp.accountant
-    )
+    return PrivacyLedger(dp, sampling_rate)
 
 
 def simulate(
@@ -192,8 +197,9 @@ def simulate(
     model, tables, global_, rounds, n_pop = s.model, s.tables, s.global_, s.rounds, len(s.population)
     pop_arg = None if config.users is None else s.population  # evaluation over the population only
     gens = generators(config.seed, device)
-    accountant = _accountant(config.dp, s.cohort_size / n_pop)
-    secure = SecureAggregator(seed=config.seed, neighbors=config.neighbors) if config.secagg else None
+    ledger = _ledger(config.dp, s.cohort_size / n_pop)
+    secure = (SecureAggregator(seed=config.seed, neighbors=config.neighbors, group_size=config.secagg_group_size)
+              if config.secagg else None)  # fmt: skip
     keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
     sel_key, sel_sign = selection_key(explicit)
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None}
@@ -221,8 +227,8 @@ def simulate(
 
             mean = aggregate_round(upd, config=config, secure=secure, dp_generator=gens["dp"], cohort_J=cohort_J,
                                    round_idx=r, rec=rec)  # fmt: skip
-            if accountant is not None:
-                accountant.step()
+            if ledger is not None:  # the round's entry: one line per group, the round's epsilon
+                rec["dp"] = ledger.add(rec.get("dp"))
             if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
                 global_ = model.apply_mean_update(global_, mean, r)
             tables.end_round()
@@ -279,5 +285,5 @@ def simulate(
         timing={"seconds_total": seconds_total, "seconds_setup": t_setup,
                 "seconds_training": t_train_end - t_start - t_setup},
         memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
-        diverged_at=diverged_at, epsilon=accountant.epsilon() if accountant is not None else math.inf,
+        diverged_at=diverged_at, epsilon=ledger.epsilon() if ledger is not None else math.inf,
     )  # fmt: skip

@@ -140,9 +140,11 @@ def _dp_block(config: SimulationConfig, *, sampling_rate: float, rounds: int) ->
             + (
                 "local noise: conservative for the aggregate (it carries noise z*tau*sqrt(B))"
                 if config.dp_mode == "local"
-                else "distributed noise: exact for the sum seen through secure aggregation, "
-                "assuming the devices add their share"
+                else "distributed noise: each device's share is sized for its secure-aggregation group, so "
+                "every group's sum, which the server sees, carries multiplier z; exact for those sums, "
+                "assuming the devices add their share; the model's summed update carries z*sqrt(groups)"
             )
-            + "; see models/privacy.py"
+            + "; a round's epsilon is its worst group's (each device is in one group's sum: parallel "
+            "composition); each round's entry is rounds[].dp; see models/privacy.py and models/sim/dp_groups.py"
         ),
     }

@@ -49,3 +49,25 @@ def test_a_client_withdraws_from_a_cohort_below_its_floor(tmp_path: Path) -> Non
                 assert rc.driver is not None
 
     run_async(go())
+
+
+def test_the_floor_applies_to_the_devices_group_not_the_cohort() -> None:
+    """In a round in groups (D87) a device's instance is its group: a group
+    of 2 of a 1,000-device cohort is refused by a floor of 3, and the
+    threshold checked is the group's."""
+    import numpy as np
+
+    from secagg.grouped_round import group_configs, run_grouped_round
+
+    group = SecAggConfig.create(num_clients=2, vector_length=4, session_id=b"g", encoding_clients=1_000)
+    refusal = CohortFloor().refusal(group)
+    assert refusal is not None and "cohort of 2 (the secure sum this device is asked into: its group)" in refusal
+    assert CohortFloor(min_cohort=2).refusal(group) is None
+    weak = SecAggConfig.create(num_clients=9, vector_length=4, session_id=b"g", threshold=5, encoding_clients=1_000)
+    assert "threshold 5 of the 9" in (CohortFloor(min_threshold=0.66).refusal(weak) or "")
+    # in process: a coordinator puts device 0 with one other; both hold the default floor and withdraw
+    groups = ((0, 1), (2, 3, 4, 5, 6))
+    floor = CohortFloor()
+    out = run_grouped_round(np.ones((7, 4)), groups=groups, configs=group_configs(groups, vector_length=4,
+                            session_id=b"f"), refuse=lambda _p, cfg: floor.refusal(cfg))  # fmt: skip
+    assert set(out.refused) == {0, 1} and out.counted == (2, 3, 4, 5, 6) and out.exact

@@ -1,0 +1,132 @@
+"""Device-side DP of a simulated round whose secure sum runs in groups, and
+the run's privacy ledger (D87).
+
+Parallel composition. A device's update enters exactly one group's sum, and
+the server learns each group's sum. Changing one device changes one group's
+sum only, so a round releases, about any one device, what its group's sum
+releases: the round's guarantee is that of its worst group, the one whose
+sum carries the least noise. Rounds then compose as before
+(`models.privacy.Composition`).
+
+What each device adds (`privatize_in_groups`), for a clip tau and a noise
+multiplier z:
+- local: N(0, (z tau)^2) each, whatever its group; every group's sum is
+  credited with z (one device's noise: conservative, as without groups);
+- distributed: N(0, (z tau)^2 / |g|) for a device in group g, so that each
+  group's sum carries exactly N(0, (z tau)^2), the noise of multiplier z
+  (with counted < |g| devices in the sum: z sqrt(counted / |g|),
+  `models.privacy.distributed_noise_multiplier`). The share is calibrated to
+  the group, not the cohort: a cohort-wide share z / sqrt(B) would leave each
+  group's sum, which the server sees, with only z sqrt(|g| / B).
+
+The cost: with m groups the model's summed update carries m independent
+N(0, (z tau)^2), i.e. noise of multiplier z sqrt(m) instead of z, sqrt(m)
+times the noise of one secure sum over the whole cohort, for the same
+epsilon. Each round's entry records the measured multiplier of the noise in
+the summed update (`sum_noise_multiplier_measured`) beside that expectation.
+
+`PrivacyLedger` keeps one entry per round: one line per group (size,
+counted, the multiplier its sum carries), the round's multiplier (the
+least), the epsilon of that round alone, and composes the rounds at the
+end. One group per round at multiplier z gives exactly the epsilon of the
+fixed-z accountant used before groups existed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from models import privacy
+from models.privacy import Composition, distributed_noise_multiplier
+from models.sim.config import DPSettings
+
+
+def privatize_in_groups(
+    updates: torch.Tensor,
+    *,
+    dp: DPSettings,
+    groups: Sequence[Sequence[int]],
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """Clip every row of the (B, D) updates to tau and add each device's
+    noise (see the module doc); `groups` lists the rows of each group and
+    covers 0..B-1. Returns (private updates, pre-clipping norms, the round's
+    ledger entry). With one group, or in local mode, this is one call of
+    `models.privacy.privatize`, as before groups existed."""
+    B = updates.shape[0]
+    if sorted(r for g in groups for r in g) != list(range(B)):
+        raise ValueError(f"the groups must cover the {B} rows exactly once")
+    z = dp.noise
+    if dp.mode == "local" or len(groups) == 1:
+        per_device = z if dp.mode == "local" else z / math.sqrt(B)
+        noisy, norms = privacy.privatize(updates, clip=dp.clip, noise_multiplier=per_device, generator=generator)
+    else:
+        noisy = torch.empty_like(updates)
+        norms = updates.new_empty(B)
+        for g in groups:
+            rows = torch.as_tensor(list(g), dtype=torch.long, device=updates.device)
+            noisy[rows], norms[rows] = privacy.privatize(
+                updates[rows], clip=dp.clip, noise_multiplier=z / math.sqrt(len(g)), generator=generator
+            )
+    if dp.mode == "local":
+        carried, expected = [z] * len(groups), z * math.sqrt(B)
+    else:
+        carried = [distributed_noise_multiplier(z, planned=len(g), counted=len(g)) for g in groups]
+        expected = z * math.sqrt(len(groups))
+    entry: dict[str, Any] = {
+        "mode": dp.mode,
+        "groups": [{"size": len(g), "counted": len(g), "noise_multiplier": c} for g, c in zip(groups, carried, strict=True)],
+        "noise_multiplier": min(carried),
+        "sum_noise_multiplier_expected": expected,
+        "sum_noise_multiplier_measured": _sum_noise(updates, noisy, norms, dp.clip),
+    }
+    return noisy, norms, entry
+
+
+def _sum_noise(updates: torch.Tensor, noisy: torch.Tensor, norms: torch.Tensor, clip: float) -> float:
+    """The noise in the summed update, as a multiplier of tau: the RMS over
+    coordinates of sum(noisy) - sum(clipped), over tau (the clipped rows'
+    sum from the norms: row b scaled by min(1, tau / norm_b))."""
+    if updates.shape[1] == 0:
+        return 0.0
+    scale = torch.clamp(clip / norms.clamp(min=1e-12), max=1.0).to(updates.dtype)
+    noise = noisy.sum(0) - scale @ updates
+    return float(noise.double().pow(2).mean().sqrt()) / clip
+
+
+class PrivacyLedger:
+    """A run's rounds, each at the multiplier of its worst group and the
+    sampling rate q = cohort / population; `epsilon()` composes them all."""
+
+    def __init__(self, dp: DPSettings, sampling_rate: float) -> None:
+        self.dp = dp
+        self.sampling_rate = sampling_rate
+        self.rounds: list[tuple[float, float]] = []
+        self._single: dict[float, float] = {}  # epsilon of one round at a multiplier
+
+    def add(self, entry: dict[str, Any] | None) -> dict[str, Any]:
+        """Record a round from its entry (`privatize_in_groups`; None: a
+        round without one, counted at the configured multiplier); returns the
+        entry with the round's `epsilon_round` added."""
+        out = dict(entry) if entry is not None else {"mode": self.dp.mode, "noise_multiplier": self.dp.noise}
+        z = float(out["noise_multiplier"])
+        if z not in self._single:
+            self._single[z] = self._compose([(z, self.sampling_rate)])
+        out["epsilon_round"] = self._single[z]
+        self.rounds.append((z, self.sampling_rate))
+        return out
+
+    def epsilon(self) -> float:
+        """Epsilon at the run's delta of every round recorded (math.inf once a
+        round added no noise)."""
+        return self._compose(self.rounds)
+
+    def _compose(self, rounds: Sequence[tuple[float, float]]) -> float:
+        return Composition(rounds, delta=self.dp.delta, accountant=self.dp.accountant).epsilon()
+
+
+__all__ = ["PrivacyLedger", "privatize_in_groups"]
