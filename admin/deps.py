@@ -15,9 +15,10 @@ recommender and operator tokens, `Operator` operator tokens only and
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Query, Request, Security
+from fastapi import APIRouter, Depends, Query, Request, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.concurrency import run_in_threadpool
@@ -190,6 +191,23 @@ def page_size(settings: AdminSettings) -> Any:
 def cursor_q(kind: str) -> Any:
     """The `cursor` of a listing of `kind` (admin/history.py's cursor pattern)."""
     return Query(pattern=history.cursor_pattern(kind), description="The next_cursor of the previous page")
+
+
+def add_listing(routes: APIRouter, settings: AdminSettings, *, path: str, name: str, description: str, kind: str,
+                read: Callable[[Store, int, str | None], Any], response_model: Any, tags: list[str | Enum]) -> None:
+    """Add a paged listing to `routes`: GET `path` with `limit` (1 to
+    `settings.max_page_size`) and `cursor` (a next_cursor of `kind`), whose
+    page is `read(store, n, cursor)` run as `Services.read_page` runs it.
+    `name` and `description` are the operation's, as an endpoint function
+    of that name and docstring would give them."""
+    limit_q = page_size(settings)
+
+    async def listing(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
+                      cursor: Annotated[str | None, cursor_q(kind)] = None) -> Any:
+        return await services.read_page(lambda n, c: read(services.store, n, c), limit, cursor)
+
+    routes.add_api_route(path, listing, response_model=response_model, tags=tags, responses=LISTING_ERRORS,
+                         name=name, description=description)
 
 
 def cursor_problem(exc: history.BadCursor) -> ProblemError:

@@ -1,12 +1,10 @@
 """The privacy ledger and the operator audit log, read from the
 coordinator's store (viewer)."""
 
-from typing import Annotated
-
 from fastapi import APIRouter
 
 from admin import history, schemas
-from admin.deps import LISTING_ERRORS, STORE_ERRORS, Reader, ServicesDep, cursor_q, page_size
+from admin.deps import STORE_ERRORS, Reader, ServicesDep, add_listing
 from admin.live import LiveError
 from admin.settings import AdminSettings
 
@@ -26,17 +24,11 @@ async def privacy(_: Reader, services: ServicesDep) -> schemas.Privacy:
 
 def router(settings: AdminSettings) -> APIRouter:
     """The routes, `/v1/audit`'s `limit` bounded by `settings.max_page_size`."""
-    limit_q = page_size(settings)
-
-    async def audit(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
-                    cursor: Annotated[str | None, cursor_q("audit")] = None) -> schemas.AuditPage:
-        """The operator audit log (who did what, when, how it ended), newest first."""
-        return await services.read_page(lambda n, c: history.list_audit(services.store, limit=n, cursor=c),
-                                        limit, cursor)
-
     routes = APIRouter()
     routes.add_api_route("/v1/privacy", privacy, response_model=schemas.Privacy, tags=["privacy"],
                          responses=STORE_ERRORS)
-    routes.add_api_route("/v1/audit", audit, response_model=schemas.AuditPage, tags=["operator"],
-                         responses=LISTING_ERRORS)
+    add_listing(routes, settings, path="/v1/audit", name="audit", kind="audit",
+                description="The operator audit log (who did what, when, how it ended), newest first.",
+                read=lambda store, n, c: history.list_audit(store, limit=n, cursor=c),
+                response_model=schemas.AuditPage, tags=["operator"])
     return routes

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
 
 from admin import history, schemas
-from admin.deps import LISTING_ERRORS, Reader, ServicesDep, cursor_q, page_size
+from admin.deps import Reader, ServicesDep, add_listing
 from admin.problems import ProblemError, problem_responses
 from admin.settings import AdminSettings
 
@@ -36,17 +36,11 @@ async def model_parameters(_: Reader, services: ServicesDep,
 
 def router(settings: AdminSettings) -> APIRouter:
     """The routes, `/v1/models`'s `limit` bounded by `settings.max_page_size`."""
-    limit_q = page_size(settings)
-
-    async def models(_: Reader, services: ServicesDep, limit: Annotated[int | None, limit_q] = None,
-                     cursor: Annotated[str | None, cursor_q("models")] = None) -> schemas.ModelPage:
-        """Model versions, newest first, with lineage."""
-        return await services.read_page(lambda n, c: history.list_models(services.store, limit=n, cursor=c),
-                                        limit, cursor)
-
     routes = APIRouter()
-    routes.add_api_route("/v1/models", models, response_model=schemas.ModelPage, tags=["models"],
-                         responses=LISTING_ERRORS)
+    add_listing(routes, settings, path="/v1/models", name="models", kind="models",
+                description="Model versions, newest first, with lineage.",
+                read=lambda store, n, c: history.list_models(store, limit=n, cursor=c),
+                response_model=schemas.ModelPage, tags=["models"])
     routes.add_api_route("/v1/models/{version}", model, response_model=schemas.ModelDetail, tags=["models"],
                          responses=problem_responses(401, 403, 404, 422, 503))
     # `name` is what /v1/models/{version} links to (request.url_for)
