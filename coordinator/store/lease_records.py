@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from coordinator.store.errors import InvalidRecordError, StoreError
 
-__all__ = ["MAX_HOLDER_CHARS", "FencedOut", "Lease", "check_lease_request"]
+__all__ = ["MAX_HOLDER_CHARS", "FencedOut", "Lease", "LeaseRow", "check_lease_request", "next_lease_row"]
 
 MAX_HOLDER_CHARS = 255
 #: Longest lease a replica may ask for: a dead leader stops the federation
@@ -64,3 +64,24 @@ def check_lease_request(holder: str, seconds: float) -> None:
     _check_holder(holder)
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_LEASE_S):
         raise InvalidRecordError(f"a lease lasts more than 0 and at most {MAX_LEASE_S:g} s, not {seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRow:
+    """The stored lease: its holder (None: released), term token, and expiry
+    in seconds by the store's clock."""
+
+    holder: str | None
+    token: int
+    expires_at: float
+
+
+def next_lease_row(row: LeaseRow, holder: str, seconds: float, now: float) -> LeaseRow | None:
+    """The rule of `acquire_lease`, apart from the storage: the row after
+    `holder` asks for `seconds` at store time `now`, or None when another
+    holder's lease still runs. A free or expired lease starts a new term
+    (token + 1); the running holder's renewal keeps its term."""
+    held = row.holder is not None and row.expires_at > now
+    if held and row.holder != holder:
+        return None
+    return LeaseRow(holder, row.token if held else row.token + 1, now + seconds)

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from coordinator.store.lease_records import FencedOut, Lease, check_lease_request
+from coordinator.store.lease_records import FencedOut, Lease, LeaseRow, check_lease_request, next_lease_row
 
 
 class InMemoryLeaderLease:
@@ -29,15 +29,12 @@ class InMemoryLeaderLease:
     def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
         check_lease_request(holder, seconds)
         with self._lease_lock:
-            now = self._lease_clock()
-            held = self._lease_holder is not None and self._lease_expires > now
-            if held and self._lease_holder != holder:
+            row = LeaseRow(self._lease_holder, self._lease_token, self._lease_expires)
+            after = next_lease_row(row, holder, seconds, self._lease_clock())
+            if after is None:
                 return None
-            if not held:
-                self._lease_token += 1
-                self._lease_holder = holder
-            self._lease_expires = now + seconds
-            return Lease(holder, self._lease_token, seconds)
+            self._lease_holder, self._lease_token, self._lease_expires = holder, after.token, after.expires_at
+            return Lease(holder, after.token, seconds)
 
     def release_lease(self, lease: Lease) -> None:
         with self._lease_lock:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy import func, literal, select
 from sqlalchemy.orm import Session
 
-from coordinator.store.lease_records import FencedOut, Lease, check_lease_request
+from coordinator.store.lease_records import FencedOut, Lease, LeaseRow, check_lease_request, next_lease_row
 from coordinator.store.orm import LeaderLeaseRow
 
 T = TypeVar("T")
@@ -80,15 +80,11 @@ class SqlLeaderLease:
 
         def body(s: Session) -> Lease | None:
             row = _lease_row(s, share=False)
-            now = database_now(s)
-            held = row.holder is not None and row.expires_at > now
-            if held and row.holder != holder:
+            after = next_lease_row(LeaseRow(row.holder, row.token, row.expires_at), holder, seconds, database_now(s))
+            if after is None:
                 return None
-            if not held:
-                row.token += 1
-                row.holder = holder
-            row.expires_at = now + seconds
-            return Lease(holder, row.token, seconds)
+            row.holder, row.token, row.expires_at = holder, after.token, after.expires_at
+            return Lease(holder, after.token, seconds)
 
         return self._write(body)
 
