@@ -32,7 +32,9 @@ NeighborsOption = Annotated[
 ]
 TimeoutPerModeOption = Annotated[float, typer.Option(help="Give up after this many seconds per mode.")]
 KeepWorkFolderOption = Annotated[
-    Path | None, typer.Option(help="Copy the work folder (logs, database) here at the end.", show_default=False)
+    Path | None,
+    typer.Option(help="Copy the work folder (logs, databases; never the vectors or keys) here at the end.",
+                 show_default=False),
 ]
 
 
@@ -56,7 +58,7 @@ def round_(
     deadline_floor: Annotated[float, typer.Option(help="No learnt deadline goes below this many seconds (the coordinator's adaptive policy; its margin, quantile and slack are the production defaults).")] = 0.25,
     plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
     timeout: TimeoutPerModeOption = 600.0,
-    keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors) here.", show_default=False)] = None,
+    keep: KeepWorkFolderOption = None,
     profile: Annotated[Path | None, typer.Option(help="Run every process under cProfile; profiles go to PROFILE/<mode>/<process>.prof.", show_default=False)] = None,
 ) -> None:
     """Time secure rounds against plaintext rounds over gRPC.
@@ -82,7 +84,7 @@ def round_(
 @bench_app.command("hybrid")
 def hybrid(
     devices: Annotated[int, typer.Option(min=3, help="Devices: users 1..N of --dataset, one each (the whole cohort of every round).")] = 100,
-    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices (one client certificate each).")] = 2,
+    client_processes: ClientProcessesOption = 2,
     j_bound: Annotated[float, typer.Option(min=0.0, help="Hybrid mode: the privacy-indicator bound J <= B under which a device sends its update in PLAINTEXT (set on the coordinator and on every client). It must leave at least t devices secure (docs/performance.md, 'Hybrid rounds over real processes': at 0.8 the 100-user rounds lose their secure part).")] = 0.5,
     neighbors: NeighborsOption = "all",
     threshold: Annotated[str, typer.Option(help="Shamir threshold policy (majority, two_thirds or a fraction), chosen for the whole cohort; a hybrid round's secure part needs at least t secure devices, and commits the plaintext sum alone only if at least t went plaintext.")] = "two_thirds",
@@ -92,11 +94,11 @@ def hybrid(
     seed: Annotated[int, typer.Option(help="Seed of the local splits, the training draws and cohort selection.")] = 0,
     model_params: Annotated[str | None, typer.Option(help="FedMMF hyper-parameters over the defaults, as JSON (n_users / n_items come from the dataset).", show_default=False)] = None,
     timeout: TimeoutPerModeOption = 1200.0,
-    keep: Annotated[Path | None, typer.Option(help="Copy the run folder (logs, databases; not the vectors or keys) here.", show_default=False)] = None,
+    keep: KeepWorkFolderOption = None,
 ) -> None:
     """Time FedMMF hybrid rounds against all-secure rounds over gRPC and mTLS.
 
-    For each mode, fresh processes on 127.0.0.1: a PKI, a coordinator (SQLite in a temp folder, model fedmmf, mTLS) and --client-processes edge clients hosting users 1..--devices of --dataset, training FedMMF for real, no injected dropout. --rounds all-secure rounds, then --rounds hybrid rounds (coordinator and clients at --unprotected-plaintext-j-bound --j-bound: devices with J <= --j-bound upload their update in PLAINTEXT, the rest run secure aggregation). Every committed aggregate is checked bit for bit against the counted devices' encoded inputs. A round's time runs from the coordinator opening it to its commit (training included).
+    For each mode, fresh processes on 127.0.0.1: a PKI, a coordinator (SQLite in a temp folder, model fedmmf, mTLS) and --client-processes edge clients (one client certificate each) hosting users 1..--devices of --dataset, training FedMMF for real, no injected dropout. --rounds all-secure rounds, then --rounds hybrid rounds (coordinator and clients at --unprotected-plaintext-j-bound --j-bound: devices with J <= --j-bound upload their update in PLAINTEXT, the rest run secure aggregation). Every committed aggregate is checked bit for bit against the counted devices' encoded inputs. A round's time runs from the coordinator opening it to its commit (training included).
 
     A hybrid round whose secure part aborts (fewer than t secure devices on the complete graph; on a SecAgg+ graph, the pruning of devices with fewer than t secure devices in their neighbourhood, which can cascade) commits the plaintext sum alone when at least t devices went plaintext: it is committed and exact but leaves the secure devices out (all_counted false).
 
@@ -125,7 +127,7 @@ def hybrid(
 @bench_app.command("connections")
 def connections(
     devices: Annotated[int, typer.Option(min=1, help="Idle devices to connect.")] = 1000,
-    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting them.")] = 4,
+    client_processes: ClientProcessesOption = 4,
     hold: Annotated[float, typer.Option(min=0.0, help="Seconds to keep them connected (heartbeating) before measuring.")] = 5.0,
     heartbeat_interval: Annotated[float, typer.Option(help="Coordinator heartbeat interval (s).")] = 2.0,
     timeout: Annotated[float, typer.Option(help="Give up if not all devices checked in after this many seconds.")] = 300.0,
