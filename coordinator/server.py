@@ -1,6 +1,6 @@
 """Build and run the coordinator's grpc.aio server.
 
-    server = await build_server(coordinator, settings)     # bound, not started
+    server, port = await build_server(coordinator, settings, health)  # bound, not started
     await server.start(); ...; await server.stop(grace)
 
 `serve(settings)` is what `fedmask coordinator` runs: open the store, build
@@ -140,8 +140,10 @@ def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) ->
     return max(4 << 20, int(need * 1.25) + (64 << 10))
 
 
-async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
-    """A bound grpc.aio server (not started): (server, port, health servicer)."""
+async def build_server(coordinator: Coordinator, settings: CoordinatorSettings,
+                       health_servicer: health.aio.HealthServicer) -> tuple[grpc.aio.Server, int]:
+    """A bound grpc.aio server (not started) answering grpc.health.v1 from
+    `health_servicer`: (server, port)."""
     interceptors: list[grpc.aio.ServerInterceptor] = [
         DeviceListenerGuard(admin_token_digests(settings.admin) if settings.admin.listen is not None else None,
                             check_certificates=settings.tls.client_ca is not None),
@@ -167,7 +169,6 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     ]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     add_to_server(coordinator, server, credential=credential)
-    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
@@ -177,7 +178,7 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings) 
     port = server.add_secure_port(address, creds) if creds is not None else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
-    return server, port, health_servicer
+    return server, port
 
 
 async def build_admin_server(coordinator: Coordinator,
@@ -295,16 +296,19 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     server = admin_server = httpd = None
     health_server = None
     lost: asyncio.Task[str] | None = None
+    health_servicer = health.aio.HealthServicer()
     try:
+        if settings.health_listen_address is not None:  # up at once: a standby is alive, not serving devices
+            health_server = await build_health_server(health_servicer, settings.health_listen_address)
+            await health_server.start()
+            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+            await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         if not await lead(keeper, settings.database_url):
             return 2
         store.fence_writes(keeper.fence)
         coordinator = Coordinator(settings, store=store, model=model)
         await coordinator.start()
-        server, port, health_servicer = await build_server(coordinator, settings)
-        if settings.health_listen_address is not None:
-            health_server = await build_health_server(health_servicer, settings.health_listen_address)
-            await health_server.start()
+        server, port = await build_server(coordinator, settings, health_servicer)
         await server.start()
         await set_serving(health_servicer, True)
         coordinator.ports["device"] = port

@@ -17,7 +17,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, text
 
 from coordinator.store.engine import create_store_engine
 
@@ -46,9 +46,18 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
+#: PostgreSQL advisory lock held by an upgrade for its transaction, so that
+#: replicas starting together upgrade one after the other (the later ones
+#: find the schema at head and do nothing). Leadership never uses it (D90).
+MIGRATION_LOCK_KEY = 0x666D_6D67  # "fmmg"
+
+
 def upgrade_to_head(engine: Engine) -> None:
-    """Apply every pending migration in one transaction (idempotent)."""
+    """Apply every pending migration in one transaction (idempotent; on
+    PostgreSQL concurrent callers wait for each other)."""
     with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         command.upgrade(alembic_config(connection), "head")
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1.health import aio as health_aio
 from prometheus_client.parser import text_string_to_metric_families
 
 from coordinator.live_state import STAGE
@@ -90,7 +91,8 @@ async def running(settings: CoordinatorSettings, store: Store | None = None, mod
     model = model or build_server_model(settings.model.name, settings.model.hyperparameters)
     coord = Coordinator(settings, store=store, model=model)
     await coord.start()
-    server, port, health = await build_server(coord, settings)
+    health = health_aio.HealthServicer()
+    server, port = await build_server(coord, settings, health)
     admin, admin_port, admin_health = await build_admin_server(coord, settings)
     await server.start()
     await admin.start()

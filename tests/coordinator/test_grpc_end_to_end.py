@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import grpc
 import numpy as np
 import pytest
+from grpc_health.v1.health import aio as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from coordinator.debug import encoded_checksum
@@ -73,7 +74,8 @@ async def running(settings, store=None):
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     coord = Coordinator(settings, store=store, model=model)
     await coord.start()
-    server, port, health = await build_server(coord, settings)
+    health = health_aio.HealthServicer()
+    server, port = await build_server(coord, settings, health)
     await server.start()
     await set_serving(health, True)
     rounds = asyncio.create_task(coord.run())

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import Any
+
 import numpy as np
 import pytest
 from alembic import command
@@ -180,3 +182,33 @@ def test_object_arrays_are_never_pickled() -> None:
         pack_parameters({"x": np.array([object()], dtype=object)})
     with pytest.raises(ValueError):
         pack_parameters({"a/b": np.zeros(1)})
+
+
+def test_replicas_starting_together_migrate_once(sql_url: str) -> None:
+    """Three coordinator replicas upgrading one empty database at once: all
+    succeed (on PostgreSQL they wait for each other; SQLite's writers
+    serialise anyway) and the schema is at head."""
+    import threading
+
+    engines = [create_store_engine(sql_url) for _ in range(3)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(engines))
+
+    def upgrade(engine: Any) -> None:
+        start.wait()
+        try:
+            upgrade_to_head(engine)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=upgrade, args=(e,)) for e in engines]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert current_revision(engines[0]) == head_revision()
+    finally:
+        for e in engines:
+            e.dispose()
