@@ -1,19 +1,22 @@
-"""Proof: the containers run a federation and survive a killed coordinator.
+"""Proof: the containers run a federation and survive a killed leader.
 
 Builds the images (`make images`), starts deploy/compose.yaml with
-podman-compose (PostgreSQL, the certificate step, the coordinator with mTLS,
-the admin service, two edge clients of 10 ML-100K users each), waits for
-three secure rounds to commit, asks the admin service from the host (its
-published port) for a user's top-k over REST with a recommender token and
-checks the answer against the store (computed on the device, from a
-committed model version), checks the admin service's role tokens and its
-SELECT-only database role, SIGKILLs the coordinator container, starts it again and checks that
-the federation resumes from the committed model version with nothing lost
-(every committed round and model version kept, the next round built on the
-last committed version, the model step continuing, no device re-enrolled,
-the clients and the admin service never restarted, the admin service ready
-again and answering top-k), then tears the stack down and removes its
-containers, volumes, network and secrets. The images stay (the build cache).
+podman-compose (PostgreSQL, the certificate step, three coordinator replicas
+with mTLS, one leading and two standbys (D90), the admin service, two edge
+clients of 10 ML-100K users each), waits for three secure rounds to commit,
+asks the admin service from the host (its published port) for a user's
+top-k over REST with a recommender token and checks the answer against the
+store (computed on the device, from a committed model version), checks the
+admin service's role tokens and its SELECT-only database role, SIGKILLs the
+leader's container and checks that a standby takes the lease and the
+federation goes on from the committed model version with nothing lost and
+nothing restarted by hand (every committed round and model version kept,
+the next round built on the last committed version, the model step
+continuing, no device re-enrolled, the clients and the admin service never
+restarted, the admin service ready again and answering top-k); the killed
+replica, started again, comes back as a standby. Then it tears the stack
+down and removes its containers, volumes, network and secrets. The images
+stay (the build cache).
 
 The dataset is fetched on the host (`fedmask data fetch`, a no-op when
 data/ml-100k is valid) and copied into the stack's data volume: containers on
@@ -233,7 +236,7 @@ def _committed(s: Stack) -> list[dict[str, Any]]:
             for n, b, v, h, st in rows]
 
 
-def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
+def test_federation_survives_a_killed_leader(stack: Stack) -> None:
     s = stack
     t0 = time.monotonic()
 
@@ -241,35 +244,42 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
     _wait(f"{ROUNDS_BEFORE_KILL} committed rounds", lambda: len(_committed(s)) >= ROUNDS_BEFORE_KILL, 900, s)
     _say(f"[containers] {ROUNDS_BEFORE_KILL} rounds committed {time.monotonic() - t0:.0f}s after up")
 
-    # Every service's HEALTHCHECK passes (podman 4.3 without systemd runs them only on demand).
-    for service in ("postgres", "coordinator", "admin", "client-0", "client-1"):
+    # Every service's HEALTHCHECK passes (podman 4.3 without systemd runs them only on demand);
+    # the standbys' too (alive, not serving devices).
+    for service in ("postgres", *REPLICAS, "admin", "client-0", "client-1"):
         proc = s.podman("healthcheck", "run", s.name(service), check=False)
         assert proc.returncode == 0, f"{service} healthcheck: {proc.stdout} {proc.stderr}\n{s.logs(service)}"
     # Secure rounds: every committed one went through the SecAgg stages to unmasking.
     stages = s.sql("select timings::jsonb ? 'share_keys' and timings::jsonb ? 'masked_input' "
                    "and timings::jsonb ? 'unmasking' from rounds where state = 'committed'")
     assert stages and all(row == ["t"] for row in stages), stages
-    _check_admin_service(s)
+    leader, token = _leader(s)
+    _check_admin_service(s, leader)
     devices_before = s.sql("select id, identity_public_key from devices order by id")
     assert len(devices_before) == 20, devices_before
     clients_before = {k: v["Id"] for k, v in s.containers().items() if k.startswith("client-") or k == "admin"}
 
-    # SIGKILL the coordinator, then read what the database holds at that moment.
-    s.podman("kill", "--signal", "KILL", s.name("coordinator"))
-    _wait("the coordinator to be gone", lambda: s.containers()["coordinator"]["State"] != "running", 60, s, 0.5)
+    # SIGKILL the leader's container, then read what the database holds at that moment.
+    s.podman("kill", "--signal", "KILL", s.name(leader))
+    killed = time.monotonic()
+    _wait("the leader to be gone", lambda: s.containers()[leader]["State"] != "running", 60, s, 0.5)
     at_kill = _committed(s)
     versions_at_kill = s.sql("select id, sha256 from model_versions order by id")
     latest = int(versions_at_kill[-1][0])
     assert at_kill[-1]["version"] == latest
     in_flight = s.sql("select number from rounds where state not in ('committed', 'aborted')")
 
-    t = time.monotonic()
-    s.podman("start", s.name("coordinator"))
-    _wait("the coordinator to serve again",
-          lambda: s.podman("healthcheck", "run", s.name("coordinator"), check=False).returncode == 0, 300, s, 2)
-    _say(f"[containers] coordinator serving again {time.monotonic() - t:.0f}s after the restart")
+    # A standby takes the lease (a new term) and serves; nothing is restarted by hand.
+    successor = _wait("a standby to take the lease",
+                      lambda: (lambda now: now if now[0] != leader and now[1] > token else None)(_leader(s)), 120, s, 1)[0]
+    _say(f"[containers] {successor} leads {time.monotonic() - killed:.0f}s after {leader} was killed")
     _wait(f"{ROUNDS_AFTER_RESTART} more committed rounds",
           lambda: len(_committed(s)) >= len(at_kill) + ROUNDS_AFTER_RESTART, 900, s)
+    # The killed replica, started again, is a standby: alive, and the lease stays where it is.
+    s.podman("start", s.name(leader))
+    _wait("the restarted replica healthy (a standby)",
+          lambda: s.podman("healthcheck", "run", s.name(leader), check=False).returncode == 0, 300, s, 2)
+    assert _leader(s)[0] == successor
 
     after = _committed(s)
     # Nothing committed was lost or changed.
@@ -294,17 +304,33 @@ def test_federation_survives_a_killed_coordinator(stack: Stack) -> None:
         assert now[service]["Id"] == cid and now[service]["State"] == "running", (service, now[service]["State"])
         restarts = s.podman("inspect", "--format", "{{.RestartCount}}", cid).stdout.strip()
         assert restarts == "0", (service, restarts)
-    # The admin service rode the coordinator's restart out (never restarted,
-    # checked above): ready again and relaying top-k from the new process.
+    # The admin service rode the failover out (never restarted, checked
+    # above): ready again and relaying top-k through the new leader.
     _wait("the admin service ready again", lambda: s.http("/readyz")[0] == 200, 120, s, 2)
     _wait("top-k after the restart",
           lambda: s.http("/v1/users/user-12/recommendations?k=3", s.tokens["recommender"])[0] == 200, 120, s, 2)
-    _say(f"[containers] rounds committed: {[r['number'] for r in after]}; resumed from version {latest} "
+    _say(f"[containers] rounds committed: {[r['number'] for r in after]}; {successor} resumed from version {latest} "
           f"(round {resumed['number']}); "
           f"proof {time.monotonic() - t0:.0f}s")
 
 
-def _check_admin_service(s: Stack) -> None:
+REPLICAS = ("coordinator-1", "coordinator-2", "coordinator-3")
+
+
+def _leader(s: Stack) -> tuple[str, int]:
+    """(the replica service holding the leader lease, its token): the lease's
+    holder is HOSTNAME-PID, and a container's hostname is its own."""
+    rows = s.sql("select holder, token from leader_lease where holder is not null")
+    assert rows, "no replica holds the leader lease"
+    holder, token = rows[0][0], int(rows[0][1])
+    hosts = {service: s.podman("inspect", "--format", "{{.Config.Hostname}}", s.name(service)).stdout.strip()
+             for service in REPLICAS}
+    found = [service for service, host in hosts.items() if holder.rsplit("-", 1)[0] == host]
+    assert len(found) == 1, (holder, hosts)
+    return found[0], token
+
+
+def _check_admin_service(s: Stack, leader: str) -> None:
     """The admin service, asked from the host: ready, top-k over REST computed
     on a device, roles by route, history matching the store, and a database
     role that can read but not write. The coordinator's metrics listener too."""
@@ -359,6 +385,6 @@ def _check_admin_service(s: Stack) -> None:
     assert "read-only transaction" in as_reader("delete from rounds").stderr
 
     # The coordinator's Prometheus endpoint (compose enables it on 9100 inside the network).
-    metrics = s.podman("exec", s.name("coordinator"), "python", "-c",
+    metrics = s.podman("exec", s.name(leader), "python", "-c",
                        "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())")
     assert "fedmask_" in metrics.stdout, metrics.stdout[:500]

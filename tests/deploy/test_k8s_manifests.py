@@ -161,10 +161,16 @@ def test_writable_paths_are_volumes(rendered: tuple[str, list[dict[str, Any]]]) 
         m["mountPath"] for m in client["volumeMounts"]}
 
 
-def test_coordinator_runs_once_with_grpc_probes(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+def test_coordinator_runs_as_three_replicas_with_grpc_probes(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, objs = rendered
     dep = by(objs, "Deployment", "fedmask-coordinator")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 3 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    pdb = by(objs, "PodDisruptionBudget", "fedmask-coordinator")
+    assert pdb["spec"]["minAvailable"] == 2
+    assert pdb["spec"]["selector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    service = by(objs, "Service", "fedmask-coordinator")
+    assert service["spec"]["clusterIP"] == "None"  # clients resolve every replica and find the leader
     c = pod_spec(dep)["containers"][0]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert c[probe]["grpc"]["port"] == 50052, probe
