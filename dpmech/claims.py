@@ -93,7 +93,7 @@ def statement(epsilon: float, delta: float, rounds: int, *, amplified: bool) -> 
     """One sentence: the epsilon, its delta, the unit it protects and whether sampling was assumed."""
     how = ("amplification by sampling assumed" if amplified
            else "no amplification by sampling (devices cannot check how cohorts are drawn)")
-    return f"epsilon {epsilon_text(epsilon)} at delta {delta:.0e} over {rounds} rounds protects {PROTECTS}; {how}"
+    return f"epsilon {epsilon_text(epsilon, 4)} at delta {delta:.0e} over {rounds} rounds protects {PROTECTS}; {how}"
 
 
 def epsilon_text(epsilon: float, digits: int = 3) -> str:

@@ -224,14 +224,14 @@ def _poisson_gaussian_epsilon(rho: float, rate: float, rounds: int, delta: float
         return 0.0
     gaussian = dp_accounting.GaussianDpEvent(1 / math.sqrt(2 * rho))
     event: dp_accounting.DpEvent = gaussian if rate >= 1 else dp_accounting.PoissonSampledDpEvent(rate, gaussian)
-    accountant = rdp.RdpAccountant()
-    accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
     # dp_accounting logs a warning for each order it cannot evaluate and leaves that order out: the
     # minimum over the others is still an upper bound
     log = logging.getLogger("absl")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
+        accountant = rdp.RdpAccountant()
+        accountant.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
         eps = float(accountant.get_epsilon(delta))
     finally:
         log.setLevel(level)

@@ -164,8 +164,8 @@ def test_the_production_line_holds_the_mean_updates_noise() -> None:
     assert line.text.startswith("At 1,000,000 devices, cohorts of 1,000, 100 rounds")
     assert f"epsilon {claims.epsilon_text(line.epsilon)} at delta 1e-07" in line.text
     assert claims.production_line(0.0, 450) is None and claims.production_line(1.0, 0) is None
-    s = claims.statement(34.12, 1e-5, 24, amplified=False)
-    assert s.startswith("epsilon 34.2 at delta 1e-05 over 24 rounds protects one device, all of its data")
+    s = claims.statement(34.1163, 1e-5, 24, amplified=False)
+    assert s.startswith("epsilon 34.12 at delta 1e-05 over 24 rounds protects one device, all of its data")
 
 
 @given(st.floats(min_value=1e-6, max_value=1e6, allow_nan=False))
