@@ -373,6 +373,8 @@ class Dropout:
 
 @dataclass(frozen=True)
 class Plan:
+    """What `plan` found: the mechanism's geometry, the noise both ways, dropouts, groups and the field."""
+
     request: PlanRequest
     groups: tuple[int, ...]
     geometry: Geometry
@@ -421,7 +423,9 @@ def plan(request: PlanRequest) -> Plan:
     sizes = group_sizes(request.cohort, request.group_size)
     full = Shares.of(sizes)
     scaled_clip = rounding_scaled_clip(padded_dimension(request.dim))
-    for _ in range(4):  # raise the scale until every planned share has sigma >= 2 (usually at once)
+    # raise the scale until every planned share has sigma >= 2 (usually at once); the accounting is exact
+    # either way, sigma >= 2 only keeps the bound's tau term from costing noise
+    for _ in range(4):
         geometry = geometry_for(request, scaled_clip)
         primary_z = least_multiplier(request, geometry, full, "none")
         # a larger scale only needs a larger field: refuse a field too small before the slow search
