@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from admin import schemas
+from dpmech import PROTECTS
 from coordinator.store import (
     ModelVersionSummary,
     NotFoundError,
@@ -125,7 +126,8 @@ def round_summary(r: RoundRecord, *, produced: int | None, ledger: Ledger) -> sc
         seconds=(r.ended_at - r.started_at).total_seconds() if r.ended_at is not None else None,
         cohort_size=r.cohort_size, contributors=int(contributors) if contributors is not None else None,
         abort_reason=r.abort_reason, base_model_version=r.base_model_version, model_version=produced,
-        epsilon=entry.cumulative_epsilon if entry is not None else None, validation=_validation(r.metrics),
+        epsilon=entry.cumulative_epsilon if entry is not None else None,
+        delta=entry.delta if entry is not None else None, validation=_validation(r.metrics),
     )
 
 
@@ -277,9 +279,40 @@ def model_parameters(store: Store, version: int) -> tuple[bytes, str] | None:
     return v.parameters, v.sha256
 
 
+@dataclass(frozen=True)
+class PrivacyClaim:
+    """What the product says with an epsilon: its delta, the unit it protects, and the production-size line."""
+
+    delta: float | None
+    amplified: bool
+    statement: str | None
+    production_plan: schemas.ProductionPlan | None
+
+
+def privacy_claim(store: Store, entries: Sequence[PrivacyEntry]) -> PrivacyClaim:
+    """The claim for a ledger (ascending rounds). The production-size line
+    prices the latest round's multiplier with its counted devices
+    (dpmech.claims, imported on first use: dp_accounting is slow to import,
+    and the service starts without it)."""
+    if not entries:
+        return PrivacyClaim(delta=None, amplified=False, statement=None, production_plan=None)
+    from dpmech import claims
+
+    last = entries[-1]
+    amplified = any(e.sampling_rate < 1 for e in entries)
+    record = store.get_round(last.round_number)
+    counted = record.metrics.get("contributors") if record is not None else None
+    line = claims.production_line(last.noise_multiplier, int(counted)) if counted else None
+    return PrivacyClaim(
+        delta=last.delta, amplified=amplified,
+        statement=claims.statement(last.cumulative_epsilon, last.delta, len(entries), amplified=amplified),
+        production_plan=schemas.ProductionPlan(**line.as_dict()) if line is not None else None)
+
+
 def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> schemas.Privacy:
-    """The ledger, each entry with its round's counted devices, and the budget."""
+    """The ledger, each entry with its round's counted devices, the budget, and what epsilon means."""
     entries = store.privacy_ledger()
+    claim = privacy_claim(store, entries)
     unprotected = unprotected_rounds(store)
     ledger: list[schemas.LedgerEntry] = []
     for e in entries:
@@ -292,7 +325,8 @@ def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> sc
             unprotected_contributions=unprotected.get(e.round_number, 0)))
     spent = entries[-1].cumulative_epsilon if entries else 0.0
     return schemas.Privacy(
-        rounds_accounted=len(entries), epsilon_spent=spent, delta=entries[-1].delta if entries else None,
+        rounds_accounted=len(entries), epsilon_spent=spent, delta=claim.delta, protects=PROTECTS,
+        amplification_by_sampling=claim.amplified, statement=claim.statement, production_plan=claim.production_plan,
         epsilon_budget=budget, epsilon_remaining=max(budget - spent, 0.0) if budget is not None else None,
         exhausted=exhausted, ledger=ledger, unprotected_contributions_total=sum(unprotected.values()),
         unprotected_rounds=[schemas.UnprotectedRound(round_number=n, devices=d) for n, d in sorted(unprotected.items())])

@@ -6,7 +6,7 @@ device's private data (top-k answers are computed and chosen by the device)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -97,6 +97,36 @@ class CurrentRound(BaseModel):
 # ------------------------------------------------------------- federation
 
 
+class ProductionPlan(BaseModel):
+    """The latest round's noise at a production-size deployment, as the planner prices it
+    (`fedmask privacy plan`; dpmech.claims.production_line)."""
+
+    population: int
+    cohort: int
+    rounds: int
+    delta: float
+    noise_multiplier: float = Field(description="The latest round's multiplier x cohort / its counted devices: the "
+                                                "same noise norm in the mean update, so the same cost to the model")
+    epsilon: float = Field(description="Over the rounds at delta, without amplification by sampling")
+    epsilon_if_poisson: float = Field(description="Assuming cohorts are Poisson samples at cohort / population, "
+                                                  "which devices cannot check")
+    text: str = Field(description="The line the dashboard and the demo print")
+
+
+def _protects() -> Any:
+    return Field(description="The unit epsilon protects: neighbouring inputs differ in one device's data")
+
+
+def _statement() -> Any:
+    return Field(description="Epsilon spent with its delta, the unit it protects and whether amplification by "
+                             "sampling was assumed, as one sentence; None before a round is accounted")
+
+
+def _production_plan() -> Any:
+    return Field(description="What the latest round's noise would give a production-size deployment; None before a "
+                             "round is accounted or when its counted devices are unknown")
+
+
 class Federation(BaseModel):
     model_name: str | None = Field(description="None before the first model version is stored")
     current_version: int | None
@@ -111,6 +141,10 @@ class Federation(BaseModel):
     coordinator_reachable: bool
     epsilon_spent: float
     epsilon_budget: float | None
+    delta: float | None = Field(description="Delta of epsilon_spent; None before a round is accounted")
+    protects: str = _protects()
+    privacy_statement: str | None = _statement()
+    production_plan: ProductionPlan | None = _production_plan()
     round_stages: list[str] = Field(default_factory=lambda: list(ROUND_STAGES),
                                     description="The stages a round goes through while it runs, in order (the "
                                                 "values `phase` takes then): every secure-aggregation stage, "
@@ -140,6 +174,7 @@ class RoundSummary(BaseModel):
     base_model_version: int | None
     model_version: int | None = Field(description="The model version the round produced")
     epsilon: float | None = Field(description="Cumulative epsilon after the round (None without DP)")
+    delta: float | None = Field(None, description="Delta of epsilon (None without DP)")
     validation: dict[str, float] = Field(description="Federated validation metrics (secure sums' means)")
 
 
@@ -210,6 +245,11 @@ class Privacy(BaseModel):
     rounds_accounted: int
     epsilon_spent: float
     delta: float | None
+    protects: str = _protects()
+    amplification_by_sampling: bool = Field(description="Whether a round's epsilon assumed amplification by "
+                                                        "sampling (a sampling_rate below 1)")
+    statement: str | None = _statement()
+    production_plan: ProductionPlan | None = _production_plan()
     epsilon_budget: float | None = Field(description="From the running coordinator; None when unknown or unset")
     epsilon_remaining: float | None
     exhausted: bool | None = Field(description="None when the coordinator is not reachable")

@@ -14,7 +14,17 @@ library and dp_accounting (`accounting` only); nothing of fedmask's.
 - `accounting`    the sum's Renyi DP / zCDP bound, epsilon via dp_accounting
 - `divergence`    exact laws and Renyi divergences over the integers (checks)
 - `speed`         `python -m dpmech.speed`: the exact sampler's time per draw
+- `plan`          the planner: the noise a target epsilon needs, and what it
+                  costs the model (`fedmask privacy plan`)
+- `claims`        epsilon as the product states it: its delta, the unit it
+                  protects, and the same noise at a production-size population
 
 Importing the package imports none of its modules (dp_accounting is slow
 to import).
 """
+
+#: The unit every epsilon protects: neighbouring inputs differ in one
+#: device's update (`accounting`'s adjacency). Here so that a service can
+#: name it without importing dp_accounting.
+PROTECTS = "one device, all of its data"
+

@@ -28,6 +28,7 @@ from fedmask.commands import devices as devices_cmd
 from fedmask.commands import admin as admin_cmd
 from fedmask.commands import health as health_cmd
 from fedmask.commands import study as study_cmd
+from fedmask.commands import privacy as privacy_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -47,6 +48,7 @@ devices_cmd.register(app)
 admin_cmd.register(app)
 health_cmd.register(app)
 study_cmd.register(app)
+privacy_cmd.register(app)
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ from admin.deps import LISTING_ERRORS, LIVE_ERRORS, STORE_ERRORS, Reader, Servic
 from admin.live import LiveError
 from admin.problems import ProblemError, problem_responses
 from admin.settings import AdminSettings
+from dpmech import PROTECTS
 from fedmask_proto.v1 import admin_service_pb2 as pb
 
 
@@ -22,7 +23,8 @@ async def federation(_: Reader, services: ServicesDep) -> schemas.Federation:
         return services.rounds.counts(services.store), latest[0] if latest else None, len(devices), revoked
 
     counts, latest, enrolled, revoked = await services.read(read)
-    spent = await services.read(lambda: services.store.privacy_summary().cumulative_epsilon)
+    entries = await services.read(services.store.privacy_ledger)
+    claim = await services.read(lambda: history.privacy_claim(services.store, entries))
     state: pb.LiveState | None
     try:
         state = await services.live_state.get()
@@ -35,8 +37,9 @@ async def federation(_: Reader, services: ServicesDep) -> schemas.Federation:
         devices_enrolled=enrolled, devices_revoked=revoked,
         devices_connected=state.devices.connected if state is not None else None,
         phase=live_views.phase(state) if state is not None else None, coordinator_reachable=state is not None,
-        epsilon_spent=spent,
-        epsilon_budget=(state.privacy.epsilon_budget or None) if state is not None else None)
+        epsilon_spent=entries[-1].cumulative_epsilon if entries else 0.0,
+        epsilon_budget=(state.privacy.epsilon_budget or None) if state is not None else None,
+        delta=claim.delta, protects=PROTECTS, privacy_statement=claim.statement, production_plan=claim.production_plan)
 
 
 async def round_current(_: Reader, services: ServicesDep) -> schemas.CurrentRound:

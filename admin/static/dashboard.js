@@ -145,9 +145,15 @@ async function refreshOverview() {
     $("summary").textContent = (f.model_name || "no model") + " v" + (f.current_version ?? "-") + " · " +
       f.rounds_committed + " committed, " + f.rounds_aborted + " aborted · devices " +
       (f.devices_connected ?? "?") + " connected of " + f.devices_enrolled;
-    const budget = f.epsilon_budget ? " of budget " + f.epsilon_budget.toFixed(2) : "";
-    $("privacy").textContent = "epsilon spent " + f.epsilon_spent.toFixed(2) + budget +
+    // epsilon with its delta, the unit it protects and sampling (the service's sentence, rounded up),
+    // and below it what the same noise would give a production-size deployment
+    const budget = f.epsilon_budget ? " · budget " + f.epsilon_budget.toFixed(2) : "";
+    $("privacy").textContent = (f.privacy_statement || "epsilon spent " + f.epsilon_spent.toFixed(2)) + budget +
       (f.phase === "budget_exhausted" ? " — budget exhausted" : "");
+    $("privacy-plan").textContent = f.production_plan ? f.production_plan.text : "";
+    $("chart-epsilon-title").textContent = "Epsilon spent" +
+      (f.delta !== null && f.delta !== undefined ? " (delta " + f.delta.toExponential(0) + ", protecting " +
+        f.protects + ")" : "");
   } catch (e) { if (e.status !== 403) say("overview: " + e.message); }
 }
 

@@ -233,6 +233,7 @@ def _run(console: Any, workdir: Path, x: Any, plan: _Plan, *, keep_running: bool
         with contextlib.closing(open_store(f"sqlite:///{db}", migrate=False)) as store:
             records = _follow_rounds(console, group, admin, store, plan.rounds, state_dirs)
             _report(console, records, store, x, plan, seconds=time.monotonic() - t0)
+            _privacy_summary(console, admin)
             _show_top_k(console, admin, x)
             if keep_running:
                 _stay_up(console, group, admin)
@@ -352,6 +353,20 @@ def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *
             f"[bold]validation HR@10 {last.metrics['val_hr@10']:.3f}[/bold] after round {last.number}, "
             f"over the validation items of the {counted} of {plan.devices} hosted users counted in its secure "
             f"sum; popularity on the same {plan.devices} users: {base:.3f}")
+
+
+def _privacy_summary(console: Any, admin: Any) -> None:
+    """What the demo's epsilon means, as the admin service states it (GET /v1/privacy): its delta, the unit it
+    protects, whether sampling was assumed, and the same noise at a production-size deployment."""
+    p = admin.get("/v1/privacy")
+    if p["statement"] is None:
+        console.print("no differential privacy: the rounds spent no epsilon and protect nothing beyond the secure sum")
+        return
+    console.print(f"[bold]{p['statement']}[/bold]")
+    if p["production_plan"] is not None:
+        console.print(p["production_plan"]["text"])
+    console.print("What a deployment needs for a meaningful epsilon: `fedmask privacy plan` (docs/privacy.md, "
+                  "\"Planning\")")
 
 
 def _show_top_k(console: Any, admin: Any, x: Any) -> None:

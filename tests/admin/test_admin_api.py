@@ -31,6 +31,7 @@ from admin_harness import (
 
 from admin.settings import Role
 from coordinator.store.blobs import unpack_parameters
+from dpmech import claims
 from fedmask_proto.v1 import admin_service_pb2 as pb
 from secagg.stages import Stage
 
@@ -126,6 +127,10 @@ def test_federation_overview(w: World) -> None:
     assert (f["devices_enrolled"], f["devices_revoked"], f["devices_connected"]) == (12, 1, 9)
     assert f["phase"] == "masked_input" and f["coordinator_reachable"] is True
     assert f["epsilon_budget"] == 50.0 and f["epsilon_spent"] == pytest.approx(sum(0.5 + i for i in (0, 1, 3, 4, 6)))
+    p = get(w, "/v1/privacy").json()
+    assert (f["delta"], f["protects"], f["privacy_statement"], f["production_plan"]) == (
+        1e-5, "one device, all of its data", p["statement"], p["production_plan"])
+    assert all(r["delta"] == (1e-5 if r["epsilon"] is not None else None) for r in get(w, "/v1/rounds").json()["items"])
 
 
 def test_the_stage_strip_shows_every_stage_the_protocol_has(w: World) -> None:
@@ -257,6 +262,14 @@ def test_privacy_ledger_and_budget(w: World) -> None:
     assert p["epsilon_spent"] == pytest.approx(spent) and p["delta"] == 1e-5
     assert p["epsilon_budget"] == 50.0 and p["epsilon_remaining"] == pytest.approx(50.0 - spent)
     assert p["exhausted"] is False
+    # what the epsilon means: its delta, the unit, no sampling assumed, and the production-size line
+    assert p["protects"] == "one device, all of its data" and p["amplification_by_sampling"] is False
+    assert p["statement"].startswith(f"epsilon {claims.epsilon_text(spent, 4)} at delta 1e-05 over 5 rounds protects "
+                                     "one device, all of its data; no amplification by sampling")
+    line = claims.production_line(0.9, 8)  # the latest round's multiplier and counted devices
+    assert line is not None and p["production_plan"] == line.as_dict()
+    assert p["production_plan"]["noise_multiplier"] == pytest.approx(0.9 * 1000 / 8)
+    assert p["production_plan"]["text"].startswith("At 1,000,000 devices, cohorts of 1,000, 100 rounds")
 
 
 def test_audit_log_from_the_store(w: World) -> None:

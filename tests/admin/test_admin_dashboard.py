@@ -73,6 +73,11 @@ def test_the_dashboard_shows_the_live_federation_and_answers_top_k(w: World, bro
     wait_for(d, lambda: len(rows()) == 8, "the rounds table")
     assert rows()[0].get_attribute("data-round") == str(w.filled.running)
     assert d.find_element(By.ID, "phase").text == "masked_input"
+    # epsilon with its delta and unit, and the production-size line beside it
+    wait_for(d, lambda: "at delta 1e-05" in d.find_element(By.ID, "privacy").text, "epsilon with its delta")
+    assert "protects one device, all of its data" in d.find_element(By.ID, "privacy").text
+    assert d.find_element(By.ID, "privacy-plan").text.startswith("At 1,000,000 devices, cohorts of 1,000, 100 rounds")
+    assert "delta 1e-5" in d.find_element(By.ID, "chart-epsilon-title").text
 
     w.coordinator.advance(pb.ROUND_STAGE_UNMASKING)
     wait_for(d, lambda: active() == "unmasking", "the stage to change to unmasking")

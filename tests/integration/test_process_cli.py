@@ -131,6 +131,9 @@ def test_demo_runs_a_federation_shows_the_product_and_keeps_running(procs: Proce
     assert re.search(r"validation HR@10 [01]\.\d{3} after round \d+, over the validation items of the \d+ of 30 "
                      r"hosted users counted in its secure sum; popularity on the same 30 users: [01]\.\d{3}", out)
     assert "user-1: top-10 computed on the device" in out
+    # the epsilon with its delta, the unit it protects, and the production-size line (GET /v1/privacy)
+    assert re.search(r"epsilon [\d.]+ at delta 1e-05 over 2 rounds protects one device, all of its data", out), out
+    assert "At 1,000,000 devices, cohorts of 1,000, 100 rounds, with the same noise in the mean update" in out
     # the curl line whole, alone on its line (to be pasted), also in a log file
     curl = next((m for line in p.log().splitlines() if (m := re.fullmatch(
         r"curl -s -H 'Authorization: Bearer (\S+)' '(http://127\.0\.0\.1:\d+)/v1/users/user-1/recommendations\?k=10'",
