@@ -7,8 +7,8 @@ lease, keep renewing it, and say at once when it is lost.
   with `wait_s`, it gives up after that long (`LeaseHeld`): the answer of a
   store that serves one coordinator (SQLite), where a second live process
   is a mistake, and a restarted one waits out its predecessor's lease.
-- `keep()` renews every third of the lease and returns with the reason
-  when the lease is lost: another replica holds it, or no renewal reached
+- `keep()` (on a thread of its own, `keep_in_background`) renews every
+  third of the lease and returns with the reason when the lease is lost: another replica holds it, or no renewal reached
   the store before `lost_after` (the lease minus a safety margin, counted
   on this process's monotonic clock from the store's answer). After that
   the replica must stop leading; the store's fence refuses its writes
@@ -25,6 +25,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,9 +112,12 @@ class LeaseKeeper:
                 logged = self._clock()
             await asyncio.sleep(poll)
 
-    async def keep(self) -> str:
-        """Renew until the lease is lost; returns why."""
-        while True:
+    def keep(self, stop: threading.Event) -> str | None:
+        """Renew until the lease is lost (returns why) or `stop` is set
+        (returns None). Blocking: run it on a thread of its own
+        (`keep_in_background`), so that nothing the event loop does (a
+        model loading, a long round step) can delay a renewal."""
+        while not stop.is_set():
             term = self._term
             if term is None:
                 raise RuntimeError("keep() before acquire()")
@@ -121,21 +125,42 @@ class LeaseKeeper:
             if verdict == "lost":
                 return f"no renewal reached the store within {SAFETY * term.lease.remaining_s:.1f} s"
             if verdict == "wait":
-                await asyncio.sleep(max(term.renew_after - self._clock(), 0.01))
+                stop.wait(max(term.renew_after - self._clock(), 0.01))
                 continue
             asked_at = self._clock()
             try:
-                lease = await asyncio.to_thread(self._store.acquire_lease, self.holder, self.lease_s)
+                lease = self._store.acquire_lease(self.holder, self.lease_s)
             except StoreError as exc:  # keep trying until lost_after
                 log_event("lease_renewal_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])
-                await asyncio.sleep(min(1.0, self.lease_s / 10.0))
+                stop.wait(min(1.0, self.lease_s / 10.0))
                 continue
             if lease is None:
                 return "another replica holds the lease"
             if lease.token != term.lease.token:  # it expired and this replica took a NEW term: step down
-                await asyncio.to_thread(self._store.release_lease, lease)
+                self._store.release_lease(lease)
                 return "the lease expired before it was renewed"
             self._term = Term(lease, asked_at)
+        return None
+
+    def keep_in_background(self, on_lost: Callable[[str], None]) -> Callable[[], None]:
+        """Run `keep` on a daemon thread; `on_lost(reason)` is called from
+        that thread when the lease is lost. Returns the function that stops
+        the thread (and waits for it)."""
+        stop = threading.Event()
+
+        def run() -> None:
+            reason = self.keep(stop)
+            if reason is not None:
+                on_lost(reason)
+
+        thread = threading.Thread(target=run, name="fedmask-lease", daemon=True)
+        thread.start()
+
+        def halt() -> None:
+            stop.set()
+            thread.join(timeout=self.lease_s)
+
+        return halt
 
     async def release(self) -> None:
         if self._term is not None:

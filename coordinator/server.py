@@ -295,7 +295,9 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     keeper = LeaseKeeper(store, settings.replica.id or default_replica_id(), settings.replica.lease_s)
     server = admin_server = httpd = None
     health_server = None
-    lost: asyncio.Task[str] | None = None
+    lost = asyncio.Event()
+    lost_reason: list[str] = []
+    halt_keeper: Callable[[], None] | None = None
     health_servicer = health.aio.HealthServicer()
     try:
         if settings.health_listen_address is not None:  # up at once: a standby is alive, not serving devices
@@ -305,6 +307,13 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         if not await lead(keeper, settings.database_url):
             return 2
+        loop = asyncio.get_running_loop()
+
+        def on_lost(reason: str) -> None:  # on the keeper's thread
+            lost_reason.append(reason)
+            loop.call_soon_threadsafe(lost.set)
+
+        halt_keeper = keeper.keep_in_background(on_lost)  # renewing from now on, whatever start-up costs
         store.fence_writes(keeper.fence)
         coordinator = Coordinator(settings, store=store, model=model)
         await coordinator.start()
@@ -329,7 +338,6 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
                       why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
         stop = stop or asyncio.Event()
-        loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
@@ -339,12 +347,13 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             ready.set()
         rounds = asyncio.create_task(coordinator.run(), name="fedmask-rounds")
         stopper = asyncio.create_task(stop.wait())
-        lost = asyncio.create_task(keeper.keep(), name="fedmask-lease")
-        await asyncio.wait({rounds, stopper, lost}, return_when=asyncio.FIRST_COMPLETED)
+        deposed = asyncio.create_task(lost.wait())
+        await asyncio.wait({rounds, stopper, deposed}, return_when=asyncio.FIRST_COMPLETED)
         await set_serving(health_servicer, False)
-        if lost.done():  # deposed: stop leading at once; the store's fence refuses what is in flight
-            log_event("leadership_lost", logging.ERROR, replica=keeper.holder, reason=lost.result())
-        await coordinator.shutdown("coordinator shutting down" if stop.is_set() or lost.done()
+        if lost.is_set():  # deposed: stop leading at once; the store's fence refuses what is in flight
+            log_event("leadership_lost", logging.ERROR, replica=keeper.holder, reason=lost_reason[0])
+        deposed.cancel()
+        await coordinator.shutdown("coordinator shutting down" if stop.is_set() or lost.is_set()
                                    else "configured rounds done")
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(rounds, timeout=grace + 30)
@@ -355,11 +364,12 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
-        return EXIT_DEPOSED if lost.done() else 0
+        return EXIT_DEPOSED if lost.is_set() else 0
     finally:
-        if lost is not None and not lost.done():
-            lost.cancel()
-            await keeper.release()
+        if halt_keeper is not None:
+            await asyncio.to_thread(halt_keeper)
+            if not lost.is_set():
+                await keeper.release()
         if server is not None:
             await server.stop(0)
         if admin_server is not None:

@@ -4,6 +4,7 @@ an in-memory store whose clock the test moves."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -47,7 +48,7 @@ def test_a_standby_waits_and_a_second_process_on_a_one_process_store_gives_up() 
         second = await asyncio.wait_for(waiting, 5.0)
         assert second.token == 2 and b.fence().holder == "b"
         a_clock.now = 4.0  # a thinks its lease still runs: its renewal finds b's
-        assert await a.keep() == "another replica holds the lease"
+        assert a.keep(threading.Event()) == "another replica holds the lease"
 
     asyncio.run(scenario())
 
@@ -60,7 +61,7 @@ def test_a_replica_whose_lease_lapsed_steps_down_even_if_nobody_took_it() -> Non
     async def scenario() -> None:
         await a.acquire()
         clock.now = 20.0  # paused past its lease
-        assert (await a.keep()).startswith("no renewal reached the store")
+        assert (a.keep(threading.Event()) or "").startswith("no renewal reached the store")
         assert a.fence().token == 1  # its writes stay fenced with the old term
 
     asyncio.run(scenario())
@@ -72,3 +73,25 @@ def test_clients_take_a_list_of_replica_addresses_and_try_them_in_turn() -> None
     assert [cfg.for_attempt(i) for i in range(3)] == ["10.0.0.1:50051", "coordinator-b:50051", "10.0.0.1:50051"]
     with pytest.raises(TransportConfigError, match="HOST:PORT"):
         TransportConfig(target="10.0.0.1:50051,nope")
+
+
+def test_the_keeper_renews_on_its_own_thread_while_the_event_loop_is_busy() -> None:
+    """A start-up that blocks the event loop longer than the lease (loading a
+    model) must not cost the lease: renewals run on the keeper's thread."""
+    store = InMemoryStore()
+    keeper = LeaseKeeper(store, "a", 1.0)
+    lost: list[str] = []
+
+    async def scenario() -> None:
+        await keeper.acquire()
+        halt = keeper.keep_in_background(lost.append)
+        try:
+            import time
+            time.sleep(2.5)  # the loop blocked for 2.5 leases
+            held = store.current_lease()
+            assert held is not None and held.holder == "a" and held.token == 1
+        finally:
+            halt()
+
+    asyncio.run(scenario())
+    assert lost == []
