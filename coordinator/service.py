@@ -52,6 +52,7 @@ from coordinator.report_ledger import ReportLedger
 from coordinator.hybrid import HybridRoundMachine
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
+from coordinator.recovery import recover
 from coordinator.relay import TopKAnswer
 from coordinator.round_policy import AdaptiveDeadlines, metric_names_for, round_vector_for
 from coordinator.round_delivery import RoundDelivery
@@ -137,11 +138,9 @@ class Coordinator:
     # ================================================================== lifecycle
 
     async def start(self) -> None:
-        """Crash recovery, then resume from the latest model version (or
-        initialize and commit the first one on an empty database)."""
-        interrupted = await asyncio.to_thread(self.store.mark_interrupted_rounds_aborted)
-        if interrupted:
-            log_event("rounds_marked_aborted", logging.WARNING, rounds=",".join(map(str, interrupted)))
+        """Crash recovery (coordinator/recovery.py), then resume from the latest
+        model version (or initialize and commit the first one on an empty database)."""
+        self.paused = await recover(self.store)  # unfinished rounds aborted; an operator's pause holds
         await self.current.load(self.settings.seed or 0)
         await self.registry.load()
         await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
