@@ -5,8 +5,9 @@ number of interactions per user, items chosen by Gumbel-top-k over affinity
 plus a Zipf-like popularity (a long tail), ratings 1..5 and increasing
 timestamps. It is made in blocks of users (models/data/synthetic_population.py),
 so memory grows with the interactions and one block, never users x items: the
-ML-20M shape needs about 2.5 GB. The output depends on the flags and the seed,
-not on --block-users.
+ML-20M shape (20M interactions, a 474 MB file) took 1.6 GB of memory and 6.5
+minutes on two cores (docs/performance.md, "Memory and scale"). The output
+depends on the flags and the seed, not on --block-users.
 
 The default is the long-tailed population `fedmask reference` is timed on:
 8,000 users x 12,000 items, ~1.06M interactions (median item 27 users, top 1%
@@ -60,25 +61,37 @@ def population_shape(
 def write_population(
     out: Path, users: int, items: int, *, mean_interactions: float = 110.0, min_interactions: int = 10,
     max_interactions: int = 3000, popularity: float = 1.1, seed: int = 0, block_users: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, note: Callable[[str], None] | None = None,
 ) -> int:
     """Write a long-tailed synthetic population to `out` as user,item,rating,timestamp CSV;
-    returns its number of interactions. `progress(users_done, users)` after each block."""
+    returns its number of interactions. `progress(users_done, users)` after each block,
+    `note(text)` when the ratings are made and as the rows are written."""
     shape = population_shape(users, items, mean_interactions=mean_interactions, min_interactions=min_interactions,
                              max_interactions=max_interactions, popularity=popularity)  # fmt: skip
     rng = np.random.default_rng(seed)
     lat = draw_latent(rng, shape)
     item, affinity = choose_items(rng, shape, lat, block_users=block_users, progress=progress)
+    t0 = time.perf_counter()
     user, item, rating, timestamp = rate_and_time(rng, shape, lat, item, affinity)
     del affinity
+    say = note or (lambda _: None)
+    n = len(user)
+    say(f"ratings and timestamps in {time.perf_counter() - t0:.0f} s; writing {n:,} rows")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="ascii") as f:
         f.write("user,item,rating,timestamp\n")
-        for lo in range(0, len(user), _ROWS_PER_WRITE):
+        for lo in range(0, n, _ROWS_PER_WRITE):
             hi = lo + _ROWS_PER_WRITE
             rows = np.stack([user[lo:hi], item[lo:hi], rating[lo:hi].astype(np.int64), timestamp[lo:hi]], axis=1)
             np.savetxt(f, rows, fmt="%d", delimiter=",")
-    return len(user)
+            if hi < n and (hi // _ROWS_PER_WRITE) % 4 == 0:
+                say(f"{hi:,}/{n:,} rows written")
+    return n
+
+
+def say(text: str) -> None:
+    """A progress line on stderr."""
+    print(f"[synthetic] {text}", file=sys.stderr, flush=True)
 
 
 class BlockProgress:
@@ -93,8 +106,7 @@ class BlockProgress:
     def __call__(self, done: int, total: int) -> None:
         now = time.perf_counter()
         if done == 0:  # the blocks start (after the two passes over the affinities)
-            print(f"[synthetic] affinity mean and spread in {now - self.t0:.0f} s; choosing items",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            say(f"affinity mean and spread in {now - self.t0:.0f} s; choosing items")
             self.t0 = now
             return
         if done < total and now - self.last < self.every:
@@ -102,8 +114,7 @@ class BlockProgress:
         self.last = now
         spent = now - self.t0
         left = spent * (total - done) / done
-        print(f"[synthetic] users {done:,}/{total:,} ({100 * done / total:.1f}%) chosen, {spent:.0f} s, "
-              f"about {left:.0f} s left", file=sys.stderr, flush=True)  # fmt: skip
+        say(f"users {done:,}/{total:,} ({100 * done / total:.1f}%) chosen, {spent:.0f} s, about {left:.0f} s left")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -155,16 +166,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    block = a.block_users or default_block_users(a.items)
-    print(f"[synthetic] {a.users:,} users x {a.items:,} items in blocks of {block:,} users -> {a.out}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    block = min(a.users, a.block_users or default_block_users(a.items))
+    say(f"{a.users:,} users x {a.items:,} items in blocks of {block:,} users -> {a.out}")
     t0 = time.perf_counter()
     n = write_population(
         a.out, a.users, a.items, mean_interactions=a.mean_interactions, min_interactions=a.min_interactions,
         max_interactions=a.max_interactions, popularity=a.popularity, seed=a.seed, block_users=block,
-        progress=BlockProgress(a.progress_every),
+        progress=BlockProgress(a.progress_every), note=say,
     )  # fmt: skip
-    print(f"[synthetic] written in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    say(f"written in {time.perf_counter() - t0:.0f} s")
     print(f"{a.out}: {a.users} users, {a.items} items, {n} interactions")
 
 
