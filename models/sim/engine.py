@@ -72,7 +72,7 @@ from models.sim.memory import MemoryPlan
 from models.sim.private_tables import PrivateTables
 from models.sim.report import results_document, selection_key
 from models.sim.results import write_results
-from models.sim.threads import choose_threads, explicit_threads, read_cpu_state
+from models.sim.threads import explicit_threads, machine_threads
 from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ def simulate(
     ev = events or SimulationEvents()
     explicit = model_is_explicit(config.model, config.explicit)
     device = resolve_device(config.device, SimulationConfigError)
-    threads = choose_threads(read_cpu_state()) if config.threads is None else explicit_threads(config.threads)
+    threads = machine_threads() if config.threads is None else explicit_threads(config.threads)
     torch.set_num_threads(threads.count)
     ev.note(f"threads: {threads.count} ({threads.reason})")
     s = _prepare(config, explicit, interactions, mem, ev, device)

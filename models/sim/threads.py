@@ -15,6 +15,10 @@ So the default is the number of cores that are actually free:
   count that is never the slow case.
 - `explicit_threads(n)`: `--threads N`, an override used as given.
 - `read_cpu_state()`: the machine's figures (the only I/O here).
+- `machine_threads()`: `choose_threads(read_cpu_state())`, read once per
+  process. Every later simulation of the process uses the same count: its own
+  earlier simulations would otherwise count as load against it, and two runs
+  compared in one process keep the same float rounding.
 
 The choice is a speed setting only: results do not depend on the thread count
 beyond float rounding. It is printed before training and recorded in
@@ -23,6 +27,7 @@ results.json (`threads`: count, reason and the figures it came from).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -84,6 +89,12 @@ def choose_threads(state: CpuState) -> ThreadChoice:
         return ThreadChoice(1, "machine", f"{where}, 1-minute load {load:.2f}: none free, 1 thread", state)
     said = "all free" if free == state.usable else f"{free} free"
     return ThreadChoice(free, "machine", f"{where}, 1-minute load {load:.2f}: {said}", state)
+
+
+@functools.cache
+def machine_threads() -> ThreadChoice:
+    """The default of this process: the machine's free cores, read at its first call (see the module docstring)."""
+    return choose_threads(read_cpu_state())
 
 
 def read_cpu_state(environ: dict[str, str] | None = None) -> CpuState:

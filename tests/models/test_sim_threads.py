@@ -95,6 +95,8 @@ def test_a_run_prints_and_records_its_thread_count() -> None:
         assert t["chosen_by"] == "machine" and 1 <= t["count"] <= t["usable_cpus"]
         assert torch.get_num_threads() == t["count"]
         assert ev.notes[0] == f"threads: {t['count']} ({t['reason']})"
+        # read once per process: a second run keeps the first one's choice (and its float rounding)
+        assert simulate(SimulationConfig(model="fedmf", rounds=1), interactions=x)["threads"] == t
         res = simulate(SimulationConfig(model="fedmf", rounds=1, threads=1), interactions=x)
         assert res["threads"] == {"count": 1, "chosen_by": "flag", "reason": "--threads 1"}
         assert res["config"]["threads"] == 1
