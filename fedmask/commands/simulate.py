@@ -77,7 +77,7 @@ def simulate(
     explicit: ExplicitOption = False,
     eval_every: EvalEveryOption = 1,
     full_val: FullValOption = False,
-    threads: ThreadsOption = 2,
+    threads: ThreadsOption = None,
     data_dir: DataDirOption = None,
     param: ParamOption = None,
     users: UsersOption = None,

@@ -40,7 +40,16 @@ EvalEveryOption = Annotated[int, typer.Option(help="Evaluate on validation every
 FullValOption = Annotated[
     bool, typer.Option("--full-val", help="Also rank all items on validation every evaluation (slower).")
 ]
-ThreadsOption = Annotated[int, typer.Option(help="torch CPU threads.")]
+ThreadsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="torch CPU threads (default: the cores that are free: usable cores minus the 1-minute load "
+        "average, at least 1; printed before training and recorded in results.json). torch's threads spin "
+        "while they wait for a busy core, so more threads than free cores can be many times slower.",
+        show_default=False,
+    ),
+]
 ParamOption = Annotated[
     list[str] | None,
     typer.Option(

@@ -23,9 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from models.data import features as F
+from models.data.synthetic_population import Shape, choose_items, draw_latent, rate_and_time
 from models.data.types import Interactions
-
-_RATING_CUTS = np.array([0.06, 0.17, 0.44, 0.78])  # cumulative shares of ratings 1..4
 
 
 def _categorical(rng: np.random.Generator, latent: np.ndarray, n_cat: int, noise: float) -> np.ndarray:
@@ -50,53 +49,25 @@ def synthetic(
     n_genres: int = 10,
     feature_noise: float = 0.5,
     name: str = "synthetic",
+    block_users: int | None = None,
 ) -> Interactions:
     """Synthetic `Interactions` (default 200 users x 300 items, ~5k ratings, a few ms).
 
     `max_interactions` defaults to min(n_items // 3, n_items - 101), leaving every
     user 100 untouched items when n_items > 150 (what leave-one-out needs for
-    99 negatives + a placebo).
+    99 negatives + a placebo). `block_users`: users per block of the dense
+    work (models/data/synthetic_population.py); it changes memory, not the result.
     """
-    if n_users < 1 or n_items < 2:
-        raise ValueError("need at least 1 user and 2 items")
+    shape = Shape(
+        n_users, n_items, rank=rank, mean_interactions=mean_interactions, min_interactions=min_interactions,
+        max_interactions=max_interactions, popularity=popularity, affinity_weight=affinity_weight,
+        rating_noise=rating_noise,
+    )  # fmt: skip
     rng = np.random.default_rng(seed)
-    p = rng.standard_normal((n_users, rank))
-    q = rng.standard_normal((n_items, rank))
-    ub = 0.3 * rng.standard_normal(n_users)
-    ib = 0.3 * rng.standard_normal(n_items)
-    affinity = p @ q.T / np.sqrt(rank) + ub[:, None] + ib[None, :]
-
-    pop_rank = rng.permutation(n_items)
-    log_pop = -popularity * np.log1p(pop_rank)
-
-    hi = max_interactions if max_interactions is not None else min(n_items // 3, n_items - 101)
-    hi = max(min(hi, n_items), 1)
-    lo = min(min_interactions, hi)
-    counts = np.clip(
-        np.round(rng.lognormal(np.log(mean_interactions), 0.6, n_users)), lo, hi
-    ).astype(np.int64)
-
-    logits = affinity_weight * (affinity - affinity.mean()) / affinity.std() + log_pop[None, :]
-    keys = logits + rng.gumbel(size=logits.shape)
-    ranked = np.argsort(-keys, axis=1)
-    take = np.arange(n_items)[None, :] < counts[:, None]
-    user = np.repeat(np.arange(n_users), counts)
-    item = ranked[take]
-
-    a = affinity[user, item]
-    z = (a - a.mean()) / (a.std() + 1e-12) + rating_noise * rng.standard_normal(len(a))
-    cuts = np.quantile(z, _RATING_CUTS)
-    rating = (1 + np.searchsorted(cuts, z, side="right")).astype(np.float32)
-
-    # timestamps: random order of each user's items, increasing, with some ties
-    start = 880_000_000 + rng.integers(0, 20_000_000, n_users)
-    gaps = rng.integers(0, 4000, len(user)) * (rng.random(len(user)) > 0.15)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    csum = np.cumsum(gaps)
-    within = csum - np.repeat(csum[first] - gaps[first], counts)
-    perm = np.lexsort((rng.random(len(user)), user))  # shuffle items within each user
-    user, item, rating = user[perm], item[perm], rating[perm]
-    timestamp = (np.repeat(start, counts) + within).astype(np.int64)
+    lat = draw_latent(rng, shape)
+    item, affinity = choose_items(rng, shape, lat, block_users=block_users)
+    user, item, rating, timestamp = rate_and_time(rng, shape, lat, item, affinity)
+    p, q = lat.p, lat.q
 
     # side features correlated with the latent factors
     age_values = np.array([15, 21, 30, 40, 47, 53, 60])

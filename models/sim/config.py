@@ -37,7 +37,7 @@ class SimulationConfig:
     explicit: bool = False
     eval_every: int = 1
     full_val: bool = False
-    threads: int | None = 2
+    threads: int | None = None  # torch CPU threads; None: chosen from the machine (models/sim/threads.py)
     data_dir: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     users: tuple[int, ...] | None = None  # the population: 1-based user numbers (None: every user)
@@ -75,6 +75,8 @@ class SimulationConfig:
             raise ConfigError("--secagg-clip must be > 0")
         if self.eval_every < 1:
             raise ConfigError("--eval-every must be >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, not {self.threads}")
         if self.plaintext_j_bound is not None:
             from models.sim.hybrid import check_bound
 

@@ -78,6 +78,7 @@ from models.sim.memory import MemoryPlan
 from models.sim.private_tables import PrivateTables
 from models.sim.report import results_document, selection_key
 from models.sim.results import write_results
+from models.sim.threads import explicit_threads, machine_threads
 from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
 
 if TYPE_CHECKING:
@@ -191,8 +192,9 @@ def simulate(
     ev = events or SimulationEvents()
     explicit = model_is_explicit(config.model, config.explicit)
     device = resolve_device(config.device, SimulationConfigError)
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    threads = machine_threads() if config.threads is None else explicit_threads(config.threads)
+    torch.set_num_threads(threads.count)
+    ev.note(f"threads: {threads.count} ({threads.reason})")
     s = _prepare(config, explicit, interactions, mem, ev, device)
     model, tables, global_, rounds, n_pop = s.model, s.tables, s.global_, s.rounds, len(s.population)
     pop_arg = None if config.users is None else s.population  # evaluation over the population only
@@ -286,4 +288,5 @@ def simulate(
                 "seconds_training": t_train_end - t_start - t_setup},
         memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
         diverged_at=diverged_at, epsilon=ledger.epsilon() if ledger is not None else math.inf,
+        threads=threads.as_dict(),
     )  # fmt: skip

@@ -55,10 +55,12 @@ def results_document(
     saved_global: str | None,
     diverged_at: int | None,
     epsilon: float,
+    threads: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The results dict `simulate` returns (written as results.json).
     `timing`: seconds_total, seconds_setup and seconds_training; `epsilon`:
-    the accountant's (inf when DP adds no noise), reported only with DP."""
+    the accountant's (inf when DP adds no noise), reported only with DP;
+    `threads`: the torch thread count and why (models/sim/threads.py)."""
     sel_key, sel_sign = selection_key(explicit)
     out: dict[str, Any] = {
         "model": config.model,
@@ -84,6 +86,7 @@ def results_document(
         "config": asdict(config) | {"rounds": rounds},
         "model_config": model.config(),
         "memory": dict(memory),
+        "threads": dict(threads),
         "protocol": protocol_note(explicit),
     }
     if device.type == "cuda":  # what the accelerator held at most (the tensors torch allocated)

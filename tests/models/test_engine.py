@@ -30,6 +30,7 @@ def strip_times(res: dict) -> dict:
     out = json.loads(json.dumps(res, default=str))
     for key in ("seconds_total", "seconds_setup", "seconds_training"):
         out.pop(key)
+    out.pop("threads")  # the thread count is read from the machine's load (models/sim/threads.py): speed only
     # the default budget follows the machine's available memory, and the plan's
     # baseline (and the estimates built on it) is the resident memory measured
     # when planning, which the earlier tests of the same process move
