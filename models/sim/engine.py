@@ -286,4 +286,5 @@ def simulate(
                 "seconds_training": t_train_end - t_start - t_setup},
         memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
         diverged_at=diverged_at, epsilon=ledger.epsilon() if ledger is not None else math.inf,
+        epsilon_amplified=ledger.epsilon_poisson_amplified() if ledger is not None else None,
     )  # fmt: skip
