@@ -141,7 +141,7 @@ class HybridRoundMachine(RoundMachine):
             secure = self.result
             self._secure_counted = secure.counted
             self.result = aggregate_result(self.config, self.metrics, self._combined(secure.encoded_sum, secure.counted),
-                                           secure.counted + tuple(self.plaintext))
+                                           secure.counted + tuple(self.plaintext), self.mechanism)
             return [AggregateReady(self.result) if isinstance(a, AggregateReady) else a for a in actions] + [
                 self._log("hybrid_sum", secure=len(secure.counted), plaintext=len(self.plaintext))
             ]
@@ -169,7 +169,8 @@ class HybridRoundMachine(RoundMachine):
             kept.append(a)
         self._out -= self._plain_set
         self.abort_reason, self.abort_detail = None, ""
-        self.result = aggregate_result(self.config, self.metrics, self._combined(None, ()), tuple(self.plaintext))
+        self.result = aggregate_result(self.config, self.metrics, self._combined(None, ()), tuple(self.plaintext),
+                                       self.mechanism)
         self.phase = RoundState.AGGREGATING
         return kept + [
             PhaseChanged(self.phase),

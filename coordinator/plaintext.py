@@ -160,8 +160,8 @@ class PlaintextRoundMachine(RoundMachine):
             detail = f"too_few_survivors at masked_input: {n} inputs, threshold {self.config.threshold}"
             return actions + self._end_aborted(P.ABORT_REASON_TOO_FEW_SURVIVORS, detail,
                                                notify=[d for d in self._counted])
-        encoded = self._sum.astype(np.uint32)  # the encoding leaves headroom: no wrap-around
-        self.result = aggregate_result(self.config, self.metrics, encoded, tuple(sorted(self._counted)))
+        encoded = self._sum.astype(np.uint32)  # mod 2^32; aggregate_result reduces it mod 2^w
+        self.result = aggregate_result(self.config, self.metrics, encoded, tuple(sorted(self._counted)), self.mechanism)
         self.phase = RoundState.AGGREGATING
         self.deadline = math.inf
         return actions + [

@@ -3,9 +3,14 @@ I/O, no clock, no randomness (the session id is passed in).
 
     secagg_config_for(settings, n, L, session_id)  the SecAggConfig of a cohort
     metric_names_for(model_metrics, dp, ...)       the metrics a round asks for
+    dp_mechanism_for(settings, n, L)               the discrete Gaussian of a
+                                                   cohort of n (D88), or None
     round_vector_for(settings, n, L, sid, names)   the config of an update of L
                                                    plus the metric coordinates
-    dp_settings_for(dp, n)                         the RoundTask's DpSettings
+    round_plan(settings, n, L, sid, metrics, ...)  all three for a round
+    dp_settings_for(dp, n, mechanism)              the RoundTask's DpSettings
+    dp_refusal(settings, L)                        why the DP settings cannot
+                                                   run (checked at start)
     round_windows(deadlines, ...)                  per-stage seconds for the
                                                    round machine and the RoundTask
     AdaptiveDeadlines                              each stage's deadline, learnt
@@ -53,10 +58,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from coordinator.settings import CoordinatorSettings, DeadlineSettings, DpSettings
+from dpmech.calibrate import calibrate
+from dpmech.mechanism import MechanismConfig
+from dpmech.rotation import padded_dimension
 from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
+from wire.dp_task import DISCRETE_GAUSSIAN, discrete_gaussian_settings
 from wire.protocol import HYBRID_J_BOUND_HYPERPARAMETER, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
 from wire.round_metrics import MetricLayout
 
@@ -112,10 +121,12 @@ def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext:
                      enabled: bool = True) -> tuple[str, ...]:
     """The metrics a round asks every device to append to its masked input
     (D35): the model's, plus `clipped` (1 per clipped device) when devices
-    clip for DP. None when the operator turned metrics off (`round_metrics`)
-    or in an INSECURE plaintext round: there each device's input arrives in
-    the clear, and so would its metrics."""
-    if plaintext or not enabled:
+    clip for DP. None when the operator turned metrics off (`round_metrics`),
+    in an INSECURE plaintext round (there each device's input arrives in
+    the clear, and so would its metrics), and under DP with the discrete
+    Gaussian: the totals would be released without noise, outside the
+    epsilon the ledger reports (D36, D88)."""
+    if plaintext or not enabled or uses_discrete_gaussian(dp):
         return ()
     names = tuple(model_metrics)
     if dp.mode != "none" and dp.clip > 0 and "clipped" not in names:
@@ -124,33 +135,94 @@ def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext:
 
 
 def round_vector_for(
-    settings: CoordinatorSettings, n: int, update_dim: int, session_id: bytes, metric_names: Sequence[str]
+    settings: CoordinatorSettings, n: int, update_dim: int, session_id: bytes, metric_names: Sequence[str],
+    mechanism: MechanismConfig | None = None,
 ) -> tuple[SecAggConfig, MetricLayout]:
-    """`secagg_config_for` a vector of the model update (update_dim) followed
-    by the metric coordinates; their limb width comes from the cohort's
-    encoding (wire.round_metrics), which does not depend on the length.
+    """`secagg_config_for` a vector of the model update (update_dim; with the
+    discrete Gaussian `mechanism`, its d' residues) followed by the metric
+    coordinates; their limb width comes from the cohort's encoding
+    (wire.round_metrics), which does not depend on the length.
     Raises SecAggConfigError when no configuration fits n."""
-    config = secagg_config_for(settings, n, update_dim, session_id)
+    length = update_dim if mechanism is None else mechanism.padded_dim
+    config = secagg_config_for(settings, n, length, session_id)
     metrics = MetricLayout.for_round(metric_names, config.encoding)
     if metrics.coordinates:
-        config = dataclasses.replace(config, vector_length=update_dim + metrics.coordinates)
+        config = dataclasses.replace(config, vector_length=length + metrics.coordinates)
     return config, metrics
+
+
+def round_plan(settings: CoordinatorSettings, n: int, update_dim: int, session_id: bytes,
+               model_metrics: Sequence[str], *, plaintext: bool
+               ) -> tuple[SecAggConfig, MetricLayout, MechanismConfig | None]:
+    """A round of n devices: its config and metric layout (`round_vector_for`
+    of the metrics `metric_names_for` asks for) and its discrete Gaussian
+    (`dp_mechanism_for`, None without it). SecAggConfigError or ValueError
+    when nothing fits n."""
+    mechanism = dp_mechanism_for(settings, n, update_dim)
+    names = metric_names_for(model_metrics, settings.dp, plaintext=plaintext, enabled=settings.round_metrics)
+    config, metrics = round_vector_for(settings, n, update_dim, session_id, names, mechanism)
+    return config, metrics, mechanism
 
 
 # --------------------------------------------------------------------------- differential privacy
 
 
-def dp_settings_for(dp: DpSettings, cohort_size: int) -> session_pb2.DpSettings:
-    """The DpSettings a RoundTask carries. Distributed noise: each of the n
+def uses_discrete_gaussian(dp: DpSettings) -> bool:
+    """DP is on and its mechanism is the distributed discrete Gaussian (D88)."""
+    return dp.mode != "none" and dp.mechanism == DISCRETE_GAUSSIAN
+
+
+def dp_mechanism_for(settings: CoordinatorSettings, n: int, update_dim: int) -> MechanismConfig | None:
+    """The discrete Gaussian of a round of n devices (None without it):
+    the field 2^secagg.modulus_bits sized for the n devices, each share
+    calibrated so that a sum carries dp.noise_multiplier times its
+    sensitivity after rotation and rounding, from the n devices' shares
+    (distributed) or from each device's alone (local); `dpmech.calibrate`.
+    ValueError, naming what to change, when nothing fits."""
+    dp = settings.dp
+    if not uses_discrete_gaussian(dp):
+        return None
+    return calibrate(dim=update_dim, clip=dp.clip, noise_multiplier=dp.noise_multiplier, devices=n,
+                     shares=n if dp.mode == "distributed" else 1, bits=settings.secagg.modulus_bits)
+
+
+def dp_refusal(settings: CoordinatorSettings, update_dim: int) -> str | None:
+    """Why the DP settings cannot run rounds of the model's `update_dim`
+    coordinates at the cohort's sizes (cohort.minimum to the selected size),
+    or None. The coordinator refuses to start on it."""
+    c = settings.cohort
+    for n in sorted({max(c.minimum, 2), max(c.selected, 2)}):
+        try:
+            dp_mechanism_for(settings, n, update_dim)
+        except ValueError as exc:
+            return f"dp.mechanism {settings.dp.mechanism} cannot run a round of {n} devices: {exc}"
+    return None
+
+
+def masked_length(settings: CoordinatorSettings, update_dim: int) -> int:
+    """The coordinates a device masks for the model update: update_dim, or
+    with the discrete Gaussian its padded length (a power of two)."""
+    return padded_dimension(update_dim) if uses_discrete_gaussian(settings.dp) else update_dim
+
+
+def dp_settings_for(dp: DpSettings, cohort_size: int,
+                    mechanism: MechanismConfig | None = None) -> session_pb2.DpSettings:
+    """The DpSettings a RoundTask carries. With the discrete Gaussian
+    `mechanism` (from `dp_mechanism_for`): its share and scale (D88).
+    Otherwise the float Gaussian: with distributed noise each of the n
     devices adds N(0, (z * clip)^2 / n), so the sum carries z * clip."""
     if dp.mode == "none":
         return session_pb2.DpSettings(mode=session_pb2.DP_MODE_NONE)
+    mode = session_pb2.DP_MODE_DISTRIBUTED if dp.mode == "distributed" else session_pb2.DP_MODE_LOCAL
+    if uses_discrete_gaussian(dp):
+        if mechanism is None:
+            raise ValueError("a discrete-Gaussian round needs its mechanism (dp_mechanism_for)")
+        return discrete_gaussian_settings(mode=mode, noise_multiplier=dp.noise_multiplier, mechanism=mechanism)
     std = dp.noise_multiplier * dp.clip
-    mode = session_pb2.DP_MODE_LOCAL
     if dp.mode == "distributed":
-        mode = session_pb2.DP_MODE_DISTRIBUTED
         std = std / math.sqrt(cohort_size)
-    return session_pb2.DpSettings(mode=mode, clip_norm=dp.clip, noise_multiplier=dp.noise_multiplier, noise_stddev=std)
+    return session_pb2.DpSettings(mode=mode, clip_norm=dp.clip, noise_multiplier=dp.noise_multiplier, noise_stddev=std,
+                                  mechanism=session_pb2.DP_MECHANISM_GAUSSIAN_FLOAT)
 
 
 def task_hyperparameters(settings: CoordinatorSettings, model_hyperparameters: Mapping[str, Any],
@@ -297,8 +369,13 @@ __all__ = [
     "AdaptiveDeadlines",
     "RoundWindows",
     "configured_deadlines",
+    "dp_mechanism_for",
+    "dp_refusal",
     "dp_settings_for",
+    "masked_length",
     "quantile",
+    "round_plan",
     "round_windows",
     "secagg_config_for",
+    "uses_discrete_gaussian",
 ]

@@ -3,7 +3,7 @@
     round_record(r, state, ...)      the RoundRecord of a RoundMachine
     round_metrics(r, ...)            the metrics stored with a committed round
     shape_metrics(r)                 cohort, threshold, neighbours (in every record)
-    PrivacyLedger                    epsilon per round and composed (D12, D19)
+    PrivacyLedger                    epsilon per round and composed (D12, D19, D88)
 
 Pure apart from `PrivacyLedger`, which reads the store's ledger once (the
 first time it accounts a round after a start) and keeps a running
@@ -35,6 +35,7 @@ from wire.round_metrics import MetricRangeError
 from wire.secagg_codec import reason_name
 
 if TYPE_CHECKING:
+    from dpmech.mechanism import MechanismConfig
     from models.privacy import Composition
 
 
@@ -134,7 +135,14 @@ def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> 
 
 
 class PrivacyLedger:
-    """Epsilon from models.privacy (dp_accounting).
+    """Epsilon from the mechanism's own bound, composed with dp_accounting.
+
+    What is protected: one device, all of its data. Neighbouring inputs
+    differ in one device's update replaced by zero ("zero-out"; the device
+    still adds its noise share), so the guarantee bounds what the sequence
+    of released sums, and the models stepped from them, reveal about
+    whether and how one device took part. Each entry states epsilon at
+    `delta` for that round alone and for every committed round so far.
 
     Every round is accounted WITHOUT amplification by sampling: q = 1 (D28).
     The coordinator's cohort is a fixed-size draw among the devices that are
@@ -143,13 +151,26 @@ class PrivacyLedger:
     independent uniform sampling the amplification theorems assume, and the
     population it is drawn from is what peers make it (enrolling idle
     devices once drove q from 0.67 to 0.0009). With q = 1 the reported
-    epsilon is an upper bound whatever the selection. With distributed
-    noise the sum holds the noise of the counted devices only, so the round
-    is accounted at z * sqrt(counted / cohort) (dropouts cost privacy, D19);
-    the ledger stores that effective multiplier. The cumulative epsilon
-    composes every committed round exactly, each at its own (z, q): the
-    running composition is built from the store's ledger once, and extended
-    by `committed` only after the store has committed the round.
+    epsilon is an upper bound whatever the selection.
+
+    The mechanism (D88). With the discrete Gaussian (`r.mechanism`) a round
+    is priced by its zCDP bound, `dpmech.mechanism.privacy_rho`: the
+    sensitivity after rotation and rounding (sqrt(B), which the devices
+    enforce), and the noise that reached the sum: with distributed noise
+    the counted devices' shares only (dropouts cost privacy, D19), with
+    local noise one device's share (its own guarantee, an upper bound for
+    the sum). The entry's `noise_multiplier` is then the Gaussian
+    multiplier with the same Renyi curve, z = 1 / sqrt(2 rho)
+    (`dpmech.calibrate.noise_multiplier_of`), so the running composition
+    (RDP, the only accountant the settings allow with it) composes it
+    exactly as a ZCDpEvent. With the float Gaussian (gaussian-float) the
+    round is accounted as the Gaussian mechanism at z * sqrt(counted /
+    cohort) (distributed) or z (local): APPROXIMATE, since the devices'
+    noise is float and the encoding rounds and clips it per coordinate.
+    The cumulative epsilon composes every committed round exactly, each at
+    its own (z, q): the running composition is built from the store's
+    ledger once, and extended by `committed` only after the store has
+    committed the round.
 
     The budget (dp.epsilon_budget, D42): `epsilon_after(cohort, counted)`
     prices one more round; the coordinator asks it with counted = the
@@ -170,19 +191,31 @@ class PrivacyLedger:
         (reads the store the first time): call it from a worker thread."""
         if not self.enabled:
             return None
-        from models.privacy import composed_epsilon, distributed_noise_multiplier
+        from models.privacy import composed_epsilon
 
+        assert r.result is not None
         dp = self._dp
         q = 1.0  # no amplification by sampling (see the class doc)
-        z = dp.noise_multiplier
-        if dp.mode == "distributed":
-            assert r.result is not None
-            z = distributed_noise_multiplier(z, planned=len(r.cohort), counted=len(r.result.counted))
+        z = self.round_multiplier(cohort=len(r.cohort), counted=len(r.result.counted), mechanism=r.mechanism)
         return PrivacyEntry(
             round_number=r.number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
             delta=dp.delta, noise_multiplier=z, sampling_rate=q,
             cumulative_epsilon=self._loaded().epsilon_with(z, q),
         )
+
+    def round_multiplier(self, *, cohort: int, counted: int, mechanism: MechanismConfig | None) -> float:
+        """The noise multiplier a round is accounted at (see the class doc)."""
+        dp = self._dp
+        if mechanism is not None:
+            from dpmech.calibrate import noise_multiplier_of
+            from dpmech.mechanism import privacy_rho
+
+            return noise_multiplier_of(privacy_rho(mechanism, counted if dp.mode == "distributed" else 1))
+        from models.privacy import distributed_noise_multiplier
+
+        if dp.mode == "distributed":
+            return distributed_noise_multiplier(dp.noise_multiplier, planned=cohort, counted=counted)
+        return dp.noise_multiplier
 
     def _loaded(self) -> Composition:
         """The composition of the stored ledger (read once; blocking)."""
@@ -204,17 +237,14 @@ class PrivacyLedger:
             return 0.0
         return self._loaded().epsilon()
 
-    def epsilon_after(self, *, cohort: int, counted: int) -> float:
+    def epsilon_after(self, *, cohort: int, counted: int, mechanism: MechanismConfig | None = None) -> float:
         """The cumulative epsilon if one more round with `counted` of
         `cohort` devices in its sum were committed (the multiplier as in
-        `entry_for`). Blocking the first time."""
+        `entry_for`; `mechanism`: the round's discrete Gaussian). Blocking
+        the first time."""
         if not self.enabled:
             return 0.0
-        from models.privacy import distributed_noise_multiplier
-
-        z = self._dp.noise_multiplier
-        if self._dp.mode == "distributed":
-            z = distributed_noise_multiplier(z, planned=cohort, counted=counted)
+        z = self.round_multiplier(cohort=cohort, counted=counted, mechanism=mechanism)
         return self._loaded().epsilon_with(z, 1.0)
 
     def committed(self, entry: PrivacyEntry | None) -> None:

@@ -22,6 +22,7 @@ from coordinator.model_host import ServerModel
 from coordinator.round_policy import dp_settings_for, task_hyperparameters
 from coordinator.rounds import RoundMachine
 from coordinator.settings import CoordinatorSettings
+from dpmech.mechanism import MechanismConfig
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.config import SecAggConfig
 from wire import build_round_task
@@ -40,10 +41,12 @@ class TaskFields:
 
     @classmethod
     def for_round(cls, settings: CoordinatorSettings, model: ServerModel, current: CurrentModel,
-                  model_version: int, cohort_size: int, metrics: MetricLayout) -> TaskFields:
+                  model_version: int, cohort_size: int, metrics: MetricLayout,
+                  mechanism: MechanismConfig | None = None) -> TaskFields:
+        """The round's fields; `mechanism`: its discrete Gaussian (D88), when DP runs with it."""
         return cls(model_name=model.name, model_version=model_version, global_parameters=current.proto(),
                    hyperparameters=task_hyperparameters(settings, model.hyperparameters(), current.step),
-                   dp=dp_settings_for(settings.dp, cohort_size), metrics=metrics)
+                   dp=dp_settings_for(settings.dp, cohort_size, mechanism), metrics=metrics)
 
     def _common(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "model_version": self.model_version,

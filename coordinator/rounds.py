@@ -27,10 +27,11 @@ Round metrics (D35) arrive only inside the masked inputs: the last
 `metrics.coordinates` coordinates of every device's vector are its metric
 limbs (`wire.round_metrics`), so the unmasked sum carries their totals over
 exactly the counted devices (U3). `aggregate_result` splits the sum: the
-model part is decoded with the round's fixed-point encoding, the metric
-part is kept as encoded (`AggregateResult.metric_sums`) for
-`round_report.round_metrics` to decode and check. No client message
-carries metrics.
+model part is decoded with the round's fixed-point encoding, or with the
+discrete Gaussian (`mechanism`, D88: the residues' sum mod 2^w, rotated back
+and unscaled), the metric part is kept as encoded
+(`AggregateResult.metric_sums`) for `round_report.round_metrics` to decode
+and check. No client message carries metrics.
 
 Actions (returned lists): `Send(device_id, ServerMessage)` to the session
 hosting the device; `Broadcast(device_ids, ServerMessage)` once to every
@@ -54,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.store import RoundState
+from dpmech.mechanism import MechanismConfig, decode_sum
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
@@ -62,6 +64,7 @@ from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, S
 from secagg.stages import Stage
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
+from wire.dp_task import rotation_seed
 from wire.protocol import CLIENT_MESSAGE_STAGE
 from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
 from wire.secagg_codec import abort_reason_to_proto, drop_notice_reason, reason_name
@@ -107,10 +110,13 @@ class AggregateResult:
 
 
 def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: np.ndarray,
-                     counted: tuple[int, ...]) -> AggregateResult:
+                     counted: tuple[int, ...], mechanism: MechanismConfig | None = None) -> AggregateResult:
     """Split an exact encoded sum of `counted` devices into the model update
     (its first L = vector_length - metrics.coordinates coordinates, decoded
-    with the round's fixed-point encoding) and the metric limbs (the rest).
+    with the round's fixed-point encoding, or with the discrete Gaussian
+    `mechanism` and the round's rotation seed: the centred residue of the sum,
+    rotated back and unscaled, `dpmech.mechanism.decode_sum`) and the
+    metric limbs (the rest).
     The two parts are separate coordinates of a coordinatewise sum, so
     nothing in the metric limbs changes the model update.
 
@@ -123,7 +129,10 @@ def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: n
     encoded_sum = config.encoding.reduce(encoded_sum)
     length = config.vector_length - metrics.coordinates
     model = encoded_sum[:length]
-    decoded = config.encoding.decode_sum(model, len(counted))
+    if mechanism is None:
+        decoded = config.encoding.decode_sum(model, len(counted))
+    else:
+        decoded = decode_sum(model, mechanism, rotation_seed(config.session_id))
     return AggregateResult(
         counted=counted,
         encoded_sum=encoded_sum,
@@ -171,6 +180,8 @@ class RoundMachine:
     deadlines: Mapping[str, float]  # phase value -> seconds (collecting phases)
     identity_keys: Mapping[int, bytes] | None = None  # device id -> Ed25519 raw (active mode)
     metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates at the end of every input
+    #: The discrete Gaussian the devices encode with (D88); None: the fixed-point encoding.
+    mechanism: MechanismConfig | None = None
 
     phase: RoundState = field(init=False, default=RoundState.ADVERTISE_KEYS)
     deadline: float = field(init=False, default=math.inf)
@@ -435,7 +446,8 @@ class RoundMachine:
         if isinstance(self._server, ServerCompleted):
             done = self._server
             self.result = aggregate_result(
-                self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted)
+                self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted),
+                self.mechanism,
             )
             self.phase = RoundState.AGGREGATING
             self.deadline = math.inf

@@ -36,6 +36,7 @@ from coordinator.credential_watch import CredentialCheck, recheck_interval_s, to
 from coordinator.leadership import LeaseHeld, LeaseKeeper, default_replica_id
 from coordinator.logs import log_event
 from coordinator.model_host import build_server_model
+from coordinator.round_policy import dp_refusal, masked_length
 from coordinator.servicer import add_to_server
 from coordinator.service import Coordinator
 from coordinator.settings import MIN_TOKEN_LENGTH, CoordinatorSettings
@@ -161,7 +162,8 @@ async def build_server(coordinator: Coordinator, settings: CoordinatorSettings,
         else:  # the settings refuse mode "token" without one
             raise ValueError("auth.mode 'token' needs auth.token or auth.token_file")
     options = [
-        ("grpc.max_receive_message_length", max_receive_message_bytes(settings, coordinator.model.update_dim)),
+        ("grpc.max_receive_message_length",
+         max_receive_message_bytes(settings, masked_length(settings, coordinator.model.update_dim))),
         ("grpc.max_send_message_length", -1),
         ("grpc.keepalive_time_ms", 60_000),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
@@ -281,6 +283,20 @@ async def lead(keeper: LeaseKeeper, database_url: str) -> bool:
     return True
 
 
+def check_dp(settings: CoordinatorSettings, update_dim: int) -> None:
+    """Refuse DP settings that cannot run the model's rounds (ValueError,
+    naming what to change: a field too small for the cohort and its noise,
+    D88), and warn that the float Gaussian's epsilon is approximate."""
+    why = dp_refusal(settings, update_dim)
+    if why is not None:
+        raise ValueError(why)
+    if settings.dp.mode != "none" and settings.dp.mechanism == "gaussian-float":
+        log_event("dp_epsilon_approximate", logging.WARNING, mechanism="gaussian-float",
+                  why="float Gaussian noise, rounded and clipped per coordinate by the fixed-point encoding: the "
+                      "ledger's epsilon prices the Gaussian mechanism, not this one; use dp.mechanism "
+                      "discrete-gaussian for an epsilon that holds (D88)")
+
+
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, grace: float = 5.0,
                 on_ready: Callable[[Coordinator, int], None] | None = None) -> int:
@@ -290,6 +306,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     as `request_top_k`, and tests; the admin and metrics ports are in
     `coordinator.ports`), then `ready` is set."""
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
+    check_dp(settings, model.update_dim)
     own_store = store is None
     store = store if store is not None else await open_store_waiting(settings.database_url, settings.database_wait_s)
     keeper = LeaseKeeper(store, settings.replica.id or default_replica_id(), settings.replica.lease_s)

@@ -54,7 +54,7 @@ from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.recovery import recover
 from coordinator.relay import TopKAnswer
-from coordinator.round_policy import AdaptiveDeadlines, metric_names_for, round_vector_for
+from coordinator.round_policy import AdaptiveDeadlines, round_plan
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
@@ -471,26 +471,25 @@ class Coordinator:
     async def _run_round(self, cohort: list[int]) -> None:
         session_id = self._token(16)
         plaintext = self.settings.debug.insecure_plaintext
-        try:
-            config, metrics = round_vector_for(
-                self.settings, len(cohort), self.model.update_dim, session_id,
-                metric_names_for(self.model.metric_names, self.settings.dp, plaintext=plaintext,
-                                 enabled=self.settings.round_metrics),
-            )
-        except SecAggConfigError as exc:
+        try:  # the secagg config, the metric layout and the discrete Gaussian (D88) of this cohort
+            config, metrics, mechanism = round_plan(self.settings, len(cohort), self.model.update_dim, session_id,
+                                                    self.model.metric_names, plaintext=plaintext)
+        except (SecAggConfigError, ValueError) as exc:
             number = await asyncio.to_thread(self.store.next_round_number)
             await self.outcomes.record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc),
                                                   base_version=self.model_version, cohort_size=len(cohort))
             return
         budget = self.ledger.budget
         if budget is not None:  # priced at the fewest devices a committed round can count
-            worst = await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(cohort), counted=config.threshold)
+            worst = await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(cohort), counted=config.threshold,
+                                            mechanism=mechanism)
             if worst > budget:
                 await self.outcomes.exhaust_budget(worst, paused=self.paused, model_version=self.model_version,
                                                    cohort_size=len(cohort))
                 return
         number = await asyncio.to_thread(self.store.next_round_number)
-        fields = TaskFields.for_round(self.settings, self.model, self.current, self.model_version or 0, len(cohort), metrics)
+        fields = TaskFields.for_round(self.settings, self.model, self.current, self.model_version or 0, len(cohort), metrics,
+                                      mechanism)
         config = await asyncio.to_thread(fields.bind, config, number, cohort)  # the session id commits to the task
         identity = None
         self.delivery.new_round()
@@ -503,7 +502,7 @@ class Coordinator:
         elif self.settings.hybrid.enabled:  # UNPROTECTED plaintext inputs from some devices (D64)
             machine = HybridRoundMachine
         r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity,
-                    metrics=metrics)
+                    metrics=metrics, mechanism=mechanism)
         self.round = r
         self._round_started_at = self._wall()
         self._round_base = self.model_version

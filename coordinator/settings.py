@@ -196,6 +196,14 @@ class DpSettings(SettingsGroup):
     #: none: no clipping/noise; local: every device adds the full noise
     #: (FedRAP paper); distributed: noise split across the cohort.
     mode: Literal["none", "local", "distributed"] = "local"
+    #: The noise (D88). discrete-gaussian: integer noise sampled exactly on
+    #: the device, added in the secure sum's field (nothing clipped after
+    #: the noise), epsilon from the mechanism's own zCDP bound; under it no
+    #: metric totals are asked for (they would be outside epsilon, D36).
+    #: gaussian-float: the earlier float path, kept for comparison; its
+    #: epsilon is APPROXIMATE (float noise, rounded and clipped per
+    #: coordinate by the fixed-point encoding) and the coordinator says so.
+    mechanism: Literal["discrete-gaussian", "gaussian-float"] = "discrete-gaussian"
     #: L2 (Frobenius) clipping norm tau of an update.
     clip: PositiveFloat = 0.1
     #: Noise multiplier z (noise std = z * clip).
@@ -214,6 +222,13 @@ class DpSettings(SettingsGroup):
     def _budget_needs_noise(self) -> DpSettings:
         if self.epsilon_budget is not None and (self.mode == "none" or self.noise_multiplier == 0):
             raise ValueError("dp.epsilon_budget needs DP noise (dp.mode local or distributed, noise_multiplier > 0)")
+        if self.mode != "none" and self.mechanism == "discrete-gaussian":
+            if self.noise_multiplier == 0:
+                raise ValueError("dp.mechanism 'discrete-gaussian' needs dp.noise_multiplier > 0 (no noise: dp.mode "
+                                 "none)")
+            if self.accountant == "pld":
+                raise ValueError("dp.accountant 'pld' prices the continuous Gaussian's exact privacy loss; the "
+                                 "discrete Gaussian's bound is zCDP, composed with dp.accountant 'rdp'")
         return self
 
 

@@ -38,7 +38,10 @@ one group, so the round costs its worst group's rho (`round_rho`).
 No amplification by sampling is applied here: the cohort is not a
 Poisson sample, and devices cannot check how it was drawn.
 
-tests/dpmech/test_accounting.py checks the bound against the exact Renyi
+`dp_accounting` is imported by `epsilon` alone (it takes seconds to import):
+a device computes rho without it.
+
+tests/dpmech/test_dpmech_accounting.py checks the bound against the exact Renyi
 divergence of the exact law of S computed over the integers
 (`dpmech.divergence`).
 """
@@ -49,9 +52,6 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
-
-import dp_accounting
-from dp_accounting import rdp
 
 # Float rounding in rho's few operations is far below this relative margin;
 # applying it keeps every reported figure an upper bound.
@@ -130,6 +130,9 @@ def epsilon(round_rhos: Sequence[float], delta: float) -> float:
         return math.inf
     if any(not r >= 0 for r in round_rhos):
         raise ValueError(f"every rho must be >= 0, got {list(round_rhos)}")
+    import dp_accounting  # here, not at the top: ~2.4 s to import, and only epsilon needs it
+    from dp_accounting import rdp
+
     accountant = rdp.RdpAccountant()
     for rho, count in sorted(Counter(round_rhos).items()):
         accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.ZCDpEvent(rho), count))

@@ -36,7 +36,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from dpmech import accounting, exact_sampler, fast_sampler
+from dpmech import accounting, exact_sampler, fast_sampler  # accounting: no dp_accounting at import
 from dpmech import field as modular
 from dpmech.quantize import DEFAULT_BETA, clip_l2, norm_bound_sq, round_within_bound
 from dpmech.random_source import I64, ByteSource, SystemBytes

@@ -10,6 +10,10 @@
   its own metric values as integer limbs, in the slots the RoundTask names
   (`wire.round_metrics`, D35; a device whose metrics cannot be computed
   puts zeros there, which the coordinator sees as unavailable metrics);
+  under the discrete Gaussian (D88) the mechanism's residues instead,
+  `dpmech.mechanism.encode` step for step (L2 clip, the round's rotation,
+  scale, rounding under the device's own norm bound, noise sampled exactly
+  from os.urandom, mod 2^w), and no metric at all;
   recorded for debugging when the driver was given a debug-inputs folder;
 - `reply(dr, messages)`: secagg messages to proto, onto the outbox (after the
   fault plan's delay); nothing is sent once the round is over;
@@ -40,6 +44,9 @@ import numpy as np
 from cryptography import x509
 
 import wire
+from dpmech.field import to_unsigned
+from dpmech.mechanism import encode as dp_encode
+from dpmech.random_source import SystemBytes
 from edge_client.contributions import ContributionRule
 from edge_client.devices import Device
 from edge_client.faults import FaultPlan, forged_metric_limbs
@@ -131,8 +138,11 @@ class RoundRun:
         # a whole model, milliseconds per device) runs off the event loop, which must
         # stay free to read the stream (a top-k request waits behind a busy loop)
         rng = self.io.secure_numpy_rng()
-        model = await self.compute(self.view.config.encoding.encode, np.asarray(update, dtype=np.float64), rng)
-        encoded = np.concatenate([model, self._metric_limbs(dr)])
+        if self.view.mechanism is not None:  # the discrete Gaussian: its residues, no metric limbs (D88)
+            encoded = await self.compute(discrete_gaussian_input, self.view, np.asarray(update, dtype=np.float64), rng)
+        else:
+            model = await self.compute(self.view.config.encoding.encode, np.asarray(update, dtype=np.float64), rng)
+            encoded = np.concatenate([model, self._metric_limbs(dr)])
         if self.io.debug_inputs_dir is not None:
             await asyncio.to_thread(
                 record_input, self.io.debug_inputs_dir, self.view.round_number, dr.device.device_id, encoded
@@ -215,6 +225,19 @@ class RoundRun:
             self.finish_device(dr)
         self.train = None
         return RoundEvent(self.view.round_number, outcome, len(self.devices), detail)
+
+
+def discrete_gaussian_input(view: wire.RoundTaskView, update: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A device's masked input under the discrete Gaussian (D88): its update
+    through `dpmech.mechanism.encode` with the round's mechanism and
+    rotation seed, the noise drawn exactly from the operating system's
+    CSPRNG (a fresh `SystemBytes`), as residues mod 2^w in uint32 words.
+    `rng` only randomises the rounding (not part of the guarantee)."""
+    mechanism = view.mechanism
+    if mechanism is None:
+        raise ValueError("the round does not run the discrete Gaussian")
+    centred = dp_encode(update, mechanism, view.rotation_seed, rng, noise=SystemBytes())
+    return to_unsigned(centred, mechanism.bits).astype(np.uint32)
 
 
 def _private_dir(path: Path) -> None:

@@ -328,7 +328,8 @@ class SessionDriver:
             log.error("round %d: %s; this client's devices withdraw", view.round_number, unbound)
             self._abort_run(run, common_pb2.ABORT_REASON_PROTOCOL_VIOLATION, unbound)
             return
-        refusal = self.cohort_floor.refusal(view.config) or self.dp_floor.refusal(view.dp, view.config.num_clients)
+        refusal = (self.cohort_floor.refusal(view.config)
+                   or self.dp_floor.refusal(view.dp, view.config.num_clients, view.mechanism))
         if refusal is None and self.device_ca is not None and not view.config.active_adversary:
             # without signatures no identity key is checked, so the device CA would protect nothing
             refusal = "the round has no identity signatures, and this client requires them (--device-ca)"
@@ -336,6 +337,8 @@ class SessionDriver:
             log.error("round %d: %s; this client's devices withdraw", view.round_number, refusal)
             self._abort_run(run, common_pb2.ABORT_REASON_CLIENT_ERROR, refusal)
             return
+        if view.dp.mode != session_pb2.DP_MODE_NONE and view.mechanism is None:  # the float Gaussian (D88)
+            log.warning("round %d: DP with float Gaussian noise: its epsilon is approximate", view.round_number)
         insecure = bool(view.hyperparameters.get(PLAINTEXT_HYPERPARAMETER, False))
         if insecure and not self.allow_insecure_plaintext:
             log.error("round %d: the coordinator asks for an INSECURE plaintext round; refused "

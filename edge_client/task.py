@@ -46,6 +46,9 @@ class TaskSpec:
     dp_mode: str = "none"  # none | local | distributed
     dp_clip_norm: float = 0.0
     dp_noise_stddev: float = 0.0
+    #: True: the discrete Gaussian (D88) clips and adds the noise when the
+    #: update is encoded (`RoundRun.encode`), so training leaves it as it is.
+    dp_discrete: bool = False
 
 
 def task_spec(view: wire.RoundTaskView) -> TaskSpec:
@@ -64,4 +67,5 @@ def task_spec(view: wire.RoundTaskView) -> TaskSpec:
         dp_mode=_DP_MODES.get(view.dp.mode, "none"),
         dp_clip_norm=float(view.dp.clip_norm),
         dp_noise_stddev=float(view.dp.noise_stddev),
+        dp_discrete=view.mechanism is not None,
     )

@@ -351,11 +351,12 @@ class Trainer:
         """A batch's trained updates (B, L > 0) as they are sent, their L2 norms and the clip
         norm applied (None: not clipped). Under local or distributed DP each row is clipped to
         the task's dp_clip_norm (the norms are then those before clipping, as `clip_rows`
-        returns them) and gets Gaussian noise from the secure generator. TrainingError for a
-        non-finite update."""
+        returns them) and gets Gaussian noise from the secure generator; under the discrete
+        Gaussian (D88) the encoding clips and adds the noise, so the rows stay as they are.
+        TrainingError for a non-finite update."""
         norms = torch.linalg.vector_norm(upd, dim=1)
         clip_norm = None
-        if task.dp_mode in ("local", "distributed"):
+        if task.dp_mode in ("local", "distributed") and not task.dp_discrete:
             from models.privacy import add_gaussian_noise, clip_rows  # imported on first use: see the module doc
 
             if task.dp_clip_norm > 0:

@@ -6,7 +6,10 @@ their sums added and decoded once (D87).
                       refuse=None) -> GroupedOutcome
 
 - inputs: float array (n, L), one row per device of the cohort; a device is
-  named by its row, its *position* in the cohort.
+  named by its row, its *position* in the cohort. Or uint32 residues of
+  Z_{2^w} already encoded (the discrete Gaussian's, D88; see
+  `secagg.inprocess.run_round`): then the committed sum is the counted
+  residues' sum mod 2^w, bit for bit, and its decoding is the caller's.
 - groups: the partition of positions 0..n-1 (`secagg.groups.partition`);
   configs[j]: group j's instance (`group_configs`): len(groups[j]) devices,
   its own session id, and the round's ONE encoding, sized for the whole
@@ -66,6 +69,7 @@ class GroupedOutcome:
     counted: tuple[int, ...] = ()  # positions: the union of the committed groups' counted sets
     refused: dict[int, str] = field(default_factory=dict)  # position -> why it refused its group
     encoded_sum: np.ndarray | None = None  # uint32: the committed groups' sums added mod 2^w
+    residues: bool = False  # the inputs were residues of Z_{2^w}: no fixed-point decoding
     sum: np.ndarray | None = None  # decoded float64 sum of the counted devices
     mean: np.ndarray | None = None
     expected_encoded_sum: np.ndarray | None = None  # plaintext sum of the counted encoded inputs (check)
@@ -183,11 +187,16 @@ def _combine(encoding: FixedPointEncoding, groups: tuple[tuple[int, ...], ...],
     out.committed = committed
     out.counted = tuple(sorted(counted))
     out.encoded_sum = encoding.reduce(words)
-    out.sum = encoding.decode_sum(words, len(counted))
-    out.mean = out.sum / len(counted)
+    out.residues = outcomes[committed[0]].residues
+    if out.residues:  # residues wrap by design: the sum is exact mod 2^w, and decoded by the caller
+        expected &= np.uint64((1 << encoding.modulus_bits) - 1)
+        out.exact = bool(np.array_equal(expected, out.encoded_sum.astype(np.uint64)))
+    else:
+        out.sum = encoding.decode_sum(words, len(counted))
+        out.mean = out.sum / len(counted)
+        out.exact = bool(expected.max(initial=0) < (1 << encoding.modulus_bits)
+                         and np.array_equal(expected, out.encoded_sum.astype(np.uint64)))
     out.expected_encoded_sum = expected.astype(np.uint32)
-    out.exact = bool(expected.max(initial=0) < (1 << encoding.modulus_bits)
-                     and np.array_equal(expected, out.encoded_sum.astype(np.uint64)))
     return out
 
 

@@ -16,7 +16,13 @@ Stable signature:
               wire=True, intercept=None, stochastic_rounding=True,
               clock=time.thread_time, rounding_keys=None) -> RoundOutcome
 
-- inputs: float array (n, L), n = config.num_clients, L = config.vector_length.
+- inputs: float array (n, L), n = config.num_clients, L = config.vector_length,
+  encoded by each device with the round's fixed-point encoding; or uint32
+  (n, L): the devices' inputs already encoded as residues of Z_{2^w}
+  (w = config.encoding.modulus_bits, every word < 2^w), e.g. the discrete
+  Gaussian mechanism's (dpmech, D88), which decodes the sum itself. With
+  residues the outcome has no decoded `sum` / `mean`, and `exact` means the
+  unmasked sum equals the counted residues' sum mod 2^w, bit for bit.
 - dropouts: DropoutPlan: which devices go silent at which stage.
 - seed: makes the run reproducible (per-device random bytes, rounding, and
   identity keys in active mode all derive from it). These simulated devices
@@ -150,7 +156,8 @@ class RoundOutcome:
     abort_reason: AbortReason | None = None
     abort_detail: str = ""
     abort_stage: str | None = None
-    encoded_sum: np.ndarray | None = None  # uint32, exact sum of the counted encoded inputs
+    encoded_sum: np.ndarray | None = None  # uint32, exact sum of the counted encoded inputs (mod 2^w for residues)
+    residues: bool = False  # the inputs were residues of Z_{2^w} (no fixed-point decoding here)
     sum: np.ndarray | None = None  # decoded float64 sum
     mean: np.ndarray | None = None  # decoded float64 mean
     counted: tuple[int, ...] = ()
@@ -209,8 +216,13 @@ def _check_inputs(inputs: np.ndarray, config: SecAggConfig) -> np.ndarray:
     inputs = np.asarray(inputs)
     if inputs.shape != (config.num_clients, config.vector_length):
         raise ValueError(f"inputs must have shape ({config.num_clients}, {config.vector_length}), got {inputs.shape}")
+    if inputs.dtype == np.uint32:
+        w = config.encoding.modulus_bits
+        if inputs.size and int(inputs.max()) >> w:
+            raise ValueError(f"encoded inputs must be residues below 2^{w}")
+        return inputs
     if not np.issubdtype(inputs.dtype, np.floating):
-        raise TypeError(f"inputs must be floats, got {inputs.dtype}")
+        raise TypeError(f"inputs must be floats, or uint32 residues already encoded, got {inputs.dtype}")
     return inputs
 
 
@@ -245,7 +257,7 @@ def run_round(
     rnd.advertise(starting)
     while not rnd.server.is_terminal:
         rnd.close_stage()
-    out = rnd.outcome(encoded)
+    out = rnd.outcome(encoded, residues=inputs.dtype == np.uint32)
     out.wall_s = time.perf_counter() - wall0
     return out
 
@@ -285,7 +297,9 @@ class _Round:
     def encode(
         self, inputs: np.ndarray, *, seed: int, stochastic_rounding: bool, rounding_keys: RoundingKeys | None
     ) -> np.ndarray:
-        """Each device encodes its input, as `encode_inputs` does."""
+        """Each device encodes its input, as `encode_inputs` does (residues are taken as they are)."""
+        if inputs.dtype == np.uint32:
+            return np.array(inputs, dtype=np.uint32)
         encoded = np.empty((self.config.num_clients, self.config.vector_length), dtype=np.uint32)
         for i in range(self.config.num_clients):
             t0 = self.clock()
@@ -398,8 +412,9 @@ class _Round:
             self.first_sizes.setdefault("share", len(msg.shares[0][1]))
         return data
 
-    def outcome(self, encoded: np.ndarray) -> RoundOutcome:
-        """What the round produced (its wall time is the caller's)."""
+    def outcome(self, encoded: np.ndarray, *, residues: bool = False) -> RoundOutcome:
+        """What the round produced (its wall time is the caller's); with
+        `residues`, the sum is checked mod 2^w and not decoded."""
         server = self.server
         rec = server.record
         out = RoundOutcome(
@@ -415,15 +430,21 @@ class _Round:
             masked_input_bytes=self.first_sizes.get("masked_input"),
             share_ciphertext_bytes=self.first_sizes.get("share"),
             server_state=server,
+            residues=residues,
         )
         if isinstance(server, ServerCompleted):
             out.encoded_sum = server.encoded_sum
             out.counted = server.counted
-            out.sum = server.decoded_sum()
-            out.mean = server.decoded_mean()
             expected = encoded[list(server.counted)].sum(axis=0, dtype=np.uint64)
+            if residues:  # the sum of residues of Z_{2^w} wraps by design: compared, and kept, mod 2^w
+                expected &= np.uint64((1 << self.config.encoding.modulus_bits) - 1)
+                out.encoded_sum = self.config.encoding.reduce(server.encoded_sum)
+                out.exact = bool(np.array_equal(expected, out.encoded_sum.astype(np.uint64)))
+            else:
+                out.sum = server.decoded_sum()
+                out.mean = server.decoded_mean()
+                out.exact = bool(np.array_equal(expected, server.encoded_sum.astype(np.uint64)))
             out.expected_encoded_sum = expected.astype(np.uint32)
-            out.exact = bool(np.array_equal(expected, server.encoded_sum.astype(np.uint64)))
         elif isinstance(server, ServerAborted):
             out.abort_reason = server.reason
             out.abort_detail = server.detail

@@ -1,7 +1,8 @@
 """The shared adapter between `secagg` messages and the fedmask.v1 protos.
 
 Used by both the coordinator and the edge client (which never import each
-other). Imports only secagg, fedmask_proto, numpy and google.protobuf.
+other). Imports only secagg, dpmech (the DP mechanism, D88), fedmask_proto,
+numpy and google.protobuf.
 
     wire.ids           RoundIds: enrolled device_id <-> 0-based secagg id
                        (proto Participant.secagg_id is 1-based = secagg id + 1)
@@ -11,6 +12,8 @@ other). Imports only secagg, fedmask_proto, numpy and google.protobuf.
     wire.round_task    SecaggSettings <-> SecAggConfig, build/parse RoundTask
     wire.round_metrics the round metrics' slots, appended as integer limbs
                        to every masked input (D35)
+    wire.dp_task       DpSettings <-> the discrete Gaussian both sides
+                       derive (D88), the round's rotation seed
     WireError          the one exception for malformed input
 
 See docs/wire-notes.md for the stage sequence on the session stream.

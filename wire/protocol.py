@@ -40,13 +40,17 @@ from secagg.stages import Stage
 # --------------------------------------------------------------------------- versions
 
 #: The version this code speaks.
-PROTOCOL_VERSION = "fedmask.v1.1"
+PROTOCOL_VERSION = "fedmask.v1.2"
 #: Client versions the coordinator serves (the current one first). 1.1
 #: added the share check (ShareReceipt, MaskingRequest), changed what a
 #: device's masked input holds (metric coordinates after the update,
 #: RoundTask.metric_names), removed RoundMetrics and made devices prove
 #: possession of their identity key at enrolment and on every Session stream
 #: (D32), so a 1.0 client cannot take part in a round and is refused at Hello.
+#: 1.2 added DpSettings.mechanism and the discrete Gaussian's fields (D88):
+#: under it a masked input is the rotated update's residues mod 2^w, d'
+#: coordinates. A 1.1 client would ignore the mechanism and send float
+#: noise in the fixed-point encoding, so it is refused at Hello too.
 SERVED_CLIENT_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 #: Printed and logged versions are cut to this many characters.
 MAX_VERSION_CHARS = 64

@@ -30,9 +30,12 @@ data (`secagg.keys`, `secagg.aead`), so:
 
 `training_key(task)` is a second digest, over what one device's update is a
 function of in the coordinator's eyes (model name, global parameters,
-hyper-parameters including the curriculum step, and the DP mechanism, clip
-and multiplier, not the cohort), for the device's rule "at most one
-contribution per (model, task)" (edge_client.contributions).
+hyper-parameters including the curriculum step, and the DP mode, clip and
+multiplier, not the cohort), for the device's rule "at most one
+contribution per (model, task)" (edge_client.contributions). The DP
+mechanism (D88) is left out on purpose: the update is the same function of
+the model whichever noise it gets, and a key that changed with the
+mechanism would let one device contribute twice to the same model.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ def task_digest(task: session_pb2.RoundTask) -> bytes:
     _field(h, task.secagg.SerializeToString(deterministic=True))
     _dp_training(h, task.dp)
     _field(h, struct.pack(">d", float(task.dp.noise_stddev)))
+    # the discrete Gaussian's mechanism, share and encoding (D88)
+    _field(h, struct.pack(">IQQdQ", int(task.dp.mechanism), int(task.dp.noise_variance_numerator),
+                          int(task.dp.noise_variance_denominator), float(task.dp.scale), int(task.dp.update_length)))
     _field(h, "\n".join(task.metric_names).encode())
     _field(h, b"".join(struct.pack(">QI", int(p.device_id), int(p.secagg_id)) for p in task.cohort))
     return h.digest()
@@ -97,8 +103,9 @@ def task_digest(task: session_pb2.RoundTask) -> bytes:
 def training_key(task: session_pb2.RoundTask) -> bytes:
     """SHA-256 over what a device's update is computed from: the model, its
     parameters, the hyper-parameters (the curriculum step among them) and the
-    DP mechanism, clip and multiplier. Two rounds with the same key differ only
-    in who else takes part, which is what differencing two sums exploits."""
+    DP mode, clip and multiplier (not the mechanism, see the module doc).
+    Two rounds with the same key differ only in who else takes part, which
+    is what differencing two sums exploits."""
     h = hashlib.sha256(_TRAINING_LABEL)
     _field(h, task.model_name.encode())
     _parameters(h, task.global_parameters)

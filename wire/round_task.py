@@ -20,7 +20,8 @@ equal field for field.)
 `parse_round_task` checks a whole task on the device side: settings, ids
 (1-based Participant.secagg_id, see wire.ids), that every assignment's
 neighbours are exactly its neighbours in `config.graph(round_number)`, the
-deadlines, the JSON hyper-parameters and the parameter tensors.
+deadlines, the JSON hyper-parameters, the parameter tensors and, for the
+discrete Gaussian, the mechanism it rebuilds (`wire.dp_task`, D88).
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ from typing import Any
 import numpy as np
 from google.protobuf import duration_pb2
 
+from dpmech.mechanism import MechanismConfig
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
 from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
+from wire.dp_task import rotation_seed, task_mechanism
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
@@ -197,11 +200,21 @@ class RoundTaskView:
     deadlines: dict[str, float]
     global_parameters: dict[str, np.ndarray] = field(repr=False)
     metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates after the update
+    #: The discrete Gaussian's configuration (D88); None: no DP, or the float Gaussian.
+    mechanism: MechanismConfig | None = None
 
     @property
     def update_length(self) -> int:
-        """Coordinates of the model update (the masked vector minus the metrics)."""
+        """Coordinates of the model update: the masked vector minus the
+        metrics, or with the discrete Gaussian its length before padding."""
+        if self.mechanism is not None:
+            return self.mechanism.dim
         return self.config.vector_length - self.metrics.coordinates
+
+    @property
+    def rotation_seed(self) -> bytes:
+        """The discrete Gaussian's shared rotation seed (`wire.dp_task.rotation_seed`)."""
+        return rotation_seed(self.session_id)
 
 
 def parse_round_task(
@@ -261,6 +274,7 @@ def parse_round_task(
     if metrics.coordinates >= config.vector_length:
         raise WireError(f"RoundTask: {metrics.coordinates} metric coordinates leave no room for the update in "
                         f"vector_length {config.vector_length}")
+    mechanism = task_mechanism(dp, config, metrics.coordinates)
     return RoundTaskView(
         session_id=bytes(task.session_id),
         round_number=int(task.round_number),
@@ -276,4 +290,5 @@ def parse_round_task(
             task.global_parameters, expected=expected_parameters, writable=writable_parameters
         ),
         metrics=metrics,
+        mechanism=mechanism,
     )

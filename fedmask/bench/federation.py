@@ -20,6 +20,14 @@ device that stops answering, like a phone that lost its network), so a
 stage with a dropout lasts its full deadline: the deadlines used are part of
 the result.
 
+With `dp_mechanism` (discrete-gaussian or gaussian-float) the rounds run
+with distributed DP noise of multiplier `dp_noise` and clip `dp_clip`, the
+devices' own DP floor on; each round then reports the privacy ledger's
+epsilon for that round alone (no amplification by sampling; with dropouts
+the counted devices' shares only, D19) and its noise multiplier, and the
+bytes of one device's MaskedInput. Under the discrete Gaussian no metric
+totals are asked for (D36), so none are checked.
+
 `run_connections_bench(...)`: N idle devices in P client processes connect
 to one coordinator that never starts a round (its cohort minimum is N + 1);
 reports whether all N were admitted and the coordinator's RSS.
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +50,7 @@ from fedmask.bench.loopback_federation import (
     exact_aggregate,
     full_cohort,
     read_rounds,
+    recorded_input,
     round_seconds,
     run_to_exit,
     secagg_graph,
@@ -75,6 +85,10 @@ class RoundBenchConfig:
     unmasking_deadline: float = 5.0
     deadline_floor: float = 0.25
     plaintext: bool = True
+    #: none (no DP, the default), discrete-gaussian or gaussian-float: distributed noise (D88)
+    dp_mechanism: str = "none"
+    dp_noise: float = 1.0
+    dp_clip: float = 1.0
     timeout: float = 600.0
     keep: Path | None = None
     profile: Path | None = None  # cProfile every process into PROFILE/<mode>/<name>.prof
@@ -106,7 +120,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         **deadlines.flags(),
         "secagg_graph": secagg_graph(cfg.neighbors),
         "secagg_threshold": cfg.threshold,
-        "dp_mode": "none",
+        **_dp_flags(cfg),
         "debug_record_sums": True,
         "debug_insecure_plaintext": plaintext,
         "log_level": "INFO",
@@ -119,7 +133,8 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "drop_stage": cfg.dropout_stage if cfg.dropout > 0 else None,
         "debug_record_inputs": True,
         "debug_allow_insecure_plaintext": plaintext,
-        "no_dp_floor": True,  # the synthetic model runs without DP: the devices' DP floor off (D85)
+        # without DP the devices' DP floor is off (D85); with it, their default floor holds
+        "no_dp_floor": cfg.dp_mechanism == "none",
         "threads": 1,
         "log_level": "warning",
     }
@@ -137,6 +152,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         run_to_exit(coord, clients, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
         peak_rss = coord.peak_rss_mb
     records = [r for r in read_rounds(db) if r.state.is_terminal]
+    ledger = _privacy_ledger(db)
     applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
     per_round: list[dict[str, Any]] = []
     ok = len(records) == cfg.rounds
@@ -152,13 +168,18 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         # secure rounds: the metric totals come out of the secure sum (D35), one "devices" per counted device;
         # plaintext rounds carry no metrics (each input is in the clear)
         metric_devices = r.metrics.get("count.devices")
-        metrics_ok = plaintext or not committed or metric_devices == counted
+        metrics_ok = plaintext or not committed or metric_devices == counted or (
+            cfg.dp_mechanism == "discrete-gaussian" and metric_devices is None)  # no totals under it (D36)
+        entry = ledger.get(r.number)
         per_round.append({
             "round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
             "seconds": round(round_seconds(r), 3), "counted": counted,
             "dropouts": {k: len(v) for k, v in r.dropouts.items()},
             "exact": exact, "dropouts_as_injected": dropped == injected,
             "metric_devices": metric_devices, "val_hr@10": r.metrics.get("val_hr@10"),
+            "epsilon_round": entry.epsilon if entry else None,
+            "noise_multiplier": entry.noise_multiplier if entry else None,
+            "masked_input_bytes": _masked_input_bytes(state_dirs, r.number, r.survivors.get("masked_input", [])),
             "timings": {k: round(v, 3) for k, v in r.timings.items()},
             "deadlines": applied.get(r.number, {}),
         })
@@ -171,6 +192,42 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "dropouts_as_injected": as_injected,
         "rounds": per_round,
     }
+
+
+def _dp_flags(cfg: RoundBenchConfig) -> dict[str, Any]:
+    """The coordinator's DP flags: off, or distributed noise with the mechanism asked for."""
+    if cfg.dp_mechanism == "none":
+        return {"dp_mode": "none"}
+    return {"dp_mode": "distributed", "dp_mechanism": cfg.dp_mechanism, "dp_noise": cfg.dp_noise,
+            "dp_clip": cfg.dp_clip}
+
+
+def _privacy_ledger(db: Path) -> dict[int, Any]:
+    """Round number -> its privacy ledger entry, from the coordinator's SQLite store."""
+    from coordinator.store import open_store
+
+    store = open_store(f"sqlite:///{db}", migrate=False)
+    try:
+        return {e.round_number: e for e in store.privacy_ledger()}
+    finally:
+        store.close()
+
+
+def _masked_input_bytes(state_dirs: list[Path], round_number: int, counted: list[int]) -> int | None:
+    """The bytes of one counted device's MaskedInput proto (its recorded
+    input's words, as the wire carries them, and a header of the round's
+    shape: a 48-byte session id and the ids), or None without a record."""
+    from fedmask_proto.v1 import secagg_pb2
+
+    for device in counted:
+        vector = recorded_input(state_dirs, round_number, device)
+        if vector is not None:
+            break
+    else:
+        return None
+    return secagg_pb2.MaskedInput(session_id=bytes(48), round_number=round_number, device_id=device,
+                                  masked_vector=vector.astype("<u4").tobytes(), length=vector.shape[0],
+                                  modulus_bits=32).ByteSize()
 
 
 def _applied_deadlines(log_text: str) -> dict[int, dict[str, float]]:
@@ -195,6 +252,11 @@ def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -
     return {d for d in range(1, cfg.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
 
 
+def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
+    values = sorted(v for r in rounds if (v := r.get(key)) is not None)
+    return None if not values else float(statistics.median(values))
+
+
 def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
     with bench_folder("fedmask-bench-round-", cfg.keep, ignore=("*.npy", "*.fms")) as root:
         secure = _phase(cfg, root, plaintext=False, log=log)
@@ -213,6 +275,12 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "secagg": t,
             "dropout": cfg.dropout,
             "dropout_stage": cfg.dropout_stage,
+            "dp": None if cfg.dp_mechanism == "none" else {
+                "mode": "distributed", "mechanism": cfg.dp_mechanism, "noise_multiplier": cfg.dp_noise,
+                "clip": cfg.dp_clip, "epsilon_round_median": _median_of(secure["rounds"], "epsilon_round"),
+                "epsilon_meaning": "each round alone, at the ledger's delta, without amplification by sampling; "
+                                   "priced with the counted devices' noise shares (D19)"},
+            "masked_input_bytes": _median_of(secure["rounds"], "masked_input_bytes"),
             "rounds": cfg.rounds,
             "deadline_policy": "adaptive",
             "deadline_bounds_s": {

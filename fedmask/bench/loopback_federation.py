@@ -156,7 +156,7 @@ def committed_times(records: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def _recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -> np.ndarray | None:
+def recorded_input(state_dirs: list[Path], round_number: int, device_id: int) -> np.ndarray | None:
     for d in state_dirs:
         p = d / "debug" / "inputs" / f"round-{round_number:06d}" / f"device-{device_id}.npy"
         if p.exists():
@@ -172,7 +172,7 @@ def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
     from coordinator.debug import encoded_checksum
 
     counted = list(record.survivors.get("masked_input", [])) + list(record.survivors.get("plaintext", []))
-    vectors = [v for d in counted if (v := _recorded_input(state_dirs, record.number, d)) is not None]
+    vectors = [v for d in counted if (v := recorded_input(state_dirs, record.number, d)) is not None]
     if not counted or len(vectors) != len(counted):
         return False
     total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
@@ -182,5 +182,5 @@ def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
 
 __all__ = [
     "StageDeadlines", "bench_folder", "committed_times", "exact_aggregate", "full_cohort", "is_neighbors",
-    "read_rounds", "round_seconds", "run_to_exit", "secagg_graph", "start_client", "start_coordinator",
+    "read_rounds", "recorded_input", "round_seconds", "run_to_exit", "secagg_graph", "start_client", "start_coordinator",
 ]

@@ -57,6 +57,9 @@ def round_(
     unmasking_deadline: Annotated[float, typer.Option(help="Ceiling (and first round's deadline) of Unmasking, seconds.")] = 5.0,
     deadline_floor: Annotated[float, typer.Option(help="No learnt deadline goes below this many seconds (the coordinator's adaptive policy; its margin, quantile and slack are the production defaults).")] = 0.25,
     plaintext: Annotated[bool, typer.Option("--plaintext/--no-plaintext", help="Also run the rounds in the coordinator's INSECURE plaintext mode (the baseline).")] = True,
+    dp_mechanism: Annotated[str, typer.Option(help="none (default: no DP), discrete-gaussian or gaussian-float: distributed DP noise of --dp-noise over --dp-clip (D88); each round then reports its epsilon from the privacy ledger (no amplification by sampling, the counted devices' shares only) and its noise multiplier.")] = "none",
+    dp_noise: Annotated[float, typer.Option(min=0.0, help="With --dp-mechanism: the noise multiplier z.")] = 1.0,
+    dp_clip: Annotated[float, typer.Option(min=0.0, help="With --dp-mechanism: the L2 clip of every update (the synthetic updates are uniform on [-1, 1]).")] = 1.0,
     timeout: TimeoutPerModeOption = 600.0,
     keep: KeepWorkFolderOption = None,
     profile: Annotated[Path | None, typer.Option(help="Run every process under cProfile; profiles go to PROFILE/<mode>/<process>.prof.", show_default=False)] = None,
@@ -65,12 +68,14 @@ def round_(
 
     Starts a coordinator (SQLite in a temp folder, the synthetic model of length --dim) and --client-processes edge clients hosting --devices devices in synthetic-update mode (no local training), all on 127.0.0.1; runs --rounds secure rounds with --dropout of the devices going silent at --dropout-stage, and checks each committed aggregate bit for bit against the sum of the counted devices' encoded inputs. Then runs the same rounds in the coordinator's INSECURE plaintext mode (devices upload unmasked updates; no secagg stages) with fresh processes. A round's time runs from the coordinator opening it to its commit. Dropped devices stay silent, so a stage with a dropout lasts its whole deadline (reported in the JSON).
 
-    Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines and per-round details.
+    Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines, masked_input_bytes, the DP block (with --dp-mechanism) and per-round details.
     """
     from fedmask.bench.federation import RoundBenchConfig, run_round_bench
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
+    if dp_mechanism not in ("none", "discrete-gaussian", "gaussian-float"):
+        raise typer.BadParameter("none, discrete-gaussian or gaussian-float", param_hint="--dp-mechanism")
     _check_neighbors(neighbors)
     _run_and_report(lambda: RoundBenchConfig(
         devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
@@ -78,6 +83,7 @@ def round_(
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
         share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
         unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
+        dp_mechanism=dp_mechanism, dp_noise=dp_noise, dp_clip=dp_clip,
     ), run_round_bench)
 
 

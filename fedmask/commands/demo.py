@@ -4,17 +4,20 @@ A coordinator (SQLite in a run folder), edge-client processes (ML-100K
 users, one device each) and the admin service (`fedmask admin`: REST API and
 dashboard, an operator token generated for the run) on 127.0.0.1. By
 default every hosted device is in every secure round, with distributed DP
-noise (tau 0.1, z 1; FedRAP's update in the validation-tuned unit
-`update_scale` 70, docs/tuning.md), so the validation totals each round
-decodes from the secure sum cover every hosted user (D35). Each round is
-reported: survivors and dropouts per stage, stage timings, the validation
-totals, the model version it committed, epsilon, and a bit-for-bit check of
+noise (the discrete Gaussian, D88; tau 0.1, z 1; FedRAP's update in the
+validation-tuned unit `update_scale` 70, docs/tuning.md). Under it the
+rounds carry no metric totals (they would be outside epsilon, D36); with
+--dp-mode none the validation totals each round decodes from the secure
+sum cover every hosted user (D35). Each round is reported: survivors and
+dropouts per stage, stage timings, the validation totals when there are
+any, the model version it committed, epsilon, and a bit-for-bit check of
 the secure sum (debug instrumentation: the coordinator records a checksum
 of the sum, the clients the inputs they encoded; each round's inputs are
 deleted once checked). Injected dropouts are optional (--dropout). After
-the rounds the federation is paused through the REST API, the last
-round's validation HR@10 is printed beside the popularity baseline on the
-same users, and one user's top-k, computed on their device and fetched
+the rounds the federation is paused through the REST API, the validation
+HR@10 (from the last round's totals, or under DP from the top-10 the
+devices compute for up to 50 users, asked through the REST API) is printed
+beside the popularity baseline on the same users, and one user's top-k, computed on their device and fetched
 through the REST API, is shown next to what they rated highly. All
 processes are stopped on exit, Ctrl-C included; with --keep-running they
 stay up (paused) until Ctrl-C.
@@ -95,7 +98,7 @@ def demo(
 ) -> None:
     """Run a real federation on this machine, with its admin service, and report every round.
 
-    Starts a coordinator (SQLite), edge-client processes and the admin service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and prints the dashboard's address, an API token and a curl line for a top-k query. The devices (ML-100K users) train the model locally and the coordinator aggregates their updates with secure aggregation and distributed DP noise. Each round is reported as it ends: survivors per stage, stage timings, the devices' validation totals (from the secure sum), the model version and epsilon. At the end: the validation HR@10 against the popularity baseline on the same users, and one user's top-k computed on their device next to what they rated highly. Everything is stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
+    Starts a coordinator (SQLite), edge-client processes and the admin service (`fedmask admin`: REST API and dashboard) on 127.0.0.1, and prints the dashboard's address, an API token and a curl line for a top-k query. The devices (ML-100K users) train the model locally and the coordinator aggregates their updates with secure aggregation and distributed DP noise. Each round is reported as it ends: survivors per stage, stage timings, the devices' validation totals (from the secure sum; none under DP, whose discrete Gaussian leaves no total outside epsilon), the model version and epsilon. At the end: the validation HR@10 (from the totals, or under DP from the devices' own top-10s) against the popularity baseline on the same users, and one user's top-k computed on their device next to what they rated highly. Everything is stopped on exit or Ctrl-C (--keep-running: only on Ctrl-C).
     """
     if secagg_only:
         from fedmask.commands.secagg_demo import secagg_demo
@@ -232,7 +235,7 @@ def _run(console: Any, workdir: Path, x: Any, plan: _Plan, *, keep_running: bool
         group.check_alive()
         with contextlib.closing(open_store(f"sqlite:///{db}", migrate=False)) as store:
             records = _follow_rounds(console, group, admin, store, plan.rounds, state_dirs)
-            _report(console, records, store, x, plan, seconds=time.monotonic() - t0)
+            _report(console, records, store, x, plan, seconds=time.monotonic() - t0, admin=admin)
             _privacy_summary(console, admin)
             _show_top_k(console, admin, x)
             if keep_running:
@@ -333,11 +336,14 @@ def _follow_rounds(console: Any, group: Any, admin: Any, store: Any, rounds: int
     return records
 
 
-def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *, seconds: float) -> None:
-    """The rounds' tables, how many committed, and the last validation HR@10 beside the popularity baseline."""
+def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *, seconds: float,
+            admin: Any) -> None:
+    """The rounds' tables, how many committed, and the last validation HR@10
+    beside the popularity baseline: from the secure totals, or without them
+    (DP with the discrete Gaussian, D36) from the devices' own top-10s."""
     import numpy as np
 
-    from fedmask.commands.demo_product import popularity_val_hr
+    from fedmask.commands.demo_product import device_top_k_val_hr, popularity_val_hr
 
     console.print(_stage_table(records))
     console.print(_metrics_table(records, store))
@@ -353,6 +359,14 @@ def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *
             f"[bold]validation HR@10 {last.metrics['val_hr@10']:.3f}[/bold] after round {last.number}, "
             f"over the validation items of the {counted} of {plan.devices} hosted users counted in its secure "
             f"sum; popularity on the same {plan.devices} users: {base:.3f}")
+    elif committed:  # no metric totals under DP (D36): ask the devices' own top-10s
+        hr, asked = device_top_k_val_hr(admin, x, plan.seed, hosted)
+        base = popularity_val_hr(x, plan.seed, asked, full=True)
+        console.print(
+            f"[bold]validation HR@10 {hr:.3f}[/bold] (full ranking) of the top-10 that {len(asked)} of "
+            f"{plan.devices} hosted devices compute for their users after round {committed[-1].number} (no "
+            f"metric totals under DP: they would be outside epsilon, D36); popularity on the same {len(asked)} "
+            f"users: {base:.3f}")
 
 
 def _privacy_summary(console: Any, admin: Any) -> None:
@@ -430,7 +444,7 @@ def _round_line(r: Any, store: Any, state_dirs: list[Path]) -> str:
     exact = exact_aggregate(r, state_dirs)
     return (f"[green]round {r.number} committed[/green] in {total:.1f} s: model v{version}, "
             f"{int(r.metrics.get('contributors', 0))}/{r.cohort_size} devices in the sum, dropouts: {drops}"
-            + (f", val HR@10 {hr:.3f} (secure totals)" if hr is not None else "")
+            + (f", val HR@10 {hr:.3f} (secure totals)" if hr is not None else ", no metric totals (DP, D36)")
             + (", [yellow]metrics unavailable[/yellow]" if r.metrics.get("metrics_unavailable") else "")
             + f", secure sum {'[green]exact[/green]' if exact else '[red]NOT exact[/red]'}")
 
@@ -491,6 +505,7 @@ def _metrics_table(records: list[Any], store: Any) -> Any:
             f"{e.epsilon:.2f} / {e.cumulative_epsilon:.2f}" if e else "-",
         )
     t.caption = ("clipped: updates clipped to the DP norm; epsilon of (epsilon, delta)-DP of the model updates, "
-                 "per round and composed so far (the metric totals are outside it, D36); "
+                 "per round and composed so far (the metric totals are outside it, D36; under DP with the "
+                 "discrete Gaussian none are asked for); "
                  "'-' where a round's metrics were unavailable")
     return t

@@ -21,6 +21,7 @@ from fedmask.commands.simulate_options import (
     DpAccountantOption,
     DpClipOption,
     DpDeltaOption,
+    DpMechanismOption,
     DpModeOption,
     DpNoiseOption,
     EvalEveryOption,
@@ -73,6 +74,7 @@ def simulate(
     dp_delta: DpDeltaOption = 1e-5,
     dp_accountant: DpAccountantOption = "rdp",
     dp_mode: DpModeOption = "local",
+    dp_mechanism: DpMechanismOption = "discrete-gaussian",
     device: DeviceOption = "cpu",
     explicit: ExplicitOption = False,
     eval_every: EvalEveryOption = 1,
@@ -122,7 +124,7 @@ def simulate(
             model=model, dataset=dataset, seed=seed, rounds=rounds, clients_per_round=clients_per_round,
             secagg=secagg, secagg_neighbors=_parse_neighbors(secagg_neighbors), secagg_clip=secagg_clip,
             secagg_group_size=group_size, dp_noise=dp_noise, dp_clip=dp_clip, dp_delta=dp_delta, dp_accountant=dp_accountant, dp_mode=dp_mode,
-            device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
+            dp_mechanism=dp_mechanism, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
             data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
         )  # fmt: skip
@@ -275,7 +277,11 @@ def _report_devices(results: dict[str, Any], out: Path, dp_delta: float) -> None
             f"{results['placebo']['hr@10']:.4f}"
         )
     if "epsilon" in results:
-        line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g})"
+        line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g}, no amplification by sampling)"
+        if "epsilon_poisson_amplified" in results:
+            line += f", {results['epsilon_poisson_amplified']:.3g} if Poisson-sampled"
+        if results["dp"]["mechanism"] == "gaussian-float":
+            line += ", APPROXIMATE (float noise)"
     line += _diverged(results)
     if "hybrid" in results:
         h = results["hybrid"]

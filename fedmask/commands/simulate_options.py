@@ -136,6 +136,15 @@ DpClipOption = Annotated[
     ),
 ]
 DpDeltaOption = Annotated[float, typer.Option(help="delta of the reported (epsilon, delta).")]
+DpMechanismOption = Annotated[
+    str,
+    typer.Option(
+        help="discrete-gaussian: the devices' mechanism (D88): L2 clip, rotation, scaling, rounding under the "
+        "norm bound and integer noise in the secure sum's field (drawn here from a seeded sampler of the same "
+        "law), epsilon from its own zCDP bound; gaussian-float: the float path, its epsilon APPROXIMATE. "
+        "Epsilon is reported without amplification by sampling.",
+    ),
+]
 DpAccountantOption = Annotated[str, typer.Option(help="Privacy accountant: rdp or pld (dp-accounting).")]
 DpModeOption = Annotated[
     str,

@@ -128,6 +128,42 @@ DP_MODE_DISTRIBUTED: DpMode.ValueType  # 3
 """noise split across devices; the sum has the full noise"""
 Global___DpMode: _TypeAlias = DpMode  # noqa: Y015
 
+class _DpMechanism:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DpMechanismEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DpMechanism.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DP_MECHANISM_UNSPECIFIED: _DpMechanism.ValueType  # 0
+    """Before fedmask.v1.2: read as DP_MECHANISM_GAUSSIAN_FLOAT when mode is
+    local or distributed (absent == the only mechanism there was).
+    """
+    DP_MECHANISM_GAUSSIAN_FLOAT: _DpMechanism.ValueType  # 1
+    """Float Gaussian noise, then the fixed-point encoding clips each
+    coordinate: its epsilon is approximate (kept for comparison only).
+    """
+    DP_MECHANISM_DISCRETE_GAUSSIAN: _DpMechanism.ValueType  # 2
+    """The distributed discrete Gaussian (dpmech/): integer noise sampled
+    exactly, residues mod 2^modulus_bits, nothing clipped after the noise.
+    """
+
+class DpMechanism(_DpMechanism, metaclass=_DpMechanismEnumTypeWrapper):
+    """The noise a device adds (protocol fedmask.v1.2, D88)."""
+
+DP_MECHANISM_UNSPECIFIED: DpMechanism.ValueType  # 0
+"""Before fedmask.v1.2: read as DP_MECHANISM_GAUSSIAN_FLOAT when mode is
+local or distributed (absent == the only mechanism there was).
+"""
+DP_MECHANISM_GAUSSIAN_FLOAT: DpMechanism.ValueType  # 1
+"""Float Gaussian noise, then the fixed-point encoding clips each
+coordinate: its epsilon is approximate (kept for comparison only).
+"""
+DP_MECHANISM_DISCRETE_GAUSSIAN: DpMechanism.ValueType  # 2
+"""The distributed discrete Gaussian (dpmech/): integer noise sampled
+exactly, residues mod 2^modulus_bits, nothing clipped after the noise.
+"""
+Global___DpMechanism: _TypeAlias = DpMechanism  # noqa: Y015
+
 class _DeviceErrorCode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -522,10 +558,21 @@ Global___SecaggSettings: _TypeAlias = SecaggSettings  # noqa: Y015
 @_typing.final
 class DpSettings(_message.Message):
     """Differential-privacy parameters of one round.
-    Contract: the device clips its update to L2 (Frobenius) norm clip_norm,
-    then adds i.i.d. Gaussian noise N(0, noise_stddev^2) to every coordinate,
-    before secagg encoding. The server computes noise_stddev from the mode,
-    noise_multiplier and cohort; devices do not recompute it.
+    Gaussian-float contract: the device clips its update to L2 (Frobenius)
+    norm clip_norm, then adds i.i.d. Gaussian noise N(0, noise_stddev^2) to
+    every coordinate, before secagg encoding. The server computes
+    noise_stddev from the mode, noise_multiplier and cohort.
+    Discrete-Gaussian contract (D88): for an update of update_length
+    coordinates the device clips it to L2 norm clip_norm, rotates it with the
+    randomised Hadamard transform whose signs come from the round's session
+    id (padded to d' = the next power of two), multiplies by scale, rounds
+    randomly until the squared norm is at most the bound B it computes
+    itself from (clip_norm * scale, d'), adds N_Z(0, sigma^2) with
+    sigma^2 = noise_variance_numerator / noise_variance_denominator to every
+    coordinate, and masks the residues mod 2^secagg.modulus_bits: the masked
+    vector is d' coordinates (secagg.vector_length, no metric coordinates).
+    The device checks that the configuration is valid for the cohort
+    (field size, sampler range) and that the noise meets its own floor.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -534,10 +581,24 @@ class DpSettings(_message.Message):
     CLIP_NORM_FIELD_NUMBER: _builtins.int
     NOISE_MULTIPLIER_FIELD_NUMBER: _builtins.int
     NOISE_STDDEV_FIELD_NUMBER: _builtins.int
+    MECHANISM_FIELD_NUMBER: _builtins.int
+    NOISE_VARIANCE_NUMERATOR_FIELD_NUMBER: _builtins.int
+    NOISE_VARIANCE_DENOMINATOR_FIELD_NUMBER: _builtins.int
+    SCALE_FIELD_NUMBER: _builtins.int
+    UPDATE_LENGTH_FIELD_NUMBER: _builtins.int
     mode: Global___DpMode.ValueType
     clip_norm: _builtins.float
     noise_multiplier: _builtins.float
     noise_stddev: _builtins.float
+    """gaussian-float only"""
+    mechanism: Global___DpMechanism.ValueType
+    noise_variance_numerator: _builtins.int
+    """discrete-gaussian: sigma^2, exact"""
+    noise_variance_denominator: _builtins.int
+    scale: _builtins.float
+    """discrete-gaussian: integer units per model unit"""
+    update_length: _builtins.int
+    """discrete-gaussian: the model update's coordinates before padding"""
     def __init__(
         self,
         *,
@@ -545,10 +606,15 @@ class DpSettings(_message.Message):
         clip_norm: _builtins.float = ...,
         noise_multiplier: _builtins.float = ...,
         noise_stddev: _builtins.float = ...,
+        mechanism: Global___DpMechanism.ValueType = ...,
+        noise_variance_numerator: _builtins.int = ...,
+        noise_variance_denominator: _builtins.int = ...,
+        scale: _builtins.float = ...,
+        update_length: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "mode", b"mode", "noise_multiplier", b"noise_multiplier", "noise_stddev", b"noise_stddev"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "mechanism", b"mechanism", "mode", b"mode", "noise_multiplier", b"noise_multiplier", "noise_stddev", b"noise_stddev", "noise_variance_denominator", b"noise_variance_denominator", "noise_variance_numerator", b"noise_variance_numerator", "scale", b"scale", "update_length", b"update_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

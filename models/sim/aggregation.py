@@ -1,7 +1,10 @@
 """One round's aggregation in the simulator: from the cohort's updates to the
 mean the server applies. Device-side DP (clip and noise, `models/privacy.py`)
 first, then the plain mean, the in-process SecAgg(+) sum, or FedMMF's hybrid
-round (D64); a chunked plain round keeps only a running sum."""
+round (D64); a chunked plain round keeps only a running sum. Under the
+discrete Gaussian (D88) the round is `models.sim.dp_mechanism`'s: the
+mechanism's own encoding, noise and decoding, through SecAgg(+) with
+--secagg."""
 
 from __future__ import annotations
 
@@ -137,6 +140,27 @@ class SecureAggregator:
         return out.sum
 
 
+def discrete_gaussian_mean(upd: torch.Tensor, *, config: SimulationConfig, secure: SecureAggregator | None,
+                           round_idx: int, rec: dict[str, Any]) -> torch.Tensor:
+    """The mean the server applies under the discrete Gaussian
+    (`models.sim.dp_mechanism`): the devices' shares calibrated to the
+    secure sum's groups, the decoded sum over the cohort's size."""
+    from models.sim.dp_mechanism import discrete_gaussian_round
+
+    dp = config.dp
+    assert dp is not None
+    B = upd.shape[0]
+    groups: tuple[tuple[int, ...], ...] = (tuple(range(B)),)
+    if secure is not None and B >= 2:
+        groups = secure.partition(B, round_idx)
+    total, norms, rec["dp"], secured = discrete_gaussian_round(upd, dp=dp, groups=groups, seed=config.seed,
+                                                               round_idx=round_idx, secure=secure)
+    rec.update(secured)
+    rec["update_norm_mean"] = float(norms.mean())
+    rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
+    return total / B
+
+
 class RunningSum:
     """The float64 sum of a chunked round's updates (the plain mean needs nothing more)."""
 
@@ -223,6 +247,8 @@ def aggregate_round(
     if isinstance(upd, RunningSum):  # plain mean of a chunked round: only the sum was kept
         return upd.mean()
     dp = config.dp
+    if dp is not None and dp.mechanism == "discrete-gaussian" and upd.shape[1] > 0:  # D88
+        return discrete_gaussian_mean(upd, config=config, secure=secure, round_idx=round_idx, rec=rec)
     if dp is not None and upd.shape[1] > 0:
         from models.sim.dp_groups import privatize_in_groups
 

@@ -33,6 +33,8 @@ class SimulationConfig:
     dp_delta: float = 1e-5
     dp_accountant: str = "rdp"
     dp_mode: str = "local"  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / |its group|)
+    #: discrete-gaussian (D88, models/sim/dp_mechanism.py) or gaussian-float (the float path; epsilon approximate)
+    dp_mechanism: str = "discrete-gaussian"
     device: str = "cpu"
     explicit: bool = False
     eval_every: int = 1
@@ -60,6 +62,7 @@ class SimulationConfig:
             raise ConfigError(f"--dp-mode must be local or distributed, not {self.dp_mode!r}")
         if self.dp_accountant not in _ACCOUNTANTS:
             raise ConfigError(f"--dp-accountant must be rdp or pld, not {self.dp_accountant!r}")
+        self._check_mechanism()
         if self.dp_mode == "distributed" and self.dp_noise is not None and not self.secagg:
             raise ConfigError(
                 "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
@@ -87,10 +90,26 @@ class SimulationConfig:
                     "--plaintext-j-bound cannot be combined with --dp-mode distributed: a plaintext update carries "
                     "only its 1/cohort share of the noise, so no epsilon would cover it"
                 )
+            if self.dp_noise is not None and self.dp_mechanism == "discrete-gaussian":
+                raise ConfigError("--plaintext-j-bound runs with --dp-mechanism gaussian-float (its plaintext updates "
+                                  "are outside every epsilon anyway; the hybrid sum of residues is not built)")
             try:
                 check_bound(self.plaintext_j_bound)
             except ValueError as e:
                 raise ConfigError(f"--plaintext-j-bound: {e}") from e
+
+    def _check_mechanism(self) -> None:
+        """--dp-mechanism: a known name; the discrete Gaussian needs noise
+        (z > 0) and the RDP accountant (its bound is zCDP)."""
+        if self.dp_mechanism not in _DP_MECHANISMS:
+            raise ConfigError(f"--dp-mechanism must be discrete-gaussian or gaussian-float, not {self.dp_mechanism!r}")
+        if self.dp_noise is None or self.dp_mechanism != "discrete-gaussian":
+            return
+        if not self.dp_noise > 0:
+            raise ConfigError("--dp-mechanism discrete-gaussian needs --dp-noise > 0")
+        if self.dp_accountant != "rdp":
+            raise ConfigError("--dp-accountant pld prices the continuous Gaussian; the discrete Gaussian's bound is "
+                              "zCDP, composed with --dp-accountant rdp")
 
     @property
     def dp(self) -> DPSettings | None:
@@ -103,6 +122,7 @@ class SimulationConfig:
             delta=self.dp_delta,
             accountant=_ACCOUNTANTS[self.dp_accountant],
             mode=_DP_MODES[self.dp_mode],
+            mechanism=_DP_MECHANISMS[self.dp_mechanism],
         )
 
     @property
@@ -121,6 +141,8 @@ class SimulationConfig:
 DPMode = Literal["local", "distributed"]
 _DP_MODES: dict[str, DPMode] = {"local": "local", "distributed": "distributed"}
 _ACCOUNTANTS: dict[str, Accountant] = {"rdp": "rdp", "pld": "pld"}
+DPMechanism = Literal["discrete-gaussian", "gaussian-float"]
+_DP_MECHANISMS: dict[str, DPMechanism] = {"discrete-gaussian": "discrete-gaussian", "gaussian-float": "gaussian-float"}
 _GRAPHS: dict[str, Literal["all", "auto"]] = {"all": "all", "auto": "auto"}
 
 
@@ -134,6 +156,7 @@ class DPSettings:
     delta: float
     accountant: Accountant
     mode: DPMode  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / |its group|)
+    mechanism: DPMechanism = "discrete-gaussian"  # D88; gaussian-float: the float path (epsilon approximate)
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,11 @@ the summed update (`sum_noise_multiplier_measured`) beside that expectation.
 `PrivacyLedger` keeps one entry per round: one line per group (size,
 counted, the multiplier its sum carries), the round's multiplier (the
 least), the epsilon of that round alone, and composes the rounds at the
-end. One group per round at multiplier z gives exactly the epsilon of the
-fixed-z accountant used before groups existed.
+end, without amplification by sampling (the float path also gives the
+figure that assumes Poisson sampling, labelled so). One group per round at
+multiplier z gives exactly the epsilon of the fixed-z accountant at q = 1.
+Under the discrete Gaussian (D88) the entries come from
+`models.sim.dp_mechanism` and the same ledger composes them.
 """
 
 from __future__ import annotations
@@ -99,31 +102,52 @@ def _sum_noise(updates: torch.Tensor, noisy: torch.Tensor, norms: torch.Tensor, 
 
 
 class PrivacyLedger:
-    """A run's rounds, each at the multiplier of its worst group and the
-    sampling rate q = cohort / population; `epsilon()` composes them all."""
+    """A run's rounds, each at the multiplier of its worst group; `epsilon()`
+    composes them all WITHOUT amplification by sampling (q = 1): the
+    simulator's cohort is a fixed-size draw, not the Poisson sample the
+    amplification theorems assume, and a device cannot check how it was
+    drawn. With the float Gaussian, `epsilon_poisson_amplified()` also
+    composes them at q = cohort / population, the figure that assumes Poisson
+    sampling (labelled so wherever it is shown). With the discrete Gaussian
+    (D88) a round's multiplier is 1 / sqrt(2 rho) of its zCDP bound, composed
+    as that bound under RDP, and no amplified figure is given: its subsampled
+    Renyi curve is not the Gaussian's."""
 
     def __init__(self, dp: DPSettings, sampling_rate: float) -> None:
         self.dp = dp
         self.sampling_rate = sampling_rate
-        self.rounds: list[tuple[float, float]] = []
+        self.multipliers: list[float] = []
         self._single: dict[float, float] = {}  # epsilon of one round at a multiplier
 
+    @property
+    def rounds(self) -> list[tuple[float, float]]:
+        """(multiplier, q = 1) of every round recorded, as composed."""
+        return [(z, 1.0) for z in self.multipliers]
+
     def add(self, entry: dict[str, Any] | None) -> dict[str, Any]:
-        """Record a round from its entry (`privatize_in_groups`; None: a
-        round without one, counted at the configured multiplier); returns the
-        entry with the round's `epsilon_round` added."""
+        """Record a round from its entry (`privatize_in_groups` or
+        `models.sim.dp_mechanism.privacy_entry`; None: a round without one,
+        counted at the configured multiplier); returns the entry with the
+        round's `epsilon_round` (no amplification) added."""
         out = dict(entry) if entry is not None else {"mode": self.dp.mode, "noise_multiplier": self.dp.noise}
         z = float(out["noise_multiplier"])
         if z not in self._single:
-            self._single[z] = self._compose([(z, self.sampling_rate)])
+            self._single[z] = self._compose([(z, 1.0)])
         out["epsilon_round"] = self._single[z]
-        self.rounds.append((z, self.sampling_rate))
+        self.multipliers.append(z)
         return out
 
     def epsilon(self) -> float:
-        """Epsilon at the run's delta of every round recorded (math.inf once a
-        round added no noise)."""
+        """Epsilon at the run's delta of every round recorded, without
+        amplification by sampling (math.inf once a round added no noise)."""
         return self._compose(self.rounds)
+
+    def epsilon_poisson_amplified(self) -> float | None:
+        """Epsilon at q = cohort / population, ASSUMING Poisson sampling
+        (float Gaussian only; None with the discrete Gaussian or q = 1)."""
+        if self.dp.mechanism == "discrete-gaussian" or self.sampling_rate >= 1:
+            return None
+        return self._compose([(z, self.sampling_rate) for z in self.multipliers])
 
     def _compose(self, rounds: Sequence[tuple[float, float]]) -> float:
         return Composition(rounds, delta=self.dp.delta, accountant=self.dp.accountant).epsilon()

@@ -289,4 +289,5 @@ def simulate(
         memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
         diverged_at=diverged_at, epsilon=ledger.epsilon() if ledger is not None else math.inf,
         threads=threads.as_dict(),
+        epsilon_amplified=ledger.epsilon_poisson_amplified() if ledger is not None else None,
     )  # fmt: skip

@@ -56,11 +56,14 @@ def results_document(
     diverged_at: int | None,
     epsilon: float,
     threads: Mapping[str, Any],
+    epsilon_amplified: float | None = None,
 ) -> dict[str, Any]:
     """The results dict `simulate` returns (written as results.json).
     `timing`: seconds_total, seconds_setup and seconds_training; `epsilon`:
-    the accountant's (inf when DP adds no noise), reported only with DP;
-    `threads`: the torch thread count and why (models/sim/threads.py)."""
+    the accountant's without amplification by sampling (inf when DP adds no
+    noise), reported only with DP; `epsilon_amplified`: the figure that
+    assumes Poisson sampling (float Gaussian only), labelled so; `threads`:
+    the torch thread count and why (models/sim/threads.py)."""
     sel_key, sel_sign = selection_key(explicit)
     out: dict[str, Any] = {
         "model": config.model,
@@ -107,6 +110,8 @@ def results_document(
     if config.dp is not None:
         out["dp"] = _dp_block(config, sampling_rate=cohort_size / population, rounds=rounds)
         out["epsilon"] = epsilon
+        if epsilon_amplified is not None:
+            out["epsilon_poisson_amplified"] = epsilon_amplified
     return out
 
 
@@ -128,18 +133,27 @@ def _hybrid_block(bound: float, records: list[dict[str, Any]]) -> dict[str, Any]
 
 def _dp_block(config: SimulationConfig, *, sampling_rate: float, rounds: int) -> dict[str, Any]:
     """The DP settings of a run and what its epsilon means."""
+    discrete = config.dp_mechanism == "discrete-gaussian"
     return {
         "noise_multiplier": config.dp_noise,
         "clip": config.dp_clip,
         "delta": config.dp_delta,
         "accountant": config.dp_accountant,
         "mode": config.dp_mode,
+        "mechanism": config.dp_mechanism,
         "sampling_rate": sampling_rate,
         "rounds": rounds,
         "meaning": (
-            "user-level (add/remove one device) epsilon of the Poisson-subsampled Gaussian mechanism "
-            "with noise multiplier z and sampling rate q = cohort/population, composed over all rounds "
-            "(dp_accounting), for what the aggregated updates reveal; "
+            ("user-level epsilon (one device, all of its data; neighbours replace its update by zero) of the "
+             "distributed discrete Gaussian (D88) from its own zCDP bound, with the sensitivity after rotation and "
+             "rounding and the noise of the shares each sum counted, composed over all rounds (dp_accounting, "
+             "RDP), WITHOUT amplification by sampling (the cohort is a fixed-size draw); "
+             if discrete else
+             "APPROXIMATE (float noise): user-level (add/remove one device) epsilon of the Gaussian mechanism "
+             "with noise multiplier z, composed over all rounds (dp_accounting), WITHOUT amplification by "
+             "sampling (the cohort is a fixed-size draw); epsilon_poisson_amplified ASSUMES Poisson sampling at "
+             "q = cohort/population; ")
+            + "for what the aggregated updates reveal; "
             + (
                 "local noise: conservative for the aggregate (it carries noise z*tau*sqrt(B))"
                 if config.dp_mode == "local"

@@ -3,7 +3,7 @@
 `FakeDevice` is one honest device: real secagg client states, the `wire`
 codec, a random update, and its identity key (which proves possession at
 enrolment and on every stream, fedmask.v1.1). `FakeClient` hosts several
-devices on one real gRPC Session stream (written only with the stubs, secagg and wire, as the
+devices on one real gRPC Session stream (written only with the stubs, secagg, wire and dpmech, as the
 edge client must be). Both can be told to go silent at a stage or to
 tamper with their messages.
 """
@@ -25,6 +25,8 @@ from fedmask_proto.v1 import (
     secagg_pb2,
     session_pb2,
 )
+from dpmech.field import to_unsigned
+from dpmech.mechanism import encode as dp_encode
 from secagg import identity
 from secagg.client import ClientAdvertiseKeys, ClientState
 from secagg.messages import AdvertiseKeys
@@ -122,7 +124,11 @@ class FakeDevice:
             limbs = np.asarray(self.metric_limbs(view), dtype=np.uint32)
         else:
             limbs = view.metrics.encode(fake_metric_values(self.device_id, view.round_number))
-        self.encoded = np.concatenate([cfg.encoding.encode(self.update, rng), limbs])
+        if view.mechanism is not None:  # the discrete Gaussian (D88): the device's residues, as the edge client's
+            residues = to_unsigned(dp_encode(self.update, view.mechanism, view.rotation_seed, rng), view.mechanism.bits)
+            self.encoded = np.concatenate([residues.astype(np.uint32), limbs])
+        else:
+            self.encoded = np.concatenate([cfg.encoding.encode(self.update, rng), limbs])
         self.peer_identity = {}
         self.state = ClientAdvertiseKeys(
             cfg, view.devices[self.device_id], view.round_number, self.encoded,

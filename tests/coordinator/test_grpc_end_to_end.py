@@ -365,7 +365,7 @@ def test_a_real_model_round_with_dp_commits_model_and_privacy_in_one_go():
     async def main():
         hp = {"n_users": 8, "n_items": 5, "k": 2}
         settings = make_settings(**{
-            "model.name": "fedmf", "model.hyperparameters": hp, "dp.mode": "local", "dp.noise_multiplier": 1.0,
+            "model.name": "fedmf", "model.hyperparameters": hp, "dp.mode": "local", "dp.mechanism": "gaussian-float", "dp.noise_multiplier": 1.0,
             "dp.clip": 0.1, "debug.record_sums": False,
         })
         async with running(settings) as (coord, target, store, rounds):
@@ -472,7 +472,7 @@ def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
     async def main():
         from models.privacy import composed_epsilon, epsilon
 
-        settings = make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
+        settings = make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.mechanism": "gaussian-float", "dp.noise_multiplier": 1.0,
                                     "dp.clip": 0.1, **SHORT})
         store = InMemoryStore()
         async with running(settings, store) as (coord, target, _, rounds):
@@ -490,7 +490,7 @@ def test_distributed_dp_accounts_for_the_noise_the_dropouts_took_away():
             for c in clients:
                 await c.close()
         # a restarted coordinator rebuilds the composition from the ledger and extends it
-        async with running(make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
+        async with running(make_settings(**{"cohort.size": 5, "dp.mode": "distributed", "dp.mechanism": "gaussian-float", "dp.noise_multiplier": 1.0,
                                             "dp.clip": 0.1}), store) as (coord, target, _, rounds):
             clients, _devices = await _clients(target, 5, groups=1, seed=1)
             await _wait_rounds(rounds)
@@ -555,7 +555,7 @@ def test_hostile_metric_coordinates_cost_the_metrics_never_the_round():
     round commits, the model aggregate is exactly the counted devices' sum,
     and the round's metrics are marked unavailable instead of being wrong."""
     async def main():
-        settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.noise_multiplier": 1.0, "dp.clip": 0.1})
+        settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.mechanism": "gaussian-float", "dp.noise_multiplier": 1.0, "dp.clip": 0.1})
         store = InMemoryStore()
         async with running(settings, store) as (coord, target, _, rounds):
             hostile = {2: lambda view: np.full(view.metrics.coordinates, 0xFFFFFFFF, dtype=np.uint32)}
@@ -606,7 +606,7 @@ def test_idle_enrolments_do_not_lower_the_reported_epsilon():
 
         ledgers = []
         for idle in (0, 3000):
-            settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.noise_multiplier": 1.0,
+            settings = make_settings(**{"cohort.size": 4, "dp.mode": "local", "dp.mechanism": "gaussian-float", "dp.noise_multiplier": 1.0,
                                         "dp.clip": 0.1, "rounds": 2})
             store = InMemoryStore()
             async with running(settings, store) as (coord, target, _, rounds):

@@ -105,16 +105,18 @@ def test_quantile_matches_numpy(values: list[float], q: float) -> None:
 
 
 def test_dp_settings_split_the_noise_in_distributed_mode() -> None:
-    dp = DpSettings(mode="distributed", clip=0.1, noise_multiplier=1.0)
+    # the float Gaussian's std (the discrete Gaussian's settings: tests/coordinator/test_dp_mechanism_wiring.py)
+    dp = DpSettings(mode="distributed", mechanism="gaussian-float", clip=0.1, noise_multiplier=1.0)
     got = dp_settings_for(dp, 25)
     assert got.mode == session_pb2.DP_MODE_DISTRIBUTED and got.noise_stddev == pytest.approx(0.1 / 5)
-    assert dp_settings_for(DpSettings(mode="local"), 25).noise_stddev == pytest.approx(0.1)
+    assert got.mechanism == session_pb2.DP_MECHANISM_GAUSSIAN_FLOAT
+    assert dp_settings_for(DpSettings(mode="local", mechanism="gaussian-float"), 25).noise_stddev == pytest.approx(0.1)
     assert dp_settings_for(DpSettings(mode="none"), 25).mode == session_pb2.DP_MODE_NONE
 
 
 def test_the_metrics_a_round_asks_for() -> None:
     model = ("devices", "examples")
-    dp = DpSettings(mode="local", clip=0.1, noise_multiplier=1.0)
+    dp = DpSettings(mode="local", mechanism="gaussian-float", clip=0.1, noise_multiplier=1.0)
     assert metric_names_for(model, DpSettings(mode="none"), plaintext=False) == model
     assert metric_names_for(model, dp, plaintext=False) == (*model, "clipped")
     assert metric_names_for(model, dp, plaintext=True) == ()  # inputs in the clear: no metrics with them

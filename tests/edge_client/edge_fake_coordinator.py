@@ -37,10 +37,12 @@ from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.rounds import Action, Broadcast, RoundMachine, Send
 from coordinator.store import RoundState
+from dpmech.mechanism import MechanismConfig
 from fedmask_proto.v1 import common_pb2, coordinator_service_pb2_grpc, enrollment_pb2, secagg_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.stages import Stage
 from wire import secagg_codec
+from wire.dp_task import discrete_gaussian_settings
 from wire.protocol import PLAINTEXT_HYPERPARAMETER, PROTOCOL_VERSION, SERVER_FIELD_STAGE
 from wire.round_binding import DIGEST_BYTES, bind_round_config, cohort_ids, task_digest
 from wire.round_metrics import MetricLayout
@@ -295,16 +297,24 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
         task_tamper: Any = None,
         rebind_tampered: bool = True,
         metric_names: tuple[str, ...] = (),
+        mechanism: MechanismConfig | None = None,
     ) -> RoundResult:
+        """One round; `mechanism`: the discrete Gaussian (D88) the devices
+        encode with (its settings replace `dp` unless a test passes its own;
+        the masked vector is its padded length) and the machine decodes with."""
         devices = sorted(devices if devices is not None else s.device_ids)
         self.round_number += 1
         r = self.round_number
+        masked = vector_length if mechanism is None else mechanism.padded_dim
+        if mechanism is not None and dp is None:
+            dp = discrete_gaussian_settings(mode=session_pb2.DP_MODE_DISTRIBUTED, noise_multiplier=1.0,
+                                            mechanism=mechanism)
         config = SecAggConfig.create(
-            num_clients=len(devices), vector_length=vector_length, session_id=os.urandom(16), clip=clip,
+            num_clients=len(devices), vector_length=masked, session_id=os.urandom(16), clip=clip,
             neighbors=neighbors, threshold=threshold, active_adversary=active,
         )
         layout = MetricLayout.for_round(metric_names, config.encoding)
-        config = dataclasses.replace(config, vector_length=vector_length + layout.coordinates)
+        config = dataclasses.replace(config, vector_length=masked + layout.coordinates)
         params = global_parameters if global_parameters is not None else {"mean": np.zeros(vector_length, np.float32)}
         hyper = dict(hyperparameters or {})
         if model_name == "synthetic":
@@ -320,7 +330,8 @@ class FakeCoordinator(coordinator_service_pb2_grpc.CoordinatorServiceServicer):
                                    model_version=r, global_parameters=params, hyperparameters=hyper, dp=dp,
                                    metrics=layout)
         m = machine_type(number=r, config=config, cohort=devices, deadlines=deadlines,
-                         identity_keys={d: self.identity[d] for d in devices} if active else None, metrics=layout)
+                         identity_keys={d: self.identity[d] for d in devices} if active else None, metrics=layout,
+                         mechanism=mechanism)
         task = wire.build_round_task(
             config=config, round_number=r, ids=m.ids, devices=devices, model_name=model_name, model_version=r,
             global_parameters=params, hyperparameters=hyper, dp=dp,

@@ -130,12 +130,17 @@ def test_best_state_is_the_best_rounds_state(x, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_dp_run_reports_epsilon(x) -> None:
-    res = run(x, model="fedrap", rounds=2, dp_noise=1.0, dp_clip=0.1, clients_per_round=60)
+    # the float Gaussian's figures; the discrete Gaussian's: tests/models/test_sim_dp_mechanism.py
+    res = run(x, model="fedrap", rounds=2, dp_noise=1.0, dp_clip=0.1, clients_per_round=60,
+              dp_mechanism="gaussian-float")
     from models.privacy import epsilon
 
+    # the primary figure assumes nothing about how the cohort was drawn (no amplification by sampling);
+    # the amplified one, which assumes Poisson sampling, is kept under its own name
+    assert res["epsilon"] == pytest.approx(epsilon(noise_multiplier=1.0, sampling_rate=1.0, rounds=2, delta=1e-5))
     want = epsilon(noise_multiplier=1.0, sampling_rate=60 / 120, rounds=2, delta=1e-5)
-    assert res["epsilon"] == pytest.approx(want)
-    assert res["dp"]["sampling_rate"] == 0.5
+    assert res["epsilon_poisson_amplified"] == pytest.approx(want) and want < res["epsilon"]
+    assert res["dp"]["sampling_rate"] == 0.5 and "APPROXIMATE" in res["dp"]["meaning"]
     assert all("update_norm_mean" in rec for rec in res["rounds"])
 
 
@@ -230,7 +235,7 @@ def test_distributed_dp_needs_secagg_and_splits_the_noise(x, monkeypatch: pytest
 
     monkeypatch.setattr(privacy, "privatize", spy)
     res = run(x, model="fedmf", rounds=1, dp_noise=1.0, dp_clip=0.1, dp_mode="distributed", secagg=True,
-              clients_per_round=16, params={"k": 4})  # fmt: skip
+              clients_per_round=16, params={"k": 4}, dp_mechanism="gaussian-float")  # fmt: skip
     assert seen == [pytest.approx(1.0 / 4.0)] and res["dp"]["mode"] == "distributed"
     assert real is not None and res["epsilon"] > 0
 

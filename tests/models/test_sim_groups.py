@@ -59,7 +59,7 @@ def test_distributed_noise_is_sized_for_the_group_and_the_ledger_keeps_each_grou
         return real(updates, clip=clip, noise_multiplier=noise_multiplier, generator=generator)
 
     monkeypatch.setattr(privacy, "privatize", spy)
-    dp = {"dp_noise": 1.0, "dp_clip": 0.1, "dp_mode": "distributed", "secagg": True}
+    dp = {"dp_noise": 1.0, "dp_clip": 0.1, "dp_mode": "distributed", "secagg": True, "dp_mechanism": "gaussian-float"}
     grouped = run(x, secagg_group_size=6, **dp)
     assert [n for n, _ in seen[:4]] == [6] * 4  # round 0: a share per group of 6
     assert [z for _, z in seen[:4]] == pytest.approx([1 / math.sqrt(6)] * 4)
@@ -67,11 +67,13 @@ def test_distributed_noise_is_sized_for_the_group_and_the_ledger_keeps_each_grou
         entry = rec["dp"]
         assert [g["size"] for g in entry["groups"]] == [6, 6, 6, 6]
         assert all(g["noise_multiplier"] == 1.0 for g in entry["groups"]) and entry["noise_multiplier"] == 1.0
-        assert entry["epsilon_round"] == pytest.approx(epsilon(noise_multiplier=1.0, sampling_rate=0.2, rounds=1))
+        # no amplification by sampling in the primary figure (the cohort is a fixed-size draw)
+        assert entry["epsilon_round"] == pytest.approx(epsilon(noise_multiplier=1.0, sampling_rate=1.0, rounds=1))
         # the cost: 4 groups, each sum with N(0, (z tau)^2): the model's sum carries z * sqrt(4)
         assert entry["sum_noise_multiplier_expected"] == 2.0
         assert entry["sum_noise_multiplier_measured"] == pytest.approx(2.0, rel=0.1)
-    assert grouped["epsilon"] == epsilon(noise_multiplier=1.0, sampling_rate=0.2, rounds=2)
+    assert grouped["epsilon"] == epsilon(noise_multiplier=1.0, sampling_rate=1.0, rounds=2)
+    assert grouped["epsilon_poisson_amplified"] == epsilon(noise_multiplier=1.0, sampling_rate=0.2, rounds=2)
     seen.clear()
     single = run(x, **dp)
     assert seen[0][0] == 24 and seen[0][1] == pytest.approx(1 / math.sqrt(24))
@@ -80,7 +82,7 @@ def test_distributed_noise_is_sized_for_the_group_and_the_ledger_keeps_each_grou
 
 
 def test_local_noise_ignores_the_groups() -> None:
-    dp = DPSettings(noise=1.0, clip=1.0, delta=1e-5, accountant="rdp", mode="local")
+    dp = DPSettings(noise=1.0, clip=1.0, delta=1e-5, accountant="rdp", mode="local", mechanism="gaussian-float")
     upd = torch.zeros(8, 500)
     noisy, _, entry = privatize_in_groups(upd, dp=dp, groups=((0, 1, 2, 3), (4, 5, 6, 7)),
                                           generator=torch.Generator().manual_seed(0))  # fmt: skip
@@ -89,14 +91,16 @@ def test_local_noise_ignores_the_groups() -> None:
 
 
 def test_a_round_is_priced_at_its_worst_group_and_rounds_compose() -> None:
-    dp = DPSettings(noise=1.0, clip=0.1, delta=1e-5, accountant="rdp", mode="distributed")
+    dp = DPSettings(noise=1.0, clip=0.1, delta=1e-5, accountant="rdp", mode="distributed",
+                    mechanism="gaussian-float")
     ledger = PrivacyLedger(dp, sampling_rate=0.5)
     a = ledger.add({"mode": "distributed", "groups": [], "noise_multiplier": 1.0})
     b = ledger.add({"mode": "distributed", "groups": [], "noise_multiplier": 0.7})  # a group that lost devices
     c = ledger.add(None)  # no entry: the configured multiplier
     assert a["epsilon_round"] == c["epsilon_round"] < b["epsilon_round"]
-    assert b["epsilon_round"] == pytest.approx(epsilon(noise_multiplier=0.7, sampling_rate=0.5, rounds=1))
-    assert ledger.epsilon() == composed_epsilon([(1.0, 0.5), (0.7, 0.5), (1.0, 0.5)])
+    assert b["epsilon_round"] == pytest.approx(epsilon(noise_multiplier=0.7, sampling_rate=1.0, rounds=1))
+    assert ledger.epsilon() == composed_epsilon([(1.0, 1.0), (0.7, 1.0), (1.0, 1.0)])
+    assert ledger.epsilon_poisson_amplified() == composed_epsilon([(1.0, 0.5), (0.7, 0.5), (1.0, 0.5)])
     with pytest.raises(ValueError, match="exactly once"):
         privatize_in_groups(torch.zeros(3, 2), dp=dp, groups=((0, 1),), generator=torch.Generator())
 

@@ -41,10 +41,12 @@ def test_version_rule() -> None:
     assert version_refusal(PROTOCOL_VERSION) is None and version_refusal("") is None
     old = version_refusal("fedmask.v0.9")
     assert old is not None and "upgrade the edge client" in old
-    # a 1.0 client cannot prove possession of its identity key (D32): refused with the advice
-    assert PROTOCOL_VERSION == "fedmask.v1.1"
-    v1_0 = version_refusal("fedmask.v1")
-    assert v1_0 is not None and "upgrade the edge client" in v1_0
+    # a 1.0 client cannot prove possession of its identity key (D32), a 1.1 client does not know the
+    # discrete Gaussian (D88): both refused with the advice
+    assert PROTOCOL_VERSION == "fedmask.v1.2"
+    for older in ("fedmask.v1", "fedmask.v1.1"):
+        refusal = version_refusal(older)
+        assert refusal is not None and "upgrade the edge client" in refusal
     new = version_refusal("fedmask.v2")
     assert new is not None and "upgrade the coordinator" in new
     weird = version_refusal("\x1b[31m" + "a" * 5000)

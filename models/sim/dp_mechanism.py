@@ -1,0 +1,185 @@
+"""The simulator's rounds under the distributed discrete Gaussian (D88).
+
+The same mechanism the devices run (`dpmech`), step for step, with one
+difference: the noise comes from the seeded fast sampler
+(`dpmech.fast_sampler`, the same law drawn with numpy's generator) instead
+of the operating system's CSPRNG, so a run is reproducible from its seed.
+tests/models/test_sim_dp_mechanism.py compares the two paths' laws.
+
+A round of B devices (`discrete_gaussian_round`):
+
+1. the mechanism is calibrated once for the round (`dpmech.calibrate`): the
+   field 2^32 sized for the B devices, one scale for every group (one
+   encoding per round, D87), and each device's sigma^2 for its group: with
+   distributed noise the shares of a group of |g| devices carry the noise
+   multiplier z for that group's sum (`with_shares`), with local noise each
+   device adds all of it;
+2. every device's update is clipped in L2, rotated with the round's seed,
+   scaled and rounded under the norm bound (`dpmech.mechanism.quantize`),
+   in chunks of rows so that memory stays at a chunk's padded vectors;
+3. its noise share is added and the vector reduced mod 2^w: with --secagg
+   each device's residues go through the in-process SecAgg(+) round (in
+   groups when the secure sum runs in groups), whose exact sum mod 2^w is
+   checked; without it the group's rounded vectors are summed with their
+   shares' noise drawn share by share (`dpmech.mechanism.simulated_sum`'s
+   law; the noise of |g| shares is a sum of |g| draws, not a Gaussian);
+4. the server decodes the total once (`dpmech.mechanism.decode_sum`).
+
+The round's privacy entry is priced as the coordinator prices it: each
+group's zCDP rho for the devices it counted (all of them here: the
+simulator has no dropouts), the round's the worst group's, and its
+`noise_multiplier` the Gaussian's with the same Renyi curve,
+1 / sqrt(2 rho), which `models.sim.dp_groups.PrivacyLedger` composes.
+
+Cost: the fast sampler draws 65,536 coordinates in about 9 ms, so a cohort
+of 943 devices adds about 8 s of noise a round at ML-100K's padded length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from dpmech import fast_sampler
+from dpmech import field as modular
+from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
+from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho, quantize
+
+if TYPE_CHECKING:
+    from models.sim.config import DPSettings
+    from secagg.config import SecAggConfig
+
+FIELD_BITS = 32  # the in-process secure sum's words
+ROW_CHUNK = 64  # rows rotated and rounded at once
+_SEED_LABEL = b"fedmask/sim/dp-rotation/"
+
+
+class SecureSum(Protocol):
+    """What a round needs of `models.sim.aggregation.SecureAggregator`: its
+    seed and its configs (per instance size, and per group of a cohort)."""
+
+    seed: int
+
+    def config(self, n: int, length: int, clip: float, *, cohort: int | None = None,
+               group: int | None = None) -> SecAggConfig: ...
+
+
+def rotation_seed(seed: int, round_idx: int) -> bytes:
+    """The round's public rotation seed (the simulator has no session id)."""
+    return _SEED_LABEL + f"{seed}/{round_idx}".encode()
+
+
+def round_mechanisms(dp: DPSettings, dim: int, groups: Sequence[Sequence[int]]) -> tuple[MechanismConfig, ...]:
+    """The mechanism of each group's devices: one scale and field for the
+    round, each group's shares calibrated to its size (distributed) or to
+    one device (local); see the module doc."""
+    devices = sum(len(g) for g in groups)
+    distributed = dp.mode == "distributed"
+    smallest = min(len(g) for g in groups)
+    base = calibrate(dim=dim, clip=dp.clip, noise_multiplier=dp.noise, devices=devices,
+                     shares=smallest if distributed else 1, bits=FIELD_BITS)
+    return tuple(with_shares(base, dp.noise, len(g)) if distributed else base for g in groups)
+
+
+def discrete_gaussian_round(
+    updates: torch.Tensor,
+    *,
+    dp: DPSettings,
+    groups: Sequence[Sequence[int]],
+    seed: int,
+    round_idx: int,
+    secure: SecureSum | None,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]]:
+    """One round of the (B, D) updates under the discrete Gaussian: (the
+    decoded sum of the clipped updates plus the counted shares' noise, the
+    rows' pre-clipping norms, the round's privacy entry, what the secure sum
+    did). `groups` lists the rows of each group and covers 0..B-1."""
+    B, dim = updates.shape
+    if sorted(r for g in groups for r in g) != list(range(B)):
+        raise ValueError(f"the groups must cover the {B} rows exactly once")
+    x = updates.detach().to("cpu", torch.float64).numpy()
+    configs = round_mechanisms(dp, dim, groups)
+    mech = configs[0]
+    key = rotation_seed(seed, round_idx)
+    rng = np.random.default_rng([seed, 88, round_idx])
+    group_of = np.empty(B, dtype=np.int64)
+    for j, g in enumerate(groups):
+        group_of[list(g)] = j
+    residues = np.empty((B, mech.padded_dim), dtype=np.uint32) if secure is not None else None
+    total = np.zeros(mech.padded_dim, dtype=np.int64)
+    for start in range(0, B, ROW_CHUNK):
+        rows = quantize(x[start:start + ROW_CHUNK], mech, key, rng)
+        for i, row in enumerate(rows, start=start):
+            share = fast_sampler.discrete_gaussian(rng, mech.padded_dim, configs[group_of[i]].sigma2)
+            noisy = modular.wrap(row + share, mech.bits)
+            if residues is not None:
+                residues[i] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
+            else:
+                total = modular.wrap(total + noisy, mech.bits)
+    secured: dict[str, Any] = {}
+    if residues is not None and secure is not None:
+        words, secured = secure_residue_sum(secure, residues, groups, round_idx=round_idx)
+        total = modular.from_unsigned(words, mech.bits)
+    decoded = decode_sum(total, mech, key)
+    norms = np.linalg.norm(x, axis=1)
+    entry = privacy_entry(dp, groups, configs)
+    clipped_sum = (x * np.minimum(1.0, dp.clip / np.maximum(norms, 1e-300))[:, None]).sum(axis=0)
+    entry["sum_noise_multiplier_measured"] = float(np.sqrt(np.mean((decoded - clipped_sum) ** 2)) / dp.clip)
+    entry["scale"] = mech.scale
+    entry["sensitivity_over_scaled_clip"] = mech.sensitivity / (mech.scale * mech.clip)
+    out = torch.as_tensor(decoded, dtype=updates.dtype, device=updates.device)
+    return out, torch.as_tensor(norms, dtype=updates.dtype, device=updates.device), entry, secured
+
+
+def privacy_entry(dp: DPSettings, groups: Sequence[Sequence[int]],
+                  configs: Sequence[MechanismConfig]) -> dict[str, Any]:
+    """The round's entry: each group's rho and multiplier for the devices it
+    counted (all; with local noise one device's share), the round's the
+    worst group's (largest rho: smallest multiplier)."""
+    rhos = [privacy_rho(cfg, len(g) if dp.mode == "distributed" else 1) for g, cfg in zip(groups, configs, strict=True)]
+    lines = [{"size": len(g), "counted": len(g), "rho": rho, "noise_multiplier": noise_multiplier_of(rho),
+              "sigma2": str(cfg.sigma2)} for g, cfg, rho in zip(groups, configs, rhos, strict=True)]
+    worst = max(rhos)
+    return {
+        "mode": dp.mode,
+        "mechanism": "discrete-gaussian",
+        "groups": lines,
+        "rho": worst,
+        "noise_multiplier": noise_multiplier_of(worst),
+        "sum_noise_multiplier_expected": dp.noise * math.sqrt(len(groups) if dp.mode == "distributed"
+                                                              else sum(len(g) for g in groups)),
+    }
+
+
+def secure_residue_sum(secure: SecureSum, residues: np.ndarray, groups: Sequence[Sequence[int]], *,
+                       round_idx: int) -> tuple[np.ndarray, dict[str, Any]]:
+    """The devices' residues summed by the in-process SecAgg(+) round (in
+    groups when there are several): the exact sum mod 2^32 and what the
+    round did. RuntimeError when a group aborts or the sum is not exact."""
+    from secagg.grouped_round import run_grouped_round
+    from secagg.inprocess import run_round
+
+    n, length = residues.shape
+    seed = secure.seed * 1_000_003 + round_idx
+    if len(groups) == 1:
+        cfg = secure.config(n, length, 1.0)
+        one = run_round(residues, config=cfg, round_idx=round_idx, seed=seed, wire=False)
+        ok, exact, words, counted, wall = one.ok, one.exact, one.encoded_sum, one.counted, one.wall_s
+        graph = cfg.describe()
+    else:
+        configs = [secure.config(len(g), length, 1.0, cohort=n, group=j) for j, g in enumerate(groups)]
+        many = run_grouped_round(residues, groups=groups, configs=configs, round_idx=round_idx, seed=seed, wire=False)
+        ok = many.ok and len(many.committed) == len(groups)
+        exact, words, counted, wall = many.exact, many.encoded_sum, many.counted, many.wall_s
+        graph = "; ".join(sorted({c.describe() for c in configs}))
+    if not ok or words is None or not exact:
+        raise RuntimeError(f"secure aggregation of the discrete Gaussian's residues failed in round {round_idx}")
+    return words, {"secagg_graph": graph, "secagg_groups": len(groups), "secagg_counted": len(counted),
+                   "secagg_exact": bool(exact), "secagg_wall_s": float(wall)}
+
+
+__all__ = ["discrete_gaussian_round", "privacy_entry", "round_mechanisms", "rotation_seed", "secure_residue_sum"]
