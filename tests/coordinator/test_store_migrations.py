@@ -184,10 +184,11 @@ def test_object_arrays_are_never_pickled() -> None:
         pack_parameters({"a/b": np.zeros(1)})
 
 
+@pytest.mark.parametrize("sql_url", ["postgresql"], indirect=True)  # SQLite serves one coordinator (D90)
 def test_replicas_starting_together_migrate_once(sql_url: str) -> None:
-    """Three coordinator replicas upgrading one empty database at once: all
-    succeed (on PostgreSQL they wait for each other; SQLite's writers
-    serialise anyway) and the schema is at head."""
+    """Three coordinator replicas upgrading one empty PostgreSQL database at
+    once: all succeed (they wait for each other on an advisory lock) and the
+    schema is at head."""
     import threading
 
     engines = [create_store_engine(sql_url) for _ in range(3)]
