@@ -48,12 +48,18 @@ from integration_harness import (
 pytestmark = [pytest.mark.slow]
 
 LEASE_S = 3.0
+#: Seconds between rounds. The tests stop the leader right after a commit,
+#: inside this pause: a leader stopped while its devices answer an
+#: unmasking request leaves them spent on that version (D85) without the
+#: store knowing it, which is a known gap (D90, "Known gap").
+ROUND_PAUSE_S = 3.0
 L = 32
 COMMON: dict[str, Any] = dict(
     model="synthetic", model_params={"vector_length": L}, cohort_size=6, cohort_minimum=4, over_selection=0.0,
     allow_consecutive=True, seed=1, selection_deadline=5, training_deadline=2, advertise_keys_deadline=5,
     share_keys_deadline=5, unmasking_deadline=5, masked_input_deadline=5, secagg_graph="full",
     secagg_threshold="majority", dp_mode="none", debug_record_sums=True, lease_seconds=LEASE_S,
+    round_pause=ROUND_PAUSE_S,
 )
 
 
@@ -107,19 +113,30 @@ def _elected_at(proc: Proc) -> float:
     return time.monotonic()
 
 
-@pytest.mark.timeout(240)
-def test_kill_the_leader_and_the_standby_takes_over(procs: Processes, tmp_path: Path, postgresql_url: str) -> None:
-    url, ports = postgresql_url, (free_port(), free_port())
+def _tier(procs: Processes, tmp_path: Path, url: str, rounds: int) -> tuple[tuple[int, int], Proc, Proc, list[Path],
+                                                                           list[Proc]]:
+    """Replica A leading, replica B its standby, two clients given both
+    addresses; returns once A committed `rounds` rounds."""
+    ports = (free_port(), free_port())
     a = _replica(procs, "replica-a", ports[0], url)
     wait_serving(ports[0], a)
     b = _replica(procs, "replica-b", ports[1], url)
     _standby(b, ports[1])
     dirs, clients = _clients(procs, tmp_path, ports)
-    wait_until(lambda: len(_committed(url)) >= 2, 90, what="2 rounds committed by the leader", watch=[a, b, *clients])
+    wait_until(lambda: len(_committed(url)) >= rounds, 90, what=f"{rounds} rounds committed by the leader",
+               watch=[a, b, *clients], step=0.05)
+    return ports, a, b, dirs, clients
+
+
+@pytest.mark.timeout(240)
+def test_kill_the_leader_and_the_standby_takes_over(procs: Processes, tmp_path: Path, postgresql_url: str) -> None:
+    url = postgresql_url
+    ports, a, b, dirs, clients = _tier(procs, tmp_path, url, 2)
 
     a.kill()
     killed = time.monotonic()
     before = len(_committed(url))
+    in_flight = [r.number for r in all_rounds(url) if not r.state.is_terminal]
     took = _elected_at(b) - killed
     assert took <= LEASE_S + 5.0, f"the standby took {took:.1f} s to lead (lease {LEASE_S} s)"
     wait_serving(ports[1], b)
@@ -129,20 +146,15 @@ def test_kill_the_leader_and_the_standby_takes_over(procs: Processes, tmp_path: 
 
     committed = _check_history(url, dirs)
     assert len(committed) >= before + 2
-    interrupted = [r for r in all_rounds(url) if r.state.value == "aborted"]
-    assert all(r.abort_reason in ("coordinator_restart", "coordinator_shutdown") or r.number > committed[before - 1].number
-               for r in interrupted)
+    by_number = {r.number: r for r in all_rounds(url)}
+    for number in in_flight:  # the round the dead leader was running: aborted by its successor, never committed
+        assert by_number[number].state.value == "aborted" and by_number[number].abort_reason == "coordinator_restart"
 
 
 @pytest.mark.timeout(240)
 def test_a_paused_leader_that_wakes_is_fenced_out(procs: Processes, tmp_path: Path, postgresql_url: str) -> None:
-    url, ports = postgresql_url, (free_port(), free_port())
-    a = _replica(procs, "replica-a", ports[0], url)
-    wait_serving(ports[0], a)
-    b = _replica(procs, "replica-b", ports[1], url)
-    _standby(b, ports[1])
-    dirs, clients = _clients(procs, tmp_path, ports)
-    wait_until(lambda: len(_committed(url)) >= 1, 90, what="a round committed by the leader", watch=[a, b, *clients])
+    url = postgresql_url
+    ports, a, b, dirs, clients = _tier(procs, tmp_path, url, 1)
 
     before = len(_committed(url))
     a.signal_group(signal.SIGSTOP)
