@@ -1,0 +1,96 @@
+"""One round's aggregation when the updates come as item rows (D89).
+
+- Plain mean (no DP, no SecAgg): `RowSum` adds every device's rows into the
+  float64 sum, row by row; no dense update exists. The dense path sums in
+  float64 too (`RunningSum`), so the two sums agree whatever the order.
+- DP without SecAgg: devices are clipped and noised `dense_chunk` at a time
+  (clip and noise act on a device's whole update: the noise is dense), and the
+  noised chunk is added to the float64 sum; a device's dense update exists
+  only while its chunk is aggregated.
+- SecAgg (with or without DP): the protocol runs over every device's dense,
+  encoded input at once (`secagg.inprocess.run_round`), so the cohort's dense
+  table is formed for it, as on the dense path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+
+from models.sim.aggregation import RunningSum, SecureAggregator, aggregate_round
+from models.sim.config import SimulationConfig
+from models.sparse import ItemRows
+
+
+class RowSum(RunningSum):
+    """The float64 sum of a round's updates, added as item rows."""
+
+    def add_rows(self, rows: ItemRows) -> None:
+        if rows.nnz:
+            self.total.view(-1, rows.width).index_add_(0, rows.items, rows.values.to(torch.float64))
+        self.count += rows.n_devices
+
+
+@dataclass
+class SparseUpdates:
+    """A round's updates kept as item rows, one `ItemRows` per trained chunk (DP, SecAgg)."""
+
+    n_items: int
+    dim: int
+    parts: list[ItemRows] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(p.n_devices for p in self.parts)
+
+    def dense_chunks(self, size: int) -> list[Callable[[], torch.Tensor]]:
+        """Makers of the dense (b, dim) updates of at most `size` devices each, in order."""
+        out: list[Callable[[], torch.Tensor]] = []
+        for part in self.parts:
+            for lo in range(0, part.n_devices, size):
+                hi = min(part.n_devices, lo + size)
+                out.append(partial(part.dense, self.n_items, lo, hi))
+        return out
+
+    def dense(self) -> torch.Tensor:
+        """The whole cohort's (B, dim) table (for SecAgg only)."""
+        return torch.cat([p.dense(self.n_items) for p in self.parts]) if self.parts else torch.zeros(0, self.dim)
+
+
+def aggregate_sparse(
+    upd: SparseUpdates,
+    *,
+    config: SimulationConfig,
+    secure: SecureAggregator | None,
+    dp_generator: torch.Generator,
+    dense_chunk: int,
+    round_idx: int,
+    rec: dict[str, Any],
+) -> torch.Tensor | None:
+    """The mean update of a round kept as rows (see the module doc); records what
+    it did in `rec` like `aggregate_round`."""
+
+    def no_indicator() -> torch.Tensor:
+        raise RuntimeError("no privacy indicator: the hybrid round is FedMMF's, which is trained densely")
+
+    if secure is not None or config.dp is None:
+        return aggregate_round(upd.dense(), config=config, secure=secure, dp_generator=dp_generator,
+                               cohort_J=no_indicator, round_idx=round_idx, rec=rec)  # fmt: skip
+    from models.privacy import privatize
+
+    dp = config.dp
+    total = RunningSum(upd.dim, dp_generator.device)
+    norms = []
+    for make in upd.dense_chunks(dense_chunk):
+        private, n = privatize(make(), clip=dp.clip, noise_multiplier=dp.noise, generator=dp_generator)
+        total.add(private)
+        norms.append(n)
+        del private
+    all_norms = torch.cat(norms) if norms else torch.zeros(0)
+    rec["update_norm_mean"] = float(all_norms.mean())
+    rec["clipped_fraction"] = float((all_norms > dp.clip).float().mean())
+    return total.mean()
