@@ -116,13 +116,13 @@ class FedMF(FedRAP, SparseTraining):
         n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
         inv_n = 1.0 / n_per
         u, bias = job.private["u"].clone(), job.private["b"].clone()
-        pos_key = flat.dev * m + flat.item
-        neg = self._sparse_negatives(job)
-        touched = torch.unique(torch.cat([pos_key, *(key for key, _ in neg)]))  # sorted: device-major
+        epochs = self._sparse_samples(job, flat.dev * m + flat.item)
+        touched, row_of = torch.unique(torch.cat([keys for keys, _ in epochs]), return_inverse=True)  # device-major
         A = torch.zeros(touched.numel(), k, device=C.device)
-        for neg_key, neg_count in neg:  # one full-batch step per epoch
-            keys = torch.cat([pos_key, neg_key])  # positives, then negatives by (device, item)
-            rows = torch.searchsorted(touched, keys)
+        start = 0
+        for keys, neg_count in epochs:  # one full-batch step per epoch
+            rows = row_of[start : start + keys.numel()]  # positives, then negatives by (device, item)
+            start += keys.numel()
             dev_s = torch.div(keys, m, rounding_mode="floor")
             emb = A.index_select(0, rows).mul_(-lr_i)  # the rows of C_i - C at the epoch's start
             emb += C.index_select(0, keys - dev_s * m)
@@ -141,22 +141,26 @@ class FedMF(FedRAP, SparseTraining):
             upd.div_(self.update_scale)
         return SparseResult(dense={"u": u, "b": bias}, rows=None, update=ItemRows.from_keys(touched, upd, nb, m))
 
-    def _sparse_negatives(self, job: LocalRound) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per epoch: the distinct (device * n_items + item) keys of the drawn negatives,
-        sorted, and how often each was drawn (the dense path's negative counts)."""
+    def _sparse_samples(self, job: LocalRound, pos_key: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per epoch: the keys (device * n_items + item) of its samples, the positives
+        first, then the distinct drawn negatives, sorted; and how often each negative
+        was drawn (the dense path's negative counts)."""
         m = self.n_items
         sampler = negative_sampler(job.data, m, self.n_neg)
         out = []
         for e in range(self.local_epochs):
             ndev, nitem = negative_samples(job.data, m, self.n_neg, negatives_stream(job.seed, job.round_idx, e), sampler)
             key, count = torch.unique(ndev * m + nitem, return_counts=True)
-            out.append((key, count))
+            out.append((torch.cat([pos_key, key]), count))
         return out
 
     def score_sparse(
         self, global_: GlobalState, view: SparseView, users: torch.Tensor, items: torch.Tensor
     ) -> torch.Tensor:
-        return self.score(global_, view.dense, users, items)
+        """`score` as one product with the whole table, then the items' columns: the
+        same sums (float32, another order) without gathering (B, K, k) rows."""
+        z = view.dense["u"] @ global_["C"].T
+        return z.gather(1, items) + view.dense["b"].unsqueeze(1)
 
     def touched_rows(self, lengths: torch.Tensor) -> torch.Tensor:
         return touched_with_negatives(lengths, self.n_items, self.n_neg * self.local_epochs)

@@ -224,24 +224,27 @@ class PFedRec(FederatedRecommender, SparseTraining):
     def score_sparse(
         self, global_: GlobalState, view: SparseView, users: torch.Tensor, items: torch.Tensor
     ) -> torch.Tensor:
-        """`score` on E_i = base E + W_i, gathering only the rows of `items`: each entry
-        is the base row, plus W_i's row where device i has one (the same float32 sum
-        E + W as the dense table holds)."""
-        nb, kk = items.shape
+        """`score` on E_i = base E + W_i: <E_j, w_i> for every item j as one product per
+        base (no (B, K, k) gather), plus <W_ij, w_i> on the rows device i has; the same
+        sums as the dense table's in another float32 order."""
+        nb = items.shape[0]
         dev = items.device
-        e = torch.empty(nb, kk, self.k, device=dev)
+        w = view.dense["w"]
+        z = torch.empty(nb, items.shape[1], device=dev)
         for v, base in enumerate(view.bases):
             sel = torch.nonzero(view.base_of == v).squeeze(1)
             if sel.numel():
-                e[sel] = base["E"][items.index_select(0, sel)]
+                z[sel] = (w.index_select(0, sel) @ base["E"].T).gather(1, items.index_select(0, sel))
         rows = view.rows
         if rows is not None and rows.nnz:
+            owner = rows.devices()
             slot = torch.full((nb * self.n_items,), -1, dtype=torch.int64, device=dev)
-            slot[rows.devices() * self.n_items + rows.items] = torch.arange(rows.nnz, device=dev)
+            slot[owner * self.n_items + rows.items] = torch.arange(rows.nnz, device=dev)
             at = slot.view(nb, self.n_items).gather(1, items)
             hit = at >= 0
-            e[hit] += rows.values.index_select(0, at[hit])
-        return self._score_rows(e, view.dense)
+            own = (rows.values * w.index_select(0, owner)).sum(1)  # <W_ij, w_i> of every row
+            z[hit] += own.index_select(0, at[hit])
+        return z + view.dense["b"].unsqueeze(1)
 
     def touched_rows(self, lengths: torch.Tensor) -> torch.Tensor:
         return touched_with_negatives(lengths, self.n_items, self.n_neg * self.local_epochs)

@@ -26,12 +26,16 @@ from models.sim.config import SimulationConfig
 from models.sparse import ItemRows
 
 
+ROW_STEP = 1 << 18  # rows converted to float64 at a time
+
+
 class RowSum(RunningSum):
     """The float64 sum of a round's updates, added as item rows."""
 
     def add_rows(self, rows: ItemRows) -> None:
-        if rows.nnz:
-            self.total.view(-1, rows.width).index_add_(0, rows.items, rows.values.to(torch.float64))
+        table = self.total.view(-1, rows.width) if rows.width else self.total.view(0, 0)
+        for s in range(0, rows.nnz, ROW_STEP):  # bounded float64 temporaries
+            table.index_add_(0, rows.items[s : s + ROW_STEP], rows.values[s : s + ROW_STEP].to(torch.float64))
         self.count += rows.n_devices
 
 
