@@ -15,8 +15,11 @@ the bytes of the global tensors the rows are relative to. What it predicts:
   round s, 1 <= s < r, is referred to while some device's last round is s, which
   for each device has probability q (1 - q)^(r-1-s); round 0's while some device
   has not trained since, probability (1 - q)^(r-1));
+- the chunk: the most devices whose training working set
+  (`SparseTraining.sparse_train_bytes`) fits the budget and CALL_BYTES (a call
+  that large is already fully vectorised; larger ones only cost memory);
 - the peak: the state after the last round, the global tensors, the training
-  working set of a chunk of devices (`SparseTraining.sparse_train_bytes`), the
+  working set of a chunk of devices, the
   round's sum (float64, update_dim) or, with DP or SecAgg, the cohort's updates
   as rows plus their dense form (a chunk of devices with DP; the whole cohort
   with SecAgg, which runs one protocol over every device's dense input), and the
@@ -35,6 +38,7 @@ from models.sparse import SparseTraining
 
 GARBAGE_SLACK = 1.0 / 32.0  # the blocks' garbage: between 0 and 1/16 of the live rows (models/sim/sparse_state.py)
 DENSE_CHUNK_MAX = 256  # devices whose dense updates are formed at once for DP
+CALL_BYTES = 1024**3  # training tensors of one local_update_sparse call, at most (unless --cohort-chunk)
 
 
 @dataclass(frozen=True)
@@ -166,9 +170,9 @@ def plan_sparse(
 
     if chunk is not None:
         size = min(chunk, cohort)
-    else:
-        free = budget - fixed - agg - work.train_max_device
-        size = cohort if work.train_per_device == 0 else max(0, min(cohort, free // work.train_per_device))
+    else:  # the most that fits, and at most CALL_BYTES of training tensors per call
+        free = min(budget - fixed - agg, CALL_BYTES) - work.train_max_device
+        size = cohort if work.train_per_device == 0 else max(1, min(cohort, free // work.train_per_device))
     if size < 1 or ram(size) > budget:
         raise MemoryBudgetError(
             f"this simulation needs about {gib(ram(max(size, 1)))} of memory with its private state kept "
