@@ -76,7 +76,15 @@ from models.sim.sparse_aggregation import SparseUpdates, aggregate_sparse
 from models.sim.sparse_plan import SparsePlan
 from models.sim.sparse_state import SparseTables
 from models.sim.sparse_training import init_sparse, plan_sparse_memory, sparse_model, train_sparse
-from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
+from models.sim.training import (
+    CohortRound,
+    Cohorts,
+    generators,
+    init_private,
+    plan_cohort_memory,
+    population_of,
+    train_cohort,
+)
 from models.sparse import SparseTraining
 
 if TYPE_CHECKING:
@@ -230,17 +238,16 @@ def _train_and_aggregate(
 ) -> torch.Tensor | None:
     """Round r's local training of the cohort `rows` (None: everyone) and the mean update."""
     s, tables, config = w.s, w.tables, w.config
+    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates)
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
-        upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, global_, tables, s.cohorts, rows,
-                             s.plan.chunk, r, config.seed, w.ev, keep_updates=w.keep_updates)  # fmt: skip
+        upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job)
         if isinstance(upd_s, SparseUpdates):
             return aggregate_sparse(upd_s, config=config, secure=w.secure, dp_generator=w.gens["dp"],
                                     dense_chunk=s.plan.dense_chunk, round_idx=r, rec=rec)  # fmt: skip
         return upd_s.mean()
     assert isinstance(tables, PrivateTables)
     tables.begin_round(covers_all=s.full_cohort)
-    upd = train_cohort(s.model, global_, tables, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev,
-                       keep_updates=w.keep_updates)  # fmt: skip
+    upd = train_cohort(s.model, tables, job)
 
     def cohort_J() -> torch.Tensor:
         return tables.take(rows)["J"]

@@ -173,6 +173,7 @@ def plan_sparse(
     else:  # the most that fits, and at most CALL_BYTES of training tensors per call
         free = min(budget - fixed - agg, CALL_BYTES) - work.train_max_device
         size = cohort if work.train_per_device == 0 else max(1, min(cohort, free // work.train_per_device))
+        size = -(-cohort // -(-cohort // size))  # as many calls, of even sizes
     if size < 1 or ram(size) > budget:
         raise MemoryBudgetError(
             f"this simulation needs about {gib(ram(max(size, 1)))} of memory with its private state kept "

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from models.base import FederatedRecommender, GlobalState, LocalRound
+from models.base import FederatedRecommender, GlobalState
 from models.registry import ConfigError
 from models.sim.config import MemorySettings, SimulationConfig
-from models.sim.events import SimulationEvents
 from models.sim.memory import BASELINE_BYTES, MemoryBudgetError, default_budget, resident_bytes
 from models.sim.sparse_aggregation import RowSum, SparseUpdates
 from models.sim.sparse_plan import SparsePlan, SparseWork, StateShape, plan_sparse
 from models.sim.sparse_state import SparseTables
-from models.sim.training import Cohorts
+from models.sim.training import CohortRound, Cohorts
 from models.sparse import SparseTraining
 
 
@@ -98,43 +97,32 @@ def init_sparse(
 
 
 def train_sparse(
-    model: SparseTraining,
-    update_dim: int,
-    n_items: int,
-    global_: GlobalState,
-    tables: SparseTables,
-    cohorts: Cohorts,
-    rows: torch.Tensor | None,
-    chunk: int,
-    round_idx: int,
-    seed: int,
-    ev: SimulationEvents,
-    *,
-    keep_updates: bool,
+    model: SparseTraining, update_dim: int, n_items: int, tables: SparseTables, job: CohortRound
 ) -> RowSum | SparseUpdates:
-    """Train the cohort (`rows` of the population; None: all) `chunk` devices at a
-    time, writing their state to `tables`. Returns the float64 sum of the updates
-    or, with DP or SecAgg (`keep_updates`), the updates as rows."""
-    n = cohorts.size if rows is None else int(rows.numel())
-    ids = torch.arange(n, device=cohorts.device) if rows is None else rows
+    """Train the cohort chunk by chunk, writing its state to `tables`. Returns the
+    float64 sum of the updates or, with DP or SecAgg (`job.keep_updates`), the
+    updates as rows."""
+    n = job.size
     out: RowSum | SparseUpdates = (
-        SparseUpdates(n_items, update_dim) if keep_updates else RowSum(update_dim, cohorts.device)
+        SparseUpdates(n_items, update_dim) if job.keep_updates else RowSum(update_dim, job.cohorts.device)
     )
-    for s in range(0, n, max(1, chunk)):
-        part = ids[s : s + chunk]
-        data = cohorts.get(part)
+    done = 0
+    for part in job.parts():
+        rows = torch.arange(n, device=job.cohorts.device) if part is None else part
+        data = job.cohorts.get(part)
         with torch.no_grad():
-            res = model.local_update_sparse(LocalRound(global_, tables.take(part), data, round_idx, seed))
+            res = model.local_update_sparse(job.local_round(tables.take(rows), data))
         upd = res.update
         b = int(data.users.shape[0])
         if upd.n_devices != b or upd.nnz * upd.width > b * update_dim or upd.width * n_items != update_dim:
             raise RuntimeError(f"local_update_sparse returned updates for {upd.n_devices} devices of width {upd.width}")
-        tables.put(part, res, round_idx, global_)
+        tables.put(rows, res, job.round_idx, job.global_)
         if isinstance(out, RowSum):
             out.add_rows(upd)
         else:
             out.parts.append(upd)
         del res, upd, data
-        if chunk < n:
-            ev.chunk_done(round_idx, min(n, s + chunk), n)
+        done += b
+        if job.chunk < n:
+            job.ev.chunk_done(job.round_idx, done, n)
     return out

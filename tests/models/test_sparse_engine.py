@@ -10,6 +10,7 @@ only; DP forms dense updates a chunk at a time."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import torch
 import models.sim.engine as engine
 from models.data.synthetic import synthetic
 from models.sim.engine import MemorySettings, SimulationConfig, load_global_state, simulate
+from models.sim.memory import PrivatePlacement
 from models.sim.sparse_state import GARBAGE_FRACTION, SparseTables
 from models.sparse import ItemRows, SparseResult
 
@@ -29,7 +31,7 @@ def x():
     return synthetic(120, 260, seed=11)
 
 
-def run(x, tmp: Path, private: str, **kw) -> tuple[dict, dict[str, np.ndarray]]:
+def run(x, tmp: Path, private: PrivatePlacement, **kw) -> tuple[dict, dict[str, np.ndarray]]:
     path = tmp / f"{private}.npz"
     cfg = SimulationConfig(**kw, save_global=str(path), threads=1)
     res = simulate(cfg, interactions=x, memory=MemorySettings(private=private))
@@ -104,6 +106,7 @@ def test_store_keeps_the_current_rows_and_bases_only() -> None:
                 oracle[d] = (r, {int(j): vals[t].tolist() for t, j in zip(range(a, b), upd.items[a:b].tolist(), strict=True)})
         store.end_round()
         view = store.view(torch.arange(n))
+        assert view.rows is not None
         for d in range(n):
             base, want = oracle[d]
             assert torch.equal(view.bases[int(view.base_of[d])]["E"], globals_[base]["E"])
@@ -161,7 +164,7 @@ def test_dp_forms_dense_updates_a_chunk_at_a_time(x, monkeypatch: pytest.MonkeyP
 
 
 def test_secagg_on_the_sparse_path_gives_the_plain_mean_up_to_fixed_point(x, tmp_path: Path) -> None:
-    kw = {"model": "pfedrec", "rounds": 2, "clients_per_round": 12, "params": {"k": 4}}
+    kw: dict[str, Any] = {"model": "pfedrec", "rounds": 2, "clients_per_round": 12, "params": {"k": 4}}
     _, plain = run(x, tmp_path, "sparse", **kw)
     path = tmp_path / "secagg.npz"
     res = simulate(SimulationConfig(**kw, secagg=True, save_global=str(path), threads=1), interactions=x,
