@@ -147,7 +147,7 @@ class SparseTables:
         """The devices' current rows become garbage; blocks left without live rows are freed."""
         old = self._block_of.index_select(0, rows)
         cnt = self._count.index_select(0, rows)
-        has = old >= 0
+        has = (old >= 0) & (cnt > 0)  # a device without rows may name a block already freed
         if not bool(has.any()):
             return
         blocks, inv = torch.unique(old[has], return_inverse=True)
