@@ -11,7 +11,10 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
    (`cohort_data`), the whole cohort at once or, when the memory plan says so
    (`models/sim/memory.py`, printed before training), chunk by chunk;
 3. `model.local_update` -> new private rows and the (B, update_dim) updates
-   (chunked: their running sum, or the whole table with DP or SecAgg);
+   (chunked: their running sum, or the whole table with DP or SecAgg); for
+   FedMF and PFedRec by default `local_update_sparse` -> only the rows each
+   device touched, kept in `models/sim/sparse_state.py` and summed row by row
+   (D89);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
    (`models/privacy.py`), on the device side, before aggregation;
 5. aggregate: the plain mean, or with `secagg` the real SecAgg(+) protocol run
@@ -33,12 +36,17 @@ sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
 of the best validation round is kept (its private tables are never written
-again: a round then writes the other buffer, `models/sim/private_tables.py`) and the test metrics are computed once, on that
-state, after training. Test numbers never influence anything.
+again: a round then writes the other buffer, `models/sim/private_tables.py`)
+and the test metrics are computed once, on that state, after training. A
+state kept sparsely is not kept twice: its test metrics are computed when a
+round becomes the best on validation, and reported at the end (D89). Test
+numbers never influence anything.
 
 The engine composes the simulator's parts, each a module of `models/sim/`:
 `config` (the settings), `training` (cohorts, private state, memory plan,
-local training), `aggregation` (one round's DP, SecAgg and hybrid mean),
+local training; `sparse_training`, `sparse_state`, `sparse_plan` and
+`sparse_aggregation` for a state kept sparsely), `aggregation` (one round's
+DP, SecAgg and hybrid mean),
 `evaluate`, `report` (the results document), `global_state` and `results`
 (the files written).
 """

@@ -68,7 +68,7 @@ def plan_sparse_memory(
         train_per_device=-(-model.sparse_train_bytes(lengths) // max(n, 1)),
         train_max_device=model.sparse_train_bytes(lengths.max().view(1)) if n else 0,
         update_rows_per_device=float(touched.mean()) * (8 + 4 * row_width) if n else 0.0,
-        eval_per_device=8 * update_dim + 40 * n_items,  # a device's gathered rows of every item, twice
+        eval_per_device=64 * n_items,  # per item: its id, score, row slot and masks of a full ranking
         keep_updates=config.secagg or config.dp is not None,
         secagg=config.secagg,
     )  # fmt: skip
