@@ -34,13 +34,16 @@ from typing import ClassVar, Literal, TypedDict
 import torch
 
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState
-from models.batched import flatten, randn
+from models.batched import flatten, negative_sampler, negative_samples, negatives_stream, randn
 from models.fedrap import FedRAP
 from models.keyed_random import check_seed, user_normal
+from models.sparse import ItemRows, SparseResult, SparseTraining, SparseView, touched_with_negatives
 
 
-class FedMF(FedRAP):
-    """Implicit FedMF (see the module docstring)."""
+class FedMF(FedRAP, SparseTraining):
+    """Implicit FedMF (see the module docstring). Its private state is u and b
+    only and its update is zero off the rows a device sampled, so the simulator
+    trains it on those rows (`local_update_sparse`, D89)."""
 
     name: ClassVar[str] = "fedmf"
     kind: ClassVar[Literal["implicit", "explicit"]] = "implicit"
@@ -95,6 +98,83 @@ class FedMF(FedRAP):
 
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
         return {}
+
+    # ------------------------------------------------------------ the sparse path (D89)
+
+    def init_dense(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
+        return self.init_private(data, global_, seed)
+
+    def local_update_sparse(self, job: LocalRound) -> SparseResult:
+        """FedRAP-C's `local_update` on the rows the cohort sampled: the same float32
+        operations, in the same order per device, as the dense path's BCE epochs, with
+        the accumulated item steps A kept for those rows only (A is zero elsewhere,
+        and the update is -lr_item A / update_scale)."""
+        m, k, flat = self.n_items, self.k, flatten(job.data)
+        nb, n_pos = flat.n_devices, int(flat.item.numel())
+        lr_u, lr_i, _ = self._lrs(job.round_idx)
+        C = job.global_["C"]
+        n_per = (flat.counts * (1 + self.n_neg)).clamp(min=1).to(torch.float32)
+        inv_n = 1.0 / n_per
+        u, bias = job.private["u"].clone(), job.private["b"].clone()
+        epochs = self._sparse_samples(job, flat.dev * m + flat.item)
+        touched, row_of = torch.unique(torch.cat([keys for keys, _ in epochs]), return_inverse=True)  # device-major
+        A = torch.zeros(touched.numel(), k, device=C.device)
+        start = 0
+        for keys, neg_count in epochs:  # one full-batch step per epoch
+            rows = row_of[start : start + keys.numel()]  # positives, then negatives by (device, item)
+            start += keys.numel()
+            dev_s = torch.div(keys, m, rounding_mode="floor")
+            emb = A.index_select(0, rows).mul_(-lr_i)  # the rows of C_i - C at the epoch's start
+            emb += C.index_select(0, keys - dev_s * m)
+            u_s = u.index_select(0, dev_s)
+            p = torch.sigmoid((emb * u_s).sum(1) + bias.index_select(0, dev_s))
+            g = torch.cat([p[:n_pos] - 1.0, p[n_pos:] * neg_count.to(torch.float32)])
+            grad_u = torch.zeros(nb, k, device=C.device).index_add_(0, dev_s, emb.mul_(g.unsqueeze(1)))
+            A.index_add_(0, rows, u_s.mul_(g.unsqueeze(1)))
+            g_dev = torch.zeros(nb, device=C.device).index_add_(0, dev_s, g)
+            if self.weight_decay_u > 0:
+                grad_u += self.weight_decay_u * u * n_per.unsqueeze(1)
+            u.sub_(grad_u * inv_n.unsqueeze(1), alpha=lr_u)
+            bias.sub_(g_dev * inv_n, alpha=lr_u)
+        upd = A.mul_(-lr_i)
+        if self.update_scale != 1.0:
+            upd.div_(self.update_scale)
+        return SparseResult(dense={"u": u, "b": bias}, rows=None, update=ItemRows.from_keys(touched, upd, nb, m))
+
+    def _sparse_samples(self, job: LocalRound, pos_key: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per epoch: the keys (device * n_items + item) of its samples, the positives
+        first, then the distinct drawn negatives, sorted; and how often each negative
+        was drawn (the dense path's negative counts)."""
+        m = self.n_items
+        sampler = negative_sampler(job.data, m, self.n_neg)
+        out = []
+        for e in range(self.local_epochs):
+            ndev, nitem = negative_samples(job.data, m, self.n_neg, negatives_stream(job.seed, job.round_idx, e), sampler)
+            key, count = torch.unique(ndev * m + nitem, return_counts=True)
+            out.append((torch.cat([pos_key, key]), count))
+        return out
+
+    def score_sparse(
+        self, global_: GlobalState, view: SparseView, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        """`score` as one product with the whole table, then the items' columns: the
+        same sums (float32, another order) without gathering (B, K, k) rows."""
+        z = view.dense["u"] @ global_["C"].T
+        return z.gather(1, items) + view.dense["b"].unsqueeze(1)
+
+    def touched_rows(self, lengths: torch.Tensor) -> torch.Tensor:
+        return touched_with_negatives(lengths, self.n_items, self.n_neg * self.local_epochs)
+
+    def sparse_train_bytes(self, lengths: torch.Tensor) -> int:
+        """Per epoch's samples: their keys, rows and devices (int64), the embedding, user and
+        gradient rows (k floats each) and a few scalars; all epochs' negatives are drawn
+        first (key and count, and the sampler's draw); A and the update (k floats per
+        touched row) and its key."""
+        k, ep = self.k, self.local_epochs
+        pos = int(lengths.sum())
+        samples, neg = pos * (1 + self.n_neg), pos * self.n_neg
+        touched = int(self.touched_rows(lengths).sum())
+        return samples * (3 * 8 + 3 * 4 * k + 24) + ep * neg * 24 + 3 * neg * 8 + touched * (8 * k + 16)
 
 
 class ExplicitMFParams(TypedDict, total=False):

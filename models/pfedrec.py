@@ -48,9 +48,11 @@ from models.batched import (
     within_device_index,
 )
 from models.keyed_random import check_seed, user_normal
+from models.pfedrec_sparse import Settings, pfedrec_sparse_round
+from models.sparse import ItemRows, SparseResult, SparseTraining, SparseView, touched_with_negatives
 
 
-class PFedRec(FederatedRecommender):
+class PFedRec(FederatedRecommender, SparseTraining):
     name: ClassVar[str] = "pfedrec"
     kind: ClassVar[Literal["implicit", "explicit"]] = "implicit"
 
@@ -94,11 +96,16 @@ class PFedRec(FederatedRecommender):
 
     def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         nb = int(data.users.shape[0])
+        return self.init_dense(data, global_, seed) | {
+            # before its first round a device scores with the global embedding it received
+            "E": global_["E"].unsqueeze(0).expand(nb, -1, -1).clone(),
+        }
+
+    def init_dense(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
+        nb = int(data.users.shape[0])
         return {
             "w": user_normal(check_seed(seed), 1, data.users, (self.k,), self.init_std_w),
             "b": torch.zeros(nb, device=data.users.device),
-            # before its first round a device scores with the global embedding it received
-            "E": global_["E"].unsqueeze(0).expand(nb, -1, -1).clone(),
         }
 
     def local_update(self, job: LocalRound) -> tuple[PrivateState, torch.Tensor]:
@@ -190,4 +197,63 @@ class PFedRec(FederatedRecommender):
     ) -> torch.Tensor:
         nb = items.shape[0]
         e = private["E"][torch.arange(nb, device=items.device).unsqueeze(1), items]
+        return self._score_rows(e, private)
+
+    @staticmethod
+    def _score_rows(e: torch.Tensor, private: PrivateState) -> torch.Tensor:
+        """Scores from the devices' item rows e (B, K, k) and score functions."""
         return torch.einsum("bkd,bd->bk", e, private["w"]) + private["b"].unsqueeze(1)
+
+    # ------------------------------------------------------------ the sparse path (D89)
+
+    #: E_i is the global E of the round device i last trained in plus its rows W_i = E_i - E
+    base_keys: ClassVar[tuple[str, ...]] = ("E",)
+
+    def local_update_sparse(self, job: LocalRound) -> SparseResult:
+        """`local_update` on the rows the cohort sampled (models/pfedrec_sparse.py). The
+        new private rows and the update are the same rows: W_i = E_i - E."""
+        check_seed(job.seed)
+        f = self.lr_decay**job.round_idx
+        settings = Settings(
+            n_items=self.n_items, k=self.k, local_epochs=self.local_epochs, batch_size=self.batch_size,
+            n_neg=self.n_neg, weight_decay=self.weight_decay, lr=self.lr * f, lr_item=self.lr_item * f,
+        )  # fmt: skip
+        dense, W = pfedrec_sparse_round(settings, job)
+        return SparseResult(dense=dense, rows=W, update=W)
+
+    def score_sparse(
+        self, global_: GlobalState, view: SparseView, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        """`score` on E_i = base E + W_i: <E_j, w_i> for every item j as one product per
+        base (no (B, K, k) gather), plus <W_ij, w_i> on the rows device i has; the same
+        sums as the dense table's in another float32 order."""
+        nb = items.shape[0]
+        dev = items.device
+        w = view.dense["w"]
+        z = torch.empty(nb, items.shape[1], device=dev)
+        for v, base in enumerate(view.bases):
+            sel = torch.nonzero(view.base_of == v).squeeze(1)
+            if sel.numel():
+                z[sel] = (w.index_select(0, sel) @ base["E"].T).gather(1, items.index_select(0, sel))
+        rows = view.rows
+        if rows is not None and rows.nnz:
+            owner = rows.devices()
+            slot = torch.full((nb * self.n_items,), -1, dtype=torch.int64, device=dev)
+            slot[owner * self.n_items + rows.items] = torch.arange(rows.nnz, device=dev)
+            at = slot.view(nb, self.n_items).gather(1, items)
+            hit = at >= 0
+            own = (rows.values * w.index_select(0, owner)).sum(1)  # <W_ij, w_i> of every row
+            z[hit] += own.index_select(0, at[hit])
+        return z + view.dense["b"].unsqueeze(1)
+
+    def touched_rows(self, lengths: torch.Tensor) -> torch.Tensor:
+        return touched_with_negatives(lengths, self.n_items, self.n_neg * self.local_epochs)
+
+    def sparse_train_bytes(self, lengths: torch.Tensor) -> int:
+        """Every epoch's samples are kept (device, item, label, batch: 8 bytes each, with
+        their sort keys and order: 40 more); per mini-batch step the batch's embedding and
+        gradient rows (k floats, three of them); W (k floats per touched row) and its key."""
+        k = self.k
+        samples = int(lengths.sum()) * (1 + self.n_neg)
+        touched = int(self.touched_rows(lengths).sum())
+        return self.local_epochs * samples * 72 + samples * (3 * 4 * k + 48) + touched * (4 * k + 16)

@@ -35,6 +35,7 @@ from fedmask.commands.simulate_options import (
     OutOption,
     ParamOption,
     PlaintextJBoundOption,
+    PlanOnlyOption,
     PlatformsOption,
     PrivateStateOption,
     QuietOption,
@@ -95,6 +96,7 @@ def simulate(
     ablate: AblateOption = None,
     ldp_scale: LdpScaleOption = None,
     ldp_clip: LdpClipOption = None,
+    plan_only: PlanOnlyOption = False,
 ) -> None:
     """Simulate a federation and write OUT/results.json and OUT/metrics.png.
 
@@ -102,7 +104,7 @@ def simulate(
     """
     from fedmask.commands.sim_progress import SimulationProgress
     from models.registry import ConfigError
-    from models.sim.engine import SimulationConfig, simulate as run_simulation
+    from models.sim.engine import SimulationConfig, plan_simulation, simulate as run_simulation
 
     if platforms is not None or model in ("freib", "central-mf"):
         _simulate_platforms(
@@ -112,7 +114,7 @@ def simulate(
             params=_parse_params(param or []), quiet=quiet, save_global=save_global, device=device, unsupported={
                 "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                 "--users": users, "--secagg-neighbors": secagg_neighbors, "--group-size": group_size,
-                "--plaintext-j-bound": plaintext_j_bound,
+                "--plaintext-j-bound": plaintext_j_bound, "--plan-only": True if plan_only else None,
             },
         )  # fmt: skip
         return
@@ -129,6 +131,11 @@ def simulate(
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
         )  # fmt: skip
         memory = _memory_settings(memory_gb, cohort_chunk, private_state, state_dir)
+        if plan_only:
+            from fedmask import console as cli_console
+
+            cli_console.out().print(plan_simulation(cfg, memory=memory), markup=False, highlight=False)
+            return
         with SimulationProgress(model, quiet=quiet) as events:
             results = run_simulation(cfg, memory=memory, events=events)
     _report_devices(results, out, dp_delta)
@@ -182,9 +189,9 @@ def _memory_settings(
     from models.sim.engine import MemorySettings
     from models.sim.memory import PrivatePlacement
 
-    placements: dict[str, PrivatePlacement] = {"auto": "auto", "memory": "memory", "disk": "disk"}
+    placements: dict[str, PrivatePlacement] = {"auto": "auto", "memory": "memory", "disk": "disk", "sparse": "sparse"}
     if private_state not in placements:
-        raise ConfigError(f"--private-state must be auto, memory or disk, not {private_state!r}")
+        raise ConfigError(f"--private-state must be auto, sparse, memory or disk, not {private_state!r}")
     return MemorySettings(budget_gb=memory_gb, cohort_chunk=cohort_chunk, private=placements[private_state],
                           state_dir=_str_or_none(state_dir))
 

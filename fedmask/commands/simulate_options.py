@@ -175,7 +175,20 @@ CohortChunkOption = Annotated[
     ),
 ]
 PrivateStateOption = Annotated[
-    str, typer.Option(help="Where the devices' private state lives: auto (RAM if it fits), memory or disk.")
+    str,
+    typer.Option(
+        help="How the devices' private state is kept: auto (sparse for fedmf and pfedrec, implicit: only the "
+        "rows each device touched; otherwise RAM if it fits, else disk), sparse, memory (dense tables in RAM) "
+        "or disk (dense tables in memory-mapped files)."
+    ),
+]
+PlanOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        "--plan-only",
+        help="Print the memory plan and the private state's expected bytes as a function of rounds, then "
+        "stop without training.",
+    ),
 ]
 StateDirOption = Annotated[
     Path | None,

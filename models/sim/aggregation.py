@@ -271,4 +271,5 @@ def aggregate_round(
         rec.update(secure.last)
         rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
         return mean
-    return upd.mean(0)
+    # summed in float64 like a chunked round's RunningSum: the mean does not depend on the order or chunking
+    return (upd.sum(0, dtype=torch.float64) / max(int(upd.shape[0]), 1)).to(upd.dtype)

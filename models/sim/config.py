@@ -163,9 +163,10 @@ class DPSettings:
 class MemorySettings:
     """How the simulator may use memory (models/sim/memory.py). None of these
     changes what is computed: a chunked run reaches the same global model as an
-    unchunked one up to float32 summation order (tests/models/test_engine_memory.py)."""
+    unchunked one up to float32 summation order (tests/models/test_engine_memory.py),
+    and so does a state kept sparsely (D89, tests/models/test_sparse_engine.py)."""
 
     budget_gb: float | None = None  # None: 90 % of the memory available at the start
     cohort_chunk: int | None = None  # devices per local_update call; None: the largest that fits
-    private: PrivatePlacement = "auto"  # where the population's private state lives
+    private: PrivatePlacement = "auto"  # how the population's private state is kept (sparse: D89)
     state_dir: str | None = None  # folder of the memory-mapped private state (None: the temporary directory)

@@ -11,7 +11,10 @@ an edge client runs (`models/base.py`), stacked over the cohort. Each round:
    (`cohort_data`), the whole cohort at once or, when the memory plan says so
    (`models/sim/memory.py`, printed before training), chunk by chunk;
 3. `model.local_update` -> new private rows and the (B, update_dim) updates
-   (chunked: their running sum, or the whole table with DP or SecAgg);
+   (chunked: their running sum, or the whole table with DP or SecAgg); for
+   FedMF and PFedRec by default `local_update_sparse` -> only the rows each
+   device touched, kept in `models/sim/sparse_state.py` and summed row by row
+   (D89);
 4. optionally clip every update to L2 norm tau and add N(0, (z tau)^2) noise
    (`models/privacy.py`), on the device side, before aggregation (distributed
    mode: 1/|g| of that variance, g the device's secure-aggregation group;
@@ -38,13 +41,18 @@ sampling and DP noise use their own seeded generators.
 
 Model selection uses validation only: the state (global + all private rows)
 of the best validation round is kept (its private tables are never written
-again: a round then writes the other buffer, `models/sim/private_tables.py`) and the test metrics are computed once, on that
-state, after training. Test numbers never influence anything.
+again: a round then writes the other buffer, `models/sim/private_tables.py`)
+and the test metrics are computed once, on that state, after training. A
+state kept sparsely is not kept twice: its test metrics are computed when a
+round becomes the best on validation, and reported at the end (D89). Test
+numbers never influence anything.
 
 The engine composes the simulator's parts, each a module of `models/sim/`:
 `config` (the settings), `training` (cohorts, private state, memory plan,
-local training), `aggregation` (one round's DP, SecAgg and hybrid mean),
-`dp_groups` (DP per secure-aggregation group and the privacy ledger),
+local training; `sparse_training`, `sparse_state`, `sparse_plan` and
+`sparse_aggregation` for a state kept sparsely), `aggregation` (one round's
+DP, SecAgg and hybrid mean), `dp_groups` (DP per secure-aggregation group and
+the privacy ledger),
 `evaluate`, `report` (the results document), `global_state` and `results`
 (the files written).
 """
@@ -74,14 +82,28 @@ from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
 from models.sim.events import SimulationEvents, close_round
 from models.sim.global_state import load_global_state, save_global_state
-from models.sim.memory import MemoryPlan
-from models.sim.private_tables import PrivateTables
+from models.sim.memory import MemoryPlan, gib, peak_resident_bytes
+from models.sim.private_tables import PrivateTables, Which
 from models.sim.report import results_document, selection_key
 from models.sim.results import write_results
+from models.sim.sparse_aggregation import SparseUpdates, aggregate_sparse
+from models.sim.sparse_plan import SparsePlan
+from models.sim.sparse_state import SparseTables
+from models.sim.sparse_training import init_sparse, plan_sparse_memory, sparse_model, train_sparse
 from models.sim.threads import explicit_threads, machine_threads
-from models.sim.training import Cohorts, generators, init_private, plan_cohort_memory, population_of, train_cohort
+from models.sim.training import (
+    CohortRound,
+    Cohorts,
+    generators,
+    init_private,
+    plan_cohort_memory,
+    population_of,
+    train_cohort,
+)
+from models.sparse import SparseTraining
 
 if TYPE_CHECKING:
+    from models.evaluation import EvalSplit
     from models.sim.dp_groups import PrivacyLedger
 
 #: the simulator's name for the catalogue's one configuration error (the same class)
@@ -97,6 +119,7 @@ __all__ = [
     "SimulationEvents",
     "evaluate_state",
     "load_global_state",
+    "plan_simulation",
     "save_global_state",
     "simulate",
     "write_results",
@@ -105,7 +128,8 @@ __all__ = [
 
 @dataclass
 class _Setup:
-    """What a simulation has built before its first round."""
+    """What a simulation has built before its first round (`tables` is None until
+    `_init_tables`)."""
 
     explicit: bool
     rounds: int
@@ -116,8 +140,9 @@ class _Setup:
     model: FederatedRecommender
     cohorts: Cohorts
     global_: GlobalState
-    plan: MemoryPlan
-    tables: PrivateTables
+    plan: MemoryPlan | SparsePlan
+    sparse: SparseTraining | None  # the model's sparse path when the state is kept sparsely (D89)
+    tables: PrivateTables | SparseTables | None = None
 
     @property
     def full_cohort(self) -> bool:
@@ -132,8 +157,8 @@ def _prepare(
     ev: SimulationEvents,
     device: torch.device,
 ) -> _Setup:
-    """Data, population, model, initial global and private state, memory plan
-    (reported through `ev.note`); ConfigError for settings the data refuses."""
+    """Data, population, model, initial global state and memory plan (reported
+    through `ev.note`); ConfigError for settings the data refuses."""
     rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
     x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
     split = make_split(x, explicit, config.seed)
@@ -156,12 +181,47 @@ def _prepare(
     cohorts = Cohorts(split, population, device)
     with torch.no_grad():
         global_ = {k: v.to(device) for k, v in model.init_global(global_init_generator(config.seed)).items()}
-    plan = plan_cohort_memory(
-        model, cohorts, global_, mem, n_pop=n_pop, n_items=split.n_items, cohort=cohort_size, config=config
-    )
+    sparse = sparse_model(model, mem)
+    plan: MemoryPlan | SparsePlan
+    if sparse is not None:
+        plan = plan_sparse_memory(sparse, model.update_dim, cohorts, global_, mem, n_items=split.n_items,
+                                  cohort=cohort_size, rounds=rounds, config=config)  # fmt: skip
+    else:
+        plan = plan_cohort_memory(
+            model, cohorts, global_, mem, n_pop=n_pop, n_items=split.n_items, cohort=cohort_size, config=config
+        )
     ev.note(plan.describe())
-    tables = init_private(model, cohorts, global_, plan, mem, config.seed, ev)
-    return _Setup(explicit, rounds, x.name, split, population, cohort_size, model, cohorts, global_, plan, tables)
+    return _Setup(explicit, rounds, x.name, split, population, cohort_size, model, cohorts, global_, plan, sparse)
+
+
+def _init_tables(s: _Setup, mem: MemorySettings, seed: int, ev: SimulationEvents) -> PrivateTables | SparseTables:
+    """The population's initial private state, as the plan says."""
+    if s.sparse is not None and isinstance(s.plan, SparsePlan):
+        s.tables = init_sparse(s.sparse, s.cohorts, s.global_, s.plan, seed)
+    elif isinstance(s.plan, MemoryPlan):
+        s.tables = init_private(s.model, s.cohorts, s.global_, s.plan, mem, seed, ev)
+    assert s.tables is not None
+    return s.tables
+
+
+def plan_simulation(
+    config: SimulationConfig,
+    *,
+    interactions: Interactions | None = None,
+    memory: MemorySettings | None = None,
+) -> str:
+    """`fedmask simulate --plan-only`: the memory plan and the private state's bytes
+    as a function of rounds, without training (ConfigError as `simulate`)."""
+    explicit = model_is_explicit(config.model, config.explicit)
+    device = resolve_device(config.device, SimulationConfigError)
+    s = _prepare(config, explicit, interactions, memory or MemorySettings(), SimulationEvents(), device)
+    if isinstance(s.plan, SparsePlan):
+        return s.plan.describe() + "\n" + s.plan.table()
+    one = s.plan.private_bytes
+    return (
+        s.plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, up to "
+        f"{2 * one:,d} ({gib(2 * one)}) while an earlier round is kept as the best"
+    )
 
 
 def _ledger(dp: DPSettings | None, sampling_rate: float) -> PrivacyLedger | None:
@@ -172,6 +232,75 @@ def _ledger(dp: DPSettings | None, sampling_rate: float) -> PrivacyLedger | None
     from models.sim.dp_groups import PrivacyLedger
 
     return PrivacyLedger(dp, sampling_rate)
+
+
+@dataclass
+class _Round:
+    """What every round of one simulation shares."""
+
+    s: _Setup
+    tables: PrivateTables | SparseTables
+    config: SimulationConfig
+    ev: SimulationEvents
+    gens: dict[str, torch.Generator]
+    secure: SecureAggregator | None
+    keep_updates: bool
+
+
+def _train_and_aggregate(
+    w: _Round, global_: GlobalState, rows: torch.Tensor | None, r: int, rec: dict[str, Any]
+) -> torch.Tensor | None:
+    """Round r's local training of the cohort `rows` (None: everyone) and the mean update."""
+    s, tables, config = w.s, w.tables, w.config
+    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates)
+    if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
+        upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job)
+        if isinstance(upd_s, SparseUpdates):
+            return aggregate_sparse(upd_s, config=config, secure=w.secure, dp_generator=w.gens["dp"],
+                                    dense_chunk=s.plan.dense_chunk, round_idx=r, rec=rec)  # fmt: skip
+        return upd_s.mean()
+    assert isinstance(tables, PrivateTables)
+    tables.begin_round(covers_all=s.full_cohort)
+    upd = train_cohort(s.model, tables, job)
+
+    def cohort_J() -> torch.Tensor:
+        return tables.take(rows)["J"]
+
+    return aggregate_round(upd, config=config, secure=w.secure, dp_generator=w.gens["dp"], cohort_J=cohort_J,
+                           round_idx=r, rec=rec)  # fmt: skip
+
+
+def _evaluate(
+    s: _Setup, tables: PrivateTables | SparseTables, global_: GlobalState, stage: EvalSplit, *, full: bool,
+    which: Which = "current", population: np.ndarray | None,
+) -> dict[str, float]:
+    """Validation or test metrics of the current (or kept best) state."""
+    device = s.cohorts.device
+    if isinstance(tables, SparseTables):
+        assert s.sparse is not None
+        return evaluate_state(s.model, global_, tables.take, s.split, stage, full=full, placebo=stage == "test",
+                              device=device, population=population, score_rows=tables.scorer(s.sparse, global_))  # fmt: skip
+
+    def take(rows: torch.Tensor) -> PrivateState:
+        return tables.take(rows, which)
+
+    return evaluate_state(s.model, global_, take, s.split, stage, full=full, placebo=stage == "test", device=device,
+                          population=population)  # fmt: skip
+
+
+def _reach_best(
+    best: dict[str, Any], s: _Setup, tables: PrivateTables | SparseTables, global_: GlobalState,
+    population: np.ndarray | None,
+) -> None:
+    """The state after this round is the best so far: keep it (dense tables: never
+    written again, copy on write) or, kept sparsely, test it now (D89: the test
+    figures never influence anything, and no second private state is kept)."""
+    best["global"] = global_  # new tensors every round: safe by reference
+    if isinstance(tables, SparseTables):
+        best["test"] = _evaluate(s, tables, global_, "test", full=True, population=population)
+        best["summary"] = s.model.summary(global_, tables.table())
+    else:
+        tables.keep_best()
 
 
 def simulate(
@@ -186,7 +315,8 @@ def simulate(
 
     The memory plan is made before training (MemoryBudgetError, a
     SimulationConfigError, when `memory`'s budget cannot be met) and reported
-    through `events.note` and the results' "memory" block."""
+    through `events.note` and the results' "memory" block, with the measured
+    peak resident memory and the private state's peak bytes (RAM and disk)."""
     t_start = time.perf_counter()
     mem = memory or MemorySettings()
     ev = events or SimulationEvents()
@@ -196,20 +326,24 @@ def simulate(
     torch.set_num_threads(threads.count)
     ev.note(f"threads: {threads.count} ({threads.reason})")
     s = _prepare(config, explicit, interactions, mem, ev, device)
-    model, tables, global_, rounds, n_pop = s.model, s.tables, s.global_, s.rounds, len(s.population)
+    tables = _init_tables(s, mem, config.seed, ev)
+    model, global_, rounds, n_pop = s.model, s.global_, s.rounds, len(s.population)
     pop_arg = None if config.users is None else s.population  # evaluation over the population only
     gens = generators(config.seed, device)
     ledger = _ledger(config.dp, s.cohort_size / n_pop)
     secure = (SecureAggregator(seed=config.seed, neighbors=config.neighbors, group_size=config.secagg_group_size)
               if config.secagg else None)  # fmt: skip
     keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
+    work = _Round(s, tables, config, ev, gens, secure, keep_updates)
     sel_key, sel_sign = selection_key(explicit)
-    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None}
+    # the best validation round; on the sparse path its test figures are computed when
+    # it is reached (D89): they never influence anything, and no second state is kept
+    best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "test": None, "summary": None}
     records: list[dict[str, Any]] = []
     diverged_at: int | None = None
     t_setup = time.perf_counter() - t_start
     ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {s.split.n_items} items, {s.cohort_size} devices per round")
-    disk_peak = tables.disk_bytes()
+    disk_peak, state_peak = tables.disk_bytes(), tables.nbytes()
 
     try:
         for r in range(rounds):
@@ -219,40 +353,28 @@ def simulate(
             if not s.full_cohort:
                 perm = torch.randperm(n_pop, generator=gens["cohort"], device=gens["cohort"].device)
                 rows = perm[: s.cohort_size].sort().values.to(device)
-            tables.begin_round(covers_all=s.full_cohort)
-            upd = train_cohort(model, global_, tables, s.cohorts, rows, s.plan.chunk, r, config.seed, ev,
-                               keep_updates=keep_updates)  # fmt: skip
             rec: dict[str, Any] = {"round": r}
-
-            def cohort_J(rows: torch.Tensor | None = rows) -> torch.Tensor:
-                return tables.take(rows)["J"]
-
-            mean = aggregate_round(upd, config=config, secure=secure, dp_generator=gens["dp"], cohort_J=cohort_J,
-                                   round_idx=r, rec=rec)  # fmt: skip
+            mean = _train_and_aggregate(work, global_, rows, r, rec)
             if ledger is not None:  # the round's entry: one line per group, the round's epsilon
                 rec["dp"] = ledger.add(rec.get("dp"))
             if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
                 global_ = model.apply_mean_update(global_, mean, r)
             tables.end_round()
-            del upd
             rec["train_seconds"] = time.perf_counter() - t0
 
             t1 = time.perf_counter()
             if (r + 1) % config.eval_every == 0 or r == rounds - 1:
-                val = evaluate_state(
-                    model, global_, tables.take, s.split, "val", full=config.full_val, placebo=False, device=device,
-                    population=pop_arg,
-                )
+                val = _evaluate(s, tables, global_, "val", full=config.full_val, population=pop_arg)
                 rec["val"] = val
                 v = sel_sign * val.get(sel_key, math.nan)
                 if math.isfinite(v) and v > best["value"]:
                     best.update(round=r, value=v)
-                    best["global"] = global_  # new tensors every round: safe by reference
-                    tables.keep_best()  # never written again (copy on write)
+                    _reach_best(best, s, tables, global_, pop_arg)
             rec["eval_seconds"] = time.perf_counter() - t1
             rec.update(model.summary(global_, tables.table()))  # e.g. FedRAP's sparsity of C
             tables.release()
             disk_peak = max(disk_peak, tables.disk_bytes())
+            state_peak = max(state_peak, tables.nbytes())
             rec["seconds"] = time.perf_counter() - t0
             if close_round(rec, records, best["round"], global_, rounds, ev, on_round):
                 diverged_at = r
@@ -265,28 +387,23 @@ def simulate(
             saved_global = str(save_global_state(global_, config.save_global, round_=last_round, seed=config.seed))
         if best["round"] is None:  # every validation value was NaN: fall back to the last round
             best["round"] = last_round
-            best["global"] = global_
-            tables.keep_best()
-
-        def take_best(rows: torch.Tensor) -> PrivateState:
-            return tables.take(rows, "best")
-
-        test = evaluate_state(
-            model, best["global"], take_best, s.split, "test", full=True, placebo=True, device=device,
-            population=pop_arg,
-        )
-        summary_best = model.summary(best["global"], tables.table("best"))
+            _reach_best(best, s, tables, global_, pop_arg)
+        if isinstance(tables, PrivateTables):  # the kept best state, tested once, now
+            best["test"] = _evaluate(s, tables, best["global"], "test", full=True, which="best", population=pop_arg)
+            best["summary"] = model.summary(best["global"], tables.table("best"))
         tables.release()
     finally:
         tables.close()
     seconds_total = time.perf_counter() - t_start
+    memory_block = s.plan.as_dict() | {"disk_bytes_peak": disk_peak, "private_state_bytes_peak": state_peak,
+                                       "peak_rss_bytes": peak_resident_bytes()}  # fmt: skip
     return results_document(
         config, dataset=s.dataset, explicit=explicit, n_users=s.split.n_users, n_items=s.split.n_items,
         cohort_size=s.cohort_size, population=n_pop, model=model, rounds=rounds, records=records,
-        best_round=best["round"], test=test, summary_best=summary_best,
+        best_round=best["round"], test=best["test"], summary_best=best["summary"],
         timing={"seconds_total": seconds_total, "seconds_setup": t_setup,
                 "seconds_training": t_train_end - t_start - t_setup},
-        memory=s.plan.as_dict() | {"disk_bytes_peak": disk_peak}, device=device, saved_global=saved_global,
+        memory=memory_block, device=device, saved_global=saved_global,
         diverged_at=diverged_at, epsilon=ledger.epsilon() if ledger is not None else math.inf,
         threads=threads.as_dict(),
         epsilon_amplified=ledger.epsilon_poisson_amplified() if ledger is not None else None,

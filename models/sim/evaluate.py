@@ -31,11 +31,14 @@ def evaluate_state(
     placebo: bool,
     device: torch.device,
     population: np.ndarray | None = None,
+    score_rows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Metrics of the devices of `population` (dense user ids; row i of
     the private state is user population[i]; None: every user, row = user id).
     `private`: the state itself or a function taking its rows
-    (`PrivateTables.take`), so it may live on disk."""
+    (`PrivateTables.take`), so it may live on disk. `score_rows(rows, users,
+    items)`, when given, scores instead of `model.score` (a state kept
+    sparsely, `SparseTables.scorer`)."""
     from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
 
     take = private if callable(private) else partial(take_rows, private)
@@ -47,6 +50,8 @@ def evaluate_state(
 
     def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         rows = users if row_of is None else row_of[users]
+        if score_rows is not None:
+            return score_rows(rows, users, items)
         return model.score(global_, take(rows), users, items)
 
     # an accelerator scores larger batches (fewer launches); the sums do not depend on the batching

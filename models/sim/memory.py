@@ -35,7 +35,8 @@ EVAL_BATCH = 256  # users per evaluation batch (models/evaluation.py)
 IO_STEP_BYTES = 128 * 1024**2  # mapped pages one disk access holds (models/sim/private_tables.py)
 SECAGG_BYTES_PER_COORD = 24  # the in-process SecAgg round: float64 input, uint32 encoding, masks, sums
 
-PrivatePlacement = Literal["auto", "memory", "disk"]
+#: auto: sparse for a model with a sparse path (D89), else RAM if it fits, else disk
+PrivatePlacement = Literal["auto", "memory", "disk", "sparse"]
 
 
 class MemoryBudgetError(ValueError):
@@ -108,6 +109,7 @@ class MemoryPlan:
     disk_estimate: int  # bytes of memory-mapped private state (at most)
     unchunked_estimate: int  # bytes, the whole cohort at once with private state in RAM
     baseline: int  # bytes resident when the plan was made
+    private_bytes: int = 0  # the population's private state, one buffer
 
     @property
     def chunked(self) -> bool:
@@ -195,6 +197,7 @@ def plan_memory(
         disk_estimate=disk,
         unchunked_estimate=unchunked,
         baseline=fp.baseline,
+        private_bytes=fp.private_total,
     )
 
 
@@ -211,6 +214,18 @@ def default_budget() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.9)
     except (ValueError, OSError, AttributeError):
         return 8 * GIB
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far (Linux VmHWM; 0 elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def resident_bytes() -> int:

@@ -117,6 +117,12 @@ class PrivateTables:
     def on_disk_folder(self) -> Path | None:
         return self._folder
 
+    def nbytes(self) -> int:
+        """Bytes the private state holds now: its buffers in RAM plus its files on disk."""
+        if self._folder is not None:
+            return self.disk_bytes()
+        return sum(v.numel() * v.element_size() for buf in self._bufs if buf is not None for v in buf.values())
+
     def disk_bytes(self) -> int:
         """Bytes the mapped files occupy on disk now (allocated blocks)."""
         if self._folder is None:

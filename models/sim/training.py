@@ -5,12 +5,13 @@ local training of a cohort chunk by chunk."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, take_cohort
+from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
 from models.sim.aggregation import RunningSum
@@ -63,36 +64,49 @@ def generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
     return out
 
 
-def train_cohort(
-    model: FederatedRecommender,
-    global_: GlobalState,
-    tables: PrivateTables,
-    cohorts: Cohorts,
-    rows: torch.Tensor | None,
-    chunk: int,
-    round_idx: int,
-    seed: int,
-    ev: SimulationEvents,
-    *,
-    keep_updates: bool,
-) -> torch.Tensor | RunningSum:
-    """Train the cohort (`rows` of the population; None: all) `chunk` devices at
-    a time, writing the new private rows to `tables`. Returns the (B, update_dim)
-    updates, or only their running sum when the round is chunked and
-    `keep_updates` is false (the plain mean: no DP, no SecAgg)."""
-    n = cohorts.size if rows is None else int(rows.numel())
-    dim = model.update_dim
-    if chunk >= n:  # one local_update call (rows None: the whole population, by reference in RAM)
-        parts = [rows]
-    else:
-        ids = torch.arange(n, device=cohorts.device) if rows is None else rows
-        parts = [ids[s : s + chunk] for s in range(0, n, chunk)]
+@dataclass(frozen=True)
+class CohortRound:
+    """One round's local training job: the cohort (`rows` of the population; None:
+    all) trained `chunk` devices at a time from the round's global state.
+    `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum."""
+
+    global_: GlobalState
+    cohorts: Cohorts
+    rows: torch.Tensor | None
+    chunk: int
+    round_idx: int
+    seed: int
+    ev: SimulationEvents
+    keep_updates: bool
+
+    @property
+    def size(self) -> int:
+        return self.cohorts.size if self.rows is None else int(self.rows.numel())
+
+    def parts(self) -> list[torch.Tensor | None]:
+        """The chunks' population rows (one None: the whole population at once)."""
+        n = self.size
+        if self.chunk >= n:
+            return [self.rows]
+        ids = torch.arange(n, device=self.cohorts.device) if self.rows is None else self.rows
+        return [ids[s : s + self.chunk] for s in range(0, n, self.chunk)]
+
+    def local_round(self, private: PrivateState, data: CohortData) -> LocalRound:
+        return LocalRound(self.global_, private, data, self.round_idx, self.seed)
+
+
+def train_cohort(model: FederatedRecommender, tables: PrivateTables, job: CohortRound) -> torch.Tensor | RunningSum:
+    """Train the cohort chunk by chunk, writing the new private rows to `tables`.
+    Returns the (B, update_dim) updates, or only their running sum when the round
+    is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg)."""
+    n, dim = job.size, model.update_dim
+    parts = job.parts()  # one part: one local_update call (None: the whole population, by reference in RAM)
     out: torch.Tensor | RunningSum | None = None
     done = 0
     for part in parts:
-        data = cohorts.get(part)
+        data = job.cohorts.get(part)
         with torch.no_grad():
-            new_priv, upd = model.local_update(LocalRound(global_, tables.take(part), data, round_idx, seed))
+            new_priv, upd = model.local_update(job.local_round(tables.take(part), data))
         b = int(data.users.shape[0])
         if upd.shape != (b, dim):
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
@@ -101,14 +115,14 @@ def train_cohort(
         if len(parts) == 1:
             return upd
         if out is None:
-            out = torch.empty(n, dim, device=upd.device) if keep_updates else RunningSum(dim, upd.device)
+            out = torch.empty(n, dim, device=upd.device) if job.keep_updates else RunningSum(dim, upd.device)
         if isinstance(out, RunningSum):
             out.add(upd)
         else:
             out[done : done + b] = upd
         done += b
         del upd, data  # not alive during the next chunk's local_update (the plan counts one chunk)
-        ev.chunk_done(round_idx, done, n)
+        job.ev.chunk_done(job.round_idx, done, n)
     assert out is not None
     return out
 

@@ -33,8 +33,9 @@ def strip_times(res: dict) -> dict:
     out.pop("threads")  # the thread count is read from the machine's load (models/sim/threads.py): speed only
     # the default budget follows the machine's available memory, and the plan's
     # baseline (and the estimates built on it) is the resident memory measured
-    # when planning, which the earlier tests of the same process move
-    for key in ("budget", "baseline", "ram_estimate", "unchunked_estimate"):
+    # when planning, which the earlier tests of the same process move; the peak resident
+    # memory is measured, like the seconds
+    for key in ("budget", "baseline", "ram_estimate", "unchunked_estimate", "peak_rss_bytes"):
         out["memory"].pop(key)
     for rec in out["rounds"]:
         for key in ("seconds", "train_seconds", "eval_seconds"):
@@ -75,8 +76,10 @@ def test_explicit_results_have_rmse(x) -> None:
 
 
 def test_selection_uses_validation_only(x, monkeypatch: pytest.MonkeyPatch) -> None:
-    """best_round is the argmax of validation HR; test is evaluated once, at the end,
-    on the kept state, and changing the test numbers changes nothing else."""
+    """best_round is the argmax of validation HR; with dense private tables test is
+    evaluated once, at the end, on the kept state, and changing the test numbers
+    changes nothing else (the sparse path tests the best round when it is reached:
+    tests/models/test_sparse_engine.py)."""
     calls: list[str] = []
     real = engine.evaluate_state
     val_hr = [0.2, 0.5, 0.3, 0.45]
@@ -96,6 +99,7 @@ def test_selection_uses_validation_only(x, monkeypatch: pytest.MonkeyPatch) -> N
     res = simulate(
         SimulationConfig(model="fedmf", rounds=4),
         interactions=x,
+        memory=engine.MemorySettings(private="memory"),
         on_round=lambda rec: kept.setdefault(rec["round"], rec),
     )
     assert calls == ["val"] * 4 + ["test"]
@@ -122,7 +126,8 @@ def test_best_state_is_the_best_rounds_state(x, monkeypatch: pytest.MonkeyPatch)
         return out
 
     monkeypatch.setattr(engine, "evaluate_state", spy)
-    res = simulate(SimulationConfig(model="fedmf", rounds=3, clients_per_round=30), interactions=x)
+    res = simulate(SimulationConfig(model="fedmf", rounds=3, clients_per_round=30), interactions=x,
+                   memory=engine.MemorySettings(private="memory"))  # the dense tables' copy on write
     assert res["best_round"] == 0
     for k in seen[0]:
         assert torch.equal(spy.tested[k], seen[0][k])
