@@ -158,7 +158,9 @@ def test_dp_on_the_sparse_path_is_priced_as_on_the_dense_path(x) -> None:
     dense = simulate(cfg, interactions=x, memory=MemorySettings(private="memory"))
     assert sparse["epsilon"] == dense["epsilon"] and math.isfinite(sparse["epsilon"])
     for a, b in zip(sparse["rounds"], dense["rounds"]):
-        assert a["dp"] == b["dp"] and "clipped_fraction" in a
+        assert a["dp"].keys() == b["dp"].keys() and "clipped_fraction" in a
+        for key, value in a["dp"].items():  # measured noise: the same draws, summed in another order
+            assert value == (pytest.approx(b["dp"][key], rel=1e-9) if key.endswith("_measured") else b["dp"][key])
     assert np.isfinite(sparse["test"]["hr@10"])
 
 
