@@ -4,10 +4,11 @@ For each load case (`--burners`: how many busy-loop processes this script
 starts beside the runs, e.g. 0 and 2), it waits `--settle` seconds so that the
 1-minute load average sees them, then runs, one after another:
 
-- `fedmask simulate --model M --dataset D --rounds R` with `--threads 2` (the
-  old default), `--threads 1`, no `--threads` (the default, chosen from the
-  machine; its choice is read from results.json), and `--threads 2` under
-  OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep instead of spinning);
+- `fedmask simulate --model M --dataset D --rounds R` with no `--threads`
+  (the default, chosen from the machine's load, so it runs first; its choice
+  is read from results.json), `--threads 2` (the old default), `--threads 1`,
+  and `--threads 2` under OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep
+  instead of spinning);
 - with `--model fedmf`, the plain per-user PyTorch loop
   (`scripts/peer_fedmf_loop.py`, one thread) as the peer.
 
@@ -45,10 +46,11 @@ class Variant:
     env: dict[str, str] = field(default_factory=dict)
 
 
+# The default runs first in each case: the runs before it would raise the load average it reads.
 VARIANTS = (
+    Variant("default (chosen from the machine)", ()),
     Variant("--threads 2 (old default)", ("--threads", "2")),
     Variant("--threads 1", ("--threads", "1")),
-    Variant("default (chosen from the machine)", ()),
     Variant("--threads 2, OMP_WAIT_POLICY=PASSIVE", ("--threads", "2"), {"OMP_WAIT_POLICY": "PASSIVE"}),
 )
 _THREAD_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT", "MKL_NUM_THREADS")
