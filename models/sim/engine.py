@@ -257,7 +257,7 @@ def _train_and_aggregate(
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job)
         if isinstance(upd_s, SparseUpdates):
             return aggregate_sparse(upd_s, config=config, secure=w.secure, dp_generator=w.gens["dp"],
-                                    dense_chunk=s.plan.dense_chunk, round_idx=r, rec=rec)  # fmt: skip
+                                    round_idx=r, rec=rec)  # fmt: skip
         return upd_s.mean()
     assert isinstance(tables, PrivateTables)
     tables.begin_round(covers_all=s.full_cohort)

@@ -12,9 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
@@ -49,15 +47,6 @@ class SparseUpdates:
     def count(self) -> int:
         return sum(p.n_devices for p in self.parts)
 
-    def dense_chunks(self, size: int) -> list[Callable[[], torch.Tensor]]:
-        """Makers of the dense (b, dim) updates of at most `size` devices each, in order."""
-        out: list[Callable[[], torch.Tensor]] = []
-        for part in self.parts:
-            for lo in range(0, part.n_devices, size):
-                hi = min(part.n_devices, lo + size)
-                out.append(partial(part.dense, self.n_items, lo, hi))
-        return out
-
     def dense(self) -> torch.Tensor:
         """The whole cohort's (B, dim) table (for SecAgg only)."""
         return torch.cat([p.dense(self.n_items) for p in self.parts]) if self.parts else torch.zeros(0, self.dim)
@@ -69,7 +58,6 @@ def aggregate_sparse(
     config: SimulationConfig,
     secure: SecureAggregator | None,
     dp_generator: torch.Generator,
-    dense_chunk: int,
     round_idx: int,
     rec: dict[str, Any],
 ) -> torch.Tensor | None:

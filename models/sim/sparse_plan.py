@@ -37,7 +37,6 @@ from models.sim.memory import EVAL_BATCH, MemoryBudgetError, gib
 from models.sparse import SparseTraining
 
 GARBAGE_SLACK = 1.0 / 32.0  # the blocks' garbage: between 0 and 1/16 of the live rows (models/sim/sparse_state.py)
-DENSE_CHUNK_MAX = 256  # devices whose dense updates are formed at once for DP
 CALL_BYTES = 1024**3  # training tensors of one local_update_sparse call, at most (unless --cohort-chunk)
 
 
@@ -81,7 +80,6 @@ class SparsePlan:
     budget: int
     chunk: int  # devices per local_update_sparse call (== cohort: unchunked)
     cohort: int
-    dense_chunk: int  # devices whose dense updates exist at once (DP)
     ram_estimate: int
     unchunked_estimate: int
     baseline: int
@@ -155,14 +153,13 @@ def plan_sparse(
     if chunk is not None and chunk < 1:
         raise MemoryBudgetError(f"--cohort-chunk must be >= 1, got {chunk}")
     cohort = state.cohort
-    dense_chunk = min(cohort, DENSE_CHUNK_MAX)
     fixed = work.baseline + state.state_bytes(rounds) + 4 * work.global_bytes
     if not work.keep_updates:
         agg = 8 * work.update_dim
     else:
         rows = int(cohort * work.update_rows_per_device)
-        dense_rows = cohort if work.secagg else dense_chunk
-        agg = rows + dense_rows * work.update_dim * (8 + (24 if work.secagg else 0))
+        # DP and SecAgg aggregate the cohort's dense table (sparse_aggregation.py)
+        agg = rows + cohort * work.update_dim * (8 + (24 if work.secagg else 0))
     evaluation = EVAL_BATCH * work.eval_per_device
 
     def ram(c: int) -> int:
@@ -182,6 +179,6 @@ def plan_sparse(
             "(--clients-per-round) or a smaller model"
         )
     return SparsePlan(
-        budget=budget, chunk=size, cohort=cohort, dense_chunk=dense_chunk, ram_estimate=ram(size),
+        budget=budget, chunk=size, cohort=cohort, ram_estimate=ram(size),
         unchunked_estimate=ram(cohort), baseline=work.baseline, rounds=rounds, state=state,
     )  # fmt: skip
