@@ -50,6 +50,7 @@ from integration_harness import (
 )
 
 from admin.auth import token_hash
+from fedmask.bench.admin_attacks import read_status_line, status_of
 from fedmask.bench.processes import Child, rss_mb
 from fedmask_proto.v1 import admin_service_pb2 as pb
 from fedmask_proto.v1 import admin_service_pb2_grpc as pb_grpc
@@ -166,16 +167,11 @@ class Outcome:
     seconds: float  # until the answer (or the attacker gave up)
 
 
-def status_of(answer: bytes) -> int | None:
-    line = answer.split(b"\r\n", 1)[0].split()
-    return int(line[1]) if len(line) >= 2 and line[1].isdigit() else None
-
-
 def send_until_answered(port: int, parts: Iterator[bytes], *, give_up_s: float) -> Outcome:
     """Send `parts` on a fresh connection while the server has not answered;
     stop at its answer, when it closes, or after `give_up_s` seconds."""
     t0 = time.monotonic()
-    sent, answer = 0, b""
+    sent = 0
     with socket.create_connection((LOOPBACK, port), timeout=5) as s:
         s.setblocking(False)
         pending = b""
@@ -194,12 +190,7 @@ def send_until_answered(port: int, parts: Iterator[bytes], *, give_up_s: float) 
                 pending = pending[n:]
         s.setblocking(True)
         s.settimeout(max(0.5, give_up_s - (time.monotonic() - t0)))
-        with contextlib.suppress(OSError):
-            while b"\r\n" not in answer:
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                answer += chunk
+        answer = read_status_line(s)
     return Outcome(status_of(answer), sent, time.monotonic() - t0)
 
 
