@@ -180,7 +180,7 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
             staged = self._state.copy()
             model = self._new_model(staged, version, None)
             self._state = staged
-            return _summary(model)
+            return model.summary()
 
     def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:
         with self._lock:
@@ -200,7 +200,7 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
         validate_limit(limit)
         with self._lock:
             ids = sorted((i for i in self._state.models if before is None or i < before), reverse=True)
-            items = tuple(_summary(self._state.models[i]) for i in ids[: limit + 1])
+            items = tuple(self._state.models[i].summary() for i in ids[: limit + 1])
         return page_of(items, limit, key=lambda m: m.id)
 
     # -------------------------------------------------------------- rounds
@@ -246,7 +246,7 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
             if privacy_entry is not None:
                 self._insert_privacy_entry(staged, privacy_entry)
             self._state = staged  # publish: the only visible write
-            return _summary(model)
+            return model.summary()
 
     @staticmethod
     def _insert_privacy_entry(staged: _State, entry: PrivacyEntry) -> None:
@@ -324,17 +324,6 @@ def _copy_round(record: RoundRecord) -> RoundRecord:
     # RoundRecord's constructor copies its mappings.
     return replace(record)
 
-
-def _summary(model: ModelVersion) -> ModelVersionSummary:
-    return ModelVersionSummary(
-        id=model.id,
-        round_number=model.round_number,
-        created_at=model.created_at,
-        model_name=model.model_name,
-        sha256=model.sha256,
-        size_bytes=model.size_bytes,
-        hyperparameters=copy.deepcopy(dict(model.hyperparameters)),
-    )
 
 
 def _verified(model: ModelVersion) -> ModelVersion:

@@ -10,6 +10,8 @@ Contracts shared by all records:
 
 from __future__ import annotations
 
+import copy
+
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -153,6 +155,14 @@ class ModelVersion(ModelVersionSummary):
     """A model version with its parameter blob, verified against sha256."""
 
     parameters: bytes
+
+    def summary(self) -> ModelVersionSummary:
+        """This version without its blob; the hyperparameters are a deep copy
+        (a caller may change them without touching this record)."""
+        return ModelVersionSummary(
+            id=self.id, round_number=self.round_number, created_at=self.created_at, model_name=self.model_name,
+            sha256=self.sha256, size_bytes=self.size_bytes, hyperparameters=copy.deepcopy(dict(self.hyperparameters)),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

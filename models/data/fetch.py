@@ -101,8 +101,25 @@ LENSKIT_SDIST_URL = (
     "b0f120bd01fe614520281afd21b80b4222ef138e687f861a3f3ea4bbab7a/lenskit-2025.8.1.tar.gz"
 )
 
-SOURCES: dict[str, Source] = {
-    "ml-100k": DatasetSource(
+GROUPLENS_DATASETS = "https://files.grouplens.org/datasets/"
+
+
+def _grouplens_zip(name: str, path: str, archive_sha256: str, member_prefix: str, files: tuple[str, ...],
+                   readme: str) -> ArchiveSource:
+    """A GroupLens .zip: the archive's hash pinned, its files' hashes recorded
+    at fetch time (module docstring), its licence README taken when present."""
+    return ArchiveSource(
+        name=name, url=GROUPLENS_DATASETS + path, archive_sha256=archive_sha256, archive_format="zip",
+        member_prefix=member_prefix, files=dict.fromkeys(files), extras=(readme,),
+    )
+
+
+def _catalogue(*sources: Source) -> dict[str, Source]:
+    return {source.name: source for source in sources}
+
+
+SOURCES: dict[str, Source] = _catalogue(
+    DatasetSource(
         name="ml-100k",
         requirement=RECBOLE_REQUIREMENT,
         wheel_name=RECBOLE_WHEEL_NAME,
@@ -115,7 +132,7 @@ SOURCES: dict[str, Source] = {
         },
     ),
     # MovieLens "latest small", October 2016 release: 100,004 ratings, 671 users, 9,066 rated movies.
-    "ml-latest-small": ArchiveSource(
+    ArchiveSource(
         name="ml-latest-small",
         url=LENSKIT_SDIST_URL,
         archive_sha256="954b22a81e8a0d2012a173340079aa3d0c68dcc8cb9954e488fc228d77d4cb55",
@@ -129,25 +146,12 @@ SOURCES: dict[str, Source] = {
     ),
     # Archive hashes: not downloadable from here; the values are the ones several
     # independent public projects pin for these URLs (docs/decisions.md, "Datasets by URL").
-    "ml-1m": ArchiveSource(
-        name="ml-1m",
-        url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
-        archive_sha256="a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20",
-        archive_format="zip",
-        member_prefix="ml-1m/",
-        files={"ratings.dat": None, "users.dat": None, "movies.dat": None},
-        extras=("README",),
-    ),
-    "lastfm": ArchiveSource(
-        name="lastfm",
-        url="https://files.grouplens.org/datasets/hetrec2011/hetrec2011-lastfm-2k.zip",
-        archive_sha256="6738f48195667ff03caaab4d32ca9a3133d8cc026b7c3cdaf6ce1010e913c59c",
-        archive_format="zip",
-        member_prefix="",
-        files={"user_artists.dat": None, "artists.dat": None},
-        extras=("readme.txt",),
-    ),
-}
+    _grouplens_zip("ml-1m", "movielens/ml-1m.zip", "a6898adb50b9ca05aa231689da44c217cb524e7ebd39d264c56e2832f2c54e20",
+                   "ml-1m/", ("ratings.dat", "users.dat", "movies.dat"), "README"),
+    _grouplens_zip("lastfm", "hetrec2011/hetrec2011-lastfm-2k.zip",
+                   "6738f48195667ff03caaab4d32ca9a3133d8cc026b7c3cdaf6ce1010e913c59c",
+                   "", ("user_artists.dat", "artists.dat"), "readme.txt"),
+)
 
 
 class FetchError(RuntimeError):
