@@ -8,8 +8,8 @@ from secagg import identity
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason, DropReason, MalformedMessage, ProtocolMisuse
 from secagg.keys import PUBLIC_KEY_BYTES, KeyPair, agree
-from secagg.messages import AdvertiseKeys, KeyEntry, KeyList
-from secagg.server.base import Drop, ServerRound, ServerState, Transition
+from secagg.messages import AdvertiseKeys, KeyEntry, KeyList, Message
+from secagg.server.base import Drop, PruneRule, PruningState, ServerRound, Transition
 from secagg.server.share_keys import ServerShareKeys
 from secagg.stages import Stage
 
@@ -18,7 +18,7 @@ from secagg.stages import Stage
 _PROBE = KeyPair.from_private_bytes(bytes(range(1, 33))).private
 
 
-class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
+class ServerAdvertiseKeys(PruningState[AdvertiseKeys]):
     """The initial server state of a round; expects every cohort device.
 
     A device is dropped when its keys are malformed, equal, or not usable
@@ -33,6 +33,7 @@ class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
 
     stage = Stage.ADVERTISE_KEYS
     expects = AdvertiseKeys
+    rule = PruneRule("fewer than t advertised devices in its closure", AbortReason.TOO_FEW_ADVERTISED, "advertised keys")
     __slots__ = ()
 
     def __init__(self, config: SecAggConfig, round_idx: int, *, identity_keys: Mapping[int, bytes] | None = None) -> None:
@@ -65,17 +66,14 @@ class ServerAdvertiseKeys(ServerState[AdvertiseKeys]):
             raise Drop(DropReason.MALFORMED_MESSAGE, "unexpected signature")
         r.advertised[sender] = message
 
-    def _close(self) -> Transition:
+    def _record(self, survivors: frozenset[int]) -> None:
+        self._round.u1 = survivors
+
+    def _advance(self, u1: frozenset[int], out: list[Message]) -> Transition:
         r = self._round
-        closed = self._prune_answered("fewer than t advertised devices in its closure", AbortReason.TOO_FEW_ADVERTISED,
-                                      "advertised keys")
-        r.u1 = u1 = closed.survivors
-        if closed.aborted is not None:
-            return closed.aborted
         entries = {
             v: KeyEntry(v, m.c_public, m.s_public, m.signature) for v, m in r.advertised.items() if v in u1
         }
-        out = closed.notices
         if r.graph.is_complete:
             everyone = tuple(entries[v] for v in sorted(u1))
             out += [KeyList(**self._header(v), entries=everyone) for v in sorted(u1)]

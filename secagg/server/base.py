@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Never, TypeVar
+from typing import Any, ClassVar, Generic, NamedTuple, Never, TypeVar
 
 import numpy as np
 
@@ -103,6 +103,17 @@ class ServerRound:
             if v == owner or (owner in self.relayed.get(v, ()) and owner not in self.undecryptable.get(v, ())):
                 out.append(v)
         return out
+
+
+class PruneRule(NamedTuple):
+    """How a pruning stage reports its losses (`ServerState._prune_answered`)."""
+
+    #: Why a pruned device is dropped (NEIGHBOURHOOD_TOO_SMALL's detail).
+    detail: str
+    #: The round's abort reason when fewer than t devices are left.
+    too_few: AbortReason
+    #: What the survivors did, for the abort's detail ("<n> devices <counted>, t=<t>").
+    counted: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,13 +234,15 @@ class ServerState(Generic[M]):
     def _live(self, ids: Iterable[int]) -> frozenset[int]:
         return frozenset(i for i in ids if i not in self._round.dropped)
 
-    def _prune_answered(self, detail: str, too_few: AbortReason, counted: str) -> Pruned:
+    def _prune_answered(self, rule: PruneRule) -> Pruned:
         """Close a stage whose survivors must keep >= t of each other in their
         closures: the devices that answered and are not dropped, pruned (see
         `prune`); records them as this stage's survivors and drops the rest
-        for NEIGHBOURHOOD_TOO_SMALL (`detail`). Fewer than t survivors end
-        the round with `too_few` ("<n> devices <counted>, t=<t>"); otherwise
-        the pruned devices get a ServerAbort with the same reason."""
+        for NEIGHBOURHOOD_TOO_SMALL (`rule.detail`). Fewer than t survivors
+        end the round with `rule.too_few` ("<n> devices <rule.counted>,
+        t=<t>"); otherwise the pruned devices get a ServerAbort with the same
+        reason."""
+        detail, too_few, counted = rule
         r = self._round
         t = r.config.threshold
         accepted = self._live(self._answered)
@@ -264,6 +277,30 @@ class ServerState(Generic[M]):
 
 # Drops for misbehaviour or the device's own abort: no notice is sent to them.
 _FOR_CAUSE = frozenset(DropReason) - {DropReason.NEIGHBOURHOOD_TOO_SMALL, DropReason.TOO_FEW_SIGNERS_NEARBY}
+
+
+class PruningState(ServerState[M]):
+    """A stage closed by pruning: `_close` keeps the devices that answered and
+    still reach t of each other (`_prune_answered` with the stage's `rule`),
+    hands them to `_record` (U1 or U2; called also when the round ends there)
+    and, with at least t left, to `_advance`, which returns the next state and
+    its messages (the pruned devices' ServerAborts come first)."""
+
+    rule: ClassVar[PruneRule]
+    __slots__ = ()
+
+    def _close(self) -> Transition:
+        closed = self._prune_answered(self.rule)
+        self._record(closed.survivors)
+        if closed.aborted is not None:
+            return closed.aborted
+        return self._advance(closed.survivors, closed.notices)
+
+    def _record(self, survivors: frozenset[int]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _advance(self, survivors: frozenset[int], notices: list[Message]) -> Transition:  # pragma: no cover - abstract
+        raise NotImplementedError
 
 
 class _Terminal(ServerState[Never]):

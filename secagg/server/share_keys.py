@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from secagg.aead import sealed_length
 from secagg.errors import AbortReason, DropReason
-from secagg.messages import ShareKeys, ShareRelay
-from secagg.server.base import Drop, ServerState, Transition
+from secagg.messages import Message, ShareKeys, ShareRelay
+from secagg.server.base import Drop, PruneRule, PruningState, Transition
 from secagg.server.share_check import ServerShareCheck
 from secagg.shamir import ELEMENT_BYTES
 from secagg.stages import Stage
@@ -13,7 +13,7 @@ from secagg.stages import Stage
 SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 
 
-class ServerShareKeys(ServerState[ShareKeys]):
+class ServerShareKeys(PruningState[ShareKeys]):
     """Expects U1. A device is dropped unless its ShareKeys has exactly one
     sealed blob of the right size for each of its neighbours in U1 (no
     duplicate, no unknown or missing receiver).
@@ -26,6 +26,7 @@ class ServerShareKeys(ServerState[ShareKeys]):
 
     stage = Stage.SHARE_KEYS
     expects = ShareKeys
+    rule = PruneRule("fewer than t key-sharing devices in its closure", AbortReason.TOO_FEW_SHARED, "shared keys")
     __slots__ = ()
 
     def _accept(self, sender: int, message: ShareKeys) -> None:
@@ -49,14 +50,11 @@ class ServerShareKeys(ServerState[ShareKeys]):
             raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {len(blobs)} of {len(expected)} neighbours")
         r.sealed[sender] = blobs
 
-    def _close(self) -> Transition:
+    def _record(self, survivors: frozenset[int]) -> None:
+        self._round.u2 = survivors
+
+    def _advance(self, u2: frozenset[int], out: list[Message]) -> Transition:
         r = self._round
-        closed = self._prune_answered("fewer than t key-sharing devices in its closure", AbortReason.TOO_FEW_SHARED,
-                                      "shared keys")
-        r.u2 = u2 = closed.survivors
-        if closed.aborted is not None:
-            return closed.aborted
-        out = closed.notices
         for v in sorted(u2):
             senders = sorted(r.graph.neighbors(v) & u2)
             r.relayed[v] = frozenset(senders)
