@@ -192,19 +192,22 @@ async function refreshRounds() {
   }
   const old = rounds.slice().reverse();
   $("chart-val-title").textContent = "Federated validation" + (metric ? " (" + metric + ")" : "");
-  chart($("chart-val"), old.filter((r) => metric && r.validation[metric] !== undefined).map((r) => [r.number, r.validation[metric]]));
+  // Under DP the devices send no metric totals (D36): say so rather than wait for data that never comes.
+  const noMetric = rounds.some((r) => r.outcome === "committed") && !metric;
+  chart($("chart-val"), old.filter((r) => metric && r.validation[metric] !== undefined).map((r) => [r.number, r.validation[metric]]),
+        noMetric ? "none released (off under DP)" : "no data yet");
   chart($("chart-duration"), old.filter((r) => r.seconds !== null).map((r) => [r.number, r.seconds]));
   chart($("chart-epsilon"), old.filter((r) => r.epsilon !== null).map((r) => [r.number, r.epsilon]));
 }
 
-function chart(box, points) {
+function chart(box, points, empty = "no data yet") {
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", "0 0 300 160");
   box.replaceChildren(svg);
   if (!points.length) {
     const t = document.createElementNS(ns, "text");
-    t.setAttribute("x", 10); t.setAttribute("y", 80); t.textContent = "no data yet";
+    t.setAttribute("x", 10); t.setAttribute("y", 80); t.textContent = empty;
     svg.appendChild(t);
     return;
   }

@@ -75,10 +75,11 @@ class Filled:
     versions: list[int] = field(default_factory=list)  # version ids, oldest first (initial, then per round)
 
 
-def fill_store(store: Store, *, rounds: int = 7) -> Filled:
+def fill_store(store: Store, *, rounds: int = 7, validation: bool = True) -> Filled:
     """Devices, an initial model, `rounds` finished rounds (every third
-    aborted; the others committed with validation metrics and a ledger
-    entry) and one running round, all through the store API."""
+    aborted; the others committed with validation metrics, unless not
+    `validation` (as under DP, D36), and a ledger entry) and one running
+    round, all through the store API."""
     store.enroll_devices([(bytes([i]) * 32, f"user{i}") for i in range(1, 13)], client_id="client-a")
     store.set_device_status(12, DeviceStatus.REVOKED)
     out = Filled()
@@ -103,8 +104,8 @@ def fill_store(store: Store, *, rounds: int = 7) -> Filled:
             continue
         cumulative += 0.5 + i
         v = store.commit_round(
-            RoundRecord(state=RoundState.COMMITTED, metrics={"contributors": 8.0, "cohort": 10.0,
-                                                            "val_sampled_hr@10": 0.1 * (i + 1), "loss": 0.7},
+            RoundRecord(state=RoundState.COMMITTED, metrics={"contributors": 8.0, "cohort": 10.0} | (
+                            {"val_sampled_hr@10": 0.1 * (i + 1), "loss": 0.7} if validation else {}),
                         **common),
             NewModelVersion(model_name="fedrap", parameters=pack_parameters({"item_table": params["item_table"] + n}),
                             created_at=start + timedelta(seconds=3)),
@@ -382,14 +383,14 @@ class World:
 
 
 @contextmanager
-def world(backend: str, url: str, *, scripted_failures: bool = True) -> Iterator[World]:
-    """Fill the store at `url` (migrated as the coordinator would), start the
-    fake coordinator and the admin service over it."""
+def world(backend: str, url: str, *, scripted_failures: bool = True, validation: bool = True) -> Iterator[World]:
+    """Fill the store at `url` (migrated as the coordinator would; `validation`
+    as `fill_store`'s), start the fake coordinator and the admin service over it."""
     from coordinator.store import open_store
 
     store = open_store(url)
     try:
-        filled = fill_store(store)
+        filled = fill_store(store, validation=validation)
         with fake_coordinator(store, filled, scripted_failures=scripted_failures) as running, \
                 admin_server(admin_settings(url, running.port)) as base:
             with httpx.Client(base_url=base, timeout=20) as http:

@@ -111,3 +111,22 @@ def test_the_dashboard_shows_the_live_federation_and_answers_top_k(w: World, bro
     assert d.find_elements(By.CSS_SELECTOR, "#chart-val polyline")
 
     assert TOKENS[Role.OPERATOR] not in d.page_source
+
+
+def test_without_validation_totals_the_chart_says_why(request: pytest.FixtureRequest, tmp_path: Path,
+                                                      browser: Any) -> None:
+    """Under DP the devices send no metric totals (D36): the validation chart
+    says so instead of waiting for data, and the other charts still draw."""
+    from selenium.webdriver.common.by import By
+
+    with database("sqlite", tmp_path, request) as url, world("sqlite", url, validation=False) as w:
+        d = browser
+        d.get(w.base + "/")
+        d.find_element(By.ID, "token-input").send_keys(TOKENS[Role.OPERATOR])
+        d.find_element(By.ID, "token-form").submit()
+        wait_for(d, lambda: len(d.find_elements(By.CSS_SELECTOR, "#rounds-table td.committed")) == 5,
+                 "the committed rounds")
+        wait_for(d, lambda: "off under DP" in d.find_element(By.ID, "chart-val").text, "the chart's reason")
+        assert not d.find_elements(By.CSS_SELECTOR, "#chart-val polyline")
+        assert d.find_elements(By.CSS_SELECTOR, "#chart-epsilon polyline")
+        assert d.find_element(By.ID, "chart-val-title").text == "Federated validation"
