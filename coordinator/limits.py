@@ -30,6 +30,23 @@ Clock = Callable[[], float]
 #: forgotten first; a forgotten key starts again from a full bucket).
 MAX_TRACKED_KEYS = 65_536
 
+# Sizes a peer may send, refused beyond (InvalidArgument / ProtocolViolation /
+# InvalidDeviceAnswer where they are checked: registry.py, relay.py).
+#: Devices in one EnrollRequest.
+MAX_ENROLL_DEVICES = 10_000
+#: Characters of a device's local id (its user handle).
+MAX_LOCAL_ID_CHARS = 256
+#: Devices one client session may announce.
+MAX_ANNOUNCED_DEVICES = 100_000
+#: Characters of a client's name kept (longer names are cut).
+MAX_CLIENT_NAME_CHARS = 128
+#: Seconds an operator's top-k request may wait for its device.
+MAX_TIMEOUT_S = 300.0
+#: Top-k requests in flight at once, over all sessions; more are refused (Unavailable).
+MAX_PENDING = 10_000
+#: Longest dataset item id or title a device may send back.
+MAX_ITEM_TEXT = 512
+
 
 @dataclass(slots=True)
 class TokenBucket:

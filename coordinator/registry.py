@@ -41,7 +41,13 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from coordinator.errors import InvalidArgument, PermissionDenied, ProtocolViolation
-from coordinator.limits import Throttle
+from coordinator.limits import (
+    MAX_ANNOUNCED_DEVICES,
+    MAX_CLIENT_NAME_CHARS,
+    MAX_ENROLL_DEVICES,
+    MAX_LOCAL_ID_CHARS,
+    Throttle,
+)
 from coordinator.logs import log_event
 from coordinator.possession import EnrollChallenges, enrollment_refusal, proven_devices
 from coordinator.store import DeviceRecord, DeviceStatus, EnrollmentConflictError, Store
@@ -52,10 +58,6 @@ from wire.possession import SESSION_NONCE_BYTES
 from wire.round_task import seconds_to_duration
 
 COORDINATOR_VERSION = "0.1.0"
-MAX_ENROLL_DEVICES = 10_000
-MAX_LOCAL_ID_CHARS = 256
-MAX_ANNOUNCED_DEVICES = 100_000
-MAX_CLIENT_NAME_CHARS = 128
 DEFAULT_LOOKUP_INTERVAL_S = 1.0
 DEFAULT_MAX_LOOKUPS = 256
 

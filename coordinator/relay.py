@@ -36,17 +36,13 @@ from coordinator.errors import (
     InvalidDeviceAnswer,
     Unavailable,
 )
+from coordinator.limits import MAX_ITEM_TEXT, MAX_PENDING, MAX_TIMEOUT_S
 from coordinator.logs import log_event
 from fedmask_proto.v1 import session_pb2
 from wire.round_task import seconds_to_duration
 
 DEFAULT_TIMEOUT_S = 10.0
-MAX_TIMEOUT_S = 300.0
-#: Requests in flight at once, over all sessions; more are refused (Unavailable).
-MAX_PENDING = 10_000
 _CORRELATION_BYTES = 16
-#: Longest dataset item id or title a device may send back.
-MAX_ITEM_TEXT = 512
 
 
 @dataclass(frozen=True, slots=True)
