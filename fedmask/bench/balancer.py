@@ -197,7 +197,8 @@ class Balancer:
         return self.popen.wait(10)
 
 
-__all__ = ["COORDINATOR_SERVICE", "SERVING_REPLY", "Balancer", "Replica", "Route", "deployment_config",
+__all__ = ["COORDINATOR_SERVICE", "DEPLOYMENT_REPLICAS", "DEPLOYMENT_ROUTES", "SERVING_REPLY", "Balancer", "Replica",
+           "Route", "deployment_config",
            "grpc_health_request", "haproxy_binary", "haproxy_config"]
 
 if __name__ == "__main__":

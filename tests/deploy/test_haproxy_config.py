@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from fedmask.bench.balancer import (
     COORDINATOR_SERVICE,
+    DEPLOYMENT_REPLICAS,
     SERVING_REPLY,
     deployment_config,
     grpc_health_request,
@@ -66,3 +67,23 @@ def test_the_health_check_bytes_tell_the_leader_from_a_standby() -> None:
     serving, standby = asyncio.run(main())
     assert SERVING_REPLY in serving
     assert SERVING_REPLY not in standby and b"\x00\x00\x00\x00\x02\x08\x02" in standby  # NOT_SERVING
+
+
+def test_compose_routes_the_devices_and_the_admin_service_through_the_balancer() -> None:
+    import yaml
+
+    compose = yaml.safe_load((CONFIG.parents[1] / "compose.yaml").read_text())
+    services = compose["services"]
+    balancer = services["balancer"]
+    assert balancer["networks"]["fedmask"]["aliases"] == ["coordinator"]  # the name clients and admin dial
+    assert "./haproxy/haproxy.cfg:/usr/local/etc/haproxy/haproxy.cfg:ro" in balancer["volumes"]
+    replicas = sorted(name for name in services if name.startswith("coordinator-"))
+    assert replicas == sorted(r.name for r in DEPLOYMENT_REPLICAS)
+    for name in replicas:
+        service = services[name]
+        assert service["networks"] == ["fedmask"], f"{name} must not answer to 'coordinator' itself"
+        env = service["environment"]
+        assert env["FEDMASK_HEALTH_LISTEN_ADDRESS"] == "0.0.0.0:50052"  # reachable by the balancer's checks
+        assert env["FEDMASK_LISTEN_ADDRESS"].endswith(":50051") and env["FEDMASK_ADMIN__LISTEN"].endswith(":50053")
+    assert services["client-0"]["environment"]["FEDMASK_COORDINATOR"] == "coordinator:50051"
+    assert services["admin"]["environment"]["FEDMASK_ADMIN_COORDINATOR__ADDRESS"] == "coordinator:50053"
