@@ -19,9 +19,10 @@ stream with a status). Errors are `coordinator.errors` exceptions.
 It composes `relay` (device_relay.py), `actions` (operator_actions.py; it
 is their `FederationControl`), `outcomes` (round_outcomes.py: round ends, the
 epsilon budget, D42), `census` (device_census.py), `delivery`
-(round_delivery.py: messages to streams, D33) and `spent` (spent_devices.py:
-who already contributed to this version, D85; unmasking_guard.py and
-version_skip.py keep a dead coordinator's round from holding it, D94). The admin servicer gets
+(round_delivery.py: messages to streams, D33), `spent` (spent_devices.py:
+who already contributed to this version, D85) and `skip` (version_skip.py:
+past a version a dead coordinator spent, D94); unmasking_guard.py saves who
+is asked to unmask before anyone is asked (D94). The admin servicer gets
 `actions`, `live_state` and the event hub."""
 
 from __future__ import annotations

@@ -48,14 +48,17 @@ def settings(**over: Any) -> CoordinatorSettings:
 class Journal(InMemoryStore):
     """Writes the round's progress in `journal` (and fails the unmasking save when told)."""
 
-    def __init__(self, fail_unmasking: bool = False) -> None:
+    def __init__(self, fail_unmasking: bool = False, successor: bool = False) -> None:
         super().__init__()
         self.journal: list[tuple[str, Any]] = []
         self.fail_unmasking = fail_unmasking
+        self.successor = successor  # a successor aborts the round just before the unmasking save
 
     def save_round_progress(self, record: RoundRecord) -> None:
         if record.state is RoundState.UNMASKING and self.fail_unmasking:
             raise StoreError("database went away")
+        if record.state is RoundState.UNMASKING and self.successor:
+            self.mark_interrupted_rounds_aborted()
         super().save_round_progress(record)
         self.journal.append(("saved", (record.state, frozenset(record.survivors.get("masked_input", ())))))
 
@@ -123,6 +126,16 @@ def test_no_device_is_asked_when_the_record_cannot_be_saved() -> None:
     assert not [e for e in store.journal if e[0] == "asked"], store.journal
     r = store.get_round(1)
     assert r is not None and r.state is RoundState.ABORTED and r.abort_reason == "cancelled" and not r.survivors.get("unmasking")
+
+
+def test_a_leader_whose_round_a_successor_aborted_asks_nobody() -> None:
+    """A paused leader wakes mid-round after a successor took over and
+    aborted its round: the store refuses the save, so no device is asked."""
+    store = Journal(successor=True)
+    asyncio.run(_round(store))
+    assert not [e for e in store.journal if e[0] == "asked"], store.journal
+    r = store.get_round(1)
+    assert r is not None and r.state is RoundState.ABORTED and r.abort_reason == COORDINATOR_RESTART
 
 
 def _record(number: int, state: RoundState, base: int, reason: str | None, **survivors: list[int]) -> RoundRecord:
