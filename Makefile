@@ -59,11 +59,13 @@ gpu-check-reference: setup
 # ---------------------------------------------------------------- containers
 # `make images` builds the fedmask images with podman (deploy/README.md):
 # the coordinator, admin and client images (one Containerfile, a final stage
-# per role) and, while POSTGRES_IMAGE is the local tag, a PostgreSQL image built
-# from Debian packages. BASE_IMAGE defaults to a base built here from Debian
+# per role) and, while POSTGRES_IMAGE / HAPROXY_IMAGE are the local tags, a
+# PostgreSQL image and an HAProxy image (the replicas' balancer) built from
+# Debian packages. BASE_IMAGE defaults to a base built here from Debian
 # packages (mmdebstrap: these machines reach no container registry); with a
-# registry, pass BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm and
-# POSTGRES_IMAGE=docker.io/library/postgres:15-bookworm. TORCH_FLAVOR=cu126
+# registry, pass BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm,
+# POSTGRES_IMAGE=docker.io/library/postgres:15-bookworm and
+# HAPROXY_IMAGE=docker.io/library/haproxy:2.6. TORCH_FLAVOR=cu126
 # (for example) builds a CUDA client image from a CUDA wheelhouse.
 export CONTAINERS_CONF ?= $(CURDIR)/deploy/podman/containers.conf
 PODMAN         ?= podman
@@ -71,6 +73,7 @@ IMAGE_PREFIX   ?= localhost/
 IMAGE_TAG      ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 BASE_IMAGE     ?= localhost/fedmask-base:bookworm
 POSTGRES_IMAGE ?= localhost/fedmask-postgres:15
+HAPROXY_IMAGE  ?= localhost/fedmask-haproxy:2.6
 TORCH_FLAVOR   ?= cpu
 CLIENT_TAG     := $(IMAGE_TAG)$(if $(filter cpu,$(TORCH_FLAVOR)),,-$(TORCH_FLAVOR))
 DEPLOY_STATE   := deploy/.state
@@ -79,7 +82,8 @@ IMAGE_SOURCES  := $(shell git ls-files fedmask coordinator edge_client models se
 PODMAN_COMPOSE ?= $(VENV)/bin/podman-compose
 COMPOSE        := $(PODMAN_COMPOSE) -f deploy/compose.yaml -p fedmask
 COMPOSE_ENV    := FEDMASK_IMAGE_PREFIX=$(IMAGE_PREFIX) FEDMASK_IMAGE_TAG=$(IMAGE_TAG) \
-                  FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
+                  FEDMASK_POSTGRES_IMAGE=$(POSTGRES_IMAGE) FEDMASK_HAPROXY_IMAGE=$(HAPROXY_IMAGE) \
+                  FEDMASK_SECRETS_DIR=$(CURDIR)/deploy/.secrets
 RUNTIME_IMAGE  := $(IMAGE_PREFIX)fedmask-runtime:$(IMAGE_TAG)-$(TORCH_FLAVOR)
 # The admin service's runtime: the same wheels without PyTorch and what only
 # PyTorch needs (D61).
@@ -93,6 +97,10 @@ base-images:
 	    bash deploy/base/build-base.sh localhost/fedmask-postgres-base:15-bookworm postgresql-15 && \
 	    $(BUILD) -q -f deploy/postgres/Containerfile -t $(POSTGRES_IMAGE) deploy >/dev/null && \
 	    echo "built $(POSTGRES_IMAGE)"; fi
+	@if [ "$(HAPROXY_IMAGE)" = localhost/fedmask-haproxy:2.6 ]; then \
+	    bash deploy/base/build-base.sh localhost/fedmask-haproxy-base:bookworm haproxy && \
+	    $(BUILD) -q -f deploy/haproxy/Containerfile -t $(HAPROXY_IMAGE) deploy >/dev/null && \
+	    echo "built $(HAPROXY_IMAGE)"; fi
 
 wheelhouse: $(DEPLOY_STATE)/wheelhouse-$(TORCH_FLAVOR).stamp
 
@@ -133,7 +141,7 @@ images: base-images wheelhouse
 	        -t $(IMAGE_PREFIX)fedmask-admin:$(IMAGE_TAG) deploy || exit 1; fi
 	$(BUILD) --build-arg RUNTIME_IMAGE=$(RUNTIME_IMAGE) -f deploy/docker/Containerfile --target client \
 	    -t $(IMAGE_PREFIX)fedmask-client:$(CLIENT_TAG) deploy
-	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|admin|client|postgres):' || true
+	@$(PODMAN) images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'fedmask-(runtime|coordinator|admin|client|postgres|haproxy):' || true
 
 # Secrets `make up` generates once and keeps in deploy/.secrets/ (git-ignored):
 # the PostgreSQL passwords (the owner's, the coordinator's; fedmask_reader's,

@@ -9,13 +9,25 @@ device id, a user or a handle.
 The coordinator pushes values from its event loop (counters and histograms
 when something ends, gauges when they change), so a scrape (in the HTTP
 server's thread) never reads the coordinator's state while it changes.
+
+Replicas (D90, D94). Every replica serves its own /metrics, a standby too
+(from the moment it starts waiting), and every sample carries the label
+`replica` (its name in the leader lease) when the metrics are built with
+one (`fedmask coordinator` always does). `fedmask_replica_leader` is 1 on
+the replica that holds the lease and serves devices, 0 on a standby or a
+deposed one; `fedmask_replica_lease_token` is the fencing token of its
+latest term (0: it never led). `sum(fedmask_replica_leader)` over the tier
+is 1 while it leads, 0 during a failover.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 #: Round and stage durations: from loopback benchmarks (0.1 s) to a slow
 #: federation's training window (10 min).
@@ -23,11 +35,34 @@ ROUND_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 
 TOPK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
-class CoordinatorMetrics:
-    """See the module doc. One instance per Coordinator."""
+REPLICA_LABEL = "replica"
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+
+class _Labelled(Collector):
+    """Every sample of `registry`, with `replica="NAME"` added."""
+
+    def __init__(self, registry: CollectorRegistry, replica: str) -> None:
+        self._registry = registry
+        self._replica = replica
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [Sample(s.name, {**s.labels, REPLICA_LABEL: self._replica}, s.value, s.timestamp,
+                                  s.exemplar) for s in family.samples]
+            yield out
+
+
+class CoordinatorMetrics:
+    """See the module doc. One instance per Coordinator; `exposed` is the
+    registry to serve (the metrics, labelled with `replica` if given)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, replica: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.exposed = self.registry
+        if replica is not None:
+            self.exposed = CollectorRegistry(auto_describe=False)
+            self.exposed.register(_Labelled(self.registry, replica))
         r = self.registry
         self.rounds = Counter("fedmask_rounds", "Rounds that ended, by outcome (committed, aborted).",
                               ["outcome"], registry=r)
@@ -67,6 +102,17 @@ class CoordinatorMetrics:
         self.watchers = Gauge("fedmask_event_watchers", "Open WatchEvents streams.", registry=r)
         self.watchers_dropped = Counter("fedmask_event_watchers_dropped",
                                         "Event watchers dropped for falling behind.", registry=r)
+        self.leader = Gauge("fedmask_replica_leader",
+                            "1 while this replica holds the leader lease and serves devices, 0 as a standby.",
+                            registry=r)
+        self.lease_token = Gauge("fedmask_replica_lease_token",
+                                 "The fencing token of this replica's latest term (0: it never led).", registry=r)
+
+    def leading(self, token: int | None) -> None:
+        """This replica leads with fencing token `token`, or (None) it does not lead."""
+        self.leader.set(0 if token is None else 1)
+        if token is not None:
+            self.lease_token.set(token)
 
     def round_ended(self, *, committed: bool, reason: str | None, duration_s: float | None,
                     timings: Mapping[str, float], dropouts: Mapping[str, int]) -> None:
@@ -102,7 +148,7 @@ class CoordinatorMetrics:
 
     def exposition(self) -> bytes:
         """The text exposition format of every metric (what GET /metrics serves)."""
-        return generate_latest(self.registry)
+        return generate_latest(self.exposed)
 
 
-__all__ = ["CoordinatorMetrics"]
+__all__ = ["REPLICA_LABEL", "CoordinatorMetrics"]

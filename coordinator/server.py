@@ -35,6 +35,7 @@ from coordinator.auth import TokenAuthInterceptor, TokenFile
 from coordinator.credential_watch import CredentialCheck, recheck_interval_s, token_file_interval_s
 from coordinator.leadership import LeaseHeld, LeaseKeeper, default_replica_id
 from coordinator.logs import log_event
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import build_server_model
 from coordinator.round_policy import dp_refusal, masked_length
 from coordinator.servicer import add_to_server
@@ -212,15 +213,15 @@ async def build_admin_server(coordinator: Coordinator,
     return server, port, health_servicer
 
 
-def start_metrics_server(coordinator: Coordinator, address: str) -> tuple[Any, int]:
-    """Serve GET /metrics of the coordinator's registry on `address` (a
-    daemon thread); returns (the HTTP server, its port)."""
+def start_metrics_server(metrics: CoordinatorMetrics, address: str) -> tuple[Any, int]:
+    """Serve GET /metrics of `metrics` (a coordinator's, labelled with its
+    replica) on `address` (a daemon thread); returns (the HTTP server, its port)."""
     from prometheus_client import start_http_server
 
     from coordinator.settings import split_host_port
 
     host, port = split_host_port(address)
-    httpd, _thread = start_http_server(port, addr=host, registry=coordinator.metrics.registry)
+    httpd, _thread = start_http_server(port, addr=host, registry=metrics.exposed)
     return httpd, int(httpd.server_address[1])
 
 
@@ -316,7 +317,11 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     lost_reason: list[str] = []
     halt_keeper: Callable[[], None] | None = None
     health_servicer = health.aio.HealthServicer()
+    metrics = CoordinatorMetrics(replica=keeper.holder)  # served by a standby too: fedmask_replica_leader 0
     try:
+        if settings.metrics.listen is not None:
+            httpd, metrics_port = start_metrics_server(metrics, settings.metrics.listen)
+            log_event("metrics_listening", address=settings.metrics.listen, port=metrics_port)
         if settings.health_listen_address is not None:  # up at once: a standby is alive, not serving devices
             health_server = await build_health_server(health_servicer, settings.health_listen_address)
             await health_server.start()
@@ -332,7 +337,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
 
         halt_keeper = keeper.keep_in_background(on_lost)  # renewing from now on, whatever start-up costs
         store.fence_writes(keeper.fence)
-        coordinator = Coordinator(settings, store=store, model=model)
+        metrics.leading(keeper.fence().token)
+        coordinator = Coordinator(settings, store=store, model=model, metrics=metrics)
         await coordinator.start()
         server, port = await build_server(coordinator, settings, health_servicer)
         await server.start()
@@ -347,10 +353,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             coordinator.ports["admin"] = admin_port
             log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
                       tls=settings.tls.enabled)
-        if settings.metrics.listen is not None:
-            httpd, metrics_port = start_metrics_server(coordinator, settings.metrics.listen)
-            coordinator.ports["metrics"] = metrics_port
-            log_event("metrics_listening", address=settings.metrics.listen, port=metrics_port)
+        if httpd is not None:
+            coordinator.ports["metrics"] = int(httpd.server_address[1])
         if settings.token_in_clear:
             log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
                       why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
@@ -367,6 +371,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         deposed = asyncio.create_task(lost.wait())
         await asyncio.wait({rounds, stopper, deposed}, return_when=asyncio.FIRST_COMPLETED)
         await set_serving(health_servicer, False)
+        metrics.leading(None)
         if lost.is_set():  # deposed: stop leading at once; the store's fence refuses what is in flight
             log_event("leadership_lost", logging.ERROR, replica=keeper.holder, reason=lost_reason[0])
         deposed.cancel()

@@ -19,8 +19,10 @@ stream with a status). Errors are `coordinator.errors` exceptions.
 It composes `relay` (device_relay.py), `actions` (operator_actions.py; it
 is their `FederationControl`), `outcomes` (round_outcomes.py: round ends, the
 epsilon budget, D42), `census` (device_census.py), `delivery`
-(round_delivery.py: messages to streams, D33) and `spent` (spent_devices.py:
-who already contributed to this version, D85). The admin servicer gets
+(round_delivery.py: messages to streams, D33), `spent` (spent_devices.py:
+who already contributed to this version, D85) and `skip` (version_skip.py:
+past a version a dead coordinator spent, D94); unmasking_guard.py saves who
+is asked to unmask before anyone is asked (D94). The admin servicer gets
 `actions`, `live_state` and the event hub."""
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime
 
-import grpc
 import numpy as np
 
 from coordinator.current_model import CurrentModel
@@ -61,7 +62,10 @@ from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.round_tasks import TaskFields
 from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
 from coordinator.selection import eligible_devices, select_cohort
+from coordinator.session_reaper import reap_silent_sessions
 from coordinator.spent_devices import SpentDevices
+from coordinator.unmasking_guard import opens_unmasking, save_then_ask
+from coordinator.version_skip import VersionSkip
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import RoundRecord, RoundState, Store, utc_now
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
@@ -70,8 +74,6 @@ from wire.possession import SESSION_NONCE_BYTES
 from wire.protocol import CLIENT_MESSAGE_STAGE
 from wire.round_task import seconds_to_duration
 from wire.secagg_codec import expand_abort
-
-SILENT_INTERVALS = 3
 
 
 class Coordinator:
@@ -110,6 +112,7 @@ class Coordinator:
         ), wall_clock=wall_clock, credential_of=self._credential)
         self._last_round_number = 0
         self.current = CurrentModel(store, model)
+        self.skip = VersionSkip(store, self.current, model, grace_s=settings.deadlines.selection, clock=clock)
         self._started = False
         self._stopping = False
         self.rounds_run = 0
@@ -145,7 +148,9 @@ class Coordinator:
         await self.registry.load()
         await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
         self._started = True
-        self._reaper = asyncio.create_task(self._reap_silent_sessions(), name="fedmask-session-reaper")
+        self._reaper = asyncio.create_task(reap_silent_sessions(
+            self.registry, interval=self.settings.heartbeat_interval, stopping=lambda: self._stopping,
+            close_session=self.close_session), name="fedmask-session-reaper")
         self._counter = asyncio.create_task(self.census.run(), name="fedmask-device-counts")
         self.census.changed()
 
@@ -348,24 +353,6 @@ class Coordinator:
         if r is not None and r.wants_close:
             self._round_event.set()
 
-    async def _reap_silent_sessions(self) -> None:
-        """Every half heartbeat interval: end silent sessions, apply
-        revocations made in the store."""
-        interval = self.settings.heartbeat_interval
-        limit = SILENT_INTERVALS * interval
-        try:
-            while not self._stopping:
-                await asyncio.sleep(interval / 2)
-                for s in self.registry.silent_sessions(limit):
-                    s.end(grpc.StatusCode.DEADLINE_EXCEEDED, f"no message for {SILENT_INTERVALS} heartbeat intervals")
-                    self.close_session(s, "silent")
-                try:
-                    await self.registry.refresh_revocations()
-                except Exception as exc:  # a store outage: try again next tick
-                    log_event("revocation_refresh_failed", logging.WARNING, error=f"{type(exc).__name__}: {exc}")
-        except asyncio.CancelledError:
-            pass
-
     # ================================================================== actions
 
     def _apply(self, actions: Iterable[Action]) -> None:
@@ -441,8 +428,10 @@ class Coordinator:
         target = max(c.selected, minimum)
         await self._refresh_exclusions()
         while not self._stopping and len(eligible := self.eligible()) < minimum:
-            self.spent.waiting(self.registry.available(self.model.name), eligible=len(eligible), minimum=minimum)
-            await self._wait(self._changed, 1.0)
+            available = self.registry.available(self.model.name)
+            if not await self.skip.step(self.spent, available, eligible=len(eligible), minimum=minimum):  # D94
+                self.spent.waiting(available, eligible=len(eligible), minimum=minimum)
+                await self._wait(self._changed, 1.0)
             await self._refresh_exclusions()
         if self._stopping:
             return None
@@ -517,11 +506,15 @@ class Coordinator:
             saved_phase = r.phase
             while r.phase.is_collecting:
                 timeout = r.deadline - self._clock()
-                if r.wants_close or timeout <= 0:
-                    self._apply(r.tick(self._clock()))
-                else:
+                if not (r.wants_close or timeout <= 0):
                     await self._wait(self._round_event, timeout)
                     continue
+                actions = r.tick(self._clock())
+                if opens_unmasking(actions) and r.phase is RoundState.UNMASKING:  # who is asked to unmask is saved before anyone is asked (D94)
+                    await save_then_ask(self.store, self._record(r, r.phase), actions, self._apply)
+                    saved_phase = r.phase
+                else:
+                    self._apply(actions)
                 if r.phase.is_collecting and r.phase is not saved_phase:
                     saved_phase = r.phase
                     await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))

@@ -96,23 +96,43 @@ def rollback_chain(store: Store, version: int) -> frozenset[int]:
     return same_training_versions(version, rollback_of)
 
 
-def read_spent(store: Store, versions: Collection[int]) -> frozenset[int]:
-    """Blocking: the spent devices of the rounds based on `versions` (pages
-    the rounds newest first, down to the oldest of `versions`: rounds are
-    numbered in time order, and a version's rounds come after it)."""
+def rounds_on(store: Store, versions: Collection[int]) -> list[RoundRecord]:
+    """Blocking: the rounds based on one of `versions` (pages the rounds
+    newest first, down to the oldest of `versions`: rounds are numbered in
+    time order, and a version's rounds come after it)."""
     oldest = min(versions)
-    out: set[int] = set()
+    out: list[RoundRecord] = []
     before: int | None = None
     while True:
         page = store.list_rounds(limit=PAGE, before=before)
-        out |= spent_devices(page.items, versions)
+        out += [r for r in page.items if r.base_model_version is not None and r.base_model_version in versions]
         last = page.items[-1] if page.items else None
         if last is None or page.next_cursor is None:
             break
         if last.base_model_version is not None and last.base_model_version < oldest:
             break
         before = page.next_cursor
-    return frozenset(out)
+    return out
+
+
+def read_spent(store: Store, versions: Collection[int]) -> frozenset[int]:
+    """Blocking: the spent devices of the rounds based on `versions`."""
+    return spent_devices(rounds_on(store, versions), versions)
+
+
+def left_by_a_dead_coordinator(records: Iterable[RoundRecord]) -> dict[int, frozenset[int]]:
+    """Round number -> the devices it spent, for the rounds a coordinator
+    left when it died after asking for unmasking (aborted
+    `coordinator_restart` by its successor, or still in progress): what
+    `version_skip` moves past (D94)."""
+    out: dict[int, frozenset[int]] = {}
+    for r in records:
+        if r.state.is_terminal and r.abort_reason != COORDINATOR_RESTART:
+            continue
+        spent = unmasking_responders(r)
+        if spent:
+            out[r.number] = spent
+    return out
 
 
 class SpentDevices:
@@ -125,16 +145,25 @@ class SpentDevices:
         self._version: int | None = None
         self._logged: tuple[int | None, int, int] | None = None
         self._versions: frozenset[int] = frozenset()
+        #: round number -> devices it spent, for the rounds on this version a dead coordinator left (D94)
+        self.interrupted: dict[int, frozenset[int]] = {}
+
+    @property
+    def version(self) -> int | None:
+        """The model version the sets were read for."""
+        return self._version
 
     async def refresh(self, version: int | None) -> None:
         """Reread the spent set for the current model `version` (empty with no version)."""
         if version is None:
-            self._version, self.devices = None, frozenset()
+            self._version, self.devices, self.interrupted = None, frozenset(), {}
             return
         if version != self._version or not self._versions:  # a version's rollback chain never changes
             self._versions = await asyncio.to_thread(rollback_chain, self.store, version)
             self._version = version
-        self.devices = await asyncio.to_thread(read_spent, self.store, self._versions)
+        records = await asyncio.to_thread(rounds_on, self.store, self._versions)
+        self.devices = spent_devices(records, self._versions)
+        self.interrupted = left_by_a_dead_coordinator(records)
 
     def waiting(self, available: Iterable[int], *, eligible: int, minimum: int) -> None:
         """Selection waits with `eligible` < `minimum`: say, once per model
@@ -148,4 +177,4 @@ class SpentDevices:
             self._logged = key
 
 
-__all__ = ["SpentDevices", "read_spent", "rollback_chain", "same_training_versions", "spent_devices", "unmasking_responders"]
+__all__ = ["SpentDevices", "left_by_a_dead_coordinator", "read_spent", "rounds_on", "rollback_chain", "same_training_versions", "spent_devices", "unmasking_responders"]

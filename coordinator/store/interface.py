@@ -92,9 +92,11 @@ class Store(Protocol):
         ...
 
     # ------------------------------------------------------ model versions
-    def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
+    def add_model_version(self, version: NewModelVersion, *, fence: Lease | None = None) -> ModelVersionSummary:
         """Store a model version produced outside a round (the initial model,
-        an import); round_number is None."""
+        a rollback, a skip past a spent version); round_number is None.
+        Fenced as commit_round (a replica's default fence when none is
+        given): raises FencedOut, nothing written, for a deposed leader."""
         ...
 
     def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:

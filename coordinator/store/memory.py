@@ -175,8 +175,9 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
         staged.models[model.id] = model
         return model
 
-    def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
-        with self._lock:
+    def add_model_version(self, version: NewModelVersion, *, fence: Lease | None = None) -> ModelVersionSummary:
+        with self._lease_lock, self._lock:
+            self._check_fence(fence)
             staged = self._state.copy()
             model = self._new_model(staged, version, None)
             self._state = staged

@@ -269,8 +269,14 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
         s.flush()
         return row
 
-    def add_model_version(self, version: NewModelVersion) -> ModelVersionSummary:
-        return self._write(lambda s: _model_summary(self._insert_model(s, version, None), len(version.parameters)))
+    def add_model_version(self, version: NewModelVersion, *, fence: Lease | None = None) -> ModelVersionSummary:
+        fence = self._fence_for(fence)
+
+        def body(s: Session) -> ModelVersionSummary:
+            check_fence(s, fence)
+            return _model_summary(self._insert_model(s, version, None), len(version.parameters))
+
+        return self._write(body)
 
     def latest_model_version(self, model_name: str | None = None) -> ModelVersion | None:
         query = select(ModelVersionRow).order_by(ModelVersionRow.id.desc()).limit(1)

@@ -645,7 +645,7 @@ def test_prometheus_metrics_are_scraped_after_real_rounds() -> None:
 
     async def main() -> None:
         async with running(settings) as r:
-            httpd, port = start_metrics_server(r.coord, "127.0.0.1:0")
+            httpd, port = start_metrics_server(r.coord.metrics, "127.0.0.1:0")
             try:
                 clients, _ = await clients_for(r.target, 3)
                 await asyncio.wait_for(asyncio.shield(r.rounds), 15)

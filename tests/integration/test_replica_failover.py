@@ -49,9 +49,9 @@ pytestmark = [pytest.mark.slow]
 
 LEASE_S = 3.0
 #: Seconds between rounds. The tests stop the leader right after a commit,
-#: inside this pause: a leader stopped while its devices answer an
-#: unmasking request leaves them spent on that version (D85) without the
-#: store knowing it, which is a known gap (D90, "Known gap").
+#: inside this pause, so that every version in the history is a committed
+#: round's: a leader killed after asking for unmasking makes its successor
+#: skip the spent version (D94), which test_replica_spent_version.py tests.
 ROUND_PAUSE_S = 3.0
 L = 32
 COMMON: dict[str, Any] = dict(
