@@ -1,0 +1,97 @@
+"""`fedmask audit` against the mechanism it audits (D92, models/sim/canary_audit.py).
+
+The fault: a noise-share sampler that draws every share with a tenth of its
+standard deviation (sigma^2 / 100), passed through the test-only seam of
+`models.sim.dp_mechanism.discrete_gaussian_round`; the ledger keeps pricing
+the configured noise, so the accountant's epsilon does not move. The audit
+must flag it: its estimate, the whole bootstrap interval, above the
+accountant's epsilon, and the command's exit code 3.
+
+Each run here: 1,000 canaries (every one in every round) and 1,000 held-out
+directions, 20 ordinary devices a round, 16,384 coordinates, a few rounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpmech import fast_sampler
+from dpmech.audit import Verdict
+from fedmask.commands.audit import EXIT_EXCEEDS, run_and_report
+from models.sim.canary_audit import AuditSettings, run_audit
+
+SMALL = AuditSettings(dim=16_384, canaries=1000, cohort=20, population=100, rounds=4, resamples=300)
+
+
+def noise_cut_tenfold(rng: np.random.Generator, size: int, sigma2: Fraction) -> np.ndarray:
+    """The fault: each share's standard deviation silently divided by 10."""
+    return fast_sampler.discrete_gaussian(rng, size, Fraction(sigma2) / 100)
+
+
+def test_a_noise_cut_tenfold_is_flagged_by_the_audit(capsys: pytest.CaptureFixture[str]) -> None:
+    """(mandatory) The ledger still prices multiplier 2 (its epsilon is the
+    honest run's); the audit's estimate, and its whole interval, exceed it,
+    and the command exits 3 saying so."""
+    settings = dataclasses.replace(SMALL, noise=2.0)
+    honest = run_audit(settings)
+    code = run_and_report(settings, as_json=True, quiet=True, share_sampler=noise_cut_tenfold)
+    out = json.loads(capsys.readouterr().out)
+    assert code == EXIT_EXCEEDS
+    assert out["verdict"] == Verdict.EXCEEDS.value
+    assert out["reported_epsilon"] == pytest.approx(honest.reported_epsilon)  # the fault is silent to the ledger
+    assert out["noise_multiplier_priced"] == pytest.approx(2.0, rel=1e-6)
+    assert out["sum_noise_measured"] < 0.25  # the simulator's own measurement does see a tenth of the noise
+    empirical = out["empirical"]
+    assert empirical["low"] > out["reported_epsilon"] and empirical["epsilon"] > 2 * out["reported_epsilon"]
+    assert honest.verdict is Verdict.CONSISTENT  # the same run without the fault is not flagged
+
+    code = run_and_report(settings, as_json=False, quiet=True, share_sampler=noise_cut_tenfold)
+    text = capsys.readouterr().out
+    assert code == EXIT_EXCEEDS and "EXCEEDS the accountant's epsilon" in text
+
+
+@pytest.mark.parametrize("noise", [1.0, 2.0])
+def test_the_shipped_mechanism_stays_at_or_below_the_accountants_epsilon(noise: float) -> None:
+    result = run_audit(dataclasses.replace(SMALL, noise=noise))
+    e = result.empirical
+    assert 0 < e.epsilon <= result.reported_epsilon, result.as_dict()
+    assert result.verdict is Verdict.CONSISTENT
+    assert e.low <= e.epsilon <= e.high
+    assert result.noise_multiplier_priced == pytest.approx(noise, rel=1e-6)
+    assert result.sum_noise_measured == pytest.approx(noise, rel=0.05)  # the noise really is there
+
+
+def test_the_float_path_is_audited_like_the_discrete_one() -> None:
+    """What the audit finds on `gaussian-float`: nothing. Its estimate is at
+    or below the ledger's epsilon, like the discrete Gaussian's at the same
+    noise: this statistic sees the noise's variance, not the float
+    sampler's weaknesses the discrete path removes (D88, D92)."""
+    floating = run_audit(dataclasses.replace(SMALL, noise=2.0, mechanism="gaussian-float"))
+    assert floating.verdict is Verdict.CONSISTENT
+    assert 0 < floating.empirical.epsilon <= floating.reported_epsilon
+    assert floating.sum_noise_measured == pytest.approx(2.0, rel=0.05)
+
+
+def test_the_command_prints_json_and_refuses_bad_settings(command_app) -> None:
+    from fedmask.commands import audit as audit_cmd
+
+    app = command_app(audit_cmd.register)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["audit", "--dim", "1024", "--canaries", "50", "--rounds", "1", "--noise", "3",
+                             "--resamples", "50", "--json", "--quiet"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)
+    assert doc["settings"]["canaries"] == 50 and doc["empirical"]["n_held_out"] == 50
+    assert doc["reported_epsilon"] > 0 and doc["verdict"] in {v.value for v in Verdict}
+    for args, message in ((["--cohort", "200"], "--cohort must be in 1..100"),
+                          (["--mechanism", "laplace"], "--mechanism must be one of"),
+                          (["--secagg", "--mechanism", "gaussian-float"], "--secagg audits the discrete"),
+                          (["--delta", "2"], "--delta must be in (0, 1)")):
+        bad = runner.invoke(app, ["audit", *args])
+        assert bad.exit_code == 2 and message in bad.stderr, (args, bad.output)
