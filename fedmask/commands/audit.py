@@ -52,6 +52,9 @@ def audit_command(
                                            "path).")] = "discrete-gaussian",
     secagg: Annotated[bool, typer.Option("--secagg", help="Sum the devices' residues through the in-process "
                                          "SecAgg(+) round (slower; the sum is the same, bit for bit).")] = False,
+    sampler: Annotated[str, typer.Option(help="seeded: the simulator's seeded sampler of the same law; exact: "
+                                         "every device's vector is the devices' own encode, its noise sampled "
+                                         "exactly from the OS CSPRNG (slower).")] = "seeded",
     fit: Annotated[str, typer.Option(help="pooled: one sd for both Gaussians (the Gaussian mechanism's shift "
                                      "model); separate: the paper's general fit (biased upward at small delta)."
                                      )] = "pooled",
@@ -68,15 +71,17 @@ def audit_command(
     The estimate is a lower bound's estimate from one run: below the accountant's epsilon it shows no bug this statistic can see, not that the accountant is right. Exit code 3 when the whole interval lies above the accountant's epsilon (the noise or the accounting is wrong), 2 for a setting that cannot run.
     """
     from models.registry import ConfigError
-    from models.sim.canary_audit import FITS, MECHANISMS, AuditSettings
+    from models.sim.canary_audit import FITS, MECHANISMS, SAMPLERS, AuditSettings
 
     try:
-        if mechanism not in MECHANISMS or fit not in FITS:
-            bad = ("--mechanism", mechanism, MECHANISMS) if mechanism not in MECHANISMS else ("--fit", fit, FITS)
-            raise ConfigError(f"{bad[0]} must be one of {', '.join(bad[2])}, got {bad[1]!r}")
+        for option, value, known in (("--mechanism", mechanism, MECHANISMS), ("--fit", fit, FITS),
+                                     ("--sampler", sampler, SAMPLERS)):
+            if value not in known:
+                raise ConfigError(f"{option} must be one of {', '.join(known)}, got {value!r}")
         settings = AuditSettings(dim=dim, population=population, cohort=cohort, canaries=canaries, rounds=rounds,
                                  noise=noise, clip=clip, delta=delta, mechanism=MECHANISMS[mechanism],
-                                 secagg=secagg, seed=seed, confidence=confidence, resamples=resamples, fit=FITS[fit])
+                                 secagg=secagg, sampler=SAMPLERS[sampler], seed=seed, confidence=confidence,
+                                 resamples=resamples, fit=FITS[fit])
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -159,5 +164,5 @@ def _print(r: AuditResult) -> None:
                   f"priced by the ledger: multiplier {r.noise_multiplier_priced:.3g} of the sensitivity")
     console.print(f"{s.cohort} of {s.population} ordinary devices (synthetic updates) and {s.canaries} canaries a "
                   f"round, {s.dim:,} coordinates, clip {s.clip:g}{', through SecAgg(+)' if s.secagg else ''}; "
-                  f"{r.wall_s:.1f} s. Epsilon protects {PROTECTS}. One run's estimate of a lower bound: not a proof "
+                  f"{s.sampler} noise sampler; {r.wall_s:.1f} s. Epsilon protects {PROTECTS}. One run's estimate of a lower bound: not a proof "
                   "that the accountant is right.")

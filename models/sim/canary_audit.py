@@ -52,6 +52,8 @@ from models.sim.dp_mechanism import ShareSampler
 RoundDone = Callable[[int, int], None]
 Fit = Literal["pooled", "separate"]
 FITS: dict[str, Fit] = {"pooled": "pooled", "separate": "separate"}
+Sampler = Literal["seeded", "exact"]
+SAMPLERS: dict[str, Sampler] = {"seeded": "seeded", "exact": "exact"}
 MECHANISMS: dict[str, DPMechanism] = {"discrete-gaussian": "discrete-gaussian", "gaussian-float": "gaussian-float"}
 _SHARED_WEIGHT = 0.5  # the population's shared direction in an ordinary device's update
 
@@ -70,6 +72,7 @@ class AuditSettings:
     delta: float = 1e-5
     mechanism: DPMechanism = "discrete-gaussian"
     secagg: bool = False
+    sampler: Sampler = "seeded"
     seed: int = 0
     confidence: float = 0.95
     resamples: int = 1000
@@ -90,6 +93,10 @@ class AuditSettings:
              f"--mechanism must be discrete-gaussian or gaussian-float, got {self.mechanism!r}"),
             (not (self.secagg and self.mechanism != "discrete-gaussian"),
              "--secagg audits the discrete Gaussian's residues; use it with --mechanism discrete-gaussian"),
+            (self.sampler in ("seeded", "exact"), f"--sampler must be seeded or exact, got {self.sampler!r}"),
+            (not (self.sampler == "exact" and (self.secagg or self.mechanism != "discrete-gaussian")),
+             "--sampler exact runs the devices' encode of the discrete Gaussian, summed in the clear: without "
+             "--secagg and with --mechanism discrete-gaussian"),
             (0 < self.confidence < 1, f"--confidence must be in (0, 1), got {self.confidence}"),
             (self.resamples >= 10, f"--resamples must be >= 10, got {self.resamples}"),
             (self.fit in ("pooled", "separate"), f"--fit must be pooled or separate, got {self.fit!r}"),
@@ -148,11 +155,38 @@ class _Population:
         return cohort, raw / np.linalg.norm(raw, axis=1, keepdims=True) * norms
 
 
+def _devices_round(updates: torch.Tensor, s: AuditSettings, round_idx: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """`--sampler exact`: every device's vector is the devices' own
+    `dpmech.mechanism.encode` (noise from the OS CSPRNG, sampled exactly),
+    with the simulator's round mechanism and rotation seed; the server adds
+    them mod 2^w and decodes (`dpmech.mechanism.decode_sum`)."""
+    from dpmech import field as modular
+    from dpmech.mechanism import decode_sum, encode
+    from models.sim.dp_mechanism import privacy_entry, round_mechanisms, rotation_seed
+
+    dp = s.dp()
+    groups = (tuple(range(updates.shape[0])),)
+    (config,) = round_mechanisms(dp, s.dim, groups)
+    key = rotation_seed(s.seed, round_idx)
+    rng = np.random.default_rng([s.seed, 92, round_idx])
+    x = updates.numpy()
+    total = np.zeros(config.padded_dim, dtype=np.int64)
+    for row in x:
+        total = modular.wrap(total + encode(row, config, key, rng), config.bits)
+    decoded = decode_sum(total, config, key)
+    entry = privacy_entry(dp, groups, (config,))
+    clipped = x * np.minimum(1.0, s.clip / np.maximum(np.linalg.norm(x, axis=1), 1e-300))[:, None]
+    entry["sum_noise_multiplier_measured"] = float(np.sqrt(np.mean((decoded - clipped.sum(axis=0)) ** 2)) / s.clip)
+    return torch.as_tensor(decoded), entry
+
+
 def _round_sum(updates: torch.Tensor, s: AuditSettings, round_idx: int, share_sampler: ShareSampler | None,
                secure: Any) -> tuple[torch.Tensor, dict[str, Any]]:
     """The decoded sum the server releases in round `round_idx`, and its ledger entry."""
     dp = s.dp()
     groups: tuple[tuple[int, ...], ...] = (tuple(range(updates.shape[0])),)
+    if s.sampler == "exact":
+        return _devices_round(updates, s, round_idx)
     if s.mechanism == "discrete-gaussian":
         from models.sim.dp_mechanism import discrete_gaussian_round
 
@@ -177,8 +211,8 @@ def run_audit(s: AuditSettings, *, on_round: RoundDone | None = None,
 
     from models.sim.dp_groups import PrivacyLedger
 
-    if share_sampler is not None and s.mechanism != "discrete-gaussian":
-        raise ValueError("share_sampler replaces the discrete Gaussian's shares; the float path has none")
+    if share_sampler is not None and (s.mechanism != "discrete-gaussian" or s.sampler != "seeded"):
+        raise ValueError("share_sampler replaces the simulator's discrete Gaussian shares; this run draws none")
     start = time.monotonic()
     rng = np.random.default_rng([s.seed, 92])
     directions = audit.random_directions(rng, 2 * s.canaries, s.dim)
@@ -210,4 +244,4 @@ def run_audit(s: AuditSettings, *, on_round: RoundDone | None = None,
                        wall_s=time.monotonic() - start)
 
 
-__all__ = ["FITS", "MECHANISMS", "AuditResult", "AuditSettings", "RoundDone", "run_audit"]
+__all__ = ["FITS", "MECHANISMS", "SAMPLERS", "AuditResult", "AuditSettings", "RoundDone", "run_audit"]
