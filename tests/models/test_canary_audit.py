@@ -7,8 +7,11 @@ the configured noise, so the accountant's epsilon does not move. The audit
 must flag it: its estimate, the whole bootstrap interval, above the
 accountant's epsilon, and the command's exit code 3.
 
-Each run here: 1,000 canaries (every one in every round) and 1,000 held-out
-directions, 20 ordinary devices a round, 16,384 coordinates, a few rounds.
+Every canary is in every round. The seeded runs are reproducible; the
+margins their assertions have were measured (docs/privacy.md): the
+accountant's epsilon is 7-8 % above the Gaussian mechanism's exact one and
+the canaries' dilution takes the estimate lower still, while its bootstrap
+interval is about +-10 % wide at 1,000 canaries.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ from dpmech.audit import Verdict
 from fedmask.commands.audit import EXIT_EXCEEDS, run_and_report
 from models.sim.canary_audit import AuditSettings, run_audit
 
+# 1,000 canaries and 1,000 held out, 20 of 100 ordinary devices a round, 16,384 coordinates
 SMALL = AuditSettings(dim=16_384, canaries=1000, cohort=20, population=100, rounds=4, resamples=300)
+# the fault's runs: half of that in every respect (the fault stands out by a factor of 5)
+FAULT = AuditSettings(dim=8192, canaries=500, cohort=20, population=100, rounds=2, resamples=300, noise=2.0)
 
 
 def noise_cut_tenfold(rng: np.random.Generator, size: int, sigma2: Fraction) -> np.ndarray:
@@ -38,7 +44,7 @@ def test_a_noise_cut_tenfold_is_flagged_by_the_audit(capsys: pytest.CaptureFixtu
     """(mandatory) The ledger still prices multiplier 2 (its epsilon is the
     honest run's); the audit's estimate, and its whole interval, exceed it,
     and the command exits 3 saying so."""
-    settings = dataclasses.replace(SMALL, noise=2.0)
+    settings = FAULT
     honest = run_audit(settings)
     code = run_and_report(settings, as_json=True, quiet=True, share_sampler=noise_cut_tenfold)
     out = json.loads(capsys.readouterr().out)
@@ -48,7 +54,7 @@ def test_a_noise_cut_tenfold_is_flagged_by_the_audit(capsys: pytest.CaptureFixtu
     assert out["noise_multiplier_priced"] == pytest.approx(2.0, rel=1e-6)
     assert out["sum_noise_measured"] < 0.25  # the simulator's own measurement does see a tenth of the noise
     empirical = out["empirical"]
-    assert empirical["low"] > out["reported_epsilon"] and empirical["epsilon"] > 2 * out["reported_epsilon"]
+    assert empirical["low"] > out["reported_epsilon"] and empirical["epsilon"] > 3 * out["reported_epsilon"]
     assert honest.verdict is Verdict.CONSISTENT  # the same run without the fault is not flagged
 
     code = run_and_report(settings, as_json=False, quiet=True, share_sampler=noise_cut_tenfold)
@@ -56,7 +62,7 @@ def test_a_noise_cut_tenfold_is_flagged_by_the_audit(capsys: pytest.CaptureFixtu
     assert code == EXIT_EXCEEDS and "EXCEEDS the accountant's epsilon" in text
 
 
-@pytest.mark.parametrize("noise", [1.0, 2.0])
+@pytest.mark.parametrize("noise", [1.0, 1.5])
 def test_the_shipped_mechanism_stays_at_or_below_the_accountants_epsilon(noise: float) -> None:
     result = run_audit(dataclasses.replace(SMALL, noise=noise))
     e = result.empirical
@@ -107,9 +113,13 @@ def test_through_secagg_the_release_is_the_same_bit_for_bit() -> None:
 
 
 def test_the_devices_own_encode_with_the_exact_sampler_is_audited_too() -> None:
-    """`--sampler exact`: each vector from `dpmech.mechanism.encode` (OS CSPRNG)."""
-    result = run_audit(dataclasses.replace(TINY, sampler="exact"))
+    """`--sampler exact`: each vector from `dpmech.mechanism.encode`, its
+    noise from the OS CSPRNG, so the run is not reproducible: the test
+    asserts what holds whatever the draws (the noise is there; the verdict
+    is not a violation, which the estimate's spread would reach with
+    probability about 3e-4 at these sizes)."""
+    result = run_audit(dataclasses.replace(TINY, sampler="exact", canaries=400))
     assert result.sum_noise_measured == pytest.approx(1.5, rel=0.05)
-    assert result.verdict is Verdict.CONSISTENT and 0 < result.empirical.epsilon <= result.reported_epsilon
+    assert result.verdict is not Verdict.EXCEEDS and result.empirical.low <= result.reported_epsilon
     with pytest.raises(ValueError, match="share_sampler"):
         run_audit(dataclasses.replace(TINY, sampler="exact"), share_sampler=noise_cut_tenfold)
