@@ -153,7 +153,7 @@ def _print(r: AuditResult) -> None:
     t.add_column("epsilon", justify="right")
     t.add_row("empirical (canaries)", eps(e.epsilon))
     t.add_row(f"{e.confidence:.0%} interval (bootstrap, {e.resamples} resamples)", f"{eps(e.low)} .. {eps(e.high)}")
-    t.add_row("accountant (the ledger, same run)", eps(r.reported_epsilon))
+    t.add_row("accountant (the ledger, same run)", f"{r.reported_epsilon:.3g}")
     console.print(t)
     console.print(f"verdict: {_VERDICTS[r.verdict.value]}")
     (m1, s1), (m0, s0) = e.inserted, e.held_out
@@ -162,6 +162,8 @@ def _print(r: AuditResult) -> None:
                   f"{'pooled sd' if e.equal_variances else 'separate sds'}")
     console.print(f"noise of the rounds' sums, measured by the simulator: {r.sum_noise_measured:.3g} x the clip; "
                   f"priced by the ledger: multiplier {r.noise_multiplier_priced:.3g} of the sensitivity")
+    console.print(f"the canaries' cross-talk adds {r.crosstalk:.2g} x the configured noise's variance to each cosine"
+                  + ("" if r.crosstalk <= 0.25 else ": the estimate is diluted, raise --dim or lower --canaries"))
     console.print(f"{s.cohort} of {s.population} ordinary devices (synthetic updates) and {s.canaries} canaries a "
                   f"round, {s.dim:,} coordinates, clip {s.clip:g}{', through SecAgg(+)' if s.secagg else ''}; "
                   f"{s.sampler} noise sampler; {r.wall_s:.1f} s. Epsilon protects {PROTECTS}. One run's estimate of a lower bound: not a proof "

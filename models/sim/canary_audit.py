@@ -130,10 +130,17 @@ class AuditResult:
     def verdict(self) -> audit.Verdict:
         return self.empirical.verdict(self.reported_epsilon)
 
+    @property
+    def crosstalk(self) -> float:
+        """The other canaries' share of a cosine's spread, relative to the
+        noise's: (k - 1) T / (d z^2). Large, it dilutes the estimate (D92)."""
+        s = self.settings
+        return (s.canaries - 1) * s.rounds / (s.dim * s.noise ** 2)
+
     def as_dict(self) -> dict[str, Any]:
         return {"settings": dataclasses.asdict(self.settings), "empirical": self.empirical.as_dict(),
                 "reported_epsilon": self.reported_epsilon, "verdict": self.verdict.value,
-                "noise_multiplier_priced": self.noise_multiplier_priced,
+                "noise_multiplier_priced": self.noise_multiplier_priced, "crosstalk": self.crosstalk,
                 "sum_noise_measured": self.sum_noise_measured, "wall_s": self.wall_s}
 
 

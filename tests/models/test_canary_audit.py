@@ -95,6 +95,7 @@ def test_the_command_prints_json_and_refuses_bad_settings(command_app) -> None:
     doc = json.loads(ok.stdout)
     assert doc["settings"]["canaries"] == 50 and doc["empirical"]["n_held_out"] == 50
     assert doc["reported_epsilon"] > 0 and doc["verdict"] in {v.value for v in Verdict}
+    assert doc["crosstalk"] == pytest.approx(49 * 1 / (1024 * 3.0 ** 2))  # (k - 1) T / (d z^2)
     for args, message in ((["--cohort", "200"], "--cohort must be in 1..100"),
                           (["--mechanism", "laplace"], "--mechanism must be one of"),
                           (["--secagg", "--mechanism", "gaussian-float"], "--secagg audits the discrete"),
