@@ -43,9 +43,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from dpmech import audit
+from dpmech import audit, fast_sampler
 from models.registry import ConfigError
 from models.sim.config import DPMechanism, DPSettings
+from models.sim.aggregation import SecureAggregator
 from models.sim.dp_mechanism import ShareSampler
 
 #: What a round reports to the caller: (rounds done, rounds in all).
@@ -188,7 +189,7 @@ def _devices_round(updates: torch.Tensor, s: AuditSettings, round_idx: int) -> t
 
 
 def _round_sum(updates: torch.Tensor, s: AuditSettings, round_idx: int, share_sampler: ShareSampler | None,
-               secure: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+               secure: SecureAggregator | None) -> tuple[torch.Tensor, dict[str, Any]]:
     """The decoded sum the server releases in round `round_idx`, and its ledger entry."""
     dp = s.dp()
     groups: tuple[tuple[int, ...], ...] = (tuple(range(updates.shape[0])),)
@@ -199,9 +200,9 @@ def _round_sum(updates: torch.Tensor, s: AuditSettings, round_idx: int, share_sa
 
         if secure is not None:
             groups = secure.partition(updates.shape[0], round_idx)
-        extra = {} if share_sampler is None else {"share_sampler": share_sampler}
         total, _, entry, _ = discrete_gaussian_round(updates, dp=dp, groups=groups, seed=s.seed, round_idx=round_idx,
-                                                     secure=secure, **extra)
+                                                     secure=secure,
+                                                     share_sampler=share_sampler or fast_sampler.discrete_gaussian)
         return total, entry
     from models.sim.dp_groups import privatize_in_groups
 
@@ -226,10 +227,8 @@ def run_audit(s: AuditSettings, *, on_round: RoundDone | None = None,
     inserted, held_out = directions[:s.canaries], directions[s.canaries:]
     canary_updates = torch.as_tensor(inserted * s.clip, dtype=torch.float64)
     population = _Population(s, rng)
-    secure = None
+    secure: SecureAggregator | None = None
     if s.secagg:
-        from models.sim.aggregation import SecureAggregator
-
         secure = SecureAggregator(seed=s.seed, neighbors="auto")
     ledger = PrivacyLedger(s.dp(), sampling_rate=1.0)  # canaries are in every round
     release = np.zeros(s.dim)

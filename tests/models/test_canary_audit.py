@@ -124,3 +124,23 @@ def test_the_devices_own_encode_with_the_exact_sampler_is_audited_too() -> None:
     assert result.verdict is not Verdict.EXCEEDS and result.empirical.low <= result.reported_epsilon
     with pytest.raises(ValueError, match="share_sampler"):
         run_audit(dataclasses.replace(TINY, sampler="exact"), share_sampler=noise_cut_tenfold)
+
+
+def test_no_setting_reaches_the_fault_seam() -> None:
+    """The seam's contract (D92): outside the tests, `share_sampler` is named
+    only where it is defined and handed down, and the command's own entry
+    point never passes it."""
+    import ast
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout.split()
+    naming = {name for name in tracked if not name.startswith("tests/") and "share_sampler" in (root / name).read_text()}
+    assert naming == {"models/sim/dp_mechanism.py", "models/sim/canary_audit.py", "fedmask/commands/audit.py"}
+    tree = ast.parse((root / "fedmask/commands/audit.py").read_text())
+    command = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "audit_command")
+    calls = [c for c in ast.walk(command) if isinstance(c, ast.Call)]
+    assert not any(k.arg == "share_sampler" for c in calls for k in c.keywords)
+    assert "share_sampler" not in {a.arg for a in command.args.args + command.args.kwonlyargs}
