@@ -12,8 +12,7 @@ lies above it (the audit caught an accountant or a noise that is wrong),
 from __future__ import annotations
 
 import json
-import math
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -106,23 +105,14 @@ def run_and_report(settings: AuditSettings, *, as_json: bool, quiet: bool,
         typer.echo(f"error: {exc}", err=True)
         return 2
     if as_json:
-        typer.echo(json.dumps(_finite(result.as_dict()), indent=2))
+        from fedmask.commands.privacy import finite_json
+
+        typer.echo(json.dumps(finite_json(result.as_dict()), indent=2))
     else:
         _print(result)
     from dpmech.audit import Verdict
 
     return EXIT_EXCEEDS if result.verdict is Verdict.EXCEEDS else 0
-
-
-def _finite(value: Any) -> Any:
-    """JSON has no infinity: an infinite epsilon is written as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 _VERDICTS = {

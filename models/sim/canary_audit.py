@@ -106,11 +106,6 @@ class AuditSettings:
             if not ok:
                 raise ConfigError(message)
 
-    @property
-    def devices_per_round(self) -> int:
-        """The cohort's ordinary devices and every canary."""
-        return self.cohort + self.canaries
-
     def dp(self) -> DPSettings:
         return DPSettings(noise=self.noise, clip=self.clip, delta=self.delta, accountant="rdp", mode="distributed",
                           mechanism=self.mechanism)
@@ -153,14 +148,15 @@ class _Population:
         self.shared = audit.random_directions(rng, 1, s.dim)[0]
         self.own = audit.random_directions(rng, s.population, s.dim)
 
-    def updates(self) -> tuple[np.ndarray, np.ndarray]:
-        """A round's (cohort, its updates), the cohort drawn without replacement."""
+    def updates(self) -> np.ndarray:
+        """A round's updates of its cohort (drawn without replacement), rows (cohort, dim)."""
         s = self.settings
         cohort = np.sort(self.rng.choice(s.population, size=s.cohort, replace=False))
         fresh = audit.random_directions(self.rng, s.cohort, s.dim)
         raw = _SHARED_WEIGHT * self.shared + self.own[cohort] + 0.5 * fresh
         norms = s.clip * self.rng.uniform(0.5, 1.5, size=(s.cohort, 1))
-        return cohort, raw / np.linalg.norm(raw, axis=1, keepdims=True) * norms
+        rows: np.ndarray = raw / np.linalg.norm(raw, axis=1, keepdims=True) * norms
+        return rows
 
 
 def _devices_round(updates: torch.Tensor, s: AuditSettings, round_idx: int) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -234,8 +230,7 @@ def run_audit(s: AuditSettings, *, on_round: RoundDone | None = None,
     release = np.zeros(s.dim)
     measured = []
     for round_idx in range(s.rounds):
-        _, ordinary = population.updates()
-        updates = torch.cat([torch.as_tensor(ordinary, dtype=torch.float64), canary_updates])
+        updates = torch.cat([torch.as_tensor(population.updates(), dtype=torch.float64), canary_updates])
         total, entry = _round_sum(updates, s, round_idx, share_sampler, secure)
         ledger.add(entry)
         measured.append(float(entry["sum_noise_multiplier_measured"]))
