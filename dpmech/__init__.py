@@ -18,6 +18,8 @@ library and dp_accounting (`accounting` only); nothing of fedmask's.
                   costs the model (`fedmask privacy plan`)
 - `claims`        epsilon as the product states it: its delta, the unit it
                   protects, and the same noise at a production-size population
+- `audit`         the empirical epsilon of canaries' cosines (Andrew et al.'s
+                  Gaussian fit, a bootstrap interval): `fedmask audit` (D92)
 
 Importing the package imports none of its modules (dp_accounting is slow
 to import).

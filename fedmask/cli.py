@@ -29,6 +29,7 @@ from fedmask.commands import admin as admin_cmd
 from fedmask.commands import health as health_cmd
 from fedmask.commands import study as study_cmd
 from fedmask.commands import privacy as privacy_cmd
+from fedmask.commands import audit as audit_cmd
 
 app = typer.Typer(
     name="fedmask",
@@ -49,6 +50,7 @@ admin_cmd.register(app)
 health_cmd.register(app)
 study_cmd.register(app)
 privacy_cmd.register(app)
+audit_cmd.register(app)
 
 
 def main() -> None:

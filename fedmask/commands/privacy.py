@@ -65,19 +65,20 @@ def plan_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     if as_json:
-        typer.echo(json.dumps(_finite(result.as_dict()), indent=2))
+        typer.echo(json.dumps(finite_json(result.as_dict()), indent=2))
         return
     _print_plan(result)
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no infinity: an infinite epsilon is written as null."""
+def finite_json(value: Any) -> Any:
+    """JSON has no infinity: an infinite epsilon is written as null (also
+    `fedmask audit`'s)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
     return value
 
 

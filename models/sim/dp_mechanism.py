@@ -38,7 +38,8 @@ of 943 devices adds about 8 s of noise a round at ML-100K's padded length.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -56,6 +57,9 @@ if TYPE_CHECKING:
 FIELD_BITS = 32  # the in-process secure sum's words
 ROW_CHUNK = 64  # rows rotated and rounded at once
 _SEED_LABEL = b"fedmask/sim/dp-rotation/"
+
+#: Draws one device's noise share: (generator, coordinates, sigma^2) -> int64 draws.
+ShareSampler = Callable[[np.random.Generator, int, Fraction], np.ndarray]
 
 
 class SecureSum(Protocol):
@@ -93,11 +97,16 @@ def discrete_gaussian_round(
     seed: int,
     round_idx: int,
     secure: SecureSum | None,
+    share_sampler: ShareSampler = fast_sampler.discrete_gaussian,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]]:
     """One round of the (B, D) updates under the discrete Gaussian: (the
     decoded sum of the clipped updates plus the counted shares' noise, the
     rows' pre-clipping norms, the round's privacy entry, what the secure sum
-    did). `groups` lists the rows of each group and covers 0..B-1."""
+    did). `groups` lists the rows of each group and covers 0..B-1.
+    `share_sampler` is a test seam, not a setting: no option, configuration
+    or file reaches it, and production callers never pass it; the audit's
+    tests (`models.sim.canary_audit`) pass a faulty sampler to check that
+    `fedmask audit` catches noise the entry does not price."""
     B, dim = updates.shape
     if sorted(r for g in groups for r in g) != list(range(B)):
         raise ValueError(f"the groups must cover the {B} rows exactly once")
@@ -114,7 +123,7 @@ def discrete_gaussian_round(
     for start in range(0, B, ROW_CHUNK):
         rows = quantize(x[start:start + ROW_CHUNK], mech, key, rng)
         for i, row in enumerate(rows, start=start):
-            share = fast_sampler.discrete_gaussian(rng, mech.padded_dim, configs[group_of[i]].sigma2)
+            share = share_sampler(rng, mech.padded_dim, configs[group_of[i]].sigma2)
             noisy = modular.wrap(row + share, mech.bits)
             if residues is not None:
                 residues[i] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
