@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmask.bench.loopback_federation import (
+    FleetShape,
     StageDeadlines,
     bench_folder,
     committed_times,
@@ -64,10 +65,7 @@ PLAINTEXT_TRAINING_S = 0.05
 
 @dataclass(frozen=True)
 class RoundBenchConfig:
-    devices: int = 100
-    client_processes: int = 2
-    dim: int = 53_824
-    neighbors: str = "all"  # all | auto | K
+    fleet: FleetShape = FleetShape(neighbors="all")
     dropout: float = 0.1
     dropout_stage: str = "masked-input"
     rounds: int = 3
@@ -97,9 +95,10 @@ class RoundBenchConfig:
 def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> dict[str, Any]:
     """One coordinator + P clients; R rounds; returns the phase's figures."""
     name = "plaintext" if plaintext else "secure"
+    fleet = cfg.fleet
     work = root / name
     work.mkdir()
-    csv = write_user_csv(work / "users.csv", cfg.devices, seed=cfg.seed)
+    csv = write_user_csv(work / "users.csv", fleet.devices, seed=cfg.seed)
     db = work / "coordinator.db"
     port = free_port()
     # plaintext: one stage of training + masked-input; synthetic updates need no
@@ -114,18 +113,18 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         "database_url": f"sqlite:///{db}",
         "listen": f"{LOOPBACK}:{port}",
         "model": "synthetic",
-        "model_params": {"vector_length": cfg.dim},
-        **full_cohort(cfg.devices, cfg.seed, cfg.rounds),
+        "model_params": {"vector_length": fleet.dim},
+        **full_cohort(fleet.devices, cfg.seed, cfg.rounds),
         "selection_deadline": 120,
         **deadlines.flags(),
-        "secagg_graph": secagg_graph(cfg.neighbors),
+        "secagg_graph": secagg_graph(fleet.neighbors),
         "secagg_threshold": cfg.threshold,
         **_dp_flags(cfg),
         "debug_record_sums": True,
         "debug_insecure_plaintext": plaintext,
         "log_level": "INFO",
     }
-    state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
+    state_dirs = fleet.state_dirs(work)
     client_flags = {
         "dataset": str(csv),
         "seed": cfg.seed,
@@ -147,7 +146,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         coord = start_coordinator(group, port, coord_flags)
         group.sample_rss_of([coord])
         clients = [start_client(group, f"client-{i}", port, users, state_dirs[i], client_flags)
-                   for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
+                   for i, users in enumerate(fleet.user_ranges())]
         log(f"[{name}] coordinator pid {coord.pid} on port {port}, {len(clients)} client process(es) started")
         run_to_exit(coord, clients, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
         peak_rss = coord.peak_rss_mb
@@ -249,7 +248,7 @@ def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -
     if cfg.dropout <= 0 or (plaintext and cfg.dropout_stage == "unmasking"):
         return set()
     plan = FaultPlan(drop_rate=cfg.dropout, drop_stage=cfg.dropout_stage, seed=cfg.seed)
-    return {d for d in range(1, cfg.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
+    return {d for d in range(1, cfg.fleet.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
 
 
 def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
@@ -268,10 +267,7 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             t = {"graph": m.group(1), "threshold": int(m.group(2))} if m else None
         return {
             "ok": bool(secure["ok"] and (plain is None or plain["ok"])),
-            "devices": cfg.devices,
-            "client_processes": cfg.client_processes,
-            "dim": cfg.dim,
-            "neighbors": cfg.neighbors,
+            **cfg.fleet.figures(),
             "secagg": t,
             "dropout": cfg.dropout,
             "dropout_stage": cfg.dropout_stage,

@@ -71,6 +71,7 @@ def round_(
     Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines, masked_input_bytes, the DP block (with --dp-mechanism) and per-round details.
     """
     from fedmask.bench.federation import RoundBenchConfig, run_round_bench
+    from fedmask.bench.loopback_federation import FleetShape
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
@@ -78,7 +79,8 @@ def round_(
         raise typer.BadParameter("none, discrete-gaussian or gaussian-float", param_hint="--dp-mechanism")
     _check_neighbors(neighbors)
     _run_and_report(lambda: RoundBenchConfig(
-        devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
+        dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
         training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
         share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
@@ -194,12 +196,13 @@ def admin(
     Starts a coordinator (the synthetic model, with an item catalogue so the devices answer top-k), --client-processes edge clients hosting --devices devices (no injected dropout) and `fedmask admin`, all on 127.0.0.1. After the first round, --seconds with no request (the idle rounds), then --seconds of --rate requests per second sent on schedule whatever the latency (open loop). Last stdout line: JSON with ok, topk_p50_ms, topk_p99_ms, topk_rps, status_p99_ms, status_rps, errors, secure_round_s_median_loaded, secure_round_s_median_idle and targets (the benchmark's targets, each with whether it was met).
     """
     from fedmask.bench.admin_load import AdminBenchConfig, run_admin_bench
+    from fedmask.bench.loopback_federation import FleetShape
 
     _check_neighbors(neighbors)
-    _run_and_report(lambda: AdminBenchConfig(devices=devices, client_processes=client_processes, dim=dim,
-                                             neighbors=neighbors, rate=rate, seconds=seconds, seed=seed,
-                                             items=min(1682, dim), keep=keep),
-                    run_admin_bench)
+    _run_and_report(lambda: AdminBenchConfig(
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
+        rate=rate, seconds=seconds, seed=seed, items=min(1682, dim), keep=keep,
+    ), run_admin_bench)
 
 
 Config = TypeVar("Config")
