@@ -116,10 +116,10 @@ class StageDeadlines:
 
 
 def start_coordinator(group: ProcessGroup, port: int, options: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
-                      credentials: Any = None, timeout: float = 60.0) -> Child:
-    """`fedmask coordinator` with `options` (which make it listen on 127.0.0.1:port), once it serves
+                      credentials: Any = None, timeout: float = 60.0, name: str = "coordinator") -> Child:
+    """`fedmask coordinator` NAME with `options` (which make it listen on 127.0.0.1:port), once it serves
     (grpc.health.v1 SERVING; `credentials`: TLS channel credentials to ask it with)."""
-    coord = group.start("coordinator", ["coordinator", *flags(options)], env=env)
+    coord = group.start(name, ["coordinator", *flags(options)], env=env)
     wait_until(lambda: health_status(port, credentials=credentials) == "SERVING", timeout,
                what="the coordinator to serve", watch=[coord], step=0.2)
     return coord

@@ -1,6 +1,6 @@
-"""`fedmask bench round|hybrid|connections|hostile|admin`: federation benchmarks
-over real processes on 127.0.0.1 (see fedmask/bench/federation.py, hybrid.py,
-hostile.py, admin_load.py)."""
+"""`fedmask bench round|hybrid|connections|hostile|admin|scale`: federation
+benchmarks over real processes on 127.0.0.1 (see fedmask/bench/federation.py,
+hybrid.py, hostile.py, admin_load.py, scale.py)."""
 
 from __future__ import annotations
 
@@ -205,6 +205,40 @@ def admin(
     ), run_admin_bench)
 
 
+@bench_app.command("scale")
+def scale(
+    replicas: Annotated[int, typer.Option(min=1, help="Coordinator replicas over one PostgreSQL store (one leads, D90).")] = 3,
+    devices: Annotated[int, typer.Option(min=3, help="Devices, hosted by the client processes; every round selects (nearly) all of them.")] = 1000,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices: at most 8, and at least 3 per replica (a client process carries its devices on one stream).")] = 6,
+    dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
+    group_size: Annotated[int, typer.Option(min=2, help="Secure-aggregation group size G the rounds are meant for (D87). The coordinator forms no groups over gRPC yet: each round is one SecAgg+ instance, and the JSON says how many groups G would make.")] = 500,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device goes silent at the masked-input stage of a round.")] = 0.05,
+    rounds: Annotated[int, typer.Option(min=1, help="Secure rounds per tier.")] = 3,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="First run the same rounds with --replicas 1 (the baseline), in this invocation.")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic updates, of the dropout draws and of cohort selection.")] = 0,
+    lease_seconds: Annotated[float, typer.Option(min=1.0, max=600.0, help="The replicas' leader lease (D90).")] = 10.0,
+    timeout: Annotated[float, typer.Option(help="Give up on a tier after this many seconds, processes included.")] = 1800.0,
+    keep: KeepWorkFolderOption = None,
+) -> None:
+    """Time secure rounds served by coordinator replicas over PostgreSQL.
+
+    Starts a throwaway PostgreSQL server (initdb in a temp folder; needs the server binaries, as the tests do) and, on a fresh database each: --replicas replicas of `fedmask coordinator` (the synthetic model of length --dim, SecAgg+ at the coordinator's auto degree and threshold, the default over-selection, no DP), then --client-processes edge clients hosting --devices synthetic-update devices, each client given every replica's address (--coordinator A,B,C; no load balancer). The first replica leads; the others wait as standbys: only the leader holds device streams and runs rounds (D90). --dropout of the devices go silent at masked-input in each round. Every committed aggregate is checked bit for bit. With --baseline (the default) the same rounds first run on one replica.
+
+    Last stdout line: JSON with ok, exact, round_s_median, stage_s_median, groups, groups_at_group_size, devices_left_out, replica_cpu_ms_per_device_round (the replicas' CPU from /proc over the rounds, per device-round), replica_peak_rss_mb (VmHWM of each), rounds_committed, rounds_aborted, leader, routing, the baseline's figures and round_s_median_over_baseline.
+    """
+    from fedmask.bench.loopback_federation import FleetShape
+    from fedmask.bench.scale import ScaleBenchConfig, fairness_problem, run_scale_bench
+
+    problem = fairness_problem(replicas, client_processes)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="--client-processes")
+    _run_and_report(lambda: ScaleBenchConfig(
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors="auto"),
+        replicas=replicas, group_size=group_size, dropout=dropout, rounds=rounds, seed=seed, baseline=baseline,
+        lease_s=lease_seconds, timeout=timeout, keep=keep,
+    ), run_scale_bench)
+
+
 Config = TypeVar("Config")
 
 
@@ -218,9 +252,10 @@ def _check_neighbors(neighbors: str) -> None:
 def _run_and_report(config: Callable[[], Config], bench: Callable[[Config, Callable[[str], None]], dict[str, Any]]) -> None:
     """Make the bench's configuration (a ValueError is a bad parameter), run `bench(cfg, log)`
     (progress to stderr), print its result as the last stdout line (JSON; {"ok": false, "error": ...}
-    when a process failed), exit 1 unless ok."""
+    when a process failed or no PostgreSQL server could be started), exit 1 unless ok."""
     from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
+    from fedmask.bench.throwaway_postgres import PgUnavailable
     from fedmask.console import err as stderr_console
 
     try:
@@ -231,7 +266,7 @@ def _run_and_report(config: Callable[[], Config], bench: Callable[[Config, Calla
     try:
         with _interruptible():
             result = bench(cfg, lambda m: err.print(m, markup=False, highlight=False))
-    except ProcessFailed as exc:
+    except (ProcessFailed, PgUnavailable) as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}
     print(dumps(result), flush=True)
