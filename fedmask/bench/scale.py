@@ -83,7 +83,8 @@ from fedmask.bench.processes import (
 from fedmask.bench.throwaway_postgres import PgServer, admin, start_server
 
 #: Fairness of a replica comparison (a client process carries all its devices on one stream, which one replica
-#: holds): at most this many client processes on the 2-core machine, and at least three per replica.
+#: holds): at least three client processes per replica, and at most 8 on the 2-core machine unless three per
+#: replica needs more (`fairness_problem`).
 MAX_CLIENT_PROCESSES = 8
 PROCESSES_PER_REPLICA = 3
 ROUTING = ("the clients' address list (--coordinator A,B,C, every replica; each client tries them in turn on "
@@ -94,12 +95,17 @@ _CPU_SAMPLE_S = 0.2
 
 
 def fairness_problem(replicas: int, client_processes: int) -> str | None:
-    """Why `replicas` replicas and `client_processes` client processes make no fair comparison, or None."""
+    """Why `replicas` replicas and `client_processes` client processes make no fair comparison, or None.
+
+    The rule is P >= 3R and P <= 8; the two cannot both hold from R = 3 on, so the upper bound gives way to
+    the lower one there: P <= max(8, 3R) (exactly 9 client processes for 3 replicas)."""
     if replicas < 1:
         return f"--replicas must be at least 1, got {replicas}"
-    if client_processes > MAX_CLIENT_PROCESSES:
-        return (f"--client-processes {client_processes} is more than {MAX_CLIENT_PROCESSES}: on a small machine more "
-                "client processes measure the clients' scheduling, not the replicas")
+    most = max(MAX_CLIENT_PROCESSES, PROCESSES_PER_REPLICA * replicas)
+    if client_processes > most:
+        return (f"--client-processes {client_processes} is more than {most} (at most {MAX_CLIENT_PROCESSES}, or "
+                f"{PROCESSES_PER_REPLICA} per replica when that is more): on a small machine more client processes "
+                "measure the clients' scheduling, not the replicas")
     if client_processes < PROCESSES_PER_REPLICA * replicas:
         return (f"--client-processes {client_processes} is fewer than {PROCESSES_PER_REPLICA} per replica "
                 f"({PROCESSES_PER_REPLICA * replicas} for --replicas {replicas}): a client process carries its devices "
@@ -109,7 +115,7 @@ def fairness_problem(replicas: int, client_processes: int) -> str | None:
 
 @dataclass(frozen=True)
 class ScaleBenchConfig:
-    fleet: FleetShape = FleetShape(devices=1000, client_processes=6)
+    fleet: FleetShape = FleetShape(devices=1000, client_processes=9)
     replicas: int = 3
     #: The group size G the rounds are meant to run at (see the module doc: the coordinator forms no groups yet).
     group_size: int = 500

@@ -209,7 +209,7 @@ def admin(
 def scale(
     replicas: Annotated[int, typer.Option(min=1, help="Coordinator replicas over one PostgreSQL store (one leads, D90).")] = 3,
     devices: Annotated[int, typer.Option(min=3, help="Devices, hosted by the client processes; every round selects (nearly) all of them.")] = 1000,
-    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices: at most 8, and at least 3 per replica (a client process carries its devices on one stream).")] = 6,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices: at least 3 per replica (a client process carries its devices on one stream, which one replica holds), and at most 8, or exactly 3 per replica from 3 replicas on.")] = 9,
     dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
     group_size: Annotated[int, typer.Option(min=2, help="Secure-aggregation group size G the rounds are meant for (D87). The coordinator forms no groups over gRPC yet: each round is one SecAgg+ instance, and the JSON says how many groups G would make.")] = 500,
     dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device goes silent at the masked-input stage of a round.")] = 0.05,
