@@ -80,6 +80,7 @@ from fedmask.bench.processes import (
     wait_until,
     write_user_csv,
 )
+from fedmask.bench.scale_faults import Kill, KillPlan, version_history
 from fedmask.bench.throwaway_postgres import PgServer, admin, start_server
 
 #: Fairness of a replica comparison (a client process carries all its devices on one stream, which one replica
@@ -131,6 +132,8 @@ class ScaleBenchConfig:
     keep: Path | None = None
     #: An already running server to make the databases on (tests); None: start a throwaway one.
     server: PgServer | None = None
+    #: kill -9 the leader or a standby in a round's stage (the R-replica tier only; fedmask/bench/scale_faults.py).
+    kill: KillPlan | None = None
 
     def __post_init__(self) -> None:
         problem = fairness_problem(self.replicas, self.fleet.client_processes)
@@ -144,6 +147,10 @@ class ScaleBenchConfig:
             raise ValueError(f"--dropout must be in [0, 0.5], got {self.dropout}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
+        if self.kill is not None and self.replicas < 2:
+            raise ValueError("--kill needs at least 2 replicas: one to lose and one to go on")
+        if self.kill is not None and self.rounds < self.kill.round_number:
+            raise ValueError(f"--kill strikes in round {self.kill.round_number}: run at least that many --rounds")
 
 
 def cohort_for(devices: int, over_selection: float) -> tuple[int, int]:
@@ -245,42 +252,66 @@ def _start_tier(cfg: ScaleBenchConfig, group: ProcessGroup, url: str, replicas: 
     log(f"  replica-0 (pid {tier[0].pid}) leads, port {ports[0]}")
     for i in range(1, replicas):
         replica = group.start(f"replica-{i}", ["coordinator", *flags(_replica_flags(cfg, url, ports[i], i))])
-        wait_until(lambda r=replica: "event=standby" in r.log(), 60, what=f"replica-{i} to wait as a standby",
+        log_of = replica.log
+        wait_until(lambda: "event=standby" in log_of(), 60, what=f"replica-{i} to wait as a standby",
                    watch=[replica], step=0.2)
         tier.append(replica)
         log(f"  replica-{i} (pid {replica.pid}) waits as a standby, port {ports[i]}")
     return tier, ports
 
 
-def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: list[Child],
-                log: Callable[[str], None]) -> None:
-    """Wait for `rounds` ended rounds (a progress line each), stop the standbys, wait for the leader's exit."""
-    seen: set[int] = set()
+def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: list[Child], kill: Kill | None,
+                log: Callable[[str], None]) -> int:
+    """Wait for the rounds (a progress line each; `kill` carried out on the way); returns the number of the
+    last round that counts. Without a leader kill: `rounds` ended rounds, then the standbys are stopped and
+    the leader exits by itself. After a leader kill: a successor leads and `rounds` rounds committed in all,
+    then every replica is stopped."""
+    seen: dict[int, str] = {}
+    store_read = [0.0]
+    leader_killed = kill is not None and kill.plan.target == "leader"
 
-    def ended() -> bool:
+    def last_counted() -> int | None:
+        if not leader_killed:
+            return sorted(seen)[cfg.rounds - 1] if len(seen) >= cfg.rounds else None
+        committed = sorted(n for n, state in seen.items() if state == "committed")
+        ready = kill is not None and kill.done and len(committed) >= cfg.rounds
+        return committed[cfg.rounds - 1] if ready else None
+
+    def ended() -> int | None:
         for c in clients:
             if not c.alive():
                 raise ProcessFailed(f"{c.name} exited with code {c.returncode}; log tail:\n{c.tail()}")
-        for r in read_rounds(url):
-            if r.state.is_terminal and r.number not in seen:
-                seen.add(r.number)
-                counted = len(r.survivors.get("masked_input", []))
-                log(f"  round {r.number} {r.state.value} in {round_seconds(r):.1f} s "
-                    f"({counted} of {r.cohort_size} devices counted)")
-        if len(seen) >= cfg.rounds:
-            return True
+        if kill is not None:
+            kill.poll(log)
+        if time.monotonic() - store_read[0] >= 0.5:
+            store_read[0] = time.monotonic()
+            for r in read_rounds(url):
+                if r.state.is_terminal and r.number not in seen:
+                    seen[r.number] = r.state.value
+                    counted = len(r.survivors.get("masked_input", []))
+                    log(f"  round {r.number} {r.state.value} in {round_seconds(r):.1f} s "
+                        f"({counted} of {r.cohort_size} devices counted)")
+        last = last_counted()
+        if last is not None:
+            return last
         for c in tier:  # after the store: the leader exits (code 0) right after its last round
-            if not c.alive():
+            if not c.alive() and not (kill is not None and kill.killed(c)):
                 raise ProcessFailed(f"{c.name} exited with code {c.returncode} after {len(seen)} round(s); "
                                     f"log tail:\n{c.tail()}")
-        return False
+        return None
 
-    wait_until(ended, cfg.timeout, what=f"{cfg.rounds} rounds", step=0.5)
+    last: int = wait_until(ended, cfg.timeout, what=f"{cfg.rounds} rounds", step=0.05)
+    if leader_killed:
+        for replica in tier:
+            replica.stop()
+        return last
+    leader = tier[0]
     for standby in tier[1:]:
         standby.stop()
-    code = tier[0].wait(120)
+    code = leader.wait(120)
     if code != 0:
-        raise ProcessFailed(f"the leader exited with {code}:\n{tier[0].tail()}")
+        raise ProcessFailed(f"the leader exited with {code}:\n{leader.tail()}")
+    return last
 
 
 _ROUND_STARTED = re.compile(r"event=round_started round=(\d+) cohort=(\d+) config='n=(\d+) L=\d+ graph=(.+?) t=(\d+)'")
@@ -354,9 +385,15 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
             clients = [start_client(group, f"client-{i}", ports, users, state, client_flags)
                        for i, (users, state) in enumerate(zip(fleet.user_ranges(), state_dirs, strict=True))]
             log(f"  {len(clients)} client process(es) started, each given all {replicas} address(es)")
-            _run_rounds(cfg, url, tier, clients, log)
-        records = [r for r in read_rounds(url) if r.state.is_terminal][:cfg.rounds]
+            kill = Kill(cfg.kill, tier, cfg.lease_s) if cfg.kill is not None and replicas > 1 else None
+            last = _run_rounds(cfg, url, tier, clients, kill, log)
+        records = [r for r in read_rounds(url) if r.state.is_terminal and r.number <= last]
         figures = _tier_figures(cfg, records, tier, cpu, state_dirs)
+        if kill is not None:
+            committed = [r for r in records if r.state.value == "committed"]
+            history = version_history(url, committed)
+            figures["kill"] = {**kill.figures(), "version_history_ok": history}
+            figures["ok"] = bool(figures["ok"] and history and figures["kill"].get("takeover_ok", True))
     log(f"[{replicas} replica(s)] {len(records)} round(s) in {time.monotonic() - t0:.1f} s (processes included); "
         f"median round {figures['round_s_median']} s, exact: {figures['exact']}")
     return figures

@@ -217,6 +217,9 @@ def scale(
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="First run the same rounds with --replicas 1 (the baseline), in this invocation.")] = True,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic updates, of the dropout draws and of cohort selection.")] = 0,
     lease_seconds: Annotated[float, typer.Option(min=1.0, max=600.0, help="The replicas' leader lease (D90).")] = 10.0,
+    kill: Annotated[str | None, typer.Option(help="leader or replica: kill -9 the leader, or a standby, while round --kill-round is in --at-stage (the --replicas tier only). After a leader kill the bench waits for a standby to take the lease (due within the lease plus 5 s) and for --rounds rounds committed in all; the JSON's kill object says who died, who took over and how fast, and whether the version history has no gap and no duplicate.", show_default=False)] = None,
+    at_stage: Annotated[str, typer.Option(help="With --kill: the stage of the round: " + " | ".join(_STAGES) + ".")] = "masked-input",
+    kill_round: Annotated[int, typer.Option(min=1, help="With --kill: the round to strike in (2: one version is committed before).")] = 2,
     timeout: Annotated[float, typer.Option(help="Give up on a tier after this many seconds, processes included.")] = 1800.0,
     keep: KeepWorkFolderOption = None,
 ) -> None:
@@ -228,14 +231,21 @@ def scale(
     """
     from fedmask.bench.loopback_federation import FleetShape
     from fedmask.bench.scale import ScaleBenchConfig, fairness_problem, run_scale_bench
+    from fedmask.bench.scale_faults import KillPlan
 
     problem = fairness_problem(replicas, client_processes)
     if problem:
         raise typer.BadParameter(problem, param_hint="--client-processes")
+    if kill not in (None, "leader", "replica"):
+        raise typer.BadParameter("leader or replica", param_hint="--kill")
+    if at_stage not in _STAGES:
+        raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--at-stage")
+    plan = None if kill is None else KillPlan("leader" if kill == "leader" else "replica",
+                                              Stage.parse(at_stage).value, kill_round)
     _run_and_report(lambda: ScaleBenchConfig(
         fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors="auto"),
         replicas=replicas, group_size=group_size, dropout=dropout, rounds=rounds, seed=seed, baseline=baseline,
-        lease_s=lease_seconds, timeout=timeout, keep=keep,
+        lease_s=lease_seconds, timeout=timeout, keep=keep, kill=plan,
     ), run_scale_bench)
 
 
