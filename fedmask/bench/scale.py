@@ -46,6 +46,7 @@ round opened to the first after the last round ended, over the device-rounds
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shutil
@@ -157,7 +158,7 @@ def cohort_for(devices: int, over_selection: float) -> tuple[int, int]:
     """(cohort.size, selected): the largest size whose selection ceil(size * (1 + f)) fits in `devices`
     (the coordinator's own formula, CohortSettings.selected), and that selection."""
     size = devices
-    while size > 2 and math.ceil(size * (1 + over_selection)) > devices:
+    while size > 1 and math.ceil(size * (1 + over_selection)) > devices:
         size -= 1
     return size, math.ceil(size * (1 + over_selection))
 
@@ -281,8 +282,6 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
         for c in clients:
             if not c.alive():
                 raise ProcessFailed(f"{c.name} exited with code {c.returncode}; log tail:\n{c.tail()}")
-        if kill is not None:
-            kill.poll(log)
         if time.monotonic() - store_read[0] >= 0.5:
             store_read[0] = time.monotonic()
             for r in read_rounds(url):
@@ -300,7 +299,8 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
                                     f"log tail:\n{c.tail()}")
         return None
 
-    last: int = wait_until(ended, cfg.timeout, what=f"{cfg.rounds} rounds", step=0.05)
+    with contextlib.nullcontext() if kill is None else kill.watch(log):
+        last: int = wait_until(ended, cfg.timeout, what=f"{cfg.rounds} rounds", step=0.05)
     if leader_killed:
         for replica in tier:
             replica.stop()
@@ -378,15 +378,19 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
     log(f"[{replicas} replica(s)] {fleet.devices} devices in {fleet.client_processes} client processes, "
         f"L = {fleet.dim}, {cfg.rounds} secure round(s)")
     t0 = time.monotonic()
+
+    def say(message: str) -> None:  # progress, stamped with the tier's elapsed time
+        log(f"{time.monotonic() - t0:7.1f} s {message}")
+
     with _database(server, f"{replicas}r") as url, ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
-        tier, ports = _start_tier(cfg, group, url, replicas, log)
+        tier, ports = _start_tier(cfg, group, url, replicas, say)
         group.sample_rss_of(tier)
         with CpuSampler(tier) as cpu:
             clients = [start_client(group, f"client-{i}", ports, users, state, client_flags)
                        for i, (users, state) in enumerate(zip(fleet.user_ranges(), state_dirs, strict=True))]
-            log(f"  {len(clients)} client process(es) started, each given all {replicas} address(es)")
+            say(f"  {len(clients)} client process(es) started, each given all {replicas} address(es)")
             kill = Kill(cfg.kill, tier, cfg.lease_s) if cfg.kill is not None and replicas > 1 else None
-            last = _run_rounds(cfg, url, tier, clients, kill, log)
+            last = _run_rounds(cfg, url, tier, clients, kill, say)
         records = [r for r in read_rounds(url) if r.state.is_terminal and r.number <= last]
         figures = _tier_figures(cfg, records, tier, cpu, state_dirs)
         if kill is not None:
@@ -394,6 +398,7 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
             history = version_history(url, committed)
             figures["kill"] = {**kill.figures(), "version_history_ok": history}
             figures["ok"] = bool(figures["ok"] and history and figures["kill"].get("takeover_ok", True))
+        say("  aggregates checked; stopping the processes")
     log(f"[{replicas} replica(s)] {len(records)} round(s) in {time.monotonic() - t0:.1f} s (processes included); "
         f"median round {figures['round_s_median']} s, exact: {figures['exact']}")
     return figures

@@ -6,9 +6,10 @@ Contract:
   default, so a version was committed before), once the leader's log says
   the stage opened (`event=stage_opened round=N stage=S`), the bench sends
   SIGKILL to the leader (`leader`) or to a standby (`replica`: the last
-  replica started). The log is read every 50 ms, so a stage shorter than
-  that may be seen late: `Kill.stage_seen` is the stage that was open when
-  the bench looked, which the result reports.
+  replica started). A thread of its own reads the log every 20 ms
+  (`Kill.watch`), so a stage shorter than that may be seen late:
+  `Kill.stage_seen` is the stage that was open when the bench looked, which
+  the result reports.
 - After killing the leader, a standby must log `leader_elected`;
   `takeover_s` runs from the kill to the bench seeing that line, and the
   result's `takeover_ok` holds it to the lease time plus 5 s.
@@ -26,14 +27,18 @@ from __future__ import annotations
 
 import re
 import signal
+import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedmask.bench.processes import Child
 
 #: A new leader is due within the lease time plus this many seconds.
 TAKEOVER_SLACK_S = 5.0
+_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,6 @@ class Kill:
     stage_seen: str | None = None
     new_leader: str | None = None
     takeover_s: float | None = None
-    _log: list[str] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -82,6 +86,23 @@ class Kill:
                 if "event=leader_elected" in c.log():
                     self.new_leader, self.takeover_s = c.name, time.monotonic() - self.killed_at
                     log(f"  {c.name} took the lease {self.takeover_s:.1f} s after the kill")
+
+    @contextmanager
+    def watch(self, log: Any) -> Iterator[Kill]:
+        """`poll` every 20 ms on a thread until the kill is done or the context ends."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not self.done and not stop.wait(_POLL_S):
+                self.poll(log)
+
+        thread = threading.Thread(target=loop, name="fedmask-bench-kill", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join(5)
 
     def killed(self, child: Child) -> bool:
         return self.victim is child
