@@ -41,7 +41,9 @@ make of that cohort at `group_size`.
 CPU: `replica_cpu_ms_per_device_round` is the replicas' user + system time
 (/proc/<pid>/stat, sampled every 0.2 s) from the sample before the first
 round opened to the first after the last round ended, over the device-rounds
-(the sum of the rounds' cohorts). Peak RSS: each replica's VmHWM.
+(the sum of the rounds' cohorts); `client_cpu_ms_per_device_round` is the
+same for the client processes (the devices' own work, on the same machine).
+Peak RSS: each replica's VmHWM.
 """
 
 from __future__ import annotations
@@ -327,15 +329,16 @@ def _instances(tier: list[Child]) -> dict[int, tuple[int, int, str, int]]:
 
 
 def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], cpu: CpuSampler,
-                  state_dirs: list[Path]) -> dict[str, Any]:
+                  client_cpu: CpuSampler, state_dirs: list[Path]) -> dict[str, Any]:
     from secagg.groups import group_count
 
     committed = [r for r in records if r.state.value == "committed"]
     exact = bool(committed) and all(exact_aggregate(r, state_dirs) for r in committed)
     instances = _instances(tier)
     device_rounds = sum(r.cohort_size for r in records)
-    cpu_s = cpu.seconds_between(min(r.started_at.timestamp() for r in records),
-                                max(r.ended_at.timestamp() for r in records)) if records else math.nan
+    window = (min(r.started_at.timestamp() for r in records), max(r.ended_at.timestamp() for r in records))
+    cpu_s = cpu.seconds_between(*window) if records else math.nan
+    client_cpu_s = client_cpu.seconds_between(*window) if records else math.nan
     groups = [math.ceil(cohort / n) for cohort, n, _, _ in instances.values() if n]
     first = next(iter(instances.values()), None)
     return {
@@ -350,6 +353,7 @@ def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], 
         "devices_left_out": max((cfg.fleet.devices - r.cohort_size for r in records), default=None),
         "replica_cpu_ms_per_device_round": round(1000.0 * cpu_s / device_rounds, 3) if device_rounds else None,
         "replica_cpu_s": round(cpu_s, 2),
+        "client_cpu_ms_per_device_round": round(1000.0 * client_cpu_s / device_rounds, 3) if device_rounds else None,
         "replica_peak_rss_mb": {c.name: round(c.peak_rss_mb, 1) for c in tier},
         "rounds_committed": len(committed),
         "rounds_aborted": sum(r.state.value == "aborted" for r in records),
@@ -390,9 +394,10 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
                        for i, (users, state) in enumerate(zip(fleet.user_ranges(), state_dirs, strict=True))]
             say(f"  {len(clients)} client process(es) started, each given all {replicas} address(es)")
             kill = Kill(cfg.kill, tier, cfg.lease_s) if cfg.kill is not None and replicas > 1 else None
-            last = _run_rounds(cfg, url, tier, clients, kill, say)
+            with CpuSampler(clients) as client_cpu:
+                last = _run_rounds(cfg, url, tier, clients, kill, say)
         records = [r for r in read_rounds(url) if r.state.is_terminal and r.number <= last]
-        figures = _tier_figures(cfg, records, tier, cpu, state_dirs)
+        figures = _tier_figures(cfg, records, tier, cpu, client_cpu, state_dirs)
         if kill is not None:
             committed = [r for r in records if r.state.value == "committed"]
             history = version_history(url, committed)
