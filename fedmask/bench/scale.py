@@ -56,6 +56,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -328,6 +329,21 @@ def _instances(tier: list[Child]) -> dict[int, tuple[int, int, str, int]]:
     return out
 
 
+_ELECTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*event=leader_elected", re.MULTILINE)
+
+
+def _leaders(tier: list[Child], until: float) -> list[str]:
+    """The replicas that took the lease before `until` (epoch seconds: the last counted round's end), in the
+    order they did. A standby that takes the lease when the leader leaves after its last round is not one."""
+    elected: list[tuple[float, str]] = []
+    for c in tier:  # the log's stamps are the replica's local time, as this process reads its clock
+        for m in _ELECTED.finditer(c.log()):
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
+            if at <= until:
+                elected.append((at, c.name))
+    return [name for _, name in sorted(elected)]
+
+
 def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], cpu: CpuSampler,
                   client_cpu: CpuSampler, state_dirs: list[Path]) -> dict[str, Any]:
     from secagg.groups import group_count
@@ -357,7 +373,7 @@ def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], 
         "replica_peak_rss_mb": {c.name: round(c.peak_rss_mb, 1) for c in tier},
         "rounds_committed": len(committed),
         "rounds_aborted": sum(r.state.value == "aborted" for r in records),
-        "leader": [c.name for c in tier if "event=leader_elected" in c.log()],
+        "leader": _leaders(tier, window[1]) if records else [],
         "detail": [{"round": r.number, "state": r.state.value, "abort_reason": r.abort_reason,
                     "seconds": round(round_seconds(r), 3), "cohort": r.cohort_size,
                     "counted": len(r.survivors.get("masked_input", [])),
