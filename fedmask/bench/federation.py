@@ -35,6 +35,7 @@ reports whether all N were admitted and the coordinator's RSS.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -75,13 +76,7 @@ class RoundBenchConfig:
     #: deadline. The coordinator's production policy (adaptive, D21) learns
     #: each from the honest devices' completion times; these are its bounds
     #: for loopback: the ceilings (and the first round's deadlines) and the floor.
-    training_deadline: float = 1.0
-    advertise_keys_deadline: float = 5.0
-    share_keys_deadline: float = 5.0
-    share_check_deadline: float = 5.0
-    masked_input_deadline: float = 5.0
-    unmasking_deadline: float = 5.0
-    deadline_floor: float = 0.25
+    deadlines: StageDeadlines = StageDeadlines()
     plaintext: bool = True
     #: none (no DP, the default), discrete-gaussian or gaussian-float: distributed noise (D88)
     dp_mechanism: str = "none"
@@ -103,12 +98,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     port = free_port()
     # plaintext: one stage of training + masked-input; synthetic updates need no
     # training, so a silent device costs about the same masked-input deadline
-    deadlines = StageDeadlines(
-        training=PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
-        advertise_keys=cfg.advertise_keys_deadline, share_keys=cfg.share_keys_deadline,
-        share_check=cfg.share_check_deadline, masked_input=cfg.masked_input_deadline,
-        unmasking=cfg.unmasking_deadline, floor=cfg.deadline_floor,
-    )
+    deadlines = dataclasses.replace(cfg.deadlines, training=PLAINTEXT_TRAINING_S) if plaintext else cfg.deadlines
     coord_flags = {
         "database_url": f"sqlite:///{db}",
         "listen": f"{LOOPBACK}:{port}",
@@ -280,12 +270,12 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "rounds": cfg.rounds,
             "deadline_policy": "adaptive",
             "deadline_bounds_s": {
-                "floor": cfg.deadline_floor,
-                "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
-                "share_keys": cfg.share_keys_deadline, "share_check": cfg.share_check_deadline,
-                "masked_input": cfg.masked_input_deadline,
-                "unmasking": cfg.unmasking_deadline,
-                "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.masked_input_deadline, 3),
+                "floor": cfg.deadlines.floor,
+                "training": cfg.deadlines.training, "advertise_keys": cfg.deadlines.advertise_keys,
+                "share_keys": cfg.deadlines.share_keys, "share_check": cfg.deadlines.share_check,
+                "masked_input": cfg.deadlines.masked_input,
+                "unmasking": cfg.deadlines.unmasking,
+                "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.deadlines.masked_input, 3),
             },
             "secure_round_s_median": secure["round_s_median"],
             "plaintext_round_s_median": plain["round_s_median"] if plain else None,

@@ -56,9 +56,11 @@ class Kill:
     plan: KillPlan
     tier: list[Child]
     lease_s: float
+    #: Set by `poll` when it kills: whom, when (monotonic), and the stage then open.
     victim: Child | None = None
     killed_at: float | None = None
     stage_seen: str | None = None
+    #: After a leader kill: the standby that took the lease, and how long after the kill.
     new_leader: str | None = None
     takeover_s: float | None = None
 

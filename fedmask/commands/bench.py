@@ -71,7 +71,7 @@ def round_(
     Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines, masked_input_bytes, the DP block (with --dp-mechanism) and per-round details.
     """
     from fedmask.bench.federation import RoundBenchConfig, run_round_bench
-    from fedmask.bench.loopback_federation import FleetShape
+    from fedmask.bench.loopback_federation import FleetShape, StageDeadlines
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
@@ -82,9 +82,10 @@ def round_(
         fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
         dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
-        training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
-        share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
-        unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
+        deadlines=StageDeadlines(training=training_deadline, advertise_keys=advertise_keys_deadline,
+                                 share_keys=share_keys_deadline, share_check=share_check_deadline,
+                                 masked_input=masked_input_deadline, unmasking=unmasking_deadline, floor=deadline_floor),
+        plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
         dp_mechanism=dp_mechanism, dp_noise=dp_noise, dp_clip=dp_clip,
     ), run_round_bench)
 
