@@ -56,18 +56,18 @@ class Kill:
     plan: KillPlan
     tier: list[Child]
     lease_s: float
-    #: Set by `poll` when it kills: whom, when (monotonic), and the stage then open.
+    #: Set by `poll` when it kills: whom, when (monotonic), and the stage then open ("" before).
     victim: Child | None = None
     killed_at: float | None = None
-    stage_seen: str | None = None
-    #: After a leader kill: the standby that took the lease, and how long after the kill.
-    new_leader: str | None = None
+    stage_seen: str = ""
+    #: After a leader kill: the standby that took the lease ("" before), and how long after the kill.
+    new_leader: str = ""
     takeover_s: float | None = None
 
     @property
     def done(self) -> bool:
         """The kill happened and, for the leader, a successor leads."""
-        return self.killed_at is not None and (self.plan.target == "replica" or self.new_leader is not None)
+        return self.killed_at is not None and (self.plan.target == "replica" or bool(self.new_leader))
 
     def poll(self, log: Any) -> None:
         """Kill when the leader's log shows the planned round in the planned stage; then watch for a successor."""
@@ -83,7 +83,7 @@ class Kill:
             log(f"  kill -9 {self.victim.name} (pid {self.victim.pid}, the {self.plan.target}) in round "
                 f"{self.plan.round_number} at {self.stage_seen}")
             return
-        if self.plan.target == "leader" and self.new_leader is None:
+        if self.plan.target == "leader" and not self.new_leader:
             for c in self.tier[1:]:
                 if "event=leader_elected" in c.log():
                     self.new_leader, self.takeover_s = c.name, time.monotonic() - self.killed_at
@@ -112,10 +112,10 @@ class Kill:
     def figures(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "target": self.plan.target, "replica": self.victim.name if self.victim else None,
-            "round": self.plan.round_number, "at_stage": self.plan.stage, "stage_seen": self.stage_seen,
+            "round": self.plan.round_number, "at_stage": self.plan.stage, "stage_seen": self.stage_seen or None,
         }
         if self.plan.target == "leader":
-            out |= {"new_leader": self.new_leader,
+            out |= {"new_leader": self.new_leader or None,
                     "takeover_s": None if self.takeover_s is None else round(self.takeover_s, 2),
                     "takeover_limit_s": self.lease_s + TAKEOVER_SLACK_S,
                     "takeover_ok": self.takeover_s is not None and self.takeover_s <= self.lease_s + TAKEOVER_SLACK_S}
