@@ -45,6 +45,14 @@ def test_the_config_refuses_what_the_bench_cannot_run() -> None:
         ScaleBenchConfig(fleet=FleetShape(devices=30, client_processes=3), replicas=1, group_size=1)
     with pytest.raises(ValueError, match="neighbors"):
         FleetShape(neighbors="3")
+    from fedmask.bench.scale_faults import KillPlan
+
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        ScaleBenchConfig(fleet=FleetShape(devices=30, client_processes=3), replicas=1,
+                         kill=KillPlan("leader", "masked_input"))
+    with pytest.raises(ValueError, match="round 2"):
+        ScaleBenchConfig(fleet=FleetShape(devices=30, client_processes=6), replicas=2, rounds=1,
+                         kill=KillPlan("replica", "unmasking", 2))
 
 
 def test_the_command_refuses_an_unfair_shape_before_starting_anything() -> None:
