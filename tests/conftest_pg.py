@@ -9,14 +9,12 @@ Fixtures:
                      yields its SQLAlchemy URL (postgresql+psycopg://...),
                      drops it afterwards.
 
-Binaries: $FEDMASK_PG_BINDIR, else /usr/lib/postgresql/15/bin (Debian's
-postgresql-15; other versions there are tried next), else initdb/pg_ctl on
-PATH (symlinks resolved), else `pg_config --bindir`. `.ci/ensure-postgres`
-installs postgresql-15 when none is found.
-
-initdb refuses to run as root: as root the server runs as the `postgres`
-user (created by the Debian package), owning its temp dir (under /tmp, which
-it can traverse, unlike pytest's 0700 tmp dirs).
+The server itself (where its binaries are looked for, initdb and pg_ctl,
+running as the `postgres` user when we are root) is
+fedmask/bench/throwaway_postgres.py, which `fedmask bench scale` starts
+too; `.ci/ensure-postgres` installs postgresql-15 when none is found. The
+temp dir is under /tmp, which the `postgres` user can traverse, unlike
+pytest's 0700 tmp dirs.
 
 When the server cannot be started the fixture FAILS under CI (env CI set to
 anything but "", "0", "false", "no") and skips with the reason otherwise.
@@ -25,169 +23,34 @@ anything but "", "0", "false", "no") and skips with the reason otherwise.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import LiteralString
 
 import pytest
 
-PG_PREFERRED_MAJOR = "15"
-_SERVER_BINARIES = ("initdb", "pg_ctl", "postgres")
-_START_TIMEOUT_S = 60
+from fedmask.bench.throwaway_postgres import (
+    PG_PREFERRED_MAJOR,
+    PgServer,
+    PgUnavailable,
+    RunningServer,
+    admin,
+    find_pg_bindir,
+    start_server,
+)
 
+__all__ = ["PG_PREFERRED_MAJOR", "PgServer", "PgUnavailable", "find_pg_bindir", "in_ci"]
 
-@dataclass(frozen=True)
-class PgServer:
-    host: str
-    port: int
-    user: str
-    bindir: Path
-    version: str
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://{self.user}@{self.host}:{self.port}/{database}"
-
-
-class PgUnavailable(RuntimeError):
-    """The throwaway server could not be provided (reason in the message)."""
+#: The superuser statement helper (tests/admin/admin_harness.py imports it from here).
+_admin = admin
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def _has_server(bindir: Path) -> bool:
-    return all(os.access(bindir / b, os.X_OK) for b in _SERVER_BINARIES)
-
-
-def find_pg_bindir() -> Path | None:
-    """The directory holding initdb, pg_ctl and postgres, or None."""
-    candidates: list[Path] = []
-    if os.environ.get("FEDMASK_PG_BINDIR"):
-        candidates.append(Path(os.environ["FEDMASK_PG_BINDIR"]))
-    debian = Path("/usr/lib/postgresql")
-    candidates.append(debian / PG_PREFERRED_MAJOR / "bin")
-    if debian.is_dir():
-        majors = sorted(
-            (p for p in debian.iterdir() if p.name.isdigit()), key=lambda p: int(p.name), reverse=True
-        )
-        candidates += [p / "bin" for p in majors]
-    for exe in ("initdb", "pg_ctl"):
-        found = shutil.which(exe)
-        if found:
-            candidates.append(Path(found).resolve().parent)
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False)
-        if out.returncode == 0 and out.stdout.strip():
-            candidates.append(Path(out.stdout.strip()))
-    return next((c for c in candidates if _has_server(c)), None)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Runner:
-    """Runs PostgreSQL binaries as an unprivileged user when we are root."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.user: str | None = None
-        self._ids = (-1, -1)
-        if os.geteuid() == 0:
-            try:
-                pw = pwd.getpwnam("postgres")
-            except KeyError:
-                raise PgUnavailable(
-                    "running as root and there is no 'postgres' user for initdb "
-                    "(install postgresql-15: .ci/ensure-postgres)"
-                ) from None
-            self.user = pw.pw_name
-            self._ids = (pw.pw_uid, pw.pw_gid)
-            os.chown(base, *self._ids)
-
-    def mkdir(self, path: Path) -> None:
-        path.mkdir(mode=0o700)
-        if self.user:
-            os.chown(path, *self._ids)
-
-    def write(self, path: Path, text: str) -> None:
-        path.write_text(text)
-        if self.user:
-            os.chown(path, *self._ids)
-
-    def run(self, argv: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        # As self.user (its group, no supplementary groups) when set; else as we are.
-        group = pwd.getpwnam(self.user).pw_gid if self.user else None
-        extra_groups: list[int] | None = [] if self.user else None
-        env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PGTZ": "UTC"}
-        return subprocess.run(
-            argv, cwd=self.base, env=env, capture_output=True, text=True, timeout=timeout,
-            check=False, user=self.user or None, group=group, extra_groups=extra_groups,
-        )
-
-
-def _check(proc: subprocess.CompletedProcess[str], what: str, log: Path | None = None) -> None:
-    if proc.returncode == 0:
-        return
-    tail = ""
-    if log is not None and log.exists():
-        tail = "\n--- server log ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-    raise PgUnavailable(f"{what} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}{tail}")
-
-
-def _start(bindir: Path, base: Path) -> tuple[PgServer, _Runner, Path]:
-    runner = _Runner(base)
-    data, log, sock = base / "data", base / "server.log", base / "sock"
-    version = subprocess.run([str(bindir / "postgres"), "--version"], capture_output=True, text=True).stdout.strip()
-    proc = runner.run(
-        [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-         "--locale=C", "--no-sync", "--no-instructions"],
-        timeout=120,
-    )
-    _check(proc, "initdb")
-    runner.mkdir(sock)
-    for attempt in range(3):
-        port = _free_port()
-        settings = {
-            "listen_addresses": "'127.0.0.1'", "port": str(port), "unix_socket_directories": f"'{sock}'",
-            "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
-            "max_connections": "50", "shared_buffers": "16MB", "timezone": "'UTC'",
-        }
-        runner.write(data / "postgresql.auto.conf", "".join(f"{k} = {v}\n" for k, v in settings.items()))
-        proc = runner.run(
-            [str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", str(_START_TIMEOUT_S), "start"],
-            timeout=_START_TIMEOUT_S + 10,
-        )
-        if proc.returncode == 0:
-            server = PgServer("127.0.0.1", port, "postgres", bindir, version)
-            return server, runner, data
-        if attempt == 2 or "already in use" not in (log.read_text(errors="replace") if log.exists() else ""):
-            _check(proc, "pg_ctl start", log)
-    raise AssertionError("unreachable")
-
-
-def _admin(server: PgServer, statement: LiteralString, *identifiers: str) -> None:
-    """Run `statement` as the superuser on database postgres; its `{}`
-    placeholders take `identifiers`, quoted as SQL identifiers."""
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(
-        host=server.host, port=server.port, user=server.user, dbname="postgres", autocommit=True, connect_timeout=10
-    ) as conn:
-        conn.execute(sql.SQL(statement).format(*(sql.Identifier(i) for i in identifiers)))
 
 
 def _unavailable(reason: str) -> None:
@@ -204,19 +67,18 @@ def postgresql_server() -> Iterator[PgServer]:
         _unavailable("no initdb/pg_ctl/postgres found (run .ci/ensure-postgres or set FEDMASK_PG_BINDIR)")
         return
     base = Path(tempfile.mkdtemp(prefix="fedmask-pg-", dir="/tmp"))
-    started: tuple[PgServer, _Runner, Path] | None = None
+    started: RunningServer | None = None
     try:
         try:
-            started = _start(bindir, base)
-            _admin(started[0], "SELECT 1")
+            started = start_server(base, bindir)
+            _admin(started.server, "SELECT 1")
         except (PgUnavailable, OSError, subprocess.SubprocessError) as exc:
             _unavailable(str(exc))
         assert started is not None
-        yield started[0]
+        yield started.server
     finally:
         if started is not None:
-            server, runner, data = started
-            runner.run([str(server.bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"], timeout=60)
+            started.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 

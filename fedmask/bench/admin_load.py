@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from fedmask.bench.loopback_federation import (
+    FleetShape,
     StageDeadlines,
     bench_folder,
     full_cohort,
@@ -60,7 +61,7 @@ from fedmask.bench.loopback_federation import (
     start_client,
     start_coordinator,
 )
-from fedmask.bench.processes import LOOPBACK, Child, ProcessGroup, free_port, split_users, wait_until, write_user_csv
+from fedmask.bench.processes import LOOPBACK, Child, ProcessGroup, free_port, wait_until, write_user_csv
 
 K = 10
 #: The benchmark's targets on the 2-core machine (reported, not part of `ok`).
@@ -71,10 +72,7 @@ LOADED_OVER_IDLE = 1.25
 
 @dataclass(frozen=True)
 class AdminBenchConfig:
-    devices: int = 100
-    client_processes: int = 2
-    dim: int = 53_824
-    neighbors: str = "auto"  # all | auto | K
+    fleet: FleetShape = FleetShape()
     rate: float = 50.0  # requests per second, half top-k, half status
     seconds: float = 30.0  # each window: idle, then loaded
     seed: int = 0
@@ -85,12 +83,10 @@ class AdminBenchConfig:
     keep: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.devices < 3 or self.client_processes < 1 or self.dim < 1:
-            raise ValueError("need at least 3 devices, 1 client process and a positive dim")
         if self.rate <= 0 or self.seconds <= 0:
             raise ValueError("rate and seconds must be positive")
-        if self.items > self.dim:
-            raise ValueError(f"the catalogue ({self.items} items) must not exceed the vector length {self.dim}")
+        if self.items > self.fleet.dim:
+            raise ValueError(f"the catalogue ({self.items} items) must not exceed the vector length {self.fleet.dim}")
 
 
 @dataclass(frozen=True)
@@ -206,7 +202,8 @@ def _start(cfg: AdminBenchConfig, work: Path, group: ProcessGroup, token: str,
     """Coordinator, clients and admin service; returns (db, base URL, children)."""
     from admin.auth import token_hash
 
-    csv = write_user_csv(work / "users.csv", cfg.devices, n_items=cfg.items, per_user=cfg.per_user, seed=cfg.seed)
+    fleet = cfg.fleet
+    csv = write_user_csv(work / "users.csv", fleet.devices, n_items=cfg.items, per_user=cfg.per_user, seed=cfg.seed)
     n_items = _catalogue_items(csv)
     db = work / "coordinator.db"
     port, admin_port, http_port = free_port(), free_port(), free_port()
@@ -216,18 +213,18 @@ def _start(cfg: AdminBenchConfig, work: Path, group: ProcessGroup, token: str,
         "listen": f"{LOOPBACK}:{port}",
         "admin_listen": f"{LOOPBACK}:{admin_port}",
         "model": "synthetic",
-        "model_params": {"vector_length": cfg.dim, "n_items": n_items},
-        **full_cohort(cfg.devices, cfg.seed),
+        "model_params": {"vector_length": fleet.dim, "n_items": n_items},
+        **full_cohort(fleet.devices, cfg.seed),
         "selection_deadline": 120,
         **StageDeadlines().flags(),
-        "secagg_graph": secagg_graph(cfg.neighbors),
+        "secagg_graph": secagg_graph(fleet.neighbors),
         "dp_mode": "none",
         "log_level": "INFO",
     }, env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
     client_flags = {"dataset": str(csv), "seed": cfg.seed, "threads": 1, "log_level": "warning",
                     "no_dp_floor": True}  # the synthetic model runs without DP (D85)
-    clients = [start_client(group, f"client-{i}", port, users, work / f"client-{i}", client_flags)
-               for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
+    clients = [start_client(group, f"client-{i}", port, users, state, client_flags)
+               for i, (users, state) in enumerate(zip(fleet.user_ranges(), fleet.state_dirs(work), strict=True))]
     tokens = [{"name": "bench", "role": "operator", "sha256": token_hash(token)}]
     admin = group.start("admin", ["admin", "--listen", f"{LOOPBACK}:{http_port}", "--database-url", f"sqlite:///{db}",
                                   "--coordinator", f"{LOOPBACK}:{admin_port}", "--log-level", "WARNING"],
@@ -265,7 +262,7 @@ def run_admin_bench(cfg: AdminBenchConfig, log: Any = print) -> dict[str, Any]:
     with bench_folder("fedmask-bench-admin-", cfg.keep, ignore=("*.fms",)) as root:
         with ProcessGroup(root, env={"OMP_NUM_THREADS": "1"}) as group:
             db, base, children = _start(cfg, root, group, token, log)
-            device_ids = list(range(1, cfg.devices + 1))  # a fresh store enrols devices 1..N
+            device_ids = list(range(1, cfg.fleet.devices + 1))  # a fresh store enrols devices 1..N
             _warm_up(base, token, device_ids, children)
             log(f"first round committed and top-k answered; idle window of {cfg.seconds:g} s")
             idle_start = datetime.now(UTC)
@@ -297,8 +294,7 @@ def run_admin_bench(cfg: AdminBenchConfig, log: Any = print) -> dict[str, Any]:
         }
         return {
             "ok": ok,
-            "devices": cfg.devices, "client_processes": cfg.client_processes, "dim": cfg.dim,
-            "neighbors": cfg.neighbors, "rate": cfg.rate, "seconds": cfg.seconds,
+            **cfg.fleet.figures(), "rate": cfg.rate, "seconds": cfg.seconds,
             **{k: v for k, v in summary.items() if k != "requests"},
             "requests": summary["requests"],
             "rounds_idle": len(idle), "rounds_loaded": len(loaded),

@@ -35,6 +35,7 @@ reports whether all N were admitted and the coordinator's RSS.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from fedmask.bench.loopback_federation import (
+    FleetShape,
     StageDeadlines,
     bench_folder,
     committed_times,
@@ -64,10 +66,7 @@ PLAINTEXT_TRAINING_S = 0.05
 
 @dataclass(frozen=True)
 class RoundBenchConfig:
-    devices: int = 100
-    client_processes: int = 2
-    dim: int = 53_824
-    neighbors: str = "all"  # all | auto | K
+    fleet: FleetShape = FleetShape(neighbors="all")
     dropout: float = 0.1
     dropout_stage: str = "masked-input"
     rounds: int = 3
@@ -77,13 +76,7 @@ class RoundBenchConfig:
     #: deadline. The coordinator's production policy (adaptive, D21) learns
     #: each from the honest devices' completion times; these are its bounds
     #: for loopback: the ceilings (and the first round's deadlines) and the floor.
-    training_deadline: float = 1.0
-    advertise_keys_deadline: float = 5.0
-    share_keys_deadline: float = 5.0
-    share_check_deadline: float = 5.0
-    masked_input_deadline: float = 5.0
-    unmasking_deadline: float = 5.0
-    deadline_floor: float = 0.25
+    deadlines: StageDeadlines = StageDeadlines()
     plaintext: bool = True
     #: none (no DP, the default), discrete-gaussian or gaussian-float: distributed noise (D88)
     dp_mechanism: str = "none"
@@ -97,35 +90,31 @@ class RoundBenchConfig:
 def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> dict[str, Any]:
     """One coordinator + P clients; R rounds; returns the phase's figures."""
     name = "plaintext" if plaintext else "secure"
+    fleet = cfg.fleet
     work = root / name
     work.mkdir()
-    csv = write_user_csv(work / "users.csv", cfg.devices, seed=cfg.seed)
+    csv = write_user_csv(work / "users.csv", fleet.devices, seed=cfg.seed)
     db = work / "coordinator.db"
     port = free_port()
     # plaintext: one stage of training + masked-input; synthetic updates need no
     # training, so a silent device costs about the same masked-input deadline
-    deadlines = StageDeadlines(
-        training=PLAINTEXT_TRAINING_S if plaintext else cfg.training_deadline,
-        advertise_keys=cfg.advertise_keys_deadline, share_keys=cfg.share_keys_deadline,
-        share_check=cfg.share_check_deadline, masked_input=cfg.masked_input_deadline,
-        unmasking=cfg.unmasking_deadline, floor=cfg.deadline_floor,
-    )
+    deadlines = dataclasses.replace(cfg.deadlines, training=PLAINTEXT_TRAINING_S) if plaintext else cfg.deadlines
     coord_flags = {
         "database_url": f"sqlite:///{db}",
         "listen": f"{LOOPBACK}:{port}",
         "model": "synthetic",
-        "model_params": {"vector_length": cfg.dim},
-        **full_cohort(cfg.devices, cfg.seed, cfg.rounds),
+        "model_params": {"vector_length": fleet.dim},
+        **full_cohort(fleet.devices, cfg.seed, cfg.rounds),
         "selection_deadline": 120,
         **deadlines.flags(),
-        "secagg_graph": secagg_graph(cfg.neighbors),
+        "secagg_graph": secagg_graph(fleet.neighbors),
         "secagg_threshold": cfg.threshold,
         **_dp_flags(cfg),
         "debug_record_sums": True,
         "debug_insecure_plaintext": plaintext,
         "log_level": "INFO",
     }
-    state_dirs = [work / f"client-{i}" for i in range(cfg.client_processes)]
+    state_dirs = fleet.state_dirs(work)
     client_flags = {
         "dataset": str(csv),
         "seed": cfg.seed,
@@ -147,7 +136,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         coord = start_coordinator(group, port, coord_flags)
         group.sample_rss_of([coord])
         clients = [start_client(group, f"client-{i}", port, users, state_dirs[i], client_flags)
-                   for i, users in enumerate(split_users(1, cfg.devices, cfg.client_processes))]
+                   for i, users in enumerate(fleet.user_ranges())]
         log(f"[{name}] coordinator pid {coord.pid} on port {port}, {len(clients)} client process(es) started")
         run_to_exit(coord, clients, cfg.timeout, what=f"{cfg.rounds} {name} rounds")
         peak_rss = coord.peak_rss_mb
@@ -249,7 +238,7 @@ def _injected_drops(cfg: RoundBenchConfig, round_number: int, plaintext: bool) -
     if cfg.dropout <= 0 or (plaintext and cfg.dropout_stage == "unmasking"):
         return set()
     plan = FaultPlan(drop_rate=cfg.dropout, drop_stage=cfg.dropout_stage, seed=cfg.seed)
-    return {d for d in range(1, cfg.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
+    return {d for d in range(1, cfg.fleet.devices + 1) if plan.drop_stage_of(d, round_number) is not None}
 
 
 def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
@@ -268,10 +257,7 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             t = {"graph": m.group(1), "threshold": int(m.group(2))} if m else None
         return {
             "ok": bool(secure["ok"] and (plain is None or plain["ok"])),
-            "devices": cfg.devices,
-            "client_processes": cfg.client_processes,
-            "dim": cfg.dim,
-            "neighbors": cfg.neighbors,
+            **cfg.fleet.figures(),
             "secagg": t,
             "dropout": cfg.dropout,
             "dropout_stage": cfg.dropout_stage,
@@ -284,12 +270,12 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "rounds": cfg.rounds,
             "deadline_policy": "adaptive",
             "deadline_bounds_s": {
-                "floor": cfg.deadline_floor,
-                "training": cfg.training_deadline, "advertise_keys": cfg.advertise_keys_deadline,
-                "share_keys": cfg.share_keys_deadline, "share_check": cfg.share_check_deadline,
-                "masked_input": cfg.masked_input_deadline,
-                "unmasking": cfg.unmasking_deadline,
-                "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.masked_input_deadline, 3),
+                "floor": cfg.deadlines.floor,
+                "training": cfg.deadlines.training, "advertise_keys": cfg.deadlines.advertise_keys,
+                "share_keys": cfg.deadlines.share_keys, "share_check": cfg.deadlines.share_check,
+                "masked_input": cfg.deadlines.masked_input,
+                "unmasking": cfg.deadlines.unmasking,
+                "plaintext_upload": round(PLAINTEXT_TRAINING_S + cfg.deadlines.masked_input, 3),
             },
             "secure_round_s_median": secure["round_s_median"],
             "plaintext_round_s_median": plain["round_s_median"] if plain else None,

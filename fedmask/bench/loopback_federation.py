@@ -22,7 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from fedmask.bench.processes import LOOPBACK, Child, ProcessFailed, ProcessGroup, flags, health_status, wait_until
+from fedmask.bench.processes import (
+    LOOPBACK,
+    Child,
+    ProcessFailed,
+    ProcessGroup,
+    flags,
+    health_status,
+    split_users,
+    wait_until,
+)
 
 # ------------------------------------------------------------------ coordinator flags
 
@@ -30,6 +39,39 @@ from fedmask.bench.processes import LOOPBACK, Child, ProcessFailed, ProcessGroup
 def is_neighbors(value: str) -> bool:
     """A bench's --neighbors: 'all' (complete graph), 'auto' (SecAgg+ sized by secagg) or an even K."""
     return value in ("all", "auto") or (value.isdigit() and int(value) % 2 == 0)
+
+
+@dataclass(frozen=True)
+class FleetShape:
+    """The federation a bench builds: `devices` synthetic-update devices
+    hosted by `client_processes` edge-client processes, an update of length
+    `dim` (the synthetic model) and the SecAgg graph `neighbors` ('all',
+    'auto' or an even K). The round, admin and scale benches' configurations
+    hold one (composition); ValueError on a shape no bench can run."""
+
+    devices: int = 100
+    client_processes: int = 2
+    dim: int = 53_824
+    neighbors: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.devices < 3 or self.client_processes < 1 or self.dim < 1:
+            raise ValueError("need at least 3 devices, 1 client process and a positive dim")
+        if not is_neighbors(self.neighbors):
+            raise ValueError(f"--neighbors must be 'all', 'auto' or an even number, got {self.neighbors!r}")
+
+    def user_ranges(self) -> list[str]:
+        """Each client process's users ("A-B"): devices 1..N in contiguous ranges."""
+        return split_users(1, self.devices, self.client_processes)
+
+    def state_dirs(self, work: Path) -> list[Path]:
+        """Each client process's state folder under `work` (client-0, client-1, ...)."""
+        return [work / f"client-{i}" for i in range(self.client_processes)]
+
+    def figures(self) -> dict[str, Any]:
+        """The shape as a bench's JSON reports it."""
+        return {"devices": self.devices, "client_processes": self.client_processes, "dim": self.dim,
+                "neighbors": self.neighbors}
 
 
 def secagg_graph(neighbors: str) -> str:
@@ -74,20 +116,23 @@ class StageDeadlines:
 
 
 def start_coordinator(group: ProcessGroup, port: int, options: Mapping[str, Any], *, env: Mapping[str, str] | None = None,
-                      credentials: Any = None, timeout: float = 60.0) -> Child:
-    """`fedmask coordinator` with `options` (which make it listen on 127.0.0.1:port), once it serves
+                      credentials: Any = None, timeout: float = 60.0, name: str = "coordinator") -> Child:
+    """`fedmask coordinator` NAME with `options` (which make it listen on 127.0.0.1:port), once it serves
     (grpc.health.v1 SERVING; `credentials`: TLS channel credentials to ask it with)."""
-    coord = group.start("coordinator", ["coordinator", *flags(options)], env=env)
+    coord = group.start(name, ["coordinator", *flags(options)], env=env)
     wait_until(lambda: health_status(port, credentials=credentials) == "SERVING", timeout,
                what="the coordinator to serve", watch=[coord], step=0.2)
     return coord
 
 
-def start_client(group: ProcessGroup, name: str, port: int, users: str, state_dir: Path,
+def start_client(group: ProcessGroup, name: str, port: int | Sequence[int], users: str, state_dir: Path,
                  options: Mapping[str, Any]) -> Child:
     """`fedmask client` NAME hosting `users`, with its state in `state_dir`, to the coordinator on
-    127.0.0.1:port."""
-    return group.start(name, ["client", "-c", f"{LOOPBACK}:{port}", "-u", users, "-s", state_dir, *flags(options)])
+    127.0.0.1:port; with several ports, to the replicas on them (the client's address list, tried in
+    turn on each reconnect, D90)."""
+    ports = [port] if isinstance(port, int) else list(port)
+    target = ",".join(f"{LOOPBACK}:{p}" for p in ports)
+    return group.start(name, ["client", "-c", target, "-u", users, "-s", state_dir, *flags(options)])
 
 
 def run_to_exit(coord: Child, clients: Sequence[Child], timeout: float, *, what: str, step: float = 0.1,
@@ -125,11 +170,11 @@ def bench_folder(prefix: str, keep: Path | None, ignore: Sequence[str] = ()) -> 
 # ------------------------------------------------------------------ the rounds
 
 
-def read_rounds(db: Path) -> list[Any]:
-    """Every round record of the coordinator's SQLite store, by number."""
+def read_rounds(db: Path | str) -> list[Any]:
+    """Every round record of the coordinator's store, by number: `db` is its SQLite file or a database URL."""
     from coordinator.store import open_store
 
-    store = open_store(f"sqlite:///{db}", migrate=False)
+    store = open_store(db if isinstance(db, str) else f"sqlite:///{db}", migrate=False)
     try:
         return sorted(store.list_rounds(limit=1000).items, key=lambda r: r.number)
     finally:
@@ -181,6 +226,6 @@ def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
 
 
 __all__ = [
-    "StageDeadlines", "bench_folder", "committed_times", "exact_aggregate", "full_cohort", "is_neighbors",
+    "FleetShape", "StageDeadlines", "bench_folder", "committed_times", "exact_aggregate", "full_cohort", "is_neighbors",
     "read_rounds", "recorded_input", "round_seconds", "run_to_exit", "secagg_graph", "start_client", "start_coordinator",
 ]

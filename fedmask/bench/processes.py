@@ -63,6 +63,19 @@ def rss_mb(pid: int, key: str = "VmRSS") -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, this process's own threads, not its reaped
+    children) in seconds, from /proc/<pid>/stat; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # fields after the command name (which may hold spaces, in parentheses): utime, stime are the 12th, 13th
+    rest = stat.rpartition(")")[2].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def read_log(path: Path) -> str:
     """The text of a log file ("" while it does not exist)."""
     try:
@@ -276,7 +289,7 @@ def write_user_csv(path: Path, n_users: int, *, n_items: int = 60, per_user: int
 
 
 __all__ = [
-    "Child", "LOOPBACK", "ProcessFailed", "ProcessGroup", "flags", "free_port", "health_serving", "health_status",
+    "Child", "LOOPBACK", "ProcessFailed", "ProcessGroup", "cpu_seconds", "flags", "free_port", "health_serving", "health_status",
     "read_log", "rss_mb",
     "split_users", "wait_until", "write_user_csv",
 ]

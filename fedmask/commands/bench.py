@@ -1,6 +1,6 @@
-"""`fedmask bench round|hybrid|connections|hostile|admin`: federation benchmarks
-over real processes on 127.0.0.1 (see fedmask/bench/federation.py, hybrid.py,
-hostile.py, admin_load.py)."""
+"""`fedmask bench round|hybrid|connections|hostile|admin|scale`: federation
+benchmarks over real processes on 127.0.0.1 (see fedmask/bench/federation.py,
+hybrid.py, hostile.py, admin_load.py, scale.py)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def round_(
     Last stdout line: JSON with ok, secure_round_s_median, plaintext_round_s_median, coordinator_rss_mb (peak, secure run), the deadlines, masked_input_bytes, the DP block (with --dp-mechanism) and per-round details.
     """
     from fedmask.bench.federation import RoundBenchConfig, run_round_bench
+    from fedmask.bench.loopback_federation import FleetShape, StageDeadlines
 
     if dropout_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
@@ -78,11 +79,13 @@ def round_(
         raise typer.BadParameter("none, discrete-gaussian or gaussian-float", param_hint="--dp-mechanism")
     _check_neighbors(neighbors)
     _run_and_report(lambda: RoundBenchConfig(
-        devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors, dropout=dropout,
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
+        dropout=dropout,
         dropout_stage=dropout_stage, rounds=rounds, seed=seed, threshold=threshold,
-        training_deadline=training_deadline, advertise_keys_deadline=advertise_keys_deadline,
-        share_keys_deadline=share_keys_deadline, share_check_deadline=share_check_deadline, masked_input_deadline=masked_input_deadline,
-        unmasking_deadline=unmasking_deadline, deadline_floor=deadline_floor, plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
+        deadlines=StageDeadlines(training=training_deadline, advertise_keys=advertise_keys_deadline,
+                                 share_keys=share_keys_deadline, share_check=share_check_deadline,
+                                 masked_input=masked_input_deadline, unmasking=unmasking_deadline, floor=deadline_floor),
+        plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
         dp_mechanism=dp_mechanism, dp_noise=dp_noise, dp_clip=dp_clip,
     ), run_round_bench)
 
@@ -194,12 +197,57 @@ def admin(
     Starts a coordinator (the synthetic model, with an item catalogue so the devices answer top-k), --client-processes edge clients hosting --devices devices (no injected dropout) and `fedmask admin`, all on 127.0.0.1. After the first round, --seconds with no request (the idle rounds), then --seconds of --rate requests per second sent on schedule whatever the latency (open loop). Last stdout line: JSON with ok, topk_p50_ms, topk_p99_ms, topk_rps, status_p99_ms, status_rps, errors, secure_round_s_median_loaded, secure_round_s_median_idle and targets (the benchmark's targets, each with whether it was met).
     """
     from fedmask.bench.admin_load import AdminBenchConfig, run_admin_bench
+    from fedmask.bench.loopback_federation import FleetShape
 
     _check_neighbors(neighbors)
-    _run_and_report(lambda: AdminBenchConfig(devices=devices, client_processes=client_processes, dim=dim,
-                                             neighbors=neighbors, rate=rate, seconds=seconds, seed=seed,
-                                             items=min(1682, dim), keep=keep),
-                    run_admin_bench)
+    _run_and_report(lambda: AdminBenchConfig(
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
+        rate=rate, seconds=seconds, seed=seed, items=min(1682, dim), keep=keep,
+    ), run_admin_bench)
+
+
+@bench_app.command("scale")
+def scale(
+    replicas: Annotated[int, typer.Option(min=1, help="Coordinator replicas over one PostgreSQL store (one leads, D90).")] = 3,
+    devices: Annotated[int, typer.Option(min=3, help="Devices, hosted by the client processes; every round selects (nearly) all of them.")] = 1000,
+    client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices: at least 3 per replica (a client process carries its devices on one stream, which one replica holds), and at most 8, or exactly 3 per replica from 3 replicas on.")] = 9,
+    dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
+    group_size: Annotated[int, typer.Option(min=2, help="Secure-aggregation group size G the rounds are meant for (D87). The coordinator forms no groups over gRPC yet: each round is one SecAgg+ instance, and the JSON says how many groups G would make.")] = 500,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device goes silent at the masked-input stage of a round.")] = 0.05,
+    rounds: Annotated[int, typer.Option(min=1, help="Secure rounds per tier.")] = 3,
+    baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="First run the same rounds with --replicas 1 (the baseline), in this invocation.")] = True,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic updates, of the dropout draws and of cohort selection.")] = 0,
+    lease_seconds: Annotated[float, typer.Option(min=1.0, max=600.0, help="The replicas' leader lease (D90).")] = 10.0,
+    kill: Annotated[str | None, typer.Option(help="leader or replica: kill -9 the leader, or a standby, while round --kill-round is in --at-stage (the --replicas tier only). After a leader kill the bench waits for a standby to take the lease (due within the lease plus 5 s) and for --rounds rounds committed in all; the JSON's kill object says who died, who took over and how fast, and whether the version history has no gap and no duplicate.", show_default=False)] = None,
+    at_stage: Annotated[str, typer.Option(help="With --kill: the stage of the round: " + " | ".join(_STAGES) + ".")] = "masked-input",
+    kill_round: Annotated[int, typer.Option(min=1, help="With --kill: the round to strike in (2: one version is committed before).")] = 2,
+    timeout: Annotated[float, typer.Option(help="Give up on a tier after this many seconds, processes included.")] = 1800.0,
+    keep: KeepWorkFolderOption = None,
+) -> None:
+    """Time secure rounds served by coordinator replicas over PostgreSQL.
+
+    Starts a throwaway PostgreSQL server (initdb in a temp folder; needs the server binaries, as the tests do) and, on a fresh database each: --replicas replicas of `fedmask coordinator` (the synthetic model of length --dim, SecAgg+ at the coordinator's auto degree and threshold, the default over-selection, no DP), then --client-processes edge clients hosting --devices synthetic-update devices, each client given every replica's address (--coordinator A,B,C; no load balancer). The first replica leads; the others wait as standbys: only the leader holds device streams and runs rounds (D90). --dropout of the devices go silent at masked-input in each round. Every committed aggregate is checked bit for bit. With --baseline (the default) the same rounds first run on one replica.
+
+    Last stdout line: JSON with ok, exact, round_s_median, stage_s_median, groups, groups_at_group_size, devices_left_out, replica_cpu_ms_per_device_round (the replicas' CPU from /proc over the rounds, per device-round), client_cpu_ms_per_device_round (the same for the client processes), replica_peak_rss_mb (VmHWM of each), rounds_committed, rounds_aborted, leader, routing, the baseline's figures and round_s_median_over_baseline.
+    """
+    from fedmask.bench.loopback_federation import FleetShape
+    from fedmask.bench.scale import ScaleBenchConfig, fairness_problem, run_scale_bench
+    from fedmask.bench.scale_faults import KillPlan
+
+    problem = fairness_problem(replicas, client_processes)
+    if problem:
+        raise typer.BadParameter(problem, param_hint="--client-processes")
+    if kill not in (None, "leader", "replica"):
+        raise typer.BadParameter("leader or replica", param_hint="--kill")
+    if at_stage not in _STAGES:
+        raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--at-stage")
+    plan = None if kill is None else KillPlan("leader" if kill == "leader" else "replica",
+                                              Stage.parse(at_stage).value, kill_round)
+    _run_and_report(lambda: ScaleBenchConfig(
+        fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors="auto"),
+        replicas=replicas, group_size=group_size, dropout=dropout, rounds=rounds, seed=seed, baseline=baseline,
+        lease_s=lease_seconds, timeout=timeout, keep=keep, kill=plan,
+    ), run_scale_bench)
 
 
 Config = TypeVar("Config")
@@ -215,9 +263,10 @@ def _check_neighbors(neighbors: str) -> None:
 def _run_and_report(config: Callable[[], Config], bench: Callable[[Config, Callable[[str], None]], dict[str, Any]]) -> None:
     """Make the bench's configuration (a ValueError is a bad parameter), run `bench(cfg, log)`
     (progress to stderr), print its result as the last stdout line (JSON; {"ok": false, "error": ...}
-    when a process failed), exit 1 unless ok."""
+    when a process failed or no PostgreSQL server could be started), exit 1 unless ok."""
     from fedmask.bench.federation import dumps
     from fedmask.bench.processes import ProcessFailed
+    from fedmask.bench.throwaway_postgres import PgUnavailable
     from fedmask.console import err as stderr_console
 
     try:
@@ -228,7 +277,7 @@ def _run_and_report(config: Callable[[], Config], bench: Callable[[Config, Calla
     try:
         with _interruptible():
             result = bench(cfg, lambda m: err.print(m, markup=False, highlight=False))
-    except ProcessFailed as exc:
+    except (ProcessFailed, PgUnavailable) as exc:
         err.print(f"bench failed: {exc}", markup=False)
         result = {"ok": False, "error": str(exc).splitlines()[0]}
     print(dumps(result), flush=True)
