@@ -27,7 +27,7 @@ round is aborted by its own coordinator, never by `recovery`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from coordinator.round_report import PrivacyLedger
@@ -66,20 +66,41 @@ class InterruptedCharge:
     """The store's charge rule (`Store.mark_interrupted_rounds_aborted`):
     pure apart from the accountant, so a retried transaction may run it
     again. `mechanism_for(cohort)`: the round's discrete Gaussian (None
-    without it), as the round loop plans it."""
+    without it), as the round loop plans it.
+
+    The rule runs inside the store's write transaction, which holds the
+    leader lease's row: a slow rule would delay the lease's renewal. So
+    `warm` prices the rounds before the transaction (the accountant's and
+    the mechanism's imports, the calibration of each cohort size), and the
+    rule reuses those multipliers."""
 
     def __init__(self, ledger: PrivacyLedger, mechanism_for: Callable[[int], MechanismConfig | None]) -> None:
         self._ledger = ledger
         self._mechanism_for = mechanism_for
+        self._multipliers: dict[tuple[int, int], float] = {}
         #: round number -> the entry charged (the last call's, for the log line)
         self.charged: dict[int, PrivacyEntry] = {}
+
+    def multiplier(self, found: RoundRecord) -> float:
+        """The noise multiplier the round is charged at (memoized per cohort and count)."""
+        key = cohort_size(found), counted_devices(found)
+        if key not in self._multipliers:
+            cohort, counted = key
+            self._multipliers[key] = self._ledger.round_multiplier(cohort=cohort, counted=counted,
+                                                                   mechanism=self._mechanism_for(cohort))
+        return self._multipliers[key]
+
+    def warm(self, records: Iterable[RoundRecord], ledger: Sequence[PrivacyEntry]) -> None:
+        """Price the chargeable rounds among `records` ahead of the
+        transaction (blocking; an optimisation only)."""
+        for found in records:
+            if self._ledger.enabled and asked_to_unmask(found):
+                self._ledger.charge(found.number, self.multiplier(found), ledger)
 
     def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
         if not self._ledger.enabled or not asked_to_unmask(found):
             return None
-        cohort = cohort_size(found)
-        entry = self._ledger.charge(found.number, cohort=cohort, counted=counted_devices(found),
-                                    mechanism=self._mechanism_for(cohort), ledger=ledger)
+        entry = self._ledger.charge(found.number, self.multiplier(found), ledger)
         if entry is not None:
             self.charged[found.number] = entry
         return entry

@@ -55,6 +55,8 @@ def stored_pause(store: Store) -> bool:
 async def recover(store: Store, charge: InterruptedCharge | None = None) -> bool:
     """Abort the rounds left unfinished, charging with `charge` those asked
     to unmask; return whether an operator's pause holds (see the module doc)."""
+    if charge is not None:  # priced before the transaction, which holds the lease's row (see InterruptedCharge)
+        await asyncio.to_thread(lambda: charge.warm(store.list_rounds(limit=_PAGE).items, store.privacy_ledger()))
     interrupted = await asyncio.to_thread(store.mark_interrupted_rounds_aborted, charge=charge)
     if interrupted:
         log_event("rounds_marked_aborted", logging.WARNING, rounds=",".join(map(str, interrupted)))

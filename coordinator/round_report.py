@@ -195,18 +195,16 @@ class PrivacyLedger:
         z = self.round_multiplier(cohort=len(r.cohort), counted=len(r.result.counted), mechanism=r.mechanism)
         return self._entry(r.number, z, self._loaded().epsilon_with(z, 1.0))
 
-    def charge(self, number: int, *, cohort: int, counted: int, mechanism: MechanismConfig | None,
-               ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
-        """The entry of round `number` priced as a committed round with
-        `counted` of `cohort` devices would be (`entry_for`), its cumulative
-        epsilon composed with `ledger` (the entries before it, given rather
-        than read: a store's charge rule runs inside its transaction, D94).
-        None without DP. Pure apart from the accountant."""
+    def charge(self, number: int, z: float, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+        """The entry of round `number` at multiplier z (`round_multiplier`,
+        as a committed round's), its cumulative epsilon composed with
+        `ledger` (the entries before it, given rather than read: a store's
+        charge rule runs inside its transaction, D94). None without DP.
+        Pure apart from the accountant."""
         if not self.enabled:
             return None
         from models.privacy import Composition
 
-        z = self.round_multiplier(cohort=cohort, counted=counted, mechanism=mechanism)
         history = Composition([(e.noise_multiplier, e.sampling_rate) for e in ledger], delta=self._dp.delta,
                               accountant=self._dp.accountant)
         return self._entry(number, z, history.epsilon_with(z, 1.0))
