@@ -114,7 +114,8 @@ def test_without_dp_nothing_is_charged_and_the_counts_never_under_report() -> No
     store = left_by_a_dead_leader(settings("gaussian-float"))
     asyncio.run(_start(s, store))
     assert [e.round_number for e in store.privacy_ledger()] == [1]
-    assert store.get_round(2) is not None and store.get_round(2).state is RoundState.ABORTED
+    aborted = store.get_round(2)
+    assert aborted is not None and aborted.state is RoundState.ABORTED
     bare = RoundRecord(number=9, state=RoundState.UNMASKING, started_at=T0, cohort_size=5)
     assert (counted_devices(bare), cohort_size(bare)) == (1, 5)  # nothing known: the fewest counted
     assert counted_devices(record(9, RoundState.UNMASKING, masked=[1, 2, 3, 4])) == 4
