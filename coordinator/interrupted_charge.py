@@ -17,7 +17,10 @@ them (`survivors["masked_input"]`); when the record does not list them, the
 smallest count a commit could have had, the round's Shamir threshold
 (`metrics["threshold"]`), or 1 when that is unknown too: fewer counted
 devices never price a round lower. The cumulative epsilon composes it with
-every entry before it, committed or charged.
+every entry before it, committed or charged. A round the successor's
+settings cannot price (its discrete Gaussian does not fit the round's
+cohort: `dp_mechanism_for` raises) stops the start-up with that error, and
+the store is unchanged: no figure is written that could under-report.
 
 Not charged: a round whose record never reached `unmasking` (nobody was
 asked), and a round a live coordinator saw abort at unmasking with fewer
