@@ -168,9 +168,11 @@ class PrivacyLedger:
     cohort) (distributed) or z (local): APPROXIMATE, since the devices'
     noise is float and the encoding rounds and clips it per coordinate.
     The cumulative epsilon composes every committed round exactly, each at
-    its own (z, q): the running composition is built from the store's
-    ledger once, and extended by `committed` only after the store has
-    committed the round.
+    its own (z, q), and every round charged as released because its
+    coordinator died after asking for unmasking (`charge`, D94): the
+    running composition is built from the store's ledger once (`reload`
+    after a start-up charged rounds), and extended by `committed` only
+    after the store has committed the round.
 
     The budget (dp.epsilon_budget, D42): `epsilon_after(cohort, counted)`
     prices one more round; the coordinator asks it with counted = the
