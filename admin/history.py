@@ -300,13 +300,25 @@ def privacy_claim(store: Store, entries: Sequence[PrivacyEntry]) -> PrivacyClaim
 
     last = entries[-1]
     amplified = any(e.sampling_rate < 1 for e in entries)
-    record = store.get_round(last.round_number)
-    counted = record.metrics.get("contributors") if record is not None else None
+    counted, _ = ledger_counted(store.get_round(last.round_number))
     line = claims.production_line(last.noise_multiplier, int(counted)) if counted else None
     return PrivacyClaim(
         delta=last.delta, amplified=amplified,
         statement=claims.statement(last.cumulative_epsilon, last.delta, len(entries), amplified=amplified),
         production_plan=schemas.ProductionPlan(**line.as_dict()) if line is not None else None)
+
+
+def ledger_counted(r: RoundRecord | None) -> tuple[int | None, str]:
+    """A ledger entry's counted devices and why it is in the ledger: a
+    committed round's contributors; an aborted round is charged as
+    released because its coordinator died after asking for unmasking (D94),
+    at the devices counted at masked input (None when its record does not
+    list them: it was priced at its threshold)."""
+    if r is not None and r.state is RoundState.ABORTED:
+        listed = r.survivors.get("masked_input")
+        return (len(listed) if listed else None), schemas.INTERRUPTED_CHARGE
+    counted = r.metrics.get("contributors") if r is not None else None
+    return (int(counted) if counted is not None else None), schemas.COMMITTED_CHARGE
 
 
 def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> schemas.Privacy:
@@ -317,12 +329,12 @@ def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> sc
     ledger: list[schemas.LedgerEntry] = []
     for e in entries:
         r = store.get_round(e.round_number)
-        counted = r.metrics.get("contributors") if r is not None else None
+        counted, charged = ledger_counted(r)
         ledger.append(schemas.LedgerEntry(
             round_number=e.round_number, noise_multiplier=e.noise_multiplier, sampling_rate=e.sampling_rate,
-            counted_devices=int(counted) if counted is not None else None, epsilon_round=e.epsilon,
+            counted_devices=counted, epsilon_round=e.epsilon,
             epsilon_cumulative=e.cumulative_epsilon, delta=e.delta,
-            unprotected_contributions=unprotected.get(e.round_number, 0)))
+            unprotected_contributions=unprotected.get(e.round_number, 0), charged=charged))
     spent = entries[-1].cumulative_epsilon if entries else 0.0
     return schemas.Privacy(
         rounds_accounted=len(entries), epsilon_spent=spent, delta=claim.delta, protects=PROTECTS,

@@ -223,6 +223,11 @@ class ModelPage(BaseModel):
 # ---------------------------------------------------------------- privacy
 
 
+#: `LedgerEntry.charged` of a committed round / of a round charged as released (D94).
+COMMITTED_CHARGE = "committed"
+INTERRUPTED_CHARGE = "interrupted after unmasking"
+
+
 class LedgerEntry(BaseModel):
     round_number: int
     noise_multiplier: float = Field(description="Effective multiplier of the round's sum")
@@ -234,6 +239,11 @@ class LedgerEntry(BaseModel):
     unprotected_contributions: int = Field(
         0, description="Devices whose update reached the coordinator in the clear in this round (FedMMF hybrid "
                        "rounds, D64-D66): UNPROTECTED, outside epsilon and outside the secure sum's guarantee")
+    charged: str = Field(
+        COMMITTED_CHARGE, description="Why the round is in the ledger: 'committed' (its sum was released) or "
+                                      "'interrupted after unmasking' (aborted: its coordinator died after asking the "
+                                      "devices to unmask and may have learned the sum, so it is charged as released, "
+                                      "D94)")
 
 
 class UnprotectedRound(BaseModel):

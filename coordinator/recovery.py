@@ -3,7 +3,10 @@ replica that has just become the leader (D90): the rounds it finds
 unfinished, and the operator's pause.
 
 - Unfinished rounds are marked aborted (`coordinator_restart`): whoever ran
-  them is gone, and their devices discard the round's secrets.
+  them is gone, and their devices discard the round's secrets. Those it
+  had asked to unmask are charged in the privacy ledger in the same
+  transaction, as if their sums had been released
+  (`coordinator/interrupted_charge.py`, D94).
 - The federation stays paused if an operator paused it: the pause lives in
   the audit log (the newest pause or resume that changed the state), so a
   failover or a restart never resumes a federation an operator stopped.
@@ -15,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Iterable
 
+from coordinator.interrupted_charge import InterruptedCharge
 from coordinator.logs import log_event
 from coordinator.store import AuditRecord, Store
 
@@ -48,12 +52,18 @@ def stored_pause(store: Store) -> bool:
         before = page.next_cursor
 
 
-async def recover(store: Store) -> bool:
-    """Abort the rounds left unfinished; return whether an operator's pause
-    holds (see the module doc)."""
-    interrupted = await asyncio.to_thread(store.mark_interrupted_rounds_aborted)
+async def recover(store: Store, charge: InterruptedCharge | None = None) -> bool:
+    """Abort the rounds left unfinished, charging with `charge` those asked
+    to unmask; return whether an operator's pause holds (see the module doc)."""
+    if charge is not None:  # priced before the transaction, which holds the lease's row (see InterruptedCharge)
+        await asyncio.to_thread(lambda: charge.warm(store.list_rounds(limit=_PAGE).items, store.privacy_ledger()))
+    interrupted = await asyncio.to_thread(store.mark_interrupted_rounds_aborted, charge=charge)
     if interrupted:
         log_event("rounds_marked_aborted", logging.WARNING, rounds=",".join(map(str, interrupted)))
+    for number, entry in sorted(charge.charged.items()) if charge is not None else ():
+        log_event("round_charged", logging.WARNING, round=number, epsilon=f"{entry.epsilon:.4g}",
+                  cumulative_epsilon=f"{entry.cumulative_epsilon:.4g}",
+                  why="its coordinator died after asking for unmasking: the sum may have been released (D94)")
     paused = await asyncio.to_thread(stored_pause, store)
     if paused:
         log_event("paused", logging.WARNING, operator="(audit log)", why="an operator's pause holds across restarts")

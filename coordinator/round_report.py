@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -168,9 +168,11 @@ class PrivacyLedger:
     cohort) (distributed) or z (local): APPROXIMATE, since the devices'
     noise is float and the encoding rounds and clips it per coordinate.
     The cumulative epsilon composes every committed round exactly, each at
-    its own (z, q): the running composition is built from the store's
-    ledger once, and extended by `committed` only after the store has
-    committed the round.
+    its own (z, q), and every round charged as released because its
+    coordinator died after asking for unmasking (`charge`, D94): the
+    running composition is built from the store's ledger once (`reload`
+    after a start-up charged rounds), and extended by `committed` only
+    after the store has committed the round.
 
     The budget (dp.epsilon_budget, D42): `epsilon_after(cohort, counted)`
     prices one more round; the coordinator asks it with counted = the
@@ -191,16 +193,33 @@ class PrivacyLedger:
         (reads the store the first time): call it from a worker thread."""
         if not self.enabled:
             return None
+        assert r.result is not None
+        z = self.round_multiplier(cohort=len(r.cohort), counted=len(r.result.counted), mechanism=r.mechanism)
+        return self._entry(r.number, z, self._loaded().epsilon_with(z, 1.0))
+
+    def charge(self, number: int, z: float, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+        """The entry of round `number` at multiplier z (`round_multiplier`,
+        as a committed round's), its cumulative epsilon composed with
+        `ledger` (the entries before it, given rather than read: a store's
+        charge rule runs inside its transaction, D94). None without DP.
+        Pure apart from the accountant."""
+        if not self.enabled:
+            return None
+        from models.privacy import Composition
+
+        history = Composition([(e.noise_multiplier, e.sampling_rate) for e in ledger], delta=self._dp.delta,
+                              accountant=self._dp.accountant)
+        return self._entry(number, z, history.epsilon_with(z, 1.0))
+
+    def _entry(self, number: int, z: float, cumulative: float) -> PrivacyEntry:
+        """Round `number`'s entry at multiplier z, q = 1 (see the class doc)."""
         from models.privacy import composed_epsilon
 
-        assert r.result is not None
         dp = self._dp
         q = 1.0  # no amplification by sampling (see the class doc)
-        z = self.round_multiplier(cohort=len(r.cohort), counted=len(r.result.counted), mechanism=r.mechanism)
         return PrivacyEntry(
-            round_number=r.number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
-            delta=dp.delta, noise_multiplier=z, sampling_rate=q,
-            cumulative_epsilon=self._loaded().epsilon_with(z, q),
+            round_number=number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
+            delta=dp.delta, noise_multiplier=z, sampling_rate=q, cumulative_epsilon=cumulative,
         )
 
     def round_multiplier(self, *, cohort: int, counted: int, mechanism: MechanismConfig | None) -> float:
@@ -246,6 +265,11 @@ class PrivacyLedger:
             return 0.0
         z = self.round_multiplier(cohort=cohort, counted=counted, mechanism=mechanism)
         return self._loaded().epsilon_with(z, 1.0)
+
+    def reload(self) -> None:
+        """Read the stored ledger again the next time (it changed outside
+        this object: a start-up charged interrupted rounds, D94)."""
+        self._composition = None
 
     def committed(self, entry: PrivacyEntry | None) -> None:
         """The store committed the round of `entry`: extend the composition."""

@@ -51,11 +51,12 @@ from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import ReportPolicy, credential
 from coordinator.report_ledger import ReportLedger
 from coordinator.hybrid import HybridRoundMachine
+from coordinator.interrupted_charge import InterruptedCharge
 from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.recovery import recover
 from coordinator.relay import TopKAnswer
-from coordinator.round_policy import AdaptiveDeadlines, round_plan
+from coordinator.round_policy import AdaptiveDeadlines, dp_mechanism_for, round_plan
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
@@ -143,7 +144,9 @@ class Coordinator:
     async def start(self) -> None:
         """Crash recovery (coordinator/recovery.py), then resume from the latest
         model version (or initialize and commit the first one on an empty database)."""
-        self.paused = await recover(self.store)  # unfinished rounds aborted; an operator's pause holds
+        charge = InterruptedCharge(self.ledger, lambda n: dp_mechanism_for(self.settings, n, self.model.update_dim))
+        self.paused = await recover(self.store, charge)  # unfinished rounds aborted (and charged, D94); a pause holds
+        self.ledger.reload()
         await self.current.load(self.settings.seed or 0)
         await self.registry.load()
         await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)

@@ -20,8 +20,9 @@ may contribute to it once, as to any new version; no device is asked again
 for a key it has answered. The version's lineage says it is a skip, its
 step follows the last one (the history keeps no gap and no duplicate step),
 and the write is fenced by the leader's lease like a commit. The skipped
-rounds released nothing: no version, no ledger entry; a sum the dead
-coordinator may have unmasked existed in its memory only.
+rounds produced no version, but each is in the privacy ledger: the dead
+coordinator may have unmasked its sum, so the start-up that aborted it
+charged it as released (`interrupted_charge`, D94).
 
 A skip happens only when selection has waited one selection window
 (`deadlines.selection`, for devices that reconnect after the failover)

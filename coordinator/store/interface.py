@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from coordinator.store.records import (
     AuditRecord,
+    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -158,11 +159,24 @@ class Store(Protocol):
         Raises InvalidRecordError, ConflictError, FencedOut as commit_round."""
         ...
 
-    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
+    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None, charge: ChargeRule | None = None,
+                                        fence: Lease | None = None) -> list[int]:
         """Crash recovery, called at start-up before any round runs: every
         round in a non-terminal state becomes ABORTED with abort_reason
         'coordinator_restart' and ended_at `at` (default: store clock).
-        Returns their numbers, ascending."""
+        Returns their numbers, ascending.
+
+        With `charge`, in the SAME transaction, for each of those rounds in
+        ascending order: `charge(found, ledger)`, where `found` is the round
+        as stored before this call (its non-terminal state) and `ledger` the
+        privacy ledger as it stands (ascending; the entries this call added
+        for earlier rounds included), returns the round's privacy-ledger
+        entry (a release its dead coordinator may have learned, D94) or
+        None; each entry is stored with its round, all or nothing. A rule
+        that raises leaves the store unchanged. May run more than once per
+        call (a retried transaction): it must be pure. Fenced as
+        commit_round. Raises InvalidRecordError (an entry for another
+        round), ConflictError (the round already has an entry), FencedOut."""
         ...
 
     def get_round(self, number: int) -> RoundRecord | None: ...

@@ -28,6 +28,7 @@ from coordinator.store.memory_reports import InMemoryShareReports
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     AuditRecord,
+    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -44,6 +45,7 @@ from coordinator.store.records import (
 )
 from coordinator.store.summaries import (
     check_audit_details,
+    check_charge,
     check_commit_args,
     check_enrollment_batch,
     enrollment_refusal,
@@ -263,15 +265,22 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
             staged.rounds[round_record.number] = _copy_round(round_record)
             self._state = staged
 
-    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
+    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None, charge: ChargeRule | None = None,
+                                        fence: Lease | None = None) -> list[int]:
         when = at or self._clock()
-        with self._lock:
+        with self._lease_lock, self._lock:
+            self._check_fence(fence)
             staged = self._state.copy()
             numbers = sorted(n for n, r in staged.rounds.items() if not r.state.is_terminal)
             for n in numbers:
-                staged.rounds[n] = replace(
-                    staged.rounds[n], state=RoundState.ABORTED, abort_reason=COORDINATOR_RESTART, ended_at=when
-                )
+                found = staged.rounds[n]
+                staged.rounds[n] = replace(found, state=RoundState.ABORTED, abort_reason=COORDINATOR_RESTART,
+                                           ended_at=when)
+                if charge is not None:
+                    ledger = [e for _, e in sorted(staged.ledger.items())]
+                    charged = check_charge(charge(_copy_round(found), ledger), n, staged.ledger)
+                    if charged is not None:
+                        self._insert_privacy_entry(staged, charged)
             self._state = staged
             return numbers
 

@@ -55,6 +55,7 @@ from coordinator.store.orm import AuditRow, DeviceRow, ModelVersionRow, PrivacyL
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     AuditRecord,
+    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -75,6 +76,7 @@ from coordinator.store.sql_lease import SqlLeaderLease, check_fence
 from coordinator.store.sql_reports import SqlShareReports
 from coordinator.store.summaries import (
     check_audit_details,
+    check_charge,
     check_commit_args,
     check_enrollment_batch,
     enrollment_refusal,
@@ -401,16 +403,27 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
 
         self._write(body)
 
-    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None) -> list[int]:
+    def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None, charge: ChargeRule | None = None,
+                                        fence: Lease | None = None) -> list[int]:
+        fence = self._fence_for(fence)
+
         def body(s: Session) -> list[int]:
+            check_fence(s, fence)
             when = at or self._clock()
             rows = s.scalars(
                 select(RoundRow).where(RoundRow.state.not_in(_TERMINAL)).order_by(RoundRow.number).with_for_update()
             ).all()
             for row in rows:
+                found = _round(row)
                 row.state = RoundState.ABORTED.value
                 row.abort_reason = COORDINATOR_RESTART
                 row.ended_at = when
+                if charge is not None:
+                    ledger = _ledger(s)
+                    entry = check_charge(charge(found, ledger), row.number, {e.round_number for e in ledger})
+                    if entry is not None:
+                        s.add(_ledger_row(entry))
+                s.flush()
             return [row.number for row in rows]
 
         return self._write(body)
@@ -432,18 +445,7 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
 
     # ------------------------------------------------------------- privacy
     def privacy_ledger(self) -> list[PrivacyEntry]:
-        def body(s: Session) -> list[PrivacyEntry]:
-            rows = s.scalars(select(PrivacyLedgerRow).order_by(PrivacyLedgerRow.round_number))
-            return [
-                PrivacyEntry(
-                    round_number=r.round_number, epsilon=r.epsilon, delta=r.delta,
-                    noise_multiplier=r.noise_multiplier, sampling_rate=r.sampling_rate,
-                    cumulative_epsilon=r.cumulative_epsilon,
-                )
-                for r in rows
-            ]
-
-        return self._read(body)
+        return self._read(_ledger)
 
     def privacy_summary(self) -> PrivacySummary:
         return summarize_privacy(self.privacy_ledger())
@@ -508,6 +510,18 @@ def _round(row: RoundRow) -> RoundRecord:
         timings=row.timings,
         metrics=row.metrics,
     )
+
+
+def _ledger(s: Session) -> list[PrivacyEntry]:
+    """The privacy ledger, ascending round number."""
+    rows = s.scalars(select(PrivacyLedgerRow).order_by(PrivacyLedgerRow.round_number))
+    return [
+        PrivacyEntry(
+            round_number=r.round_number, epsilon=r.epsilon, delta=r.delta, noise_multiplier=r.noise_multiplier,
+            sampling_rate=r.sampling_rate, cumulative_epsilon=r.cumulative_epsilon,
+        )
+        for r in rows
+    ]
 
 
 def _ledger_row(entry: PrivacyEntry) -> PrivacyLedgerRow:

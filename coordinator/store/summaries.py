@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from coordinator.store.errors import EnrollmentConflictError, InvalidRecordError
+from coordinator.store.errors import ConflictError, EnrollmentConflictError, InvalidRecordError
 from coordinator.store.records import DeviceStatus, Page, PrivacyEntry, PrivacySummary, RoundRecord, RoundState
 
 T = TypeVar("T")
@@ -20,6 +20,20 @@ def check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
         raise InvalidRecordError(f"commit_round got state {record.state}")
     if entry is not None and entry.round_number != record.number:
         raise InvalidRecordError(f"privacy entry is for round {entry.round_number}, not round {record.number}")
+
+
+def check_charge(entry: PrivacyEntry | None, number: int, charged: Iterable[int]) -> PrivacyEntry | None:
+    """What `Store.mark_interrupted_rounds_aborted` requires of the entry a
+    charge rule returned for round `number`: for that round
+    (InvalidRecordError), which has none yet (`charged`: the rounds with an
+    entry; ConflictError)."""
+    if entry is None:
+        return None
+    if entry.round_number != number:
+        raise InvalidRecordError(f"privacy entry is for round {entry.round_number}, not round {number}")
+    if number in charged:
+        raise ConflictError(f"round {number} already has a privacy entry")
+    return entry
 
 
 def check_enrollment_batch(devices: Sequence[tuple[bytes, str]]) -> list[bytes]:

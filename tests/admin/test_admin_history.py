@@ -123,3 +123,39 @@ def test_the_privacy_view_names_every_rounds_unprotected_contributions() -> None
     assert by_round[hybrid_dp].unprotected_contributions == 3
     assert all(e.unprotected_contributions == 0 for n, e in by_round.items() if n != hybrid_dp)
     assert p.epsilon_spent == pytest.approx(spent + 0.5)  # the plaintext devices add nothing to epsilon
+
+
+def test_a_round_charged_as_released_is_labelled_in_the_ledger_and_listed() -> None:
+    """A round whose coordinator died after asking for unmasking is in the
+    ledger although aborted (D94): the privacy view labels it, counts its
+    masked-input devices, composes it into epsilon spent, and the round
+    listings show it as aborted with its cumulative epsilon."""
+    from admin.history import get_round, list_rounds, privacy
+    from coordinator.store import PrivacyEntry
+
+    store = InMemoryStore()
+    filled = fill_store(store)  # the running round is in MASKED_INPUT: make it one that asked for unmasking
+    running = store.get_round(filled.running)
+    assert running is not None
+    store.save_round_progress(RoundRecord(number=running.number, state=RoundState.UNMASKING,
+                                          started_at=running.started_at, cohort_size=10,
+                                          base_model_version=running.base_model_version,
+                                          survivors={"selected": list(range(1, 11)), "masked_input": [1, 2, 3, 4, 5]}))
+    before = store.privacy_ledger()[-1].cumulative_epsilon
+
+    def charge(found: RoundRecord, ledger: object) -> PrivacyEntry:
+        return PrivacyEntry(round_number=found.number, epsilon=2.0, delta=1e-5, noise_multiplier=0.7,
+                            sampling_rate=1.0, cumulative_epsilon=before + 2.0)
+
+    assert store.mark_interrupted_rounds_aborted(charge=charge) == [filled.running]
+    p = privacy(store, budget=before + 1.0, exhausted=True)
+    by_round = {e.round_number: e for e in p.ledger}
+    charged = by_round[filled.running]
+    assert (charged.charged, charged.counted_devices) == ("interrupted after unmasking", 5)
+    assert all(by_round[n].charged == "committed" and by_round[n].counted_devices == 8 for n in filled.committed)
+    assert p.epsilon_spent == pytest.approx(before + 2.0) and p.epsilon_remaining == 0.0
+    assert p.production_plan is not None  # priced with the charged round's counted devices
+    detail = get_round(store, filled.running)
+    assert detail is not None and detail.outcome == "aborted" and detail.epsilon == pytest.approx(before + 2.0)
+    page = list_rounds(store, limit=3, cursor=None, outcome="aborted")
+    assert page.items[0].number == filled.running and page.items[0].epsilon == pytest.approx(before + 2.0)

@@ -16,7 +16,10 @@ version spent by a dead coordinator, moves past it with a skip version (the
 same parameters at the next step) and commits the next rounds. The version
 history keeps no gap and no duplicate step, the skip names the version and
 the round it moved past, no other round aborts, and every committed
-aggregate is exact.
+aggregate is exact. The federation runs under distributed DP (the discrete
+Gaussian): B charges the aborted round 1 in the privacy ledger as if A had
+released its sum, priced with the devices counted at masked input, and the
+cumulative epsilon of the rounds B commits composes it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from coordinator.model_host import build_server_model
+from coordinator.round_policy import dp_mechanism_for
+from coordinator.settings import CoordinatorSettings
 from coordinator.store.blobs import unpack_parameters
+from dpmech.calibrate import noise_multiplier_of
+from dpmech.mechanism import privacy_rho
+from models.privacy import composed_epsilon
 
 from integration_harness import (
     LOOPBACK,
@@ -55,7 +64,7 @@ COMMON: dict[str, Any] = dict(
     model="synthetic", model_params={"vector_length": L}, cohort_size=6, cohort_minimum=4, over_selection=0.0,
     allow_consecutive=True, seed=1, selection_deadline=3, training_deadline=2, advertise_keys_deadline=5,
     share_keys_deadline=5, unmasking_deadline=5, masked_input_deadline=5, secagg_graph="full",
-    secagg_threshold="majority", dp_mode="none", debug_record_sums=True, lease_seconds=LEASE_S, round_pause=0.5,
+    secagg_threshold="majority", dp_mode="distributed", dp_noise=1.0, debug_record_sums=True, lease_seconds=LEASE_S, round_pause=0.5,
 )
 
 
@@ -66,6 +75,23 @@ def _versions(url: str) -> list[Any]:
         return [store.get_model_version(v.id) for v in summaries]
     finally:
         store.close()
+
+
+def _ledger(url: str) -> list[Any]:
+    store = open_store_readonly(url)
+    try:
+        return store.privacy_ledger()
+    finally:
+        store.close()
+
+
+def _multiplier(counted: int) -> float:
+    """The oracle: the noise multiplier of the sum of `counted` of the
+    cohort's 6 discrete-Gaussian shares, from the mechanism (not the ledger)."""
+    s = CoordinatorSettings.load(overrides={"dp.mode": "distributed", "dp.noise_multiplier": 1.0})
+    mechanism = dp_mechanism_for(s, COMMON["cohort_size"], build_server_model("synthetic", {"vector_length": L}).update_dim)
+    assert mechanism is not None
+    return noise_multiplier_of(privacy_rho(mechanism, counted))
 
 
 def _committed(url: str) -> list[Any]:
@@ -127,3 +153,14 @@ def test_a_leader_killed_after_asking_to_unmask(procs: Processes, tmp_path: Path
         previous = next(v.id for v in versions if v.round_number == r.number)
         check_exact_aggregate(r, dirs)
     assert set(committed[0].survivors["selected"]) & asked, "the skip version re-admits the spent devices"
+
+    # round 1 is charged as released (D94), and every later cumulative composes it
+    ledger = _ledger(url)
+    assert [e.round_number for e in ledger] == [1, *(r.number for r in committed)], ledger
+    charged = ledger[0]
+    assert charged.noise_multiplier == pytest.approx(_multiplier(len(asked)), rel=1e-9)
+    assert charged.epsilon > 0 and charged.cumulative_epsilon == pytest.approx(charged.epsilon)
+    for i, (e, r) in enumerate(zip(ledger[1:], committed, strict=True), start=1):
+        assert e.noise_multiplier == pytest.approx(_multiplier(len(r.survivors["masked_input"])), rel=1e-9)
+        together = composed_epsilon([(x.noise_multiplier, 1.0) for x in ledger[: i + 1]], delta=charged.delta)
+        assert e.cumulative_epsilon == pytest.approx(together, rel=1e-6) and e.cumulative_epsilon > e.epsilon

@@ -1,0 +1,121 @@
+"""A round whose coordinator died after asking for unmasking is charged in
+the privacy ledger as if its sum had been released (D94,
+coordinator/interrupted_charge.py): the successor's start-up writes the
+entry with the abort, priced as a committed round with the devices counted
+at masked input, and the epsilon spent, the budget check and the next
+commit compose it. Over real processes on PostgreSQL:
+tests/integration/test_replica_spent_version.py."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from coordinator.interrupted_charge import cohort_size, counted_devices
+from coordinator.model_host import build_server_model
+from coordinator.round_policy import dp_mechanism_for
+from coordinator.service import Coordinator
+from coordinator.settings import CoordinatorSettings
+from coordinator.store import COORDINATOR_RESTART, InMemoryStore, NewModelVersion, PrivacyEntry, RoundRecord, RoundState
+from coordinator.store.blobs import pack_parameters
+from dpmech.calibrate import noise_multiplier_of
+from dpmech.mechanism import privacy_rho
+from models.privacy import composed_epsilon
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+L = 16
+Z = 1.2
+
+
+def settings(mechanism: str, **over: Any) -> CoordinatorSettings:
+    return CoordinatorSettings.load(overrides={
+        "listen_address": "127.0.0.1:0", "database_url": "memory://", "model.name": "synthetic",
+        "model.hyperparameters": {"vector_length": L}, "cohort.size": 4, "cohort.minimum": 3,
+        "dp.mode": "distributed", "dp.mechanism": mechanism, "dp.noise_multiplier": Z, "seed": 3, **over})
+
+
+def multiplier(s: CoordinatorSettings, *, cohort: int, counted: int) -> float:
+    """The oracle: the noise multiplier of a sum of `counted` of `cohort`
+    devices' shares, from the mechanism's definitions (not the ledger)."""
+    if s.dp.mechanism == "gaussian-float":
+        return Z * math.sqrt(counted / cohort)
+    mechanism = dp_mechanism_for(s, cohort, L)
+    assert mechanism is not None
+    return noise_multiplier_of(privacy_rho(mechanism, counted))
+
+
+def record(number: int, state: RoundState, *, masked: list[int] | None, **kw: Any) -> RoundRecord:
+    survivors = {"selected": [1, 2, 3, 4], "advertise_keys": [1, 2, 3, 4]}
+    if masked is not None:
+        survivors["masked_input"] = masked
+    return RoundRecord(number=number, state=state, started_at=T0, cohort_size=4, base_model_version=1,
+                       survivors=survivors, metrics={"cohort": 4.0, "threshold": 3.0, "neighbours": 3.0}, **kw)
+
+
+def left_by_a_dead_leader(s: CoordinatorSettings) -> InMemoryStore:
+    """Round 1 committed with all 4 counted; round 2 asked 4 devices to
+    unmask, 3 counted at masked input; round 3 died before unmasking;
+    round 4 asked for unmasking, its masked-input survivors unlisted."""
+    store = InMemoryStore()
+    model = build_server_model(s.model.name, s.model.hyperparameters)
+    blob = pack_parameters(model.init_parameters(3))
+    z1 = multiplier(s, cohort=4, counted=4)
+    eps1 = composed_epsilon([(z1, 1.0)], delta=s.dp.delta)
+    store.commit_round(record(1, RoundState.COMMITTED, masked=[1, 2, 3, 4], ended_at=T0),
+                       NewModelVersion(model_name="synthetic", parameters=blob, hyperparameters={"step": 1}),
+                       PrivacyEntry(round_number=1, epsilon=eps1, delta=s.dp.delta, noise_multiplier=z1,
+                                    sampling_rate=1.0, cumulative_epsilon=eps1))
+    store.save_round_progress(record(2, RoundState.UNMASKING, masked=[1, 2, 4]))
+    store.save_round_progress(record(3, RoundState.MASKED_INPUT, masked=None))
+    store.save_round_progress(record(4, RoundState.UNMASKING, masked=None))
+    return store
+
+
+async def _start(s: CoordinatorSettings, store: InMemoryStore) -> tuple[float, float]:
+    coord = Coordinator(s, store=store, model=build_server_model(s.model.name, s.model.hyperparameters))
+    await coord.start()
+    try:  # what the budget check and the next commit compose: a round of 4 devices, 3 counted
+        return coord.outcomes.epsilon_spent, coord.ledger.epsilon_after(
+            cohort=4, counted=3, mechanism=dp_mechanism_for(s, 4, L))
+    finally:
+        await coord.shutdown("test over")
+
+
+@pytest.mark.parametrize("mechanism", ["discrete-gaussian", "gaussian-float"])
+def test_a_round_interrupted_after_unmasking_is_charged_as_released(mechanism: str) -> None:
+    s = settings(mechanism)
+    store = left_by_a_dead_leader(s)
+    spent, next_round = asyncio.run(_start(s, store))
+    ledger = store.privacy_ledger()
+    assert [e.round_number for e in ledger] == [1, 2, 4]  # round 3 asked nobody: no charge
+    z1, z2 = multiplier(s, cohort=4, counted=4), multiplier(s, cohort=4, counted=3)
+    z4 = multiplier(s, cohort=4, counted=3)  # unlisted: the threshold, the fewest a commit can count
+    assert z2 < z1 and ledger[1].noise_multiplier == pytest.approx(z2, rel=1e-9)
+    assert ledger[2].noise_multiplier == pytest.approx(z4, rel=1e-9)
+    assert ledger[1].epsilon == pytest.approx(composed_epsilon([(z2, 1.0)], delta=s.dp.delta), rel=1e-6)
+    assert ledger[1].cumulative_epsilon == pytest.approx(composed_epsilon([(z1, 1.0), (z2, 1.0)], delta=s.dp.delta),
+                                                         rel=1e-6)
+    three = composed_epsilon([(z1, 1.0), (z2, 1.0), (z4, 1.0)], delta=s.dp.delta)
+    assert ledger[2].cumulative_epsilon == pytest.approx(three, rel=1e-6)
+    assert spent == pytest.approx(three, rel=1e-6) and spent > ledger[0].cumulative_epsilon
+    four = composed_epsilon([(z1, 1.0), (z2, 1.0), (z4, 1.0), (z2, 1.0)], delta=s.dp.delta)
+    assert next_round == pytest.approx(four, rel=1e-6)
+    for n in (2, 3, 4):
+        r = store.get_round(n)
+        assert r is not None and r.state is RoundState.ABORTED and r.abort_reason == COORDINATOR_RESTART
+
+
+def test_without_dp_nothing_is_charged_and_the_counts_never_under_report() -> None:
+    s = settings("gaussian-float", **{"dp.mode": "none", "dp.noise_multiplier": 0.0})
+    store = left_by_a_dead_leader(settings("gaussian-float"))
+    asyncio.run(_start(s, store))
+    assert [e.round_number for e in store.privacy_ledger()] == [1]
+    aborted = store.get_round(2)
+    assert aborted is not None and aborted.state is RoundState.ABORTED
+    bare = RoundRecord(number=9, state=RoundState.UNMASKING, started_at=T0, cohort_size=5)
+    assert (counted_devices(bare), cohort_size(bare)) == (1, 5)  # nothing known: the fewest counted
+    assert counted_devices(record(9, RoundState.UNMASKING, masked=[1, 2, 3, 4])) == 4

@@ -1,0 +1,118 @@
+"""The Store contract of `mark_interrupted_rounds_aborted(charge=...)` (D94):
+a round a dead coordinator left after asking for unmasking is charged in
+the privacy ledger in the same transaction that aborts it. Run against
+every backend: memory, sqlite, postgresql (the `backend` fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from coordinator.store import (
+    COORDINATOR_RESTART,
+    FencedOut,
+    InvalidRecordError,
+    NewModelVersion,
+    PrivacyEntry,
+    RoundRecord,
+    RoundState,
+    open_store,
+)
+
+Backend = Any  # the `backend` fixture of conftest.py
+
+T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def record(number: int, state: RoundState, **kw: Any) -> RoundRecord:
+    return RoundRecord(number=number, state=state, started_at=T0 + timedelta(minutes=number), cohort_size=4, **kw)
+
+
+def entry(number: int, eps: float, cumulative: float) -> PrivacyEntry:
+    return PrivacyEntry(round_number=number, epsilon=eps, delta=1e-5, noise_multiplier=1.5, sampling_rate=1.0,
+                        cumulative_epsilon=cumulative)
+
+
+def version(blob: bytes = b"p") -> NewModelVersion:
+    return NewModelVersion(model_name="m", parameters=blob)
+
+
+class SumRule:
+    """Charges a round found in UNMASKING 0.5 (cumulative: the basic sum of
+    the ledger so far plus 0.5); records what it was given."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[RoundRecord, list[int], float]] = []
+
+    def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+        self.seen.append((found, [e.round_number for e in ledger], sum(e.epsilon for e in ledger)))
+        if found.state is not RoundState.UNMASKING:
+            return None
+        return entry(found.number, 0.5, sum(e.epsilon for e in ledger) + 0.5)
+
+
+def setup_rounds(s: Any) -> None:
+    s.commit_round(record(1, RoundState.COMMITTED, ended_at=T0), version(), entry(1, 0.25, 0.25))
+    s.save_round_progress(record(2, RoundState.UNMASKING, survivors={"masked_input": [1, 2, 3]}))
+    s.save_round_progress(record(3, RoundState.MASKED_INPUT))
+    s.save_round_progress(record(4, RoundState.UNMASKING, survivors={"masked_input": [1, 2]}))
+
+
+def test_interrupted_rounds_are_charged_with_their_abort(backend: Backend) -> None:
+    s = backend.store
+    setup_rounds(s)
+    if backend.url is not None:  # a successor opens the same database
+        s.close()
+        s = backend.store = open_store(backend.url)
+    rule = SumRule()
+    at = T0 + timedelta(hours=1)
+    assert s.mark_interrupted_rounds_aborted(at=at, charge=rule) == [2, 3, 4]
+    # the rule saw each round as found, and the ledger including what this call charged before it
+    last = {found.number: (found.state, rounds, total) for found, rounds, total in rule.seen}
+    assert last == {2: (RoundState.UNMASKING, [1], 0.25), 3: (RoundState.MASKED_INPUT, [1, 2], 0.75),
+                    4: (RoundState.UNMASKING, [1, 2], 0.75)}
+    assert s.privacy_ledger() == [entry(1, 0.25, 0.25), entry(2, 0.5, 0.75), entry(4, 0.5, 1.25)]
+    assert s.privacy_summary().cumulative_epsilon == pytest.approx(1.25)
+    for n in (2, 3, 4):
+        r = s.get_round(n)
+        assert r is not None and r.state is RoundState.ABORTED and r.abort_reason == COORDINATOR_RESTART
+        assert r.ended_at == at
+    assert s.mark_interrupted_rounds_aborted(charge=rule) == []  # terminal rounds are never charged again
+
+
+@pytest.mark.parametrize("bad", ["raises", "other round"])
+def test_a_refused_charge_leaves_the_store_unchanged(backend: Backend, bad: str) -> None:
+    s = backend.store
+    setup_rounds(s)
+    before = ([s.get_round(n) for n in (1, 2, 3, 4)], s.privacy_ledger())
+
+    def rule(found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+        if found.number < 4:
+            return SumRule()(found, ledger)
+        if bad == "raises":
+            raise RuntimeError("cannot price the round")
+        return entry(2, 0.5, 9.0)  # round 2's (charged by this call already)
+
+    with pytest.raises({"raises": RuntimeError, "other round": InvalidRecordError}[bad]):
+        s.mark_interrupted_rounds_aborted(charge=rule)
+    assert ([s.get_round(n) for n in (1, 2, 3, 4)], s.privacy_ledger()) == before
+
+
+def test_a_deposed_leader_charges_nothing_and_aborts_nothing(backend: Backend) -> None:
+    s = backend.store
+    setup_rounds(s)
+    a = s.acquire_lease("replica-a", 30.0)
+    assert a is not None
+    s.release_lease(a)
+    b = s.acquire_lease("replica-b", 30.0)
+    assert b is not None
+    with pytest.raises(FencedOut):
+        s.mark_interrupted_rounds_aborted(charge=SumRule(), fence=a)
+    assert s.get_round(2) is not None and s.get_round(2).state is RoundState.UNMASKING
+    assert [e.round_number for e in s.privacy_ledger()] == [1]
+    s.fence_writes(lambda: b)  # the default fence of a leading replica applies as to a commit
+    assert s.mark_interrupted_rounds_aborted(charge=SumRule()) == [2, 3, 4]
+    assert [e.round_number for e in s.privacy_ledger()] == [1, 2, 4]
