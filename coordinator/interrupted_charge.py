@@ -22,10 +22,15 @@ settings cannot price (its discrete Gaussian does not fit the round's
 cohort: `dp_mechanism_for` raises) stops the start-up with that error, and
 the store is unchanged: no figure is written that could under-report.
 
+A live coordinator charges its own aborting round the same way
+(`abort_charge`, written with the abort by `RoundOutcomes.save_abort`) when
+it reconstructed the sum but did not commit it (a rollback during the
+round, a store failure at commit), or when it holds at least t unmasking
+answers (a round cancelled or stopped during unmasking).
+
 Not charged: a round whose record never reached `unmasking` (nobody was
-asked), and a round a live coordinator saw abort at unmasking with fewer
-than t answers (no sum can be reconstructed from fewer than t shares; that
-round is aborted by its own coordinator, never by `recovery`).
+asked), and a round that aborts at unmasking with fewer than t answers (no
+sum can be reconstructed from fewer than t shares).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from coordinator.round_report import PrivacyLedger
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState
 
 if TYPE_CHECKING:
+    from coordinator.rounds import RoundMachine
     from dpmech.mechanism import MechanismConfig
 
 #: The stage whose survivors' inputs are in the sum (secagg's U3).
@@ -63,6 +69,41 @@ def cohort_size(found: RoundRecord) -> int:
     if cohort:
         return int(cohort)
     return len(found.survivors.get("selected", ())) or found.cohort_size
+
+
+def learnable_count(*, reconstructed: int | None, unmasking_answers: int, threshold: int,
+                    masked_input: int) -> int | None:
+    """A live coordinator's aborting round: how many devices' noise is in a
+    sum it may have learned, or None when it cannot have learned one.
+
+    `reconstructed`: the devices counted when it reconstructed the sum (the
+    round then failed to commit: a rollback during the round, a store
+    failure), None when it did not. Without a reconstruction, at least t
+    unmasking answers (`unmasking_answers` >= `threshold`; a round cancelled
+    or stopped during unmasking) still give it enough shares to reconstruct:
+    the sum of the `masked_input` counted devices (at least 1). Fewer than t
+    answers: no sum can be reconstructed, nothing is charged (D85)."""
+    if reconstructed is not None:
+        return max(1, reconstructed)
+    if unmasking_answers >= threshold:
+        return max(1, masked_input)
+    return None
+
+
+def abort_charge(ledger: PrivacyLedger, r: RoundMachine, history: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+    """The ledger entry of live round `r`, which ends aborted, when its sum
+    may have been learned (`learnable_count`), priced as a committed round's
+    with the noise of the devices it counted; `history`: the ledger so far.
+    None without DP or when nothing was learnable. Blocking (the accountant)."""
+    survivors = r.survivors()
+    counted = learnable_count(
+        reconstructed=len(r.result.counted) if r.result is not None else None,
+        unmasking_answers=len(survivors.get(RoundState.UNMASKING.value, ())),
+        threshold=r.config.threshold, masked_input=len(survivors.get(COUNTED_AT, ())))
+    if counted is None or not ledger.enabled:
+        return None
+    z = ledger.round_multiplier(cohort=len(r.cohort), counted=counted, mechanism=r.mechanism)
+    return ledger.charge(r.number, z, history)
 
 
 class InterruptedCharge:
@@ -109,4 +150,5 @@ class InterruptedCharge:
         return entry
 
 
-__all__ = ["COUNTED_AT", "InterruptedCharge", "asked_to_unmask", "cohort_size", "counted_devices"]
+__all__ = ["COUNTED_AT", "InterruptedCharge", "abort_charge", "asked_to_unmask", "cohort_size", "counted_devices",
+           "learnable_count"]

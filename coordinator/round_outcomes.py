@@ -13,11 +13,13 @@ threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime
 
 from coordinator.events import EventHub
+from coordinator.interrupted_charge import abort_charge
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.round_report import PrivacyLedger
@@ -58,6 +60,21 @@ class RoundOutcomes:
             if best > ledger.budget:
                 await self.exhaust_budget(best, paused=paused, model_version=model_version)
         self._metrics.privacy(spent=self.epsilon_spent, budget=ledger.budget, exhausted=self.budget_exhausted)
+
+    async def save_abort(self, r: RoundMachine, record: RoundRecord) -> None:
+        """Save aborted round `r` (`record`), with its privacy charge when its
+        sum may have been learned (`interrupted_charge.abort_charge`, D94) in
+        the same transaction; the epsilon spent then includes it."""
+        def charge() -> PrivacyEntry | None:
+            return abort_charge(self._ledger, r, self._store.privacy_ledger()) if self._ledger.enabled else None
+
+        entry = await asyncio.to_thread(charge)
+        await asyncio.to_thread(functools.partial(self._store.abort_round, record, privacy_entry=entry))
+        if entry is not None:
+            log_event("round_charged", logging.WARNING, round=r.number, epsilon=f"{entry.epsilon:.4g}",
+                      cumulative_epsilon=f"{entry.cumulative_epsilon:.4g}",
+                      why="the round aborted after its sum became reconstructable (D94)")
+            self.spent(entry)
 
     async def record_abort_only(self, number: int, reason: int, detail: str, *, base_version: int | None,
                                 cohort_size: int = 0) -> None:

@@ -525,13 +525,13 @@ class Coordinator:
             if r.phase is RoundState.AGGREGATING:
                 await self._commit(r)
             if r.phase is RoundState.ABORTED:
-                await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
+                await self.outcomes.save_abort(r, self._record(r, RoundState.ABORTED, ended=True))
                 self.outcomes.round_over(r, started_at=self._round_started_at or self._wall())
         except Exception:
             if not r.phase.is_terminal:  # tell the cohort; try to leave a record
                 self._apply(r.cancel(common_pb2.ABORT_REASON_CANCELLED, "internal coordinator error", self._clock()))
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(self.store.abort_round, self._record(r, RoundState.ABORTED, ended=True))
+                    await self.outcomes.save_abort(r, self._record(r, RoundState.ABORTED, ended=True))
                 self.outcomes.round_over(r, started_at=self._round_started_at or self._wall())
             raise
         finally:

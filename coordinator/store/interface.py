@@ -154,8 +154,11 @@ class Store(Protocol):
         fence's holder was deposed; nothing written)."""
         ...
 
-    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
-        """Write the round in state ABORTED (insert or update).
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None,
+                    privacy_entry: PrivacyEntry | None = None) -> None:
+        """Write the round in state ABORTED (insert or update), with
+        `privacy_entry` (a round whose sum its coordinator may have learned
+        although it aborts, D94) in the same transaction.
         Raises InvalidRecordError, ConflictError, FencedOut as commit_round."""
         ...
 

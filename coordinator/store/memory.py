@@ -255,14 +255,18 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
     def _insert_privacy_entry(staged: _State, entry: PrivacyEntry) -> None:
         staged.ledger[entry.round_number] = entry
 
-    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None,
+                    privacy_entry: PrivacyEntry | None = None) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
         with self._lease_lock, self._lock:
             self._check_fence(fence)
             self._check_writable(round_record)
+            entry = check_charge(privacy_entry, round_record.number, self._state.ledger)
             staged = self._state.copy()
             staged.rounds[round_record.number] = _copy_round(round_record)
+            if entry is not None:
+                self._insert_privacy_entry(staged, entry)
             self._state = staged
 
     def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None, charge: ChargeRule | None = None,

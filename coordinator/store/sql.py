@@ -392,7 +392,8 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
 
         return self._write(body)
 
-    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None) -> None:
+    def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None,
+                    privacy_entry: PrivacyEntry | None = None) -> None:
         if round_record.state is not RoundState.ABORTED:
             raise InvalidRecordError(f"abort_round got state {round_record.state}")
         fence = self._fence_for(fence)
@@ -400,6 +401,10 @@ class SqlStore(SqlShareReports, SqlLeaderLease):
         def body(s: Session) -> None:
             check_fence(s, fence)
             self._write_round(s, round_record)
+            entry = check_charge(privacy_entry, round_record.number,
+                                 {e.round_number for e in _ledger(s)} if privacy_entry is not None else ())
+            if entry is not None:
+                s.add(_ledger_row(entry))
 
         self._write(body)
 

@@ -23,8 +23,8 @@ def check_commit_args(record: RoundRecord, entry: PrivacyEntry | None) -> None:
 
 
 def check_charge(entry: PrivacyEntry | None, number: int, charged: Iterable[int]) -> PrivacyEntry | None:
-    """What `Store.mark_interrupted_rounds_aborted` requires of the entry a
-    charge rule returned for round `number`: for that round
+    """What `Store.mark_interrupted_rounds_aborted` (and `abort_round`)
+    require of the entry a charge rule returned for round `number`: for that round
     (InvalidRecordError), which has none yet (`charged`: the rounds with an
     entry; ConflictError)."""
     if entry is None:

@@ -22,6 +22,7 @@ from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import COORDINATOR_RESTART, InMemoryStore, NewModelVersion, PrivacyEntry, RoundRecord, RoundState
 from coordinator.store.blobs import pack_parameters
+from fedmask_proto.v1 import common_pb2
 from dpmech.calibrate import noise_multiplier_of
 from dpmech.mechanism import privacy_rho
 from models.privacy import composed_epsilon
@@ -119,3 +120,46 @@ def test_without_dp_nothing_is_charged_and_the_counts_never_under_report() -> No
     bare = RoundRecord(number=9, state=RoundState.UNMASKING, started_at=T0, cohort_size=5)
     assert (counted_devices(bare), cohort_size(bare)) == (1, 5)  # nothing known: the fewest counted
     assert counted_devices(record(9, RoundState.UNMASKING, masked=[1, 2, 3, 4])) == 4
+
+
+@pytest.mark.parametrize(("reconstructed", "answers", "masked", "expected"), [
+    (5, 0, 6, 5),        # reconstructed, then not committed (rollback, store failure): its counted devices
+    (0, 0, 0, 1),        # never fewer than one device's noise
+    (None, 3, 6, 6),     # t answers held: reconstructable, priced at the masked-input count
+    (None, 3, 0, 1),
+    (None, 2, 6, None),  # fewer than t answers: nothing can be learned (D85)
+])
+def test_a_live_abort_is_charged_when_its_sum_was_learnable(reconstructed: int | None, answers: int, masked: int,
+                                                           expected: int | None) -> None:
+    from coordinator.interrupted_charge import learnable_count
+
+    assert learnable_count(reconstructed=reconstructed, unmasking_answers=answers, threshold=3,
+                           masked_input=masked) == expected
+
+
+def test_a_live_round_that_reconstructed_its_sum_but_aborts_is_charged() -> None:
+    """A round that unmasked (its sum reconstructed) and then failed to
+    commit (a store failure, a rollback meanwhile) released its sum to this
+    coordinator: `abort_charge` prices it as a committed round's, with the
+    counted devices' noise; a round cancelled before unmasking costs nothing."""
+    from test_round_machine import Driver
+
+    from coordinator.interrupted_charge import abort_charge
+    from coordinator.round_report import PrivacyLedger
+
+    s = settings("gaussian-float")
+    ledger = PrivacyLedger(s.dp, InMemoryStore())
+    d = Driver(n=4, silent={103: "unmasking"})  # one device does not answer unmasking: 4 counted, 3 answers
+    d.run()
+    assert d.m.result is not None
+    counted = len(d.m.result.counted)
+    d.apply(d.m.commit_failed("disk full", 5.0))
+    assert d.m.phase is RoundState.ABORTED
+    charged = abort_charge(ledger, d.m, [])
+    assert charged is not None and charged.round_number == d.m.number
+    assert charged.noise_multiplier == pytest.approx(multiplier(s, cohort=4, counted=counted), rel=1e-9)
+    assert charged.epsilon == pytest.approx(composed_epsilon([(charged.noise_multiplier, 1.0)], delta=s.dp.delta))
+
+    early = Driver(n=4)
+    early.apply(early.m.cancel(common_pb2.ABORT_REASON_COORDINATOR_SHUTDOWN, "shutting down", 1.0))
+    assert abort_charge(ledger, early.m, []) is None

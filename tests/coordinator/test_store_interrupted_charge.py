@@ -116,3 +116,25 @@ def test_a_deposed_leader_charges_nothing_and_aborts_nothing(backend: Backend) -
     s.fence_writes(lambda: b)  # the default fence of a leading replica applies as to a commit
     assert s.mark_interrupted_rounds_aborted(charge=SumRule()) == [2, 3, 4]
     assert [e.round_number for e in s.privacy_ledger()] == [1, 2, 4]
+
+
+def test_a_live_abort_is_charged_in_its_own_transaction(backend: Backend) -> None:
+    """`abort_round(privacy_entry=...)`: a round whose sum its live coordinator
+    may have learned (D94) is aborted and charged at once; a second entry
+    for the round, or one for another round, is refused and writes nothing."""
+    from coordinator.store import ConflictError
+
+    s = backend.store
+    setup_rounds(s)
+    s.abort_round(record(2, RoundState.ABORTED, ended_at=T0, abort_reason="commit_failed"), privacy_entry=entry(2, 0.5, 0.75))
+    r = s.get_round(2)
+    assert r is not None and r.state is RoundState.ABORTED
+    assert s.privacy_ledger() == [entry(1, 0.25, 0.25), entry(2, 0.5, 0.75)]
+    with pytest.raises(ConflictError):
+        s.abort_round(record(2, RoundState.ABORTED, ended_at=T0, abort_reason="commit_failed"), privacy_entry=entry(2, 0.5, 0.75))
+    with pytest.raises(InvalidRecordError):
+        s.abort_round(record(4, RoundState.ABORTED, ended_at=T0, abort_reason="commit_failed"), privacy_entry=entry(3, 0.5, 1.25))
+    r4 = s.get_round(4)
+    assert r4 is not None and r4.state is RoundState.UNMASKING  # the refused write left it as it was
+    s.abort_round(record(4, RoundState.ABORTED, ended_at=T0, abort_reason="commit_failed"))  # no entry: nothing charged
+    assert [e.round_number for e in s.privacy_ledger()] == [1, 2]
