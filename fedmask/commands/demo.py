@@ -221,15 +221,19 @@ def _run(console: Any, workdir: Path, x: Any, plan: _Plan, *, keep_running: bool
     with ProcessGroup(workdir, env=env) as group:
         with console.status("starting the coordinator ..."):
             coord = start_coordinator(group, port, _coordinator_flags(plan, x, db, port, coord_admin),
-                                      env={"FEDMASK_ADMIN__TOKEN": coordinator_token})
+                                      env={"FEDMASK_ADMIN__TOKEN": coordinator_token,
+                                           "FEDMASK_ADMIN__MAX_TOP_K": str(int(x.n_items))})
         clients = [start_client(group, f"client-{i}", port, u, workdir / f"client-{i}", {
             "dataset": plan.dataset, "seed": plan.seed, "drop_rate": plan.dropout if plan.dropout > 0 else None,
             "drop_stage": stage if plan.dropout > 0 else None, "threads": 1, "debug_record_inputs": True,
             "no_dp_floor": plan.dp_mode == "none",  # --dp-mode none: the devices' DP floor off, with a warning (D85)
+            # the closing validation figure ranks every item on the device (demo_product.device_top_k_val_hr)
+            "recommend_seen_items": True, "max_top_k": int(x.n_items),
         }) for i, (u, stage) in enumerate(zip(users, drop_at, strict=True))]
         with console.status("starting the admin service ..."):
             admin = start_admin(group, db=db, coordinator_admin=f"{LOOPBACK}:{coord_admin}",
-                                coordinator_token=coordinator_token, port=http_port, watch=[coord, *clients])
+                                coordinator_token=coordinator_token, port=http_port, watch=[coord, *clients],
+                                max_top_k=int(x.n_items))
         _print_access(console, admin)
         state_dirs = [workdir / f"client-{i}" for i in range(len(users))]
         group.check_alive()

@@ -15,7 +15,8 @@ import json
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -62,9 +63,10 @@ class AdminService:
 
 
 def start_admin(group: ProcessGroup, *, db: Path, coordinator_admin: str, coordinator_token: str,
-                port: int, watch: list[Child]) -> AdminService:
+                port: int, watch: list[Child], max_top_k: int) -> AdminService:
     """Start `fedmask admin` over the coordinator's store and admin listener,
-    with one operator token generated here, and wait until it is ready."""
+    with one operator token generated here and top-k answers of up to
+    `max_top_k` items, and wait until it is ready."""
     import httpx
 
     from admin.auth import token_hash
@@ -74,7 +76,7 @@ def start_admin(group: ProcessGroup, *, db: Path, coordinator_admin: str, coordi
     child = group.start("admin", ["admin", "--listen", f"{LOOPBACK}:{port}", "--database-url", f"sqlite:///{db}",
                                   "--coordinator", coordinator_admin, "--log-level", "WARNING"],
                         env={"FEDMASK_ADMIN_COORDINATOR__TOKEN": coordinator_token,
-                             "FEDMASK_ADMIN_TOKENS": json.dumps(entry)})
+                             "FEDMASK_ADMIN_TOKENS": json.dumps(entry), "FEDMASK_ADMIN_MAX_TOP_K": str(max_top_k)})
     base = f"http://{LOOPBACK}:{port}"
 
     def ready() -> bool:
@@ -87,14 +89,35 @@ def start_admin(group: ProcessGroup, *, db: Path, coordinator_admin: str, coordi
     return AdminService(child, base, token)
 
 
-def device_top_k_val_hr(admin: AdminService, x: Any, seed: int, users: np.ndarray, *, limit: int = 50
+def validation_top(ranked: Sequence[int], trained: Iterable[int], k: int = TOP_K) -> list[int]:
+    """The first `k` of a device's full ranking `ranked` (item indices, best
+    first) that the user did not train on: the evaluation protocol's full
+    ranking for the validation item (training items left out; the held-out
+    validation and test items stay candidates, models/evaluation.py)."""
+    left_out = set(int(i) for i in trained)
+    return [int(i) for i in ranked if int(i) not in left_out][:k]
+
+
+class RestGetter(Protocol):
+    """What `device_top_k_val_hr` needs of the admin service: GET with query parameters."""
+
+    def get(self, path: str, **params: Any) -> Any: ...
+
+
+def device_top_k_val_hr(admin: RestGetter, x: Any, seed: int, users: np.ndarray, *, limit: int = 50
                         ) -> tuple[float, np.ndarray]:
-    """Full-ranking validation HR@10 of the devices' own top-10 answers
-    (computed on each device from its private state and the global model,
-    fetched over the admin REST API like any top-k), over the first `limit`
-    of `users` (dense indices) that hold a validation item: (HR@10, the
-    users asked). Under DP with the discrete Gaussian the rounds carry no metric
-    totals (D36), so this is how the demo shows the model's quality."""
+    """Full-ranking validation HR@10 of the devices' own rankings (computed
+    on each device from its private state and the global model, fetched over
+    the admin REST API like any top-k), over the first `limit` of `users`
+    (dense indices) that hold a validation item: (HR@10, the users asked).
+
+    A device's "seen items" are its whole history, validation and test items
+    included, so an answer that leaves them out can never hold the validation
+    item. The demo's devices therefore let a caller ask for seen items
+    (`fedmask client --recommend-seen-items`), each is asked for its top
+    (training items + 10), and `validation_top` leaves out the training items
+    here. Under DP the rounds carry no metric totals (D36), so this is how
+    the demo shows the model's quality."""
     from models.data.splits import leave_one_out
 
     split = leave_one_out(x, seed)
@@ -106,8 +129,12 @@ def device_top_k_val_hr(admin: AdminService, x: Any, seed: int, users: np.ndarra
         target = int(split.val_item[u])
         if target < 0:
             continue
-        answer = admin.get(f"/v1/users/user-{u + 1}/recommendations", k=TOP_K)
-        hits += any(int(item["item_index"]) == target for item in answer["items"])
+        trained = split.train_items[split.train_indptr[u]:split.train_indptr[u + 1]]
+        k = min(int(split.n_items), len(trained) + TOP_K)
+        answer = admin.get(f"/v1/users/user-{u + 1}/recommendations", k=k, exclude_seen="false")
+        if answer.get("seen_excluded"):
+            raise RuntimeError(f"user-{u + 1}'s device left its seen items out: it cannot be evaluated")
+        hits += target in validation_top([int(item["item_index"]) for item in answer["items"]], trained)
         asked.append(int(u))
     return hits / max(len(asked), 1), np.array(asked, dtype=np.int64)
 
