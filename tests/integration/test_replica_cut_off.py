@@ -42,13 +42,12 @@ from integration_harness import (
     Processes,
     Proc,
     all_rounds,
-    check_exact_aggregate,
+    check_version_history,
     coordinator_args,
     events,
     flags,
     free_port,
     health_status,
-    open_store_readonly,
     wait_until,
 )
 from tcp_cut import TcpForwarder
@@ -91,33 +90,6 @@ def _up(balancer: Balancer) -> list[str]:
 def _through(forwarder: TcpForwarder, url: str) -> str:
     """`url` with its host and port replaced by the forwarder's."""
     return make_url(url).set(host=LOOPBACK, port=forwarder.port).render_as_string(hide_password=False)
-
-
-def _check_history(url: str, dirs: list[Path]) -> list[Any]:
-    """Versions step 0, 1, 2, ... once each, each round on top of the last
-    version (following skips past a spent version, D94); every committed
-    aggregate exact. Returns the committed rounds."""
-    store = open_store_readonly(url)
-    try:
-        versions = sorted(store.list_model_versions(limit=1000).items, key=lambda v: v.id)
-    finally:
-        store.close()
-    steps = [v.hyperparameters["step"] for v in versions]
-    assert steps == list(range(len(versions))), f"a gap or a duplicate in the version history: {steps}"
-    skip_of = {v.id: v.hyperparameters.get("skip_of") for v in versions}
-    committed = _committed(url)
-    assert len({r.number for r in committed}) == len(committed)
-    previous = versions[0].id
-    for r in committed:
-        base = r.base_model_version
-        while skip_of.get(base) is not None:
-            base = skip_of[base]
-        assert base == previous, f"round {r.number} did not start from the last version"
-        made = [v.id for v in versions if v.round_number == r.number]
-        assert len(made) == 1, f"round {r.number} made {len(made)} versions"
-        previous = made[0]
-        check_exact_aggregate(r, dirs)
-    return committed
 
 
 @pytest.mark.timeout(180)
@@ -177,7 +149,7 @@ def test_a_leader_cut_off_from_postgresql_steps_down(procs: Processes, tmp_path:
     finally:
         path.cut()
 
-    committed = _check_history(url, dirs)
+    committed = check_version_history(url, dirs)
     for d in dirs:  # each client process's devices were counted by replica-b: they moved
         after = [r.number for r in committed if r.number > before
                  and any((d / "debug" / "inputs" / f"round-{r.number:06d}" / f"device-{i}.npy").exists()
