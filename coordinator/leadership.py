@@ -10,7 +10,9 @@ lease, keep renewing it, and say at once when it is lost.
 - `keep()` (on a thread of its own, `keep_in_background`) renews every
   third of the lease and returns with the reason when the lease is lost: another replica holds it, or no renewal reached
   the store before `lost_after` (the lease minus a safety margin, counted
-  on this process's monotonic clock from the store's answer). After that
+  on this process's monotonic clock from the store's answer), whether the
+  store answered with errors or did not answer at all (a renewal is waited
+  for until `lost_after` only: a cut network cannot hang it). After that
   the replica must stop leading; the store's fence refuses its writes
   anyway (`fence()` keeps returning the last lease it held).
 - `release()` ends the term on a clean shutdown so a standby takes over at
@@ -28,6 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Literal
 
@@ -129,7 +132,9 @@ class LeaseKeeper:
                 continue
             asked_at = self._clock()
             try:
-                lease = self._store.acquire_lease(self.holder, self.lease_s)
+                lease = self._renew_before(term.lost_after)
+            except TimeoutError:  # the store did not answer in time (a silent network): the term is over
+                return f"no renewal reached the store within {SAFETY * term.lease.remaining_s:.1f} s"
             except StoreError as exc:  # keep trying until lost_after
                 log_event("lease_renewal_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])
                 stop.wait(min(1.0, self.lease_s / 10.0))
@@ -141,6 +146,37 @@ class LeaseKeeper:
                 return "the lease expired before it was renewed"
             self._term = Term(lease, asked_at)
         return None
+
+    def _renew_before(self, deadline: float) -> Lease | None:
+        """The store's `acquire_lease`, waited for until `deadline` (this
+        process's clock) and no longer: raises TimeoutError then. The call
+        runs on a daemon thread of its own, so a store that never answers (a
+        network that drops packets: no error, no reset, a read that waits on
+        TCP timeouts) cannot hold the keeper past the end of its term. A
+        renewal that lands after the keeper gave up is released at once,
+        so that a standby does not wait out a term nobody leads."""
+        answer: Future[Lease | None] = Future()
+
+        def call() -> None:
+            try:
+                answer.set_result(self._store.acquire_lease(self.holder, self.lease_s))
+            except BaseException as exc:  # handed to the keeper, which re-raises it
+                answer.set_exception(exc)
+
+        threading.Thread(target=call, name="fedmask-lease-renewal", daemon=True).start()
+        try:
+            return answer.result(timeout=max(deadline - self._clock(), 0.0))
+        except TimeoutError:
+            answer.add_done_callback(self._release_late)
+            raise
+
+    def _release_late(self, answer: Future[Lease | None]) -> None:
+        lease = None if answer.exception() is not None else answer.result()
+        if lease is not None:
+            try:
+                self._store.release_lease(lease)
+            except StoreError as exc:
+                log_event("lease_release_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])
 
     def keep_in_background(self, on_lost: Callable[[str], None]) -> Callable[[], None]:
         """Run `keep` on a daemon thread; `on_lost(reason)` is called from

@@ -95,3 +95,55 @@ def test_the_keeper_renews_on_its_own_thread_while_the_event_loop_is_busy() -> N
 
     asyncio.run(scenario())
     assert lost == []
+
+
+class SilentStore(InMemoryStore):
+    """An in-memory store whose lease renewals, once `silence` is set, wait
+    until `answer` is set: a network that drops packets, then heals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.silence, self.answer = threading.Event(), threading.Event()
+        self.released: list[Lease] = []
+
+    def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
+        if self.silence.is_set():
+            self.answer.wait(30.0)
+        return super().acquire_lease(holder, seconds)
+
+    def release_lease(self, lease: Lease) -> None:
+        super().release_lease(lease)
+        self.released.append(lease)
+
+
+def test_a_renewal_the_store_never_answers_costs_the_lease_at_the_safety_margin() -> None:
+    """A cut network that drops packets gives no error: the renewal would
+    wait on TCP timeouts. The keeper stops waiting at `lost_after` and steps
+    down before the store's expiry; an answer that lands later is released,
+    so a standby does not wait out a term nobody leads."""
+    import time
+
+    store = SilentStore()
+    keeper = LeaseKeeper(store, "a", 1.0)
+    lost: list[tuple[str, float]] = []
+
+    async def scenario() -> None:
+        await keeper.acquire()
+        store.silence.set()
+        silenced = time.monotonic()
+        halt = keeper.keep_in_background(lambda why: lost.append((why, time.monotonic() - silenced)))
+        try:
+            await asyncio.sleep(SAFETY * 1.0 + 0.5)
+            assert len(lost) == 1 and lost[0][0].startswith("no renewal reached the store"), lost
+            assert lost[0][1] < SAFETY * 1.0 + 0.1  # stepped down before the lease ran out in the store
+        finally:
+            halt()
+
+    asyncio.run(scenario())
+    store.answer.set()  # the network heals: the late renewal lands (a new term) and is given back at once
+    deadline = time.monotonic() + 5.0
+    while not store.released and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(r.holder, r.token) for r in store.released] == [("a", 2)]
+    taken = asyncio.run(LeaseKeeper(store, "b", 1.0).acquire(wait_s=0.0))  # no term left to wait out
+    assert (taken.holder, taken.token) == ("b", 3)

@@ -316,6 +316,33 @@ def check_exact_aggregate(record, state_dirs: Sequence[Path], extra: Mapping[int
     return counted
 
 
+def check_version_history(url: str, state_dirs: Sequence[Path]) -> list:
+    """Across failovers: the versions step 0, 1, 2, ... once each (no gap,
+    no duplicate); each committed round made exactly one version, on top of
+    the last one (following a skip past a version a dead leader spent,
+    D94); every committed aggregate exact. Returns the committed rounds."""
+    store = open_store_readonly(url)
+    try:
+        versions = sorted(store.list_model_versions(limit=1000).items, key=lambda v: v.id)
+    finally:
+        store.close()
+    steps = [v.hyperparameters["step"] for v in versions]
+    assert steps == list(range(len(versions))), f"a gap or a duplicate in the version history: {steps}"
+    skip_of = {v.id: v.hyperparameters.get("skip_of") for v in versions}
+    committed = [r for r in all_rounds(url) if r.state.value == "committed"]
+    previous = versions[0].id
+    for r in committed:
+        base = r.base_model_version
+        while skip_of.get(base) is not None:
+            base = skip_of[base]
+        assert base == previous, f"round {r.number} did not start from the last version"
+        made = [v.id for v in versions if v.round_number == r.number]
+        assert len(made) == 1, f"round {r.number} made {len(made)} versions"
+        previous = made[0]
+        check_exact_aggregate(r, state_dirs)
+    return committed
+
+
 def synthetic_sum(device_ids: Sequence[int], *, round_number: int, vector_length: int, seed: int, scale: float) -> np.ndarray:
     from edge_client.trainer import synthetic_updates
 
@@ -325,7 +352,7 @@ def synthetic_sum(device_ids: Sequence[int], *, round_number: int, vector_length
 
 __all__ = [
     "LOOPBACK", "REPO", "InProcessCoordinator", "Proc", "ProcessDied", "Processes", "all_rounds",
-    "check_exact_aggregate", "client_args", "coordinator_args", "events", "free_port", "health_status",
-    "open_store_readonly", "recorded_input", "round_record", "synthetic_sum", "terminal_rounds", "wait_serving",
+    "check_exact_aggregate", "check_version_history", "client_args", "coordinator_args", "events", "free_port",
+    "health_status", "open_store_readonly", "recorded_input", "round_record", "synthetic_sum", "terminal_rounds", "wait_serving",
     "wait_until",
 ]

@@ -32,12 +32,11 @@ from integration_harness import (
     Processes,
     Proc,
     all_rounds,
-    check_exact_aggregate,
+    check_version_history,
     coordinator_args,
     events,
     flags,
     free_port,
-    open_store_readonly,
     wait_until,
 )
 
@@ -136,19 +135,4 @@ def test_rounds_go_on_through_haproxy_when_the_leader_dies(procs: Processes, tmp
         procs.check_alive(c)
     assert started[successor].stop() == 0
 
-    store = open_store_readonly(url)
-    try:
-        versions = sorted(store.list_model_versions(limit=1000).items, key=lambda v: v.id)
-    finally:
-        store.close()
-    steps = [v.hyperparameters["step"] for v in versions]
-    assert steps == list(range(len(versions))), f"a gap or a duplicate in the version history: {steps}"
-    skip_of = {v.id: v.hyperparameters.get("skip_of") for v in versions}
-    previous = versions[0].id
-    for r in _committed(url):
-        base = r.base_model_version
-        while skip_of.get(base) is not None:  # a skip past a version a dead leader spent (D94)
-            base = skip_of[base]
-        assert base == previous, f"round {r.number} did not start from the last version"
-        previous = next(v.id for v in versions if v.round_number == r.number)
-        check_exact_aggregate(r, dirs)
+    check_version_history(url, dirs)
