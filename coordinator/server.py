@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -270,6 +272,24 @@ async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool,
 EXIT_DEPOSED = 3
 
 
+def exit_if_stuck(after_s: float, *, exit: Callable[[int], object] = os._exit) -> threading.Timer:
+    """A deposed leader's shutdown can hang: a database call in flight on a
+    silent network (packets dropped, nothing reset) waits for the operating
+    system's TCP timeouts, minutes. It holds nothing worth waiting for (the
+    store's fence refuses its writes, D90), so after `after_s` the process
+    ends with EXIT_DEPOSED anyway. The timer is a daemon: a shutdown that
+    ends first ends it too."""
+    def fire() -> None:
+        log_event("deposed_exit_forced", logging.ERROR, after_s=after_s,
+                  why="the deposed leader's shutdown did not end (a store call on a silent network)")
+        exit(EXIT_DEPOSED)
+
+    timer = threading.Timer(after_s, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 async def lead(keeper: LeaseKeeper, database_url: str) -> bool:
     """Take the leader lease (D90). On PostgreSQL a replica waits as a
     standby until it leads; a store that serves one coordinator (SQLite)
@@ -300,12 +320,16 @@ def check_dp(settings: CoordinatorSettings, update_dim: int) -> None:
 
 async def serve(settings: CoordinatorSettings, *, store: Store | None = None, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, grace: float = 5.0,
-                on_ready: Callable[[Coordinator, int], None] | None = None) -> int:
+                on_ready: Callable[[Coordinator, int], None] | None = None,
+                deposed_exit_s: float | None = None) -> int:
     """Run the coordinator until `settings.rounds` are done or a signal
     (or `stop`) arrives. Returns the exit code. Once serving, `on_ready` gets
     the Coordinator and the bound port (in-process callers of its API, such
     as `request_top_k`, and tests; the admin and metrics ports are in
-    `coordinator.ports`), then `ready` is set."""
+    `coordinator.ports`), then `ready` is set. `deposed_exit_s` (the
+    command sets it; in-process callers leave it None): a deposed leader
+    whose shutdown has not ended that many seconds after it lost the lease
+    ends the process with EXIT_DEPOSED (`exit_if_stuck`)."""
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     check_dp(settings, model.update_dim)
     own_store = store is None
@@ -374,6 +398,8 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         metrics.leading(None)
         if lost.is_set():  # deposed: stop leading at once; the store's fence refuses what is in flight
             log_event("leadership_lost", logging.ERROR, replica=keeper.holder, reason=lost_reason[0])
+            if deposed_exit_s is not None:
+                exit_if_stuck(deposed_exit_s)
         deposed.cancel()
         await coordinator.shutdown("coordinator shutting down" if stop.is_set() or lost.is_set()
                                    else "configured rounds done")

@@ -229,6 +229,11 @@ def coordinator(
     raise typer.Exit(_serve(settings))
 
 
+#: Seconds a deposed leader's shutdown may take before the process ends
+#: anyway (coordinator.server.exit_if_stuck; a normal one takes well under).
+DEPOSED_EXIT_S = 45.0
+
+
 def _serve(settings: CoordinatorSettings) -> int:
     """Serve until stopped; the exit code. A start-up failure exits with code 1, a second Ctrl-C with 130."""
     import asyncio
@@ -238,7 +243,7 @@ def _serve(settings: CoordinatorSettings) -> int:
     from coordinator.store import StoreError
 
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, deposed_exit_s=DEPOSED_EXIT_S))
     except (ModelConfigError, StoreError, ValueError, OSError) as exc:
         typer.echo(f"fedmask coordinator: {exc}", err=True)
         raise typer.Exit(1) from None

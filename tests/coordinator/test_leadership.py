@@ -147,3 +147,28 @@ def test_a_renewal_the_store_never_answers_costs_the_lease_at_the_safety_margin(
     assert [(r.holder, r.token) for r in store.released] == [("a", 2)]
     taken = asyncio.run(LeaseKeeper(store, "b", 1.0).acquire(wait_s=0.0))  # no term left to wait out
     assert (taken.holder, taken.token) == ("b", 3)
+
+
+def test_a_deposed_leader_whose_shutdown_hangs_exits_anyway() -> None:
+    """`exit_if_stuck`: a daemon timer that ends the process with
+    EXIT_DEPOSED once its time is up (a store call blocked on a silent
+    network can hold a shutdown for minutes), and does nothing if cancelled
+    by a shutdown that ended first."""
+    import threading
+
+    from coordinator.server import EXIT_DEPOSED, exit_if_stuck
+
+    codes: list[int] = []
+    done = threading.Event()
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        done.set()
+
+    timer = exit_if_stuck(0.05, exit=fake_exit)
+    assert timer.daemon
+    assert done.wait(5.0) and codes == [EXIT_DEPOSED]
+    quiet = exit_if_stuck(0.2, exit=fake_exit)
+    quiet.cancel()
+    quiet.join(1.0)
+    assert codes == [EXIT_DEPOSED]
