@@ -63,21 +63,24 @@ _SHARED_WEIGHT = 0.5  # the population's shared direction in an ordinary device'
 class AuditSettings:
     """One audit run. Checked when made (ConfigError names what to change)."""
 
-    dim: int = 16_384
-    population: int = 100
-    cohort: int = 20
-    canaries: int = 1000
-    rounds: int = 4
+    # the mechanism under audit: the shipped round's, its noise multiplier, L2 clip and delta
+    mechanism: DPMechanism = "discrete-gaussian"
     noise: float = 1.0
     clip: float = 0.1
     delta: float = 1e-5
-    mechanism: DPMechanism = "discrete-gaussian"
-    secagg: bool = False
     sampler: Sampler = "seeded"
+    secagg: bool = False
+    # the simulated federation: devices, the cohort of every round, rounds, update length
+    population: int = 100
+    cohort: int = 20
+    rounds: int = 4
+    dim: int = 16_384
     seed: int = 0
+    # the estimate: its fit, the canaries inserted (as many held out), its interval
+    fit: Fit = "pooled"
+    canaries: int = 1000
     confidence: float = 0.95
     resamples: int = 1000
-    fit: Fit = "pooled"
 
     def __post_init__(self) -> None:
         checks = (
