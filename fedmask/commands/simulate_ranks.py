@@ -62,9 +62,14 @@ def free_port() -> int:
         return port
 
 
-def launch_local(spec: dict[str, Any], nproc: int, *, poll_s: float = 0.1) -> int:
-    """Run the spec as `nproc` local ranks; 0 when all succeed, else the
-    exit code of the first rank that failed (named on stderr)."""
+RANK_COMMAND = (sys.executable, "-m", "fedmask.commands.simulate_ranks")
+
+
+def launch_local(spec: dict[str, Any], nproc: int, *, poll_s: float = 0.1,
+                 command: tuple[str, ...] = RANK_COMMAND) -> int:  # fmt: skip
+    """Run the spec as `nproc` local ranks (each `command SPEC_PATH`); 0 when
+    all succeed, else the exit code of the first rank that failed (named on
+    stderr)."""
     with tempfile.TemporaryDirectory(prefix="fedmask-ranks-") as tmp:
         folder = Path(tmp)
         spec_path = folder / "spec.json"
@@ -79,7 +84,7 @@ def launch_local(spec: dict[str, Any], nproc: int, *, poll_s: float = 0.1) -> in
             log = open(folder / f"rank-{r}.log", "wb") if r else None  # noqa: SIM115 (closed below)
             logs.append(log)
             procs.append(subprocess.Popen(
-                [sys.executable, "-m", "fedmask.commands.simulate_ranks", str(spec_path)], env=env,
+                [*command, str(spec_path)], env=env,
                 stdout=subprocess.DEVNULL if r else None, stderr=log,
             ))  # fmt: skip
         try:

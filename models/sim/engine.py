@@ -329,7 +329,8 @@ def _train_and_aggregate(
 ) -> torch.Tensor | None:
     """Round r's local training of this process's part of the cohort and the mean update."""
     s, tables, config, rows = w.s, w.tables, w.config, share.rows
-    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates)
+    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
+                      exact_sum=w.agg is not None)
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
         if w.agg is not None:

@@ -4,11 +4,12 @@ Each rank trains its part of the cohort (`models/sim/shard.py`) and hands
 what it produced to `RankAggregator.mean`, which returns the mean update
 every rank then applies (the same tensor on every rank):
 
-- Plain mean: the rank's updates summed in float64 (a chunked round's
-  `RunningSum`, a sparse round's `RowSum`, or the dense table summed here),
-  followed by the device count, in ONE float64 all_reduce; the mean is
-  total / count cast to float32, the single-process formula, so N ranks
-  differ from one only by the order of float64 additions.
+- Plain mean: the rank's updates summed exactly on a fixed-point grid
+  (`models/sim/exact_sum.py`: a chunked or sparse round's `FixedSum`, or
+  the dense table summed here), followed by the device count and an
+  out-of-range flag, in ONE int64 all_reduce; the mean is total / count
+  cast to float32. Integer sums do not depend on the order, so N ranks
+  reach bit for bit the model of one rank.
 - SecAgg: the rank runs the secure sum in groups over its own devices
   (`secagg.grouped_round.run_grouped_round` with their cohort positions as
   rounding keys and its groups numbered after the lower ranks'), every
@@ -26,6 +27,7 @@ drawn from one stream over the whole cohort.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,6 +37,7 @@ from models.base import GlobalState, PrivateState
 from models.registry import ConfigError
 from models.sim.aggregation import RunningSum, SecureAggregator, secagg_clip
 from models.sim.config import SimulationConfig
+from models.sim.exact_sum import RANGE, FixedSum, fixed_point, mean_of
 from models.sim.ranks import Ranks
 from models.sim.shard import CohortShare, Shard
 from models.sim.sparse_aggregation import SparseUpdates
@@ -72,23 +75,30 @@ class RankAggregator:
             return torch.zeros(0, device=self.device)
         if self.secure is not None:
             return self._secure_mean(self._table(upd), share, round_idx, rec)
-        total, count = self._local_sum(upd)
-        red = self.ranks.sum_f64(torch.cat([total, torch.tensor([float(count)], dtype=torch.float64,
-                                                                device=total.device)]))  # fmt: skip
-        n = int(red[-1].item())
+        total, count, peak, bad = self._local_sum(upd)
+        flags = torch.tensor([count, bad + int(peak * share.cohort >= RANGE)], dtype=torch.int64)
+        red = self.ranks.sum_i64(torch.cat([total.cpu(), flags]))
+        n, out_of_range = int(red[-2]), int(red[-1])
         if n != share.cohort:
             raise RuntimeError(f"round {round_idx}: the ranks trained {n} devices of a cohort of {share.cohort}")
-        return (red[:-1] / max(n, 1)).to(torch.float32)
+        if out_of_range:  # NaN, infinity or too large a coordinate: the run stops as a diverged one
+            rec["exact_sum_out_of_range"] = out_of_range
+            return torch.full((self.dim,), math.nan, device=self.device)
+        return mean_of(red[: self.dim], n).to(self.device)
 
-    def _local_sum(self, upd: RankUpdates) -> tuple[torch.Tensor, int]:
-        """This rank's float64 sum of its devices' updates and their count."""
+    def _local_sum(self, upd: RankUpdates) -> tuple[torch.Tensor, int, float, int]:
+        """This rank's exact fixed-point sum of its devices' updates, their count,
+        the largest |coordinate| and how many coordinates are not finite."""
         if upd is None:
-            return torch.zeros(self.dim, dtype=torch.float64, device=self.device), 0
+            return torch.zeros(self.dim, dtype=torch.int64), 0, 0.0, 0
+        if isinstance(upd, FixedSum):
+            return upd.total, upd.count, upd.peak, upd.nonfinite
         if isinstance(upd, RunningSum):
-            return upd.total, upd.count
+            raise RuntimeError("a distributed round sums on the fixed-point grid (FixedSum)")
         if isinstance(upd, SparseUpdates):
             upd = upd.dense()
-        return upd.sum(0, dtype=torch.float64), int(upd.shape[0])
+        q, peak, bad = fixed_point(upd)
+        return q.sum(0), int(upd.shape[0]), peak, bad
 
     def _table(self, upd: RankUpdates) -> np.ndarray:
         """This rank's (B_local, dim) float32 updates (the secure sum needs every one)."""
