@@ -179,12 +179,12 @@ def run_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -
 def run_torchrun_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -> dict[str, Any] | None:
     """`run_rank` under torchrun: the exception also goes to torchrun's error
     file, so its summary names the rank and the error."""
-    from torch.distributed.elastic.multiprocessing.errors import record
+    from models.sim.ranks import recorded
 
     def rank() -> dict[str, Any] | None:
         return run_rank(config, memory, quiet=quiet)
 
-    return record(rank)()
+    return recorded(rank)
 
 
 def record_error(rank: int, e: BaseException) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -127,3 +127,15 @@ def join(env: Mapping[str, str] | None = None, *, cuda: bool = False, timeout_s:
         dist.init_process_group(backend=ranks.backend, rank=ranks.rank, world_size=ranks.world,
                                 timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
     return ranks
+
+
+T = TypeVar("T")
+
+
+def recorded(fn: Callable[[], T]) -> T | None:
+    """fn() under torchrun's error recording (`torch.distributed.elastic`'s
+    `record`): an exception also goes to the error file torchrun names, so
+    its summary shows the failing rank and the error."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(fn)()

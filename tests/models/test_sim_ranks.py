@@ -31,7 +31,7 @@ from models.sim.shard import Shard, shard_bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = (sys.executable, str(ROOT / "tests" / "models" / "rank_worker.py"))
-SYNTHETIC = {"synthetic": [120, 260], "seed": 11}
+SYNTHETIC: dict[str, Any] = {"synthetic": [120, 260], "seed": 11}
 TEST_KEYS = ("hr@10", "ndcg@10", "full_hr@10", "full_ndcg@10", "rmse", "mae")
 K8 = {"k": 8}
 
