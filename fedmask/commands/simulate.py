@@ -153,9 +153,9 @@ def simulate(
 def _run_ranks(cfg: SimulationConfig, memory: MemorySettings, *, out: Path, quiet: bool, dp_delta: float,
                nproc: int | None) -> dict[str, Any] | None:  # fmt: skip
     """A distributed run (D93): this process is a torchrun rank (its results
-    on rank 0, {} elsewhere), or `--nproc N` launches N local ranks (the
-    launcher exits with the failing rank's code; {} on success). None: not
-    distributed."""
+    on rank 0, {} elsewhere), `--nproc 1` runs one rank here, or `--nproc N`
+    launches N local ranks (the launcher exits with the failing rank's code;
+    {} on success). None: not distributed."""
     from fedmask.commands import simulate_ranks
     from models.sim.rank_round import check_rank_settings
     from models.sim.ranks import in_rank_environment
@@ -164,8 +164,10 @@ def _run_ranks(cfg: SimulationConfig, memory: MemorySettings, *, out: Path, quie
         if nproc is not None:
             _fail("--nproc starts ranks itself; under torchrun leave it out (its RANK and WORLD_SIZE are set)")
         return simulate_ranks.run_torchrun_rank(cfg, memory, quiet=quiet) or {}
-    if nproc is None or nproc == 1:
+    if nproc is None:
         return None
+    if nproc == 1:
+        return simulate_ranks.run_one_rank(cfg, memory, quiet=quiet)
     check_rank_settings(cfg, nproc)
     code = simulate_ranks.launch_local(simulate_ranks.spec_of(cfg, memory, out=out, quiet=quiet, dp_delta=dp_delta),
                                        nproc)  # fmt: skip

@@ -244,8 +244,9 @@ NprocOption = Annotated[
         min=1,
         help="Run the simulation as N local ranks (torch.distributed: gloo on the CPU, NCCL with --device cuda, one "
         "rank per GPU). Each rank holds and trains its shard of the devices; one all_reduce per round adds their "
-        "updates (docs/simulating.md, 'Simulating at scale'). With --plan-only: each rank's memory needs. Under "
-        "torchrun leave it out: the ranks come from torchrun's RANK and WORLD_SIZE.",
+        "updates exactly (docs/simulating.md, 'Simulating at scale'). --nproc 1: one rank in this process, the "
+        "run N ranks reproduce. With --plan-only: each rank's memory needs. Under torchrun leave it out: the "
+        "ranks come from torchrun's RANK and WORLD_SIZE.",
         show_default=False,
     ),
 ]

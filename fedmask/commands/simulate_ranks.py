@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,20 +147,23 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait()
 
 
-def run_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -> dict[str, Any] | None:
-    """This process's rank of the run; the results on rank 0, None elsewhere.
-    An exception is recorded (see the module doc) and raised again."""
+def run_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool,
+             env: Mapping[str, str] | None = None) -> dict[str, Any] | None:  # fmt: skip
+    """This process's rank of the run (its place from `env`, default the
+    process environment); the results on rank 0, None elsewhere. An
+    exception is recorded (see the module doc) and raised again."""
     from models.sim.events import SimulationEvents
     from models.sim.ranks import join, rank_of
     from models.sim.threads import machine_threads
 
-    place = rank_of(os.environ, cuda=config.device.startswith("cuda"))
+    env = os.environ if env is None else env
+    place = rank_of(env, cuda=config.device.startswith("cuda"))
     try:
         if config.device == "cuda":  # one rank per GPU
             config = dataclasses.replace(config, device=f"cuda:{place.local_rank}")
         if config.threads is None:  # the free cores shared by this machine's ranks
             config = dataclasses.replace(config, threads=max(1, machine_threads().count // place.local_world))
-        ranks = join(cuda=config.device.startswith("cuda"))
+        ranks = join(env, cuda=config.device.startswith("cuda"))
         try:
             from fedmask.commands.sim_progress import SimulationProgress
             from models.sim.engine import simulate
@@ -174,6 +178,11 @@ def run_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -
     except BaseException as e:
         record_error(place.rank, e)
         raise
+
+
+def run_one_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -> dict[str, Any] | None:
+    """`--nproc 1`: the run as one rank, in this process (the reference N ranks are compared with)."""
+    return run_rank(config, memory, quiet=quiet, env={"RANK": "0", "WORLD_SIZE": "1"})
 
 
 def run_torchrun_rank(config: SimulationConfig, memory: MemorySettings, *, quiet: bool) -> dict[str, Any] | None:
