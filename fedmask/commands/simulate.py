@@ -15,6 +15,8 @@ from fedmask.commands.dataset_options import DataDirOption, DatasetOption
 from fedmask.commands.sim_results import diverged_note, report_devices
 from fedmask.commands.simulate_options import (
     AblateOption,
+    CheckpointDirOption,
+    CheckpointEveryOption,
     ClientsPerRoundOption,
     CohortChunkOption,
     DeviceOption,
@@ -100,6 +102,8 @@ def simulate(
     ldp_clip: LdpClipOption = None,
     plan_only: PlanOnlyOption = False,
     nproc: NprocOption = None,
+    checkpoint_every: CheckpointEveryOption = None,
+    checkpoint_dir: CheckpointDirOption = None,
 ) -> None:
     """Simulate a federation and write OUT/results.json and OUT/metrics.png.
 
@@ -118,6 +122,7 @@ def simulate(
                 "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                 "--users": users, "--secagg-neighbors": secagg_neighbors, "--group-size": group_size,
                 "--plaintext-j-bound": plaintext_j_bound, "--plan-only": True if plan_only else None,
+                "--nproc": nproc, "--checkpoint-every": checkpoint_every,
             },
         )  # fmt: skip
         return
@@ -132,6 +137,7 @@ def simulate(
             dp_mechanism=dp_mechanism, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
             data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
+            checkpoint_every=checkpoint_every, checkpoint_dir=_str_or_none(checkpoint_dir),
         )  # fmt: skip
         memory = _memory_settings(memory_gb, cohort_chunk, private_state, state_dir)
         if plan_only:

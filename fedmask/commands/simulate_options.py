@@ -250,3 +250,18 @@ NprocOption = Annotated[
         show_default=False,
     ),
 ]
+CheckpointEveryOption = Annotated[
+    int | None,
+    typer.Option(
+        "--checkpoint-every",
+        min=1,
+        help="Write a checkpoint every K rounds into --checkpoint-dir (the global model, the ledger, the records and "
+        "each rank's shard of the private state). A run started with a folder that holds a checkpoint of the same "
+        "settings resumes from its latest one, e.g. after torchrun restarts a failed rank (--max-restarts).",
+        show_default=False,
+    ),
+]
+CheckpointDirOption = Annotated[
+    Path | None,
+    typer.Option("--checkpoint-dir", help="Folder of the checkpoints (with --checkpoint-every).", show_default=False),
+]

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,6 +79,7 @@ from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
 from models.sim.aggregation import SecureAggregator, aggregate_round
+from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
 from models.sim.events import SimulationEvents, close_round
@@ -419,12 +421,15 @@ def _validate(w: _Round, global_: GlobalState, r: int, best: dict[str, Any], rec
 
 def _train(
     w: _Round, best: dict[str, Any], records: list[dict[str, Any]],
-    on_round: Callable[[dict[str, Any]], None] | None,
+    on_round: Callable[[dict[str, Any]], None] | None, ckpt: Checkpoints | None,
 ) -> tuple[GlobalState, int | None]:
-    """Every round; the final global state and the round the run diverged at (None: it did not)."""
-    s, tables, config, rounds = w.s, w.tables, w.config, w.s.rounds
-    global_ = s.global_
-    for r in range(rounds):
+    """Every round (from the checkpoint's next one when resuming); the final
+    global state and the round the run diverged at (None: it did not)."""
+    s, config, rounds = w.s, w.config, w.s.rounds
+    state = ckpt.load_latest() if ckpt is not None else None
+    start = 0 if state is None else _resume(w, state, best, records)
+    tables, global_ = w.tables, s.global_
+    for r in range(start, rounds):
         w.ev.round_started(r, rounds)
         t0 = time.perf_counter()
         rec: dict[str, Any] = {"round": r}
@@ -446,7 +451,33 @@ def _train(
         rec["seconds"] = time.perf_counter() - t0
         if close_round(rec, records, best["round"], global_, rounds, w.ev, on_round):
             return global_, r
+        if ckpt is not None and ckpt.due(r, rounds):
+            run = {"global": global_, "gens": {k: g.get_state() for k, g in w.gens.items()}, "best": best,
+                   "records": records, "ledger": w.ledger, "peaks": (w.disk_peak, w.state_peak)}  # fmt: skip
+            ckpt.save(r, run, tables)
     return global_, None
+
+
+def _checkpoints(config: SimulationConfig, ranks: Ranks | None) -> Checkpoints | None:
+    if config.checkpoint_every is None or config.checkpoint_dir is None:
+        return None
+    r = Ranks(0, 1) if ranks is None else ranks
+    return Checkpoints(Path(config.checkpoint_dir), config.checkpoint_every, fingerprint(config, r.world), r)
+
+
+def _resume(w: _Round, state: dict[str, Any], best: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """Take up the run a checkpoint left (its state into `w`, `best`, `records`); the next round."""
+    run = state["run"]
+    w.s.global_ = run["global"]
+    for k, g in w.gens.items():
+        g.set_state(run["gens"][k])
+    best.update(run["best"])
+    records[:] = run["records"]
+    w.ledger = run["ledger"]
+    w.disk_peak, w.state_peak = run["peaks"]
+    w.tables = w.s.tables = restore_tables(w.tables, state["tables"])
+    w.ev.note(f"resumed from the checkpoint of round {state['round']} ({len(records)} rounds done)")
+    return int(state["round"]) + 1
 
 
 def simulate(
@@ -490,7 +521,8 @@ def simulate(
     ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {s.split.n_items} items, {s.cohort_size} devices per round")
 
     try:
-        global_, diverged_at = _train(work, best, records, on_round)
+        global_, diverged_at = _train(work, best, records, on_round, _checkpoints(config, ranks))
+        tables = work.tables  # a resumed sparse store replaces the one made at the start
         t_train_end = time.perf_counter()
         last_round = rounds - 1 if diverged_at is None else diverged_at
         saved_global = None
@@ -504,7 +536,7 @@ def simulate(
             best["summary"] = _summary(s, best["global"], tables.table("best"))
         tables.release()
     finally:
-        tables.close()
+        work.tables.close()
     seconds_total = time.perf_counter() - t_start
     memory_block = s.plan.as_dict() | {"disk_bytes_peak": work.disk_peak, "private_state_bytes_peak": work.state_peak,
                                        "peak_rss_bytes": peak_resident_bytes()}  # fmt: skip

@@ -75,30 +75,31 @@ class RankAggregator:
             return torch.zeros(0, device=self.device)
         if self.secure is not None:
             return self._secure_mean(self._table(upd), share, round_idx, rec)
-        total, count, peak, bad = self._local_sum(upd)
+        hi, lo, count, peak, bad = self._local_sum(upd)
         flags = torch.tensor([count, bad + int(peak * share.cohort >= RANGE)], dtype=torch.int64)
-        red = self.ranks.sum_i64(torch.cat([total.cpu(), flags]))
+        red = self.ranks.sum_i64(torch.cat([hi.cpu(), lo.cpu(), flags]))
         n, out_of_range = int(red[-2]), int(red[-1])
         if n != share.cohort:
             raise RuntimeError(f"round {round_idx}: the ranks trained {n} devices of a cohort of {share.cohort}")
         if out_of_range:  # NaN, infinity or too large a coordinate: the run stops as a diverged one
             rec["exact_sum_out_of_range"] = out_of_range
             return torch.full((self.dim,), math.nan, device=self.device)
-        return mean_of(red[: self.dim], n).to(self.device)
+        return mean_of(red[: self.dim], red[self.dim : 2 * self.dim], n).to(self.device)
 
-    def _local_sum(self, upd: RankUpdates) -> tuple[torch.Tensor, int, float, int]:
-        """This rank's exact fixed-point sum of its devices' updates, their count,
-        the largest |coordinate| and how many coordinates are not finite."""
+    def _local_sum(self, upd: RankUpdates) -> tuple[torch.Tensor, torch.Tensor, int, float, int]:
+        """This rank's exact sum of its devices' updates (limbs hi, lo), their
+        count, the largest |coordinate| and how many coordinates are not finite."""
         if upd is None:
-            return torch.zeros(self.dim, dtype=torch.int64), 0, 0.0, 0
+            zero = torch.zeros(self.dim, dtype=torch.int64)
+            return zero, zero, 0, 0.0, 0
         if isinstance(upd, FixedSum):
-            return upd.total, upd.count, upd.peak, upd.nonfinite
+            return upd.hi, upd.lo, upd.count, upd.peak, upd.nonfinite
         if isinstance(upd, RunningSum):
             raise RuntimeError("a distributed round sums on the fixed-point grid (FixedSum)")
         if isinstance(upd, SparseUpdates):
             upd = upd.dense()
-        q, peak, bad = fixed_point(upd)
-        return q.sum(0), int(upd.shape[0]), peak, bad
+        hi, lo, peak, bad = fixed_point(upd)
+        return hi.sum(0), lo.sum(0), int(upd.shape[0]), peak, bad
 
     def _table(self, upd: RankUpdates) -> np.ndarray:
         """This rank's (B_local, dim) float32 updates (the secure sum needs every one)."""

@@ -117,15 +117,30 @@ def rank_of(env: Mapping[str, str], *, cuda: bool) -> Ranks:
 
 def join(env: Mapping[str, str] | None = None, *, cuda: bool = False, timeout_s: int = DEFAULT_TIMEOUT_S) -> Ranks:
     """Join the ranks named by the environment (the default process group,
-    rendezvous at MASTER_ADDR:MASTER_PORT); a single rank joins nothing."""
-    ranks = rank_of(os.environ if env is None else env, cuda=cuda)
+    rendezvous at MASTER_ADDR:MASTER_PORT); a single rank joins nothing.
+
+    The rendezvous keys are prefixed with torchrun's restart count: after
+    torchrun restarts the workers (--max-restarts), its store still holds the
+    previous attempt's addresses, which the new ranks must not read. Under
+    torchrun the agent hosts the store; under `--nproc` rank 0 does."""
+    e = os.environ if env is None else env
+    ranks = rank_of(e, cuda=cuda)
     if ranks.world > 1:
         import torch.distributed as dist
 
         if cuda:
             torch.cuda.set_device(ranks.local_rank)
-        dist.init_process_group(backend=ranks.backend, rank=ranks.rank, world_size=ranks.world,
-                                timeout=datetime.timedelta(seconds=timeout_s))  # fmt: skip
+        timeout = datetime.timedelta(seconds=timeout_s)
+        try:
+            host, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"MASTER_ADDR and MASTER_PORT must name the rendezvous: {err}") from None
+        agent_store = e.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        store = dist.TCPStore(host, port, world_size=ranks.world, is_master=ranks.rank == 0 and not agent_store,
+                              timeout=timeout, multi_tenant=not agent_store)  # fmt: skip
+        prefixed = dist.PrefixStore(f"fedmask/attempt-{e.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        dist.init_process_group(backend=ranks.backend, store=prefixed, rank=ranks.rank, world_size=ranks.world,
+                                timeout=timeout)  # fmt: skip
     return ranks
 
 
