@@ -75,7 +75,6 @@ def test_the_job_the_service_and_torchrun_agree(objs: list[dict[str, Any]]) -> N
 
 
 def test_torchrun_and_fedmask_simulate_accept_the_arguments(objs: list[dict[str, Any]]) -> None:
-    import click
     import typer
     from torch.distributed.run import get_args_parser
 
@@ -87,7 +86,7 @@ def test_torchrun_and_fedmask_simulate_accept_the_arguments(objs: list[dict[str,
     parsed = get_args_parser().parse_args(args)
     assert parsed.module and parsed.training_script == "fedmask" and parsed.training_script_args[0] == "simulate"
     cli = typer.main.get_command(app)
-    assert isinstance(cli, click.Group)
+    assert isinstance(cli, typer.core.TyperGroup)
     ctx = cli.make_context("fedmask", list(parsed.training_script_args))
     sub = cli.get_command(ctx, "simulate")
     assert sub is not None
