@@ -49,8 +49,7 @@ def _stop_at(r: int) -> Any:
     ("fedmf", {"clients_per_round": 50}, "auto"),
     ("pfedrec", {}, "auto"),
     ("fedrap", {"clients_per_round": 60}, "memory"),
-    ("fedmmf", {}, "memory"),
-], ids=["fedmf-sparse-partial", "pfedrec-sparse", "fedrap-dense-partial", "fedmmf-dense"])
+], ids=["fedmf-sparse-partial", "pfedrec-sparse", "fedrap-dense-partial"])
 def test_a_stopped_run_resumes_to_the_uninterrupted_model(tmp_path: Path, model: str, kw: dict[str, Any],
                                                           private: Any) -> None:
     x = synthetic(100, 150, seed=3)

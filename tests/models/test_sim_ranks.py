@@ -175,3 +175,25 @@ def test_an_error_on_one_rank_stops_all_and_names_it(tmp_path: Path, monkeypatch
     assert code == 1
     assert "error: rank 1 of 2 failed" in err and "injected failure at round 1" in err, err
     assert not (tmp_path / "0.json").exists()  # rank 0 was stopped before the end of its 30 rounds
+
+
+def test_plan_only_prints_each_ranks_needs() -> None:
+    from models.sim.engine import plan_simulation
+
+    x = synthetic(*SYNTHETIC["synthetic"], seed=SYNTHETIC["seed"])
+    text = plan_simulation(SimulationConfig(model="fedrap", params=K8), interactions=x, nproc=3,
+                           memory=MemorySettings(private="memory"))
+    lines = [line for line in text.splitlines() if line.startswith("rank ")]
+    assert [line.split(":")[0] for line in lines] == ["rank 0", "rank 1", "rank 2"]
+    sizes = [int(line.split("(")[1].split(")")[0].replace(",", "")) for line in lines]
+    assert sum(sizes) == 120 and min(sizes) > 0 and all("memory: estimated peak" in line for line in lines)
+
+
+def test_settings_ranks_cannot_run_are_refused_before_launching() -> None:
+    from typer.testing import CliRunner
+
+    from fedmask.cli import app
+
+    res = CliRunner().invoke(app, ["simulate", "--model", "fedmf", "--dataset", "synthetic", "--dp-noise", "1",
+                                   "--dp-clip", "1", "--nproc", "2", "--out", "unused"])
+    assert res.exit_code == 2 and "several ranks is not built" in res.output
