@@ -172,9 +172,9 @@ def _run_ranks(cfg: SimulationConfig, memory: MemorySettings, *, out: Path, quie
         return simulate_ranks.run_torchrun_rank(cfg, memory, quiet=quiet) or {}
     if nproc is None:
         return None
+    check_rank_settings(cfg, nproc)
     if nproc == 1:
         return simulate_ranks.run_one_rank(cfg, memory, quiet=quiet)
-    check_rank_settings(cfg, nproc)
     code = simulate_ranks.launch_local(simulate_ranks.spec_of(cfg, memory, out=out, quiet=quiet, dp_delta=dp_delta),
                                        nproc)  # fmt: skip
     if code:

@@ -8,8 +8,9 @@ every rank then applies (the same tensor on every rank):
   (`models/sim/exact_sum.py`: a chunked or sparse round's `FixedSum`, or
   the dense table summed here), followed by the device count and an
   out-of-range flag, in ONE int64 all_reduce; the mean is total / count
-  cast to float32. Integer sums do not depend on the order, so N ranks
-  reach bit for bit the model of one rank.
+  cast to float32. Integer sums do not depend on the order: the sum is the
+  same function of the devices' updates for any split into ranks (a
+  device's own float32 update may still depend on its batch, D93).
 - SecAgg: the rank runs the secure sum in groups over its own devices
   (`secagg.grouped_round.run_grouped_round` with their cohort positions as
   rounding keys and its groups numbered after the lower ranks'), every
@@ -20,9 +21,9 @@ every rank then applies (the same tensor on every rank):
   it has in a single-process round (same encoding, same rounding key), so
   the decoded sum, hence the model, is bit for bit the single-process one.
 
-DP and FedMMF's hybrid round are refused with ranks (SimulationConfig's
-caller checks `check_rank_settings`): their noise and their choice are
-drawn from one stream over the whole cohort.
+DP and FedMMF's hybrid round are refused with ranks (`check_rank_settings`,
+called before any rank starts): their noise and their choice are drawn from
+one stream over the whole cohort, and this aggregation has neither.
 """
 
 from __future__ import annotations
@@ -50,12 +51,14 @@ RankUpdates = torch.Tensor | RunningSum | SparseUpdates | None
 
 
 def check_rank_settings(config: SimulationConfig, world: int) -> None:
-    """ConfigError for settings a distributed run does not support."""
-    if world > 1 and config.dp is not None:
-        raise ConfigError("--dp-* with several ranks is not built: the device noise is drawn from one stream "
-                          "over the whole cohort; run DP on one rank")
-    if world > 1 and config.plaintext_j_bound is not None:
-        raise ConfigError("--plaintext-j-bound with several ranks is not built; run the hybrid round on one rank")
+    """ConfigError for settings a run as ranks (any number, `--nproc 1`
+    included: its aggregation is `RankAggregator`'s) does not support."""
+    if config.dp is not None:
+        raise ConfigError(f"--dp-* with ranks (--nproc, torchrun; {world} here) is not built: the device noise is "
+                          "drawn from one stream over the whole cohort; run DP without --nproc")
+    if config.plaintext_j_bound is not None:
+        raise ConfigError("--plaintext-j-bound with ranks (--nproc, torchrun) is not built; run the hybrid round "
+                          "without --nproc")
 
 
 class RankAggregator:

@@ -189,11 +189,14 @@ def test_plan_only_prints_each_ranks_needs() -> None:
     assert sum(sizes) == 120 and min(sizes) > 0 and all("memory: estimated peak" in line for line in lines)
 
 
-def test_settings_ranks_cannot_run_are_refused_before_launching() -> None:
+@pytest.mark.parametrize("nproc", ["1", "2"])
+def test_settings_ranks_cannot_run_are_refused_before_launching(nproc: str) -> None:
+    """DP's noise is not in the ranks' aggregation: refused, one rank included (never silently dropped)."""
     from typer.testing import CliRunner
 
     from fedmask.cli import app
 
     res = CliRunner().invoke(app, ["simulate", "--model", "fedmf", "--dataset", "synthetic", "--dp-noise", "1",
-                                   "--dp-clip", "1", "--nproc", "2", "--out", "unused"])
-    assert res.exit_code == 2 and "several ranks is not built" in res.output
+                                   "--dp-clip", "1", "--nproc", nproc, "--out", "unused"])
+    assert res.exit_code == 2 and f"with ranks (--nproc, torchrun; {nproc} here) is not built" in " ".join(
+        res.output.split())
