@@ -33,24 +33,29 @@ _LIMB = float(1 << 32)
 RANGE = float(1 << 46)
 
 
+STEP = 1 << 16  # item rows converted at a time (bounded float64 temporaries, as RowSum); dense: STEP * 32 values
+
+
 def fixed_point(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float, int]:
     """x on the grid as int64 limbs (hi, lo) of round(x 2^EXACT_BITS), the
     largest finite |x|, and how many values are not finite (they count as 0
     in the limbs; their count makes the round out of range)."""
-    v = x.detach().to(torch.float64)
-    finite = torch.isfinite(v)
-    bad = int(v.numel() - int(finite.sum()))
-    v = torch.where(finite, v, torch.zeros_like(v))
+    v = x.detach().to(torch.float64, copy=True)  # its own copy: the steps below work in place
+    bad = 0
+    if v.numel() and not bool(torch.isfinite(v).all()):
+        finite = torch.isfinite(v)
+        bad = int(v.numel() - int(finite.sum()))
+        v = torch.where(finite, v, torch.zeros_like(v))
     peak = float(v.abs().max()) if v.numel() else 0.0
-    q = torch.ldexp(v, torch.tensor(EXACT_BITS, dtype=torch.float64)).round()
-    hi = torch.floor(q / _LIMB).clamp(-(2.0**62), 2.0**62)
-    lo = q - hi * _LIMB  # in [0, 2^32) (0 where hi was clamped: out of range anyway)
-    return hi.to(torch.int64), lo.clamp(0, _LIMB - 1).to(torch.int64), peak, bad
+    q = v.mul_(2.0**EXACT_BITS).round_()  # exact: a power of 2
+    hi = torch.floor(q / _LIMB).clamp_(-(2.0**62), 2.0**62)
+    lo = q.sub_(hi * _LIMB).clamp_(0, _LIMB - 1)  # in [0, 2^32) (0 where hi was clamped: out of range anyway)
+    return hi.to(torch.int64), lo.to(torch.int64), peak, bad
 
 
 class FixedSum(RowSum):
     """The exact sum of a round's updates on the grid (two int64 limbs),
-    added as dense rows (`add`) or item rows (`add_rows`)."""
+    added as dense rows (`add`) or item rows (`add_rows`), STEP rows at a time."""
 
     def __init__(self, dim: int, device: torch.device) -> None:
         super().__init__(dim, device)
@@ -60,17 +65,23 @@ class FixedSum(RowSum):
         self.nonfinite = 0
 
     def add(self, upd: torch.Tensor) -> None:
-        hi, lo, peak, bad = fixed_point(upd)
-        self.hi += hi.sum(0)
-        self.lo += lo.sum(0)
-        self._note(int(upd.shape[0]), peak, bad)
+        step = max(1, (STEP * 32) // max(1, int(upd[0].numel()) if upd.shape[0] else 1))
+        for s in range(0, int(upd.shape[0]), step):
+            hi, lo, peak, bad = fixed_point(upd[s : s + step])
+            self.hi += hi.sum(0)
+            self.lo += lo.sum(0)
+            self._note(0, peak, bad)
+        self.count += int(upd.shape[0])
 
     def add_rows(self, rows: ItemRows) -> None:
-        hi, lo, peak, bad = fixed_point(rows.values)
-        for total, part in ((self.hi, hi), (self.lo, lo)):
-            table = total.view(-1, rows.width) if rows.width else total.view(0, 0)
-            table.index_add_(0, rows.items, part)
-        self._note(rows.n_devices, peak, bad)
+        hi_t = self.hi.view(-1, rows.width) if rows.width else self.hi.view(0, 0)
+        lo_t = self.lo.view(-1, rows.width) if rows.width else self.lo.view(0, 0)
+        for s in range(0, rows.nnz, STEP):
+            hi, lo, peak, bad = fixed_point(rows.values[s : s + STEP])
+            hi_t.index_add_(0, rows.items[s : s + STEP], hi)
+            lo_t.index_add_(0, rows.items[s : s + STEP], lo)
+            self._note(0, peak, bad)
+        self.count += rows.n_devices
 
     def _note(self, devices: int, peak: float, bad: int) -> None:
         self.count += devices

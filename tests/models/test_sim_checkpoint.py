@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from fedmask.commands.simulate_ranks import free_port
 from models.data.synthetic import synthetic
 from models.registry import ConfigError
 from models.sim.engine import MemorySettings, SimulationConfig, load_global_state, simulate
@@ -105,7 +106,7 @@ def _torchrun(out: Path, extra: list[str], port: int) -> subprocess.Popen[str]:
 
 def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
-    run = _torchrun(tmp_path / "killed", ["--checkpoint-every", "3", "--checkpoint-dir", str(ck)], 29541)
+    run = _torchrun(tmp_path / "killed", ["--checkpoint-every", "3", "--checkpoint-dir", str(ck)], free_port())
     try:
         deadline = time.monotonic() + 240
         while not list(ck.glob("round-*/COMPLETE")):  # the first checkpoint, then kill rank 1
@@ -118,7 +119,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path: Path) -> 
     finally:
         run.kill()
     assert run.returncode == 0, log
-    ref = _torchrun(tmp_path / "whole", [], 29542)
+    ref = _torchrun(tmp_path / "whole", [], free_port())
     ref_log = ref.communicate(timeout=300)[0]
     assert ref.returncode == 0, ref_log
     a = load_global_state(tmp_path / "whole" / "g.npz")
