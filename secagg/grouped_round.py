@@ -3,7 +3,7 @@ their sums added and decoded once (D87).
 
     run_grouped_round(inputs, *, groups, configs, dropouts=None, round_idx=0,
                       seed=0, wire=True, stochastic_rounding=True,
-                      refuse=None) -> GroupedOutcome
+                      refuse=None, positions=None, first_group=0) -> GroupedOutcome
 
 - inputs: float array (n, L), one row per device of the cohort; a device is
   named by its row, its *position* in the cohort. Or uint32 residues of
@@ -19,6 +19,13 @@ their sums added and decoded once (D87).
 - refuse(position, config) -> reason | None: a device's own floor on the
   group it is asked into (e.g. `edge_client`'s `CohortFloor.refusal`); a
   device that refuses withdraws before it advertises its keys.
+- positions, first_group: when the rows are one part of a larger cohort
+  (one rank's devices in a distributed simulation, D93), row p is the
+  cohort's position positions[p] (its rounding key) and group j is the
+  cohort's group first_group + j (its keys' seed). The configs' encoding
+  is then the whole cohort's, the part's sum is committed like any other
+  and `encoded_sum` (with `expected_encoded_sum`) is what the parts add,
+  as integers mod 2^w, before the one decoding of the cohort's sum.
 
 Each group runs `secagg.inprocess.run_round`: its devices' real client
 states and its server's real states, every message through its wire
@@ -133,6 +140,8 @@ def run_grouped_round(
     wire: bool = True,
     stochastic_rounding: bool = True,
     refuse: Refuse | None = None,
+    positions: Sequence[int] | None = None,
+    first_group: int = 0,
 ) -> GroupedOutcome:
     """Run one round of the cohort in groups (see the module doc). Never
     raises for dropouts, refusals or aborted groups: those show in the
@@ -143,6 +152,9 @@ def run_grouped_round(
         raise ValueError(f"inputs must be (n, L), got shape {x.shape}")
     n, length = x.shape
     encoding = check_groups(n, length, groups, configs)
+    cohort_pos = list(range(n)) if positions is None else [int(p) for p in positions]
+    if len(cohort_pos) != n:
+        raise ValueError(f"{len(cohort_pos)} positions for {n} inputs")
     plan = dropouts or DropoutPlan()
     for stage in DROPOUT_STAGES:
         if any(not 0 <= p < n for p in getattr(plan, stage)):
@@ -155,8 +167,8 @@ def run_grouped_round(
             refused.update((p, why) for p in members if (why := refuse(p, cfg)) is not None)
         outcomes.append(run_round(
             x[list(members)], config=cfg, dropouts=_group_plan(plan, members, refused), round_idx=round_idx,
-            seed=_group_seed(seed, j), wire=wire, stochastic_rounding=stochastic_rounding,
-            rounding_keys=[(seed, p) for p in members],
+            seed=_group_seed(seed, first_group + j), wire=wire, stochastic_rounding=stochastic_rounding,
+            rounding_keys=[(seed, cohort_pos[p]) for p in members],
         ))  # fmt: skip
     out = _combine(encoding, tuple(tuple(g) for g in groups), tuple(outcomes), refused)
     out.wall_s = time.perf_counter() - wall0

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import typer
 
 from fedmask.commands.dataset_options import DataDirOption, DatasetOption
+from fedmask.commands.sim_results import diverged_note, report_devices
 from fedmask.commands.simulate_options import (
     AblateOption,
+    CheckpointDirOption,
+    CheckpointEveryOption,
     ClientsPerRoundOption,
     CohortChunkOption,
     DeviceOption,
@@ -32,6 +35,7 @@ from fedmask.commands.simulate_options import (
     LdpScaleOption,
     MemoryGbOption,
     ModelOption,
+    NprocOption,
     OutOption,
     ParamOption,
     PlaintextJBoundOption,
@@ -51,7 +55,7 @@ from fedmask.commands.simulate_options import (
 )
 
 if TYPE_CHECKING:  # the models package is imported lazily (the CLI's start-up time)
-    from models.sim.engine import MemorySettings
+    from models.sim.engine import MemorySettings, SimulationConfig
 
 
 def register_simulate(app: typer.Typer) -> None:
@@ -97,6 +101,9 @@ def simulate(
     ldp_scale: LdpScaleOption = None,
     ldp_clip: LdpClipOption = None,
     plan_only: PlanOnlyOption = False,
+    nproc: NprocOption = None,
+    checkpoint_every: CheckpointEveryOption = None,
+    checkpoint_dir: CheckpointDirOption = None,
 ) -> None:
     """Simulate a federation and write OUT/results.json and OUT/metrics.png.
 
@@ -115,6 +122,7 @@ def simulate(
                 "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                 "--users": users, "--secagg-neighbors": secagg_neighbors, "--group-size": group_size,
                 "--plaintext-j-bound": plaintext_j_bound, "--plan-only": True if plan_only else None,
+                "--nproc": nproc, "--checkpoint-every": checkpoint_every,
             },
         )  # fmt: skip
         return
@@ -129,16 +137,49 @@ def simulate(
             dp_mechanism=dp_mechanism, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
             data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
+            checkpoint_every=checkpoint_every, checkpoint_dir=_str_or_none(checkpoint_dir),
         )  # fmt: skip
         memory = _memory_settings(memory_gb, cohort_chunk, private_state, state_dir)
         if plan_only:
             from fedmask import console as cli_console
 
-            cli_console.out().print(plan_simulation(cfg, memory=memory), markup=False, highlight=False)
+            text = plan_simulation(cfg, memory=memory, nproc=nproc if nproc is not None and nproc > 1 else None)
+            cli_console.out().print(text, markup=False, highlight=False)
+            return
+        ranked = _run_ranks(cfg, memory, out=out, quiet=quiet, dp_delta=dp_delta, nproc=nproc)
+        if ranked is not None:
+            if ranked:
+                report_devices(ranked, out, dp_delta)
             return
         with SimulationProgress(model, quiet=quiet) as events:
             results = run_simulation(cfg, memory=memory, events=events)
-    _report_devices(results, out, dp_delta)
+    report_devices(results, out, dp_delta)
+
+
+def _run_ranks(cfg: SimulationConfig, memory: MemorySettings, *, out: Path, quiet: bool, dp_delta: float,
+               nproc: int | None) -> dict[str, Any] | None:  # fmt: skip
+    """A distributed run (D93): this process is a torchrun rank (its results
+    on rank 0, {} elsewhere), `--nproc 1` runs one rank here, or `--nproc N`
+    launches N local ranks (the launcher exits with the failing rank's code;
+    {} on success). None: not distributed."""
+    from fedmask.commands import simulate_ranks
+    from models.sim.rank_round import check_rank_settings
+    from models.sim.ranks import in_rank_environment
+
+    if in_rank_environment():
+        if nproc is not None:
+            _fail("--nproc starts ranks itself; under torchrun leave it out (its RANK and WORLD_SIZE are set)")
+        return simulate_ranks.run_torchrun_rank(cfg, memory, quiet=quiet) or {}
+    if nproc is None:
+        return None
+    check_rank_settings(cfg, nproc)
+    if nproc == 1:
+        return simulate_ranks.run_one_rank(cfg, memory, quiet=quiet)
+    code = simulate_ranks.launch_local(simulate_ranks.spec_of(cfg, memory, out=out, quiet=quiet, dp_delta=dp_delta),
+                                       nproc)  # fmt: skip
+    if code:
+        raise typer.Exit(code)
+    return {}
 
 
 # ---------------------------------------------------------------- parsing the options
@@ -267,40 +308,6 @@ def _simulate_platforms(
 # ---------------------------------------------------------------- the results
 
 
-def _report_devices(results: dict[str, Any], out: Path, dp_delta: float) -> None:
-    """Write a device-level run's results to `out` and print its done line."""
-    from fedmask import console as cli_console
-
-    from models.sim.engine import write_results
-
-    j, p = write_results(results, out)
-    t = results["test"]
-    if results["kind"] == "explicit":
-        line = f"test rmse {t.get('rmse', float('nan')):.4f}  mae {t.get('mae', float('nan')):.4f}"
-    else:
-        line = (
-            f"test hr@10 {t.get('hr@10', float('nan')):.4f}  ndcg@10 {t.get('ndcg@10', float('nan')):.4f}  "
-            f"full hr@10 {t.get('full_hr@10', float('nan')):.4f}  placebo hr@10 "
-            f"{results['placebo']['hr@10']:.4f}"
-        )
-    if "epsilon" in results:
-        line += f"  epsilon {results['epsilon']:.3g} (delta {dp_delta:g}, no amplification by sampling)"
-        if "epsilon_poisson_amplified" in results:
-            line += f", {results['epsilon_poisson_amplified']:.3g} if Poisson-sampled"
-        if results["dp"]["mechanism"] == "gaussian-float":
-            line += ", APPROXIMATE (float noise)"
-    line += _diverged(results)
-    if "hybrid" in results:
-        h = results["hybrid"]
-        line += (f"  UNPROTECTED plaintext share {h['plaintext_share']:.3f} (J <= {h['plaintext_j_bound']:g}, "
-                 f"{h['plaintext_contributions']} plaintext contributions)")
-    cli_console.out().print(
-        f"[green]done[/green] {results['model']} on {results['dataset']}: best round {results['best_round']}, "
-        f"{line}, {results['seconds_total']:.1f} s\n  {j}\n  {p}"
-        + (f"\n  {results['saved_global']}" if "saved_global" in results else "")
-    )
-
-
 def _report_platforms(results: dict[str, Any], out: Path) -> None:
     """Write a platform-level run's results to `out` and print its done line."""
     from fedmask import console as cli_console
@@ -316,15 +323,9 @@ def _report_platforms(results: dict[str, Any], out: Path) -> None:
             f"  Laplace LDP: epsilon {d['epsilon_per_release']:.4g} per release (lambda {d['scale_lambda']:g}, "
             f"L1 clip {d['l1_clip']:g}), {d['epsilon_total_basic_composition']:.4g} over {d['releases_per_platform']}"
         )
-    line += _diverged(results)
+    line += diverged_note(results)
     cli_console.out().print(
         f"[green]done[/green] {results['model']} on {results['dataset']}, {results['n_platforms']} platforms, "
         f"beta {results['dirichlet_beta']:g}: best round {results['best_round']}, {line}, "
         f"{results['seconds_total']:.1f} s\n  {j}\n  {p}"
     )
-
-
-def _diverged(results: dict[str, Any]) -> str:
-    """The done line's warning for a run that stopped at a diverged round ('' otherwise)."""
-    r = results.get("diverged_at_round")
-    return "" if r is None else f"  [red]DIVERGED at round {r}[/red] (stopped there)"

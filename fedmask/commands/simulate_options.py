@@ -237,3 +237,31 @@ LdpClipOption = Annotated[
         show_default=False,
     ),
 ]
+NprocOption = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc",
+        min=1,
+        help="Run the simulation as N local ranks (torch.distributed: gloo on the CPU, NCCL with --device cuda, one "
+        "rank per GPU). Each rank holds and trains its shard of the devices; one all_reduce per round adds their "
+        "updates exactly (docs/simulating.md, 'Simulating at scale'). --nproc 1: one rank in this process, the "
+        "run N ranks reproduce. With --plan-only: each rank's memory needs. Under torchrun leave it out: the "
+        "ranks come from torchrun's RANK and WORLD_SIZE.",
+        show_default=False,
+    ),
+]
+CheckpointEveryOption = Annotated[
+    int | None,
+    typer.Option(
+        "--checkpoint-every",
+        min=1,
+        help="Write a checkpoint every K rounds into --checkpoint-dir (the global model, the ledger, the records and "
+        "each rank's shard of the private state). A run started with a folder that holds a checkpoint of the same "
+        "settings resumes from its latest one, e.g. after torchrun restarts a failed rank (--max-restarts).",
+        show_default=False,
+    ),
+]
+CheckpointDirOption = Annotated[
+    Path | None,
+    typer.Option("--checkpoint-dir", help="Folder of the checkpoints (with --checkpoint-every).", show_default=False),
+]

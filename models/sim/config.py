@@ -47,6 +47,9 @@ class SimulationConfig:
     #: FedMMF hybrid rounds (D64): a device whose privacy indicator J is at most
     #: this sends its update UNPROTECTED (plaintext); None (default): all secure.
     plaintext_j_bound: float | None = None
+    #: a checkpoint every this many rounds into `checkpoint_dir`, resumed from there (D93, models/sim/checkpoint.py)
+    checkpoint_every: int | None = None
+    checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot run (ConfigError, user-facing
@@ -78,6 +81,10 @@ class SimulationConfig:
             raise ConfigError("--secagg-clip must be > 0")
         if self.eval_every < 1:
             raise ConfigError("--eval-every must be >= 1")
+        if (self.checkpoint_every is None) != (self.checkpoint_dir is None):
+            raise ConfigError("--checkpoint-every K and --checkpoint-dir DIR go together")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise ConfigError("--checkpoint-every must be >= 1")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, not {self.threads}")
         if self.plaintext_j_bound is not None:

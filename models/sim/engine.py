@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -78,17 +79,21 @@ from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
 from models.sim.aggregation import SecureAggregator, aggregate_round
+from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
 from models.sim.events import SimulationEvents, close_round
 from models.sim.global_state import load_global_state, save_global_state
 from models.sim.memory import MemoryPlan, gib, peak_resident_bytes
 from models.sim.private_tables import PrivateTables, Which
+from models.sim.rank_round import RankAggregator, check_rank_settings, gather_small, rank_figures
+from models.sim.ranks import Ranks
 from models.sim.report import results_document, selection_key
 from models.sim.results import write_results
 from models.sim.sparse_aggregation import SparseUpdates, aggregate_sparse
 from models.sim.sparse_plan import SparsePlan
 from models.sim.sparse_state import SparseTables
+from models.sim.shard import CohortShare, Shard, shard_of
 from models.sim.sparse_training import init_sparse, plan_sparse_memory, sparse_model, train_sparse
 from models.sim.threads import explicit_threads, machine_threads
 from models.sim.training import (
@@ -127,38 +132,45 @@ __all__ = [
 
 
 @dataclass
-class _Setup:
-    """What a simulation has built before its first round (`tables` is None until
-    `_init_tables`)."""
+class _Data:
+    """The data, the population and the model of a simulation, the same on every rank."""
 
     explicit: bool
     rounds: int
     dataset: str
     split: ImplicitSplit | ExplicitSplit
-    population: np.ndarray  # dense user ids of the simulated devices
+    population: np.ndarray  # dense user ids of the simulated devices (all ranks')
     cohort_size: int
     model: FederatedRecommender
-    cohorts: Cohorts
     global_: GlobalState
+
+
+@dataclass
+class _Setup(_Data):
+    """What a simulation (one rank's part of it) has built before its first
+    round (`tables` is None until `_init_tables`)."""
+
+    shard: Shard  # the population rows this rank owns (everyone without ranks)
+    cohorts: Cohorts  # the shard's data
     plan: MemoryPlan | SparsePlan
     sparse: SparseTraining | None  # the model's sparse path when the state is kept sparsely (D89)
+    ranks: Ranks | None = None
     tables: PrivateTables | SparseTables | None = None
 
     @property
     def full_cohort(self) -> bool:
         return self.cohort_size == len(self.population)
 
+    @property
+    def local(self) -> np.ndarray:
+        """The dense user ids of this rank's devices."""
+        return self.population[self.shard.lo : self.shard.hi]
 
-def _prepare(
-    config: SimulationConfig,
-    explicit: bool,
-    interactions: Interactions | None,
-    mem: MemorySettings,
-    ev: SimulationEvents,
-    device: torch.device,
-) -> _Setup:
-    """Data, population, model, initial global state and memory plan (reported
-    through `ev.note`); ConfigError for settings the data refuses."""
+
+def _load(
+    config: SimulationConfig, explicit: bool, interactions: Interactions | None, device: torch.device
+) -> _Data:
+    """Data, population, model and initial global state; ConfigError for settings the data refuses."""
     rounds = config.rounds if config.rounds is not None else default_rounds(config.model, explicit)
     x = interactions if interactions is not None else load_interactions(config.dataset, config.data_dir, config.seed)
     split = make_split(x, explicit, config.seed)
@@ -167,7 +179,6 @@ def _prepare(
     cpr = config.clients_per_round
     if cpr is not None and not 1 <= cpr <= n_pop:
         raise SimulationConfigError(f"--clients-per-round must be in [1, {n_pop}] for {x.name}, got {cpr}")
-    cohort_size = n_pop if cpr is None else cpr
     model = build_model(
         config.model,
         explicit=explicit,
@@ -178,20 +189,53 @@ def _prepare(
     )
     from models.keyed_random import global_init_generator
 
-    cohorts = Cohorts(split, population, device)
     with torch.no_grad():
         global_ = {k: v.to(device) for k, v in model.init_global(global_init_generator(config.seed)).items()}
-    sparse = sparse_model(model, mem)
+    return _Data(explicit, rounds, x.name, split, population, n_pop if cpr is None else cpr, model, global_)
+
+
+def _shard_setup(
+    d: _Data, config: SimulationConfig, mem: MemorySettings, device: torch.device, shard: Shard
+) -> _Setup:
+    """One shard's data and memory plan (sized for the shard's devices)."""
+    local = d.population[shard.lo : shard.hi]
+    cohorts = Cohorts(d.split, local, device)
+    n_local, cohort = len(local), min(d.cohort_size, len(local))
+    sparse = sparse_model(d.model, mem)
     plan: MemoryPlan | SparsePlan
     if sparse is not None:
-        plan = plan_sparse_memory(sparse, model.update_dim, cohorts, global_, mem, n_items=split.n_items,
-                                  cohort=cohort_size, rounds=rounds, config=config)  # fmt: skip
+        plan = plan_sparse_memory(sparse, d.model.update_dim, cohorts, d.global_, mem, n_items=d.split.n_items,
+                                  cohort=cohort, rounds=d.rounds, config=config)  # fmt: skip
     else:
-        plan = plan_cohort_memory(
-            model, cohorts, global_, mem, n_pop=n_pop, n_items=split.n_items, cohort=cohort_size, config=config
-        )
-    ev.note(plan.describe())
-    return _Setup(explicit, rounds, x.name, split, population, cohort_size, model, cohorts, global_, plan, sparse)
+        plan = plan_cohort_memory(d.model, cohorts, d.global_, mem, n_pop=n_local, n_items=d.split.n_items,
+                                  cohort=cohort, config=config)  # fmt: skip
+    return _Setup(**vars(d), shard=shard, cohorts=cohorts, plan=plan, sparse=sparse)
+
+
+def _prepare(
+    config: SimulationConfig,
+    explicit: bool,
+    interactions: Interactions | None,
+    mem: MemorySettings,
+    ev: SimulationEvents,
+    device: torch.device,
+    ranks: Ranks | None = None,
+) -> _Setup:
+    """This rank's setup (everything without ranks); the memory plan is
+    reported through `ev.note`."""
+    d = _load(config, explicit, interactions, device)
+    shard = Shard.whole(len(d.population)) if ranks is None else _shard(d, ranks.rank, ranks.world)
+    s = _shard_setup(d, config, mem, device, shard)
+    s.ranks = ranks
+    ev.note(s.plan.describe() if ranks is None else f"rank {ranks.rank}: {s.plan.describe()}")
+    return s
+
+
+def _shard(d: _Data, rank: int, world: int) -> Shard:
+    try:
+        return shard_of(d.split, d.population, rank, world)
+    except ValueError as e:
+        raise SimulationConfigError(str(e)) from None
 
 
 def _init_tables(s: _Setup, mem: MemorySettings, seed: int, ev: SimulationEvents) -> PrivateTables | SparseTables:
@@ -209,17 +253,33 @@ def plan_simulation(
     *,
     interactions: Interactions | None = None,
     memory: MemorySettings | None = None,
+    nproc: int | None = None,
 ) -> str:
     """`fedmask simulate --plan-only`: the memory plan and the private state's bytes
-    as a function of rounds, without training (ConfigError as `simulate`)."""
+    as a function of rounds, without training (ConfigError as `simulate`); with
+    `nproc`, what each of that many ranks needs for its shard."""
     explicit = model_is_explicit(config.model, config.explicit)
     device = resolve_device(config.device, SimulationConfigError)
-    s = _prepare(config, explicit, interactions, memory or MemorySettings(), SimulationEvents(), device)
-    if isinstance(s.plan, SparsePlan):
-        return s.plan.describe() + "\n" + s.plan.table()
-    one = s.plan.private_bytes
+    mem = memory or MemorySettings()
+    if nproc is not None:
+        check_rank_settings(config, nproc)
+        d = _load(config, explicit, interactions, device)
+        lines = [f"{nproc} ranks, {len(d.population):,d} devices, {d.cohort_size:,d} per round; each rank's needs:"]
+        for r in range(nproc):
+            s = _shard_setup(d, config, mem, device, _shard(d, r, nproc))
+            lines.append(f"rank {r}: devices {s.shard.lo:,d}..{s.shard.hi - 1:,d} ({s.shard.size:,d}): "
+                         + _plan_text(s.plan).replace("\n", "\n  "))  # fmt: skip
+            del s
+        return "\n".join(lines)
+    return _plan_text(_prepare(config, explicit, interactions, mem, SimulationEvents(), device).plan)
+
+
+def _plan_text(plan: MemoryPlan | SparsePlan) -> str:
+    if isinstance(plan, SparsePlan):
+        return plan.describe() + "\n" + plan.table()
+    one = plan.private_bytes
     return (
-        s.plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, up to "
+        plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, up to "
         f"{2 * one:,d} ({gib(2 * one)}) while an earlier round is kept as the best"
     )
 
@@ -245,23 +305,49 @@ class _Round:
     gens: dict[str, torch.Generator]
     secure: SecureAggregator | None
     keep_updates: bool
+    ledger: PrivacyLedger | None
+    agg: RankAggregator | None  # the mean over the ranks (None: one process)
+    population: np.ndarray | None  # whose metrics this process computes (None: every user, row = user id)
+    disk_peak: int = 0
+    state_peak: int = 0
+
+
+def _round_context(s: _Setup, tables: PrivateTables | SparseTables, config: SimulationConfig,
+                   ev: SimulationEvents) -> _Round:  # fmt: skip
+    device = s.cohorts.device
+    secure = (SecureAggregator(seed=config.seed, neighbors=config.neighbors, group_size=config.secagg_group_size)
+              if config.secagg else None)  # fmt: skip
+    keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
+    agg = None if s.ranks is None else RankAggregator(s.ranks, config, secure, s.model.update_dim, device)
+    # evaluation over the population (a rank: its shard) only
+    population = s.local if s.ranks is not None else (None if config.users is None else s.population)
+    return _Round(s, tables, config, ev, generators(config.seed, device), secure, keep_updates,
+                  _ledger(config.dp, s.cohort_size / len(s.population)), agg, population,
+                  tables.disk_bytes(), tables.nbytes())  # fmt: skip
 
 
 def _train_and_aggregate(
-    w: _Round, global_: GlobalState, rows: torch.Tensor | None, r: int, rec: dict[str, Any]
+    w: _Round, global_: GlobalState, share: CohortShare, r: int, rec: dict[str, Any]
 ) -> torch.Tensor | None:
-    """Round r's local training of the cohort `rows` (None: everyone) and the mean update."""
-    s, tables, config = w.s, w.tables, w.config
-    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates)
+    """Round r's local training of this process's part of the cohort and the mean update."""
+    s, tables, config, rows = w.s, w.tables, w.config, share.rows
+    job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
+                      exact_sum=w.agg is not None)
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
-        upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job)
+        upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
+        if w.agg is not None:
+            return w.agg.mean(upd_s, share, r, rec)
         if isinstance(upd_s, SparseUpdates):
             return aggregate_sparse(upd_s, config=config, secure=w.secure, dp_generator=w.gens["dp"],
                                     round_idx=r, rec=rec)  # fmt: skip
+        assert upd_s is not None
         return upd_s.mean()
     assert isinstance(tables, PrivateTables)
     tables.begin_round(covers_all=s.full_cohort)
-    upd = train_cohort(s.model, tables, job)
+    upd = train_cohort(s.model, tables, job) if share.count else None
+    if w.agg is not None:
+        return w.agg.mean(upd, share, r, rec)
+    assert upd is not None
 
     def cohort_J() -> torch.Tensor:
         return tables.take(rows)["J"]
@@ -274,18 +360,26 @@ def _evaluate(
     s: _Setup, tables: PrivateTables | SparseTables, global_: GlobalState, stage: EvalSplit, *, full: bool,
     which: Which = "current", population: np.ndarray | None,
 ) -> dict[str, float]:
-    """Validation or test metrics of the current (or kept best) state."""
+    """Validation or test metrics of the current (or kept best) state (with
+    ranks: each rank's metric sums, added over the ranks)."""
     device = s.cohorts.device
+    reduce = None if s.ranks is None else s.ranks.sum_dict
     if isinstance(tables, SparseTables):
         assert s.sparse is not None
         return evaluate_state(s.model, global_, tables.take, s.split, stage, full=full, placebo=stage == "test",
-                              device=device, population=population, score_rows=tables.scorer(s.sparse, global_))  # fmt: skip
+                              device=device, population=population, score_rows=tables.scorer(s.sparse, global_),
+                              reduce=reduce)  # fmt: skip
 
     def take(rows: torch.Tensor) -> PrivateState:
         return tables.take(rows, which)
 
     return evaluate_state(s.model, global_, take, s.split, stage, full=full, placebo=stage == "test", device=device,
-                          population=population)  # fmt: skip
+                          population=population, reduce=reduce)  # fmt: skip
+
+
+def _summary(s: _Setup, global_: GlobalState, table: PrivateState) -> dict[str, float]:
+    """`model.summary` over the whole population (with ranks: its per-device scalars gathered)."""
+    return s.model.summary(global_, table if s.ranks is None else gather_small(s.ranks, table))
 
 
 def _reach_best(
@@ -298,9 +392,92 @@ def _reach_best(
     best["global"] = global_  # new tensors every round: safe by reference
     if isinstance(tables, SparseTables):
         best["test"] = _evaluate(s, tables, global_, "test", full=True, population=population)
-        best["summary"] = s.model.summary(global_, tables.table())
+        best["summary"] = _summary(s, global_, tables.table())
     else:
         tables.keep_best()
+
+
+def _cohort(w: _Round) -> CohortShare:
+    """The round's cohort (the same draw on every rank) and this process's part of it."""
+    s, gens = w.s, w.gens
+    rows = None
+    if not s.full_cohort:
+        perm = torch.randperm(len(s.population), generator=gens["cohort"], device=gens["cohort"].device)
+        rows = perm[: s.cohort_size].sort().values.to(s.cohorts.device)
+    return s.shard.share(rows)
+
+
+def _validate(w: _Round, global_: GlobalState, r: int, best: dict[str, Any], rec: dict[str, Any]) -> None:
+    """Round r's validation figures; the state is kept (or tested) when they are the best so far."""
+    s = w.s
+    val = _evaluate(s, w.tables, global_, "val", full=w.config.full_val, population=w.population)
+    rec["val"] = val
+    sel_key, sel_sign = selection_key(s.explicit)
+    v = sel_sign * val.get(sel_key, math.nan)
+    if math.isfinite(v) and v > best["value"]:
+        best.update(round=r, value=v)
+        _reach_best(best, s, w.tables, global_, w.population)
+
+
+def _train(
+    w: _Round, best: dict[str, Any], records: list[dict[str, Any]],
+    on_round: Callable[[dict[str, Any]], None] | None, ckpt: Checkpoints | None,
+) -> tuple[GlobalState, int | None]:
+    """Every round (from the checkpoint's next one when resuming); the final
+    global state and the round the run diverged at (None: it did not)."""
+    s, config, rounds = w.s, w.config, w.s.rounds
+    state = ckpt.load_latest() if ckpt is not None else None
+    start = 0 if state is None else _resume(w, state, best, records)
+    tables, global_ = w.tables, s.global_
+    for r in range(start, rounds):
+        w.ev.round_started(r, rounds)
+        t0 = time.perf_counter()
+        rec: dict[str, Any] = {"round": r}
+        mean = _train_and_aggregate(w, global_, _cohort(w), r, rec)
+        if w.ledger is not None:  # the round's entry: one line per group, the round's epsilon
+            rec["dp"] = w.ledger.add(rec.get("dp"))
+        if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
+            global_ = s.model.apply_mean_update(global_, mean, r)
+        tables.end_round()
+        rec["train_seconds"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if (r + 1) % config.eval_every == 0 or r == rounds - 1:
+            _validate(w, global_, r, best, rec)
+        rec["eval_seconds"] = time.perf_counter() - t1
+        rec.update(_summary(s, global_, tables.table()))  # e.g. FedRAP's sparsity of C
+        tables.release()
+        w.disk_peak = max(w.disk_peak, tables.disk_bytes())
+        w.state_peak = max(w.state_peak, tables.nbytes())
+        rec["seconds"] = time.perf_counter() - t0
+        if close_round(rec, records, best["round"], global_, rounds, w.ev, on_round):
+            return global_, r
+        if ckpt is not None and ckpt.due(r, rounds):
+            run = {"global": global_, "gens": {k: g.get_state() for k, g in w.gens.items()}, "best": best,
+                   "records": records, "ledger": w.ledger, "peaks": (w.disk_peak, w.state_peak)}  # fmt: skip
+            ckpt.save(r, run, tables)
+    return global_, None
+
+
+def _checkpoints(config: SimulationConfig, ranks: Ranks | None) -> Checkpoints | None:
+    if config.checkpoint_every is None or config.checkpoint_dir is None:
+        return None
+    r = Ranks(0, 1) if ranks is None else ranks
+    return Checkpoints(Path(config.checkpoint_dir), config.checkpoint_every, fingerprint(config, r.world), r)
+
+
+def _resume(w: _Round, state: dict[str, Any], best: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """Take up the run a checkpoint left (its state into `w`, `best`, `records`); the next round."""
+    run = state["run"]
+    w.s.global_ = run["global"]
+    for k, g in w.gens.items():
+        g.set_state(run["gens"][k])
+    best.update(run["best"])
+    records[:] = run["records"]
+    w.ledger = run["ledger"]
+    w.disk_peak, w.state_peak = run["peaks"]
+    w.tables = w.s.tables = restore_tables(w.tables, state["tables"])
+    w.ev.note(f"resumed from the checkpoint of round {state['round']} ({len(records)} rounds done)")
+    return int(state["round"]) + 1
 
 
 def simulate(
@@ -310,13 +487,17 @@ def simulate(
     memory: MemorySettings | None = None,
     events: SimulationEvents | None = None,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, Any]:
     """Run a whole federation; returns the results dict written to results.json.
 
     The memory plan is made before training (MemoryBudgetError, a
     SimulationConfigError, when `memory`'s budget cannot be met) and reported
     through `events.note` and the results' "memory" block, with the measured
-    peak resident memory and the private state's peak bytes (RAM and disk)."""
+    peak resident memory and the private state's peak bytes (RAM and disk).
+    With `ranks` (D93) this process is one rank: it holds and trains its
+    shard of the devices, and every rank returns the same results (with
+    each rank's figures under "ranks")."""
     t_start = time.perf_counter()
     mem = memory or MemorySettings()
     ev = events or SimulationEvents()
@@ -325,79 +506,42 @@ def simulate(
     threads = machine_threads() if config.threads is None else explicit_threads(config.threads)
     torch.set_num_threads(threads.count)
     ev.note(f"threads: {threads.count} ({threads.reason})")
-    s = _prepare(config, explicit, interactions, mem, ev, device)
+    if ranks is not None:
+        check_rank_settings(config, ranks.world)
+    s = _prepare(config, explicit, interactions, mem, ev, device, ranks)
     tables = _init_tables(s, mem, config.seed, ev)
-    model, global_, rounds, n_pop = s.model, s.global_, s.rounds, len(s.population)
-    pop_arg = None if config.users is None else s.population  # evaluation over the population only
-    gens = generators(config.seed, device)
-    ledger = _ledger(config.dp, s.cohort_size / n_pop)
-    secure = (SecureAggregator(seed=config.seed, neighbors=config.neighbors, group_size=config.secagg_group_size)
-              if config.secagg else None)  # fmt: skip
-    keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
-    work = _Round(s, tables, config, ev, gens, secure, keep_updates)
-    sel_key, sel_sign = selection_key(explicit)
+    model, rounds, n_pop = s.model, s.rounds, len(s.population)
+    work = _round_context(s, tables, config, ev)
+    pop_arg = work.population
     # the best validation round; on the sparse path its test figures are computed when
     # it is reached (D89): they never influence anything, and no second state is kept
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "test": None, "summary": None}
     records: list[dict[str, Any]] = []
-    diverged_at: int | None = None
     t_setup = time.perf_counter() - t_start
     ev.note(f"setup {t_setup:.1f} s: {n_pop} devices, {s.split.n_items} items, {s.cohort_size} devices per round")
-    disk_peak, state_peak = tables.disk_bytes(), tables.nbytes()
 
     try:
-        for r in range(rounds):
-            ev.round_started(r, rounds)
-            t0 = time.perf_counter()
-            rows = None
-            if not s.full_cohort:
-                perm = torch.randperm(n_pop, generator=gens["cohort"], device=gens["cohort"].device)
-                rows = perm[: s.cohort_size].sort().values.to(device)
-            rec: dict[str, Any] = {"round": r}
-            mean = _train_and_aggregate(work, global_, rows, r, rec)
-            if ledger is not None:  # the round's entry: one line per group, the round's epsilon
-                rec["dp"] = ledger.add(rec.get("dp"))
-            if mean is not None:  # None: no device counted (a hybrid round with too few of either kind)
-                global_ = model.apply_mean_update(global_, mean, r)
-            tables.end_round()
-            rec["train_seconds"] = time.perf_counter() - t0
-
-            t1 = time.perf_counter()
-            if (r + 1) % config.eval_every == 0 or r == rounds - 1:
-                val = _evaluate(s, tables, global_, "val", full=config.full_val, population=pop_arg)
-                rec["val"] = val
-                v = sel_sign * val.get(sel_key, math.nan)
-                if math.isfinite(v) and v > best["value"]:
-                    best.update(round=r, value=v)
-                    _reach_best(best, s, tables, global_, pop_arg)
-            rec["eval_seconds"] = time.perf_counter() - t1
-            rec.update(model.summary(global_, tables.table()))  # e.g. FedRAP's sparsity of C
-            tables.release()
-            disk_peak = max(disk_peak, tables.disk_bytes())
-            state_peak = max(state_peak, tables.nbytes())
-            rec["seconds"] = time.perf_counter() - t0
-            if close_round(rec, records, best["round"], global_, rounds, ev, on_round):
-                diverged_at = r
-                break
-
+        global_, diverged_at = _train(work, best, records, on_round, _checkpoints(config, ranks))
+        tables = work.tables  # a resumed sparse store replaces the one made at the start
         t_train_end = time.perf_counter()
         last_round = rounds - 1 if diverged_at is None else diverged_at
         saved_global = None
-        if config.save_global is not None:
+        if config.save_global is not None and (ranks is None or ranks.rank == 0):
             saved_global = str(save_global_state(global_, config.save_global, round_=last_round, seed=config.seed))
         if best["round"] is None:  # every validation value was NaN: fall back to the last round
             best["round"] = last_round
             _reach_best(best, s, tables, global_, pop_arg)
         if isinstance(tables, PrivateTables):  # the kept best state, tested once, now
             best["test"] = _evaluate(s, tables, best["global"], "test", full=True, which="best", population=pop_arg)
-            best["summary"] = model.summary(best["global"], tables.table("best"))
+            best["summary"] = _summary(s, best["global"], tables.table("best"))
         tables.release()
     finally:
-        tables.close()
+        work.tables.close()
     seconds_total = time.perf_counter() - t_start
-    memory_block = s.plan.as_dict() | {"disk_bytes_peak": disk_peak, "private_state_bytes_peak": state_peak,
+    memory_block = s.plan.as_dict() | {"disk_bytes_peak": work.disk_peak, "private_state_bytes_peak": work.state_peak,
                                        "peak_rss_bytes": peak_resident_bytes()}  # fmt: skip
-    return results_document(
+    ledger = work.ledger
+    doc = results_document(
         config, dataset=s.dataset, explicit=explicit, n_users=s.split.n_users, n_items=s.split.n_items,
         cohort_size=s.cohort_size, population=n_pop, model=model, rounds=rounds, records=records,
         best_round=best["round"], test=best["test"], summary_best=best["summary"],
@@ -408,3 +552,6 @@ def simulate(
         threads=threads.as_dict(),
         epsilon_amplified=ledger.epsilon_poisson_amplified() if ledger is not None else None,
     )  # fmt: skip
+    if ranks is not None:
+        doc["ranks"] = rank_figures(ranks, s.shard, global_, memory_block)
+    return doc

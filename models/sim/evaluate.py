@@ -32,13 +32,16 @@ def evaluate_state(
     device: torch.device,
     population: np.ndarray | None = None,
     score_rows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Metrics of the devices of `population` (dense user ids; row i of
     the private state is user population[i]; None: every user, row = user id).
     `private`: the state itself or a function taking its rows
     (`PrivateTables.take`), so it may live on disk. `score_rows(rows, users,
     items)`, when given, scores instead of `model.score` (a state kept
-    sparsely, `SparseTables.scorer`)."""
+    sparsely, `SparseTables.scorer`). `reduce`, when given, maps the metric
+    sums before the means are taken (a distributed run adds them over its
+    ranks, `Ranks.sum_dict`)."""
     from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
 
     take = private if callable(private) else partial(take_rows, private)
@@ -63,4 +66,4 @@ def evaluate_state(
             )
         else:
             sums = evaluate_explicit(score_fn, split, stage, device=device, users=population, batch_size=batch)
-    return finalize(sums)
+    return finalize(sums if reduce is None else reduce(dict(sums)))

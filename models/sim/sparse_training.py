@@ -10,6 +10,7 @@ import torch
 from models.base import FederatedRecommender, GlobalState
 from models.registry import ConfigError
 from models.sim.config import MemorySettings, SimulationConfig
+from models.sim.exact_sum import FixedSum
 from models.sim.memory import BASELINE_BYTES, MemoryBudgetError, default_budget, resident_bytes
 from models.sim.sparse_aggregation import RowSum, SparseUpdates
 from models.sim.sparse_plan import SparsePlan, SparseWork, StateShape, plan_sparse
@@ -103,9 +104,11 @@ def train_sparse(
     float64 sum of the updates or, with DP or SecAgg (`job.keep_updates`), the
     updates as rows."""
     n = job.size
-    out: RowSum | SparseUpdates = (
-        SparseUpdates(n_items, update_dim) if job.keep_updates else RowSum(update_dim, job.cohorts.device)
-    )
+    out: RowSum | SparseUpdates
+    if job.keep_updates:
+        out = SparseUpdates(n_items, update_dim)
+    else:  # the order-free fixed-point sum with ranks (D93)
+        out = FixedSum(update_dim, job.cohorts.device) if job.exact_sum else RowSum(update_dim, job.cohorts.device)
     done = 0
     for part in job.parts():
         rows = torch.arange(n, device=job.cohorts.device) if part is None else part

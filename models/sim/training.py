@@ -68,7 +68,8 @@ def generators(seed: int, device: torch.device) -> dict[str, torch.Generator]:
 class CohortRound:
     """One round's local training job: the cohort (`rows` of the population; None:
     all) trained `chunk` devices at a time from the round's global state.
-    `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum."""
+    `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum;
+    `exact_sum`: the sum is the order-free fixed-point one (`models/sim/exact_sum.py`, ranks)."""
 
     global_: GlobalState
     cohorts: Cohorts
@@ -78,6 +79,13 @@ class CohortRound:
     seed: int
     ev: SimulationEvents
     keep_updates: bool
+    exact_sum: bool = False
+
+    def running_sum(self, dim: int, device: torch.device) -> RunningSum:
+        """The accumulator of a chunked round's plain sum."""
+        from models.sim.exact_sum import FixedSum
+
+        return FixedSum(dim, device) if self.exact_sum else RunningSum(dim, device)
 
     @property
     def size(self) -> int:
@@ -115,7 +123,7 @@ def train_cohort(model: FederatedRecommender, tables: PrivateTables, job: Cohort
         if len(parts) == 1:
             return upd
         if out is None:
-            out = torch.empty(n, dim, device=upd.device) if job.keep_updates else RunningSum(dim, upd.device)
+            out = torch.empty(n, dim, device=upd.device) if job.keep_updates else job.running_sum(dim, upd.device)
         if isinstance(out, RunningSum):
             out.add(upd)
         else:
