@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedmask.commands.demo_product import device_top_k_val_hr, validation_top
+from fedmask.commands.demo_product import device_top_k_val_hr, sampled_hit, validation_top
 from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
 
@@ -19,6 +19,12 @@ from models.data.synthetic import synthetic
 def test_validation_top_leaves_out_training_items_only() -> None:
     assert validation_top([5, 1, 9, 2, 7], trained=[5, 2], k=2) == [1, 9]
     assert validation_top([3, 4], trained=[], k=10) == [3, 4]
+
+
+def test_sampled_hit_ranks_the_target_among_its_negatives_only() -> None:
+    ranked = [50, 51, 1, 2, 3, 7]  # 50, 51: not candidates (trained or unsampled)
+    assert sampled_hit(ranked, target=3, negatives=[1, 2, 7], k=3)
+    assert not sampled_hit(ranked, target=7, negatives=[1, 2, 3], k=3)
 
 
 class FakeDevices:
@@ -50,9 +56,10 @@ def test_the_demo_scores_the_devices_full_ranking() -> None:
     users = np.flatnonzero(split.val_item >= 0)[:8]
     hits = {int(u) for u in users[:3]}
     admin = FakeDevices(split, hits)
-    hr, asked = device_top_k_val_hr(admin, x, 0, users)
+    hr, hr_sampled, asked = device_top_k_val_hr(admin, x, 0, users)
     assert list(asked) == [int(u) for u in users]
     assert hr == pytest.approx(3 / 8)
+    assert hr_sampled == pytest.approx(3 / 8)  # these fakes rank a miss below every negative
     assert all(p["exclude_seen"] == "false" for p in admin.asked)
     with pytest.raises(RuntimeError, match="left its seen items out"):
         device_top_k_val_hr(FakeDevices(split, hits, leave_seen_out=True), x, 0, users)

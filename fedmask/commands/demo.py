@@ -364,13 +364,14 @@ def _report(console: Any, records: list[Any], store: Any, x: Any, plan: _Plan, *
             f"over the validation items of the {counted} of {plan.devices} hosted users counted in its secure "
             f"sum; popularity on the same {plan.devices} users: {base:.3f}")
     elif committed:  # no metric totals under DP (D36): ask the devices' own top-10s
-        hr, asked = device_top_k_val_hr(admin, x, plan.seed, hosted)
+        hr, hr_sampled, asked = device_top_k_val_hr(admin, x, plan.seed, hosted)
         base = popularity_val_hr(x, plan.seed, asked, full=True)
+        base_sampled = popularity_val_hr(x, plan.seed, asked)
         console.print(
             f"[bold]validation HR@10 {hr:.3f}[/bold] (full ranking) of the top-10 that {len(asked)} of "
             f"{plan.devices} hosted devices compute for their users after round {committed[-1].number} (no "
             f"metric totals under DP: they would be outside epsilon, D36); popularity on the same {len(asked)} "
-            f"users: {base:.3f}")
+            f"users: {base:.3f}. Sampled (99 negatives): {hr_sampled:.3f}, popularity {base_sampled:.3f}")
 
 
 def _privacy_summary(console: Any, admin: Any) -> None:

@@ -104,24 +104,35 @@ class RestGetter(Protocol):
     def get(self, path: str, **params: Any) -> Any: ...
 
 
+def sampled_hit(ranked: Sequence[int], target: int, negatives: Iterable[int], k: int = TOP_K) -> bool:
+    """Whether `target` is among the first `k` of {target} + `negatives` in
+    the device's full ranking `ranked` (the protocol's sampled HR@10: the
+    held-out item against its 99 leak-free negatives)."""
+    candidates = {int(target), *(int(i) for i in negatives)}
+    in_order = [int(i) for i in ranked if int(i) in candidates]
+    return int(target) in in_order[:k]
+
+
 def device_top_k_val_hr(admin: RestGetter, x: Any, seed: int, users: np.ndarray, *, limit: int = 50
-                        ) -> tuple[float, np.ndarray]:
-    """Full-ranking validation HR@10 of the devices' own rankings (computed
-    on each device from its private state and the global model, fetched over
-    the admin REST API like any top-k), over the first `limit` of `users`
-    (dense indices) that hold a validation item: (HR@10, the users asked).
+                        ) -> tuple[float, float, np.ndarray]:
+    """Validation HR@10 of the devices' own rankings (computed on each
+    device from its private state and the global model, fetched over the
+    admin REST API like any top-k), over the first `limit` of `users` (dense
+    indices) that hold a validation item: (full-ranking HR@10, sampled
+    HR@10, the users asked).
 
     A device's "seen items" are its whole history, validation and test items
     included, so an answer that leaves them out can never hold the validation
     item. The demo's devices therefore let a caller ask for seen items
-    (`fedmask client --recommend-seen-items`), each is asked for its top
-    (training items + 10), and `validation_top` leaves out the training items
-    here. Under DP the rounds carry no metric totals (D36), so this is how
-    the demo shows the model's quality."""
+    (`fedmask client --recommend-seen-items`); each ranks the whole catalogue,
+    and here the training items are left out (`validation_top`, the full
+    ranking) or the validation item is ranked against its 99 negatives
+    (`sampled_hit`). Under DP the rounds carry no metric totals (D36), so
+    this is how the demo shows the model's quality."""
     from models.data.splits import leave_one_out
 
     split = leave_one_out(x, seed)
-    hits = 0
+    full = sampled = 0
     asked: list[int] = []
     for u in users:
         if len(asked) >= limit:
@@ -130,13 +141,15 @@ def device_top_k_val_hr(admin: RestGetter, x: Any, seed: int, users: np.ndarray,
         if target < 0:
             continue
         trained = split.train_items[split.train_indptr[u]:split.train_indptr[u + 1]]
-        k = min(int(split.n_items), len(trained) + TOP_K)
-        answer = admin.get(f"/v1/users/user-{u + 1}/recommendations", k=k, exclude_seen="false")
+        answer = admin.get(f"/v1/users/user-{u + 1}/recommendations", k=int(split.n_items), exclude_seen="false")
         if answer.get("seen_excluded"):
             raise RuntimeError(f"user-{u + 1}'s device left its seen items out: it cannot be evaluated")
-        hits += target in validation_top([int(item["item_index"]) for item in answer["items"]], trained)
+        ranked = [int(item["item_index"]) for item in answer["items"]]
+        full += target in validation_top(ranked, trained)
+        sampled += sampled_hit(ranked, target, split.val_negatives[u])
         asked.append(int(u))
-    return hits / max(len(asked), 1), np.array(asked, dtype=np.int64)
+    n = max(len(asked), 1)
+    return full / n, sampled / n, np.array(asked, dtype=np.int64)
 
 
 def popularity_val_hr(x: Any, seed: int, users: np.ndarray, *, full: bool = False) -> float:
