@@ -58,6 +58,8 @@ from wire.possession import SESSION_NONCE_BYTES
 from wire.round_task import seconds_to_duration
 
 COORDINATOR_VERSION = "0.1.0"
+#: ServerMessage kinds of a stream's urgent lane (ClientSession.outbox).
+_URGENT = frozenset({"welcome", "device_request"})
 DEFAULT_LOOKUP_INTERVAL_S = 1.0
 DEFAULT_MAX_LOOKUPS = 256
 
@@ -86,9 +88,11 @@ class ClientSession:
     proven: set[int] = field(default_factory=set)
     devices: set[int] = field(default_factory=set)  # accepted, owned by this stream
     available: set[int] = field(default_factory=set)  # subset of devices, selectable now
-    #: device requests (top-k) overtake a round's bulk messages, wire/lanes.py
+    #: device requests (top-k) overtake a round's bulk messages, wire/lanes.py. The Welcome
+    #: rides the urgent lane too: a request for a device may be queued as soon as `open`
+    #: has bound it, and must never reach the client before the Welcome (which it refuses).
     outbox: asyncio.Queue[session_pb2.ServerMessage | StreamEnd] = field(default_factory=lambda: LaneQueue(
-        lambda m: isinstance(m, session_pb2.ServerMessage) and m.WhichOneof("message") == "device_request"))
+        lambda m: isinstance(m, session_pb2.ServerMessage) and m.WhichOneof("message") in _URGENT))
     closed: bool = False
 
     def send(self, message: session_pb2.ServerMessage) -> None:

@@ -86,3 +86,30 @@ def test_admission_does_not_tell_another_client_that_a_device_is_revoked() -> No
         assert [r.reason for r in own.rejected] == [R.DEVICE_REJECTION_REASON_REVOKED]
 
     asyncio.run(main())
+
+
+def test_the_welcome_is_never_overtaken_by_a_device_request() -> None:
+    """A device request (top-k) may be queued for a device as soon as `open`
+    binds it, right after the Welcome; the urgent lane it rides must not put
+    it before the Welcome, which the client requires first (it ends the
+    session otherwise)."""
+    import asyncio
+
+    from coordinator.registry import ClientSession
+    from fedmask_proto.v1 import session_pb2
+
+    session = ClientSession(sid=1, client_name="c", client_id=None, peer="", supported_models=frozenset(),
+                            last_seen=0.0)
+    session.send(session_pb2.ServerMessage(round_task=session_pb2.RoundTask()))  # bulk, queued earlier
+    session.send(session_pb2.ServerMessage(welcome=session_pb2.Welcome()))
+    session.send(session_pb2.ServerMessage(device_request=session_pb2.DeviceRequest()))
+
+    async def drain() -> list[str]:
+        out = []
+        while not session.outbox.empty():
+            m = await session.outbox.get()
+            assert isinstance(m, session_pb2.ServerMessage)
+            out.append(str(m.WhichOneof("message")))
+        return out
+
+    assert asyncio.run(drain()) == ["welcome", "device_request", "round_task"]
