@@ -227,5 +227,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_rank(code: int) -> None:
+    """End a rank's process with `code` once its work is written: stdio
+    flushed, then `os._exit`, skipping the interpreter's teardown, where
+    torch's gloo threads can abort the process ("terminate called without
+    an active exception", seen under load) after a rank that succeeded."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_rank(main(sys.argv[1:]))

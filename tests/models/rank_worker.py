@@ -46,4 +46,6 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    from fedmask.commands.simulate_ranks import exit_rank
+
+    exit_rank(main(sys.argv[1]))
