@@ -13,7 +13,6 @@ threads.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -65,11 +64,12 @@ class RoundOutcomes:
         """Save aborted round `r` (`record`), with its privacy charge when its
         sum may have been learned (`interrupted_charge.abort_charge`, D94) in
         the same transaction; the epsilon spent then includes it."""
-        def charge() -> PrivacyEntry | None:
-            return abort_charge(self._ledger, r, self._store.privacy_ledger()) if self._ledger.enabled else None
+        def charge_and_save() -> PrivacyEntry | None:  # one worker-thread hop: price, then write
+            entry = abort_charge(self._ledger, r, self._store.privacy_ledger()) if self._ledger.enabled else None
+            self._store.abort_round(record, privacy_entry=entry)
+            return entry
 
-        entry = await asyncio.to_thread(charge)
-        await asyncio.to_thread(functools.partial(self._store.abort_round, record, privacy_entry=entry))
+        entry = await asyncio.to_thread(charge_and_save)
         if entry is not None:
             log_event("round_charged", logging.WARNING, round=r.number, epsilon=f"{entry.epsilon:.4g}",
                       cumulative_epsilon=f"{entry.cumulative_epsilon:.4g}",
