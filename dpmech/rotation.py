@@ -56,12 +56,17 @@ def fwht(x: npt.NDArray[np.float64] | I64) -> npt.NDArray[np.float64] | I64:
     if d < 1 or d & (d - 1):
         raise ValueError(f"the last axis must have a power-of-two length, got {d}")
     lead = x.shape[:-1]
-    y = x.reshape(-1, d)
+    y = np.array(x.reshape(-1, d), copy=True)
+    n = y.shape[0]
+    spare = np.empty(n * (d // 2), dtype=y.dtype)
     h = 1
-    while h < d:
-        pairs = y.reshape(y.shape[0], d // (2 * h), 2, h)
+    while h < d:  # butterflies in place (first, second) -> (first + second, first - second): the same sums
+        pairs = y.reshape(n, d // (2 * h), 2, h)
         first, second = pairs[:, :, 0, :], pairs[:, :, 1, :]
-        y = np.stack((first + second, first - second), axis=2).reshape(-1, d)
+        old_first = spare.reshape(n, d // (2 * h), h)
+        np.copyto(old_first, first)
+        first += second
+        np.subtract(old_first, second, out=second)
         h *= 2
     return y.reshape(*lead, d)
 

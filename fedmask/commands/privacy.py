@@ -16,7 +16,8 @@ import typer
 if TYPE_CHECKING:  # dpmech.plan imports dp_accounting (slow): only when the command runs
     from dpmech.plan import Noise, Plan
 
-privacy_app = typer.Typer(help="Differential privacy: plan the noise a deployment needs.", no_args_is_help=True)
+privacy_app = typer.Typer(help="Differential privacy: plan the noise a deployment needs; measure what it costs.",
+                          no_args_is_help=True)
 
 _EXAMPLE = """\b
 Example: 100,000 devices, cohorts of 1,000, 100 rounds, epsilon 8 at delta 1e-6:
@@ -26,7 +27,11 @@ Add --dropout 0.1 (10% of each group drops), --group-size 500 (groups, D87), --j
 
 
 def register(app: typer.Typer) -> None:
-    """Attach `fedmask privacy` to the root app."""
+    """Attach `fedmask privacy` (plan, frontier) to the root app."""
+    from fedmask.commands.frontier import EXAMPLE as frontier_example
+    from fedmask.commands.frontier import frontier_command
+
+    privacy_app.command("frontier", epilog=frontier_example)(frontier_command)
     app.add_typer(privacy_app, name="privacy")
 
 

@@ -51,6 +51,7 @@ from fedmask.commands.simulate_options import (
     SeedOption,
     StateDirOption,
     ThreadsOption,
+    UnmaskedSumOption,
     UsersOption,
 )
 
@@ -80,6 +81,7 @@ def simulate(
     dp_accountant: DpAccountantOption = "rdp",
     dp_mode: DpModeOption = "local",
     dp_mechanism: DpMechanismOption = "discrete-gaussian",
+    unmasked_sum: UnmaskedSumOption = False,
     device: DeviceOption = "cpu",
     explicit: ExplicitOption = False,
     eval_every: EvalEveryOption = 1,
@@ -134,7 +136,7 @@ def simulate(
             model=model, dataset=dataset, seed=seed, rounds=rounds, clients_per_round=clients_per_round,
             secagg=secagg, secagg_neighbors=_parse_neighbors(secagg_neighbors), secagg_clip=secagg_clip,
             secagg_group_size=group_size, dp_noise=dp_noise, dp_clip=dp_clip, dp_delta=dp_delta, dp_accountant=dp_accountant, dp_mode=dp_mode,
-            dp_mechanism=dp_mechanism, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
+            dp_mechanism=dp_mechanism, unmasked_sum=unmasked_sum, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
             data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
             checkpoint_every=checkpoint_every, checkpoint_dir=_str_or_none(checkpoint_dir),

@@ -136,6 +136,15 @@ DpClipOption = Annotated[
     ),
 ]
 DpDeltaOption = Annotated[float, typer.Option(help="delta of the reported (epsilon, delta).")]
+UnmaskedSumOption = Annotated[
+    bool,
+    typer.Option(
+        "--unmasked-sum",
+        help="With --dp-mode distributed: the sum the secure aggregation would release, computed mod 2^w without "
+        "its masks (they cancel exactly), each group's noise drawn at once (D95). For privacy-quality studies "
+        "that cannot afford the protocol; same epsilon. Not with --secagg.",
+    ),
+]
 DpMechanismOption = Annotated[
     str,
     typer.Option(

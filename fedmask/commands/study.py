@@ -36,7 +36,7 @@ def _names(text: str | None) -> list[str] | None:
     return None if text is None else [p.strip() for p in text.split(",") if p.strip()]
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
+def read_json_object(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -145,7 +145,7 @@ def _run_study(
                 threads=threads, data_dir=data_dir,
             )  # fmt: skip
             folder = out / "runs" / run.name / f"seed{seed}"
-            old = _read_json(folder / "results.json")
+            old = read_json_object(folder / "results.json")
             if old is not None and config_matches(
                 old, asdict(cfg), default_rounds(run.model, run.explicit),
                 model_config=build_model(
@@ -163,7 +163,7 @@ def _run_study(
             runs_done.setdefault(run.name, {})[seed] = json.loads((folder / "results.json").read_text())
         if ref_names:
             folder = out / "references" / f"seed{seed}"
-            old = _read_json(folder / "reference.json")
+            old = read_json_object(folder / "reference.json")
             if (
                 old is not None and old.get("dataset") == dataset and old.get("seed") == seed
                 and set(ref_names) <= {m.get("name") for m in old.get("models", [])}

@@ -154,7 +154,8 @@ def discrete_gaussian_mean(upd: torch.Tensor, *, config: SimulationConfig, secur
     if secure is not None and B >= 2:
         groups = secure.partition(B, round_idx)
     total, norms, rec["dp"], secured = discrete_gaussian_round(upd, dp=dp, groups=groups, seed=config.seed,
-                                                               round_idx=round_idx, secure=secure)
+                                                               round_idx=round_idx, secure=secure,
+                                                               one_draw_per_group=config.unmasked_sum)
     rec.update(secured)
     rec["update_norm_mean"] = float(norms.mean())
     rec["clipped_fraction"] = float((norms > dp.clip).float().mean())

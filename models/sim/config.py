@@ -35,6 +35,9 @@ class SimulationConfig:
     dp_mode: str = "local"  # local: every device adds N(0,(z tau)^2); distributed: N(0,(z tau)^2 / |its group|)
     #: discrete-gaussian (D88, models/sim/dp_mechanism.py) or gaussian-float (the float path; epsilon approximate)
     dp_mechanism: str = "discrete-gaussian"
+    #: --unmasked-sum (D95): distributed discrete-Gaussian noise summed mod 2^w without SecAgg's masks (which
+    #: cancel exactly), each group's noise one draw; for studies that cannot afford the protocol's cost
+    unmasked_sum: bool = False
     device: str = "cpu"
     explicit: bool = False
     eval_every: int = 1
@@ -66,9 +69,12 @@ class SimulationConfig:
         if self.dp_accountant not in _ACCOUNTANTS:
             raise ConfigError(f"--dp-accountant must be rdp or pld, not {self.dp_accountant!r}")
         self._check_mechanism()
-        if self.dp_mode == "distributed" and self.dp_noise is not None and not self.secagg:
+        if self.unmasked_sum:
+            self._check_unmasked_sum()
+        elif self.dp_mode == "distributed" and self.dp_noise is not None and not self.secagg:
             raise ConfigError(
                 "--dp-mode distributed splits the noise across the cohort: only the sum is private, so it needs --secagg"
+                " (or --unmasked-sum, its released sum without the masks' cost)"
             )
         if self.secagg_group_size is not None:
             if not self.secagg:
@@ -104,6 +110,15 @@ class SimulationConfig:
                 check_bound(self.plaintext_j_bound)
             except ValueError as e:
                 raise ConfigError(f"--plaintext-j-bound: {e}") from e
+
+    def _check_unmasked_sum(self) -> None:
+        """--unmasked-sum computes what the secure sum releases, without masks: only for distributed
+        discrete-Gaussian noise, and not beside --secagg (which would run the masks after all)."""
+        if self.secagg:
+            raise ConfigError("--unmasked-sum replaces --secagg's masked sum by the same sum unmasked: use one of them")
+        if self.dp_noise is None or self.dp_mode != "distributed" or self.dp_mechanism != "discrete-gaussian":
+            raise ConfigError("--unmasked-sum sums the devices' discrete-Gaussian shares: it needs --dp-noise, --dp-clip "
+                              "and --dp-mode distributed with --dp-mechanism discrete-gaussian")
 
     def _check_mechanism(self) -> None:
         """--dp-mechanism: a known name; the discrete Gaussian needs noise

@@ -179,3 +179,25 @@ def test_the_exact_sampler_uses_no_floating_point() -> None:
                 func = node.func
                 called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
                 assert called not in banned_calls, (name, node.lineno, called)
+
+
+def test_one_draw_for_a_group_is_the_law_of_its_shares_sum() -> None:
+    """`group_noise`'s shortcut (D95): from sigma^2 = 4 the sum of n shares and
+    one N_Z(0, n sigma^2) agree outcome by outcome to 1e-12 (exact laws: the
+    convolution of the pmfs against the pmf); at sigma^2 = 1/2 they do not,
+    which is why smaller shares are drawn one by one."""
+    from dpmech.divergence import sum_log_pmf
+
+    devices, radius = 5, 60
+    for sigma2, close in ((Fraction(4), True), (Fraction(1, 2), False)):
+        conv = np.exp(sum_log_pmf(sigma2, devices, radius))
+        one = discrete_gaussian_pmf(sigma2 * devices, devices * radius)
+        centre = slice(devices * radius - 20, devices * radius + 21)  # within ~4.5 sd of the sum
+        worst = float(np.max(np.abs(conv[centre] / one[centre] - 1)))
+        assert (worst < 1e-12) if close else (worst > 1e-3), (sigma2, worst)
+    # the draws follow the shares' sum law, and below the threshold they are the share-by-share draws
+    draws = fast_sampler.group_noise(np.random.default_rng(4), devices, 200_000, Fraction(4))
+    assert _p_value(draws, Fraction(4) * devices) > 1e-4
+    small = fast_sampler.group_noise(np.random.default_rng(6), 3, 1000, Fraction(1, 2))
+    assert np.array_equal(small, fast_sampler.sum_of_discrete_gaussians(np.random.default_rng(6), 3, 1000, Fraction(1, 2)))
+    assert not fast_sampler.group_noise(np.random.default_rng(6), 0, 7, Fraction(4)).any()
