@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -56,7 +57,7 @@ def fwht(x: npt.NDArray[np.float64] | I64) -> npt.NDArray[np.float64] | I64:
     if d < 1 or d & (d - 1):
         raise ValueError(f"the last axis must have a power-of-two length, got {d}")
     lead = x.shape[:-1]
-    y = np.array(x.reshape(-1, d), copy=True)
+    y: npt.NDArray[Any] = np.array(x.reshape(-1, d), copy=True)
     n = y.shape[0]
     spare = np.empty(n * (d // 2), dtype=y.dtype)
     h = 1
@@ -65,7 +66,7 @@ def fwht(x: npt.NDArray[np.float64] | I64) -> npt.NDArray[np.float64] | I64:
         first, second = pairs[:, :, 0, :], pairs[:, :, 1, :]
         old_first = spare.reshape(n, d // (2 * h), h)
         np.copyto(old_first, first)
-        first += second
+        np.add(first, second, out=first)
         np.subtract(old_first, second, out=second)
         h *= 2
     return y.reshape(*lead, d)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.sim.study import mean_sd
+from models.sim.study import mean_sd, mean_sd_cell
 
 #: the clip tau of every DP run (in FedRAP's sent unit; D18's validation-tuned value)
 DEFAULT_CLIP = 0.1
@@ -201,10 +201,7 @@ def _loss(value: float | None, baseline: float | None) -> float | None:
 
 
 def _cell(stat: Mapping[str, Any] | None) -> str:
-    if not stat or stat.get("mean") is None:
-        return "-"
-    sd = stat.get("sd")
-    return f"{stat['mean']:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
+    return mean_sd_cell(stat, "-")
 
 
 def markdown_table(frontier: Mapping[str, Any]) -> str:

@@ -165,9 +165,10 @@ def aggregate(
     }
 
 
-def _cell(stat: Mapping[str, Any] | None) -> str:
+def mean_sd_cell(stat: Mapping[str, Any] | None, missing: str = "") -> str:
+    """A table cell of a `mean_sd` result: 'mean ± sd' (3 decimals), the mean alone without sd, `missing` without mean."""
     if not stat or stat.get("mean") is None:
-        return ""
+        return missing
     sd = stat.get("sd")
     return f"{stat['mean']:.3f}" + (f" ± {sd:.3f}" if sd is not None else "")
 
@@ -182,7 +183,7 @@ def markdown_table(study: Mapping[str, Any]) -> str:
     head = f"{study['dataset']}, seeds {seeds}: mean ± sd over the seeds\n\n"
     lines = ["| model | kind | " + " | ".join(used) + " |", "|---|---|" + "---|" * len(used)]
     for name, kind, stats in rows:
-        lines.append(f"| {name} | {kind} | " + " | ".join(_cell(stats.get(c)) for c in used) + " |")
+        lines.append(f"| {name} | {kind} | " + " | ".join(mean_sd_cell(stats.get(c)) for c in used) + " |")
     return head + "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,109 @@
+"""`fedmask privacy frontier` (models/sim/frontier.py, fedmask/commands/frontier.py, D95).
+
+Oracles: the planner (`dpmech.plan`) for each epsilon's noise, recomputed
+here; the runs' own results.json for every figure the summary shows; the
+grid's rules written out by hand for a small spec."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dpmech.plan import PlanRequest, plan
+from models.sim import frontier as F
+
+
+def _results(val: float, test: float, full: float, eps: float | None) -> dict[str, Any]:
+    return {"best_val": {"hr@10": val}, "test": {"hr@10": test, "full_hr@10": full}, "epsilon": eps}
+
+
+def test_the_grid_tunes_on_one_seed_then_repeats_with_the_choice() -> None:
+    spec = F.FrontierSpec(dataset="d", population=100, update_dim=64, rounds=5, epsilons=(2.0, 8.0), seed=0,
+                          repeat_seeds=(1, 2), repeat_at=(8.0,), update_scales=(35.0, 70.0))
+    assert [r.folder for r in F.tuning_runs(spec)] == [
+        "no-dp/seed0", "eps2/us35/seed0", "eps2/us70/seed0", "eps8/us35/seed0", "eps8/us70/seed0"]
+    assert [r.folder for r in F.repeat_runs(spec, {2.0: 35.0, 8.0: 70.0})] == [
+        "no-dp/seed1", "eps8/us70/seed1", "no-dp/seed2", "eps8/us70/seed2"]
+    assert spec.run_delta == pytest.approx(100 ** -1.1)
+    # the choice reads validation only, ties go to the smaller scale
+    assert F.choose({35.0: _results(0.5, 0.9, 0.2, 8), 70.0: _results(0.6, 0.1, 0.1, 8)}) == 70.0
+    assert F.choose({35.0: _results(0.6, 0.1, 0.2, 8), 70.0: _results(0.6, 0.9, 0.1, 8)}) == 35.0
+    with pytest.raises(ValueError, match="validation"):
+        F.choose({35.0: {"test": {"hr@10": 0.5}}})
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"epsilons": (0.0,)}, "positive"), ({"epsilons": (2.0, 2.0)}, "repeats"), ({"update_scales": ()}, "update-scales"),
+    ({"repeat_at": (3.0,)}, "not among"), ({"repeat_seeds": (0,)}, "differ from --seed"), ({"delta": 1.0}, "delta"),
+    ({"clip": -1.0}, "clip"),
+])
+def test_bad_grids_are_refused_saying_why(kwargs: dict[str, Any], why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        F.FrontierSpec(dataset="d", population=100, update_dim=64, rounds=5, **kwargs)
+
+
+def test_each_epsilons_noise_is_the_planners_without_amplification() -> None:
+    spec = F.FrontierSpec(dataset="d", population=300, update_dim=1000, rounds=20)
+    for eps in (1.0, 8.0):
+        z = F.noise_for(spec, eps)
+        want = plan(PlanRequest(population=300, cohort=300, rounds=20, delta=300 ** -1.1, target_epsilon=eps, dim=1000,
+                                clip=0.1))
+        assert z == want.primary.noise_multiplier and want.primary.epsilon_total <= eps
+    assert F.noise_for(spec, 1.0) > F.noise_for(spec, 8.0)
+
+
+def test_the_summary_reads_the_runs_and_prices_the_loss_on_the_same_seeds(tmp_path: Path) -> None:
+    spec = F.FrontierSpec(dataset="d", population=100, update_dim=64, rounds=5, epsilons=(2.0, 8.0),
+                          repeat_seeds=(1,), repeat_at=(8.0,), update_scales=(35.0, 70.0))
+    R = F.FrontierRun
+    results = {R(None, None, 0): _results(0.7, 0.60, 0.20, None), R(None, None, 1): _results(0.7, 0.70, 0.22, None),
+               R(2.0, 35.0, 0): _results(0.3, 0.30, 0.05, 1.9), R(2.0, 70.0, 0): _results(0.2, 0.25, 0.04, 1.9),
+               R(8.0, 35.0, 0): _results(0.5, 0.50, 0.10, 7.9), R(8.0, 70.0, 0): _results(0.6, 0.55, 0.12, 7.9),
+               R(8.0, 70.0, 1): _results(0.6, 0.65, 0.14, 7.9)}
+    fr = F.summarise(spec, {2.0: 10.0, 8.0: 4.0}, {2.0: 35.0, 8.0: 70.0}, results)
+    two, eight = fr["rows"]
+    assert two["seeds"] == [0] and two["test_hr@10"]["mean"] == 0.30 and two["test_hr@10"]["sd"] is None
+    assert two["loss_test_hr@10"] == pytest.approx(1 - 0.30 / 0.60)  # against seed 0's baseline only
+    assert eight["seeds"] == [0, 1] and eight["test_hr@10"]["mean"] == pytest.approx(0.60)
+    assert eight["loss_test_hr@10"] == pytest.approx(1 - 0.60 / 0.65)  # both seeds' baselines
+    assert eight["candidates"] == {"35": 0.5, "70": 0.6} and eight["epsilon"]["mean"] == pytest.approx(7.9)
+    assert fr["baseline"]["test_hr@10"]["mean"] == pytest.approx(0.65) and fr["delta"] == spec.run_delta
+    table = F.markdown_table(fr)
+    assert "| 8 | 7.900 ± 0.000 | 4.00 | 70 | 0,1 |" in table and "7.7%" in table and "not counted" in table
+    png = F.plot_frontier([fr], tmp_path / "f.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert math.isnan(F.metrics_of({})["test_hr@10"])
+
+
+def test_the_command_runs_the_grid_resumes_and_refuses_bad_options(tmp_path: Path, command_app) -> None:
+    from fedmask.commands.privacy import register
+
+    app = command_app(register)
+    out = tmp_path / "fr"
+    args = ["privacy", "frontier", "--out", str(out), "--dataset", "synthetic", "--rounds", "2", "--epsilons", "4,16",
+            "--update-scales", "35,70", "--repeat-seeds", "1", "--repeat-at", "16", "--jobs", "2", "-q"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    fr = json.loads((out / "frontier.json").read_text())
+    chosen = {row["target_epsilon"]: row["update_scale"] for row in fr["rows"]}
+    for row in fr["rows"]:
+        res = json.loads((out / "runs" / f"eps{row['target_epsilon']:g}" / f"us{row['update_scale']:g}" / "seed0"
+                          / "results.json").read_text())
+        cfg = res["config"]
+        assert cfg["unmasked_sum"] and cfg["dp_mode"] == "distributed" and cfg["dp_noise"] == row["noise_multiplier"]
+        assert cfg["params"] == {"update_scale": chosen[row["target_epsilon"]]} and cfg["dp_delta"] == fr["delta"]
+        assert res["epsilon"] <= row["target_epsilon"] * 1.01  # the ledger's, about the target
+    assert fr["rows"][1]["seeds"] == [0, 1] and fr["baseline"]["seeds"] == [0, 1]
+    assert (out / "runs" / "no-dp" / "seed1" / "results.json").exists()
+    assert not (out / "runs" / "eps4" / f"us{chosen[4.0]:g}" / "seed1").exists()  # not a repeat epsilon
+    assert "| no DP |" in r.output and (out / "frontier.png").stat().st_size > 0
+    again = CliRunner().invoke(app, args[:-3] + ["-q"])  # one job: everything is reused
+    assert again.exit_code == 0 and again.output.count("reusing") == 7, again.output
+    assert json.loads((out / "frontier.json").read_text()) == fr
+    bad = CliRunner().invoke(app, ["privacy", "frontier", "--out", str(out), "--epsilons", "8", "--repeat-at", "4"])
+    assert bad.exit_code == 2 and "not among" in bad.output
