@@ -285,7 +285,9 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
         for c in clients:
             if not c.alive():
                 raise ProcessFailed(f"{c.name} exited with code {c.returncode}; log tail:\n{c.tail()}")
-        if time.monotonic() - store_read[0] >= 0.5:
+        # a replica that exited may have ended its last round since the store was last read: read it now
+        exited = [c for c in tier if not c.alive() and not (kill is not None and kill.killed(c))]
+        if exited or time.monotonic() - store_read[0] >= 0.5:
             store_read[0] = time.monotonic()
             for r in read_rounds(url):
                 if r.state.is_terminal and r.number not in seen:
@@ -296,10 +298,9 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
         last = last_counted()
         if last is not None:
             return last
-        for c in tier:  # after the store: the leader exits (code 0) right after its last round
-            if not c.alive() and not (kill is not None and kill.killed(c)):
-                raise ProcessFailed(f"{c.name} exited with code {c.returncode} after {len(seen)} round(s); "
-                                    f"log tail:\n{c.tail()}")
+        for c in exited:  # read after the store: the leader exits (code 0) right after its last round
+            raise ProcessFailed(f"{c.name} exited with code {c.returncode} after {len(seen)} round(s); "
+                                f"log tail:\n{c.tail()}")
         return None
 
     with contextlib.nullcontext() if kill is None else kill.watch(log):

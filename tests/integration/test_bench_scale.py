@@ -121,7 +121,7 @@ def test_the_bench_kills_the_leader_and_a_standby_takes_over(postgresql_server: 
     )
     r = run_scale_bench(cfg, log=lines.append)
     kill = r["kill"]
-    assert r["ok"] is True and r["exact"] is True, (r, lines)
+    assert r["ok"] is True and r["exact"] is True, (r.get("kill"), r["detail"], lines)
     assert kill["replica"] == "replica-0" and kill["new_leader"] == "replica-1", kill
     assert kill["takeover_ok"] and kill["takeover_s"] <= 3.0 + 5.0 and kill["version_history_ok"], kill
     assert r["leader"] == ["replica-0", "replica-1"] and r["rounds_committed"] == 3, r
