@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:  # the models package is imported lazily (the CLI's start-up time)
+    from models.data.types import Interactions
     from models.sim.config import SimulationConfig
     from models.sim.frontier import FrontierRun, FrontierSpec
 
@@ -110,7 +111,7 @@ def run_frontier(*, out: Path, dataset: str, rounds: int | None, spec_args: dict
     noise = {e: noise_for(spec, e) for e in spec.epsilons}
     log(f"frontier of {dataset}: {spec.population} devices, {spec.rounds} rounds, delta {spec.run_delta:.3g}; "
         + ", ".join(f"epsilon {e:g}: z {z:.2f}" for e, z in noise.items()))
-    runner = _Runner(out=out, dataset=dataset, spec=spec, noise=noise, threads=threads, jobs=jobs,
+    runner = _Runner(out=out, dataset=dataset, data=data, spec=spec, noise=noise, threads=threads, jobs=jobs,
                      data_dir=data_dir, quiet=quiet, log=log)
     runner.run_all(tuning_runs(spec))
     chosen = {e: choose({u: runner.done[FrontierRun(e, u, spec.seed)] for u in spec.update_scales})
@@ -129,9 +130,9 @@ class _Runner:
     """Runs a grid's simulate jobs into OUT/runs, reusing the finished ones that match; with jobs > 1 in
     that many worker processes (each run quiet, one line per run started and finished)."""
 
-    def __init__(self, *, out: Path, dataset: str, spec: FrontierSpec, noise: dict[float, float], threads: int,
-                 jobs: int, data_dir: str | None, quiet: bool, log: Callable[[str], None]) -> None:
-        self.out, self.dataset, self.spec, self.noise = out, dataset, spec, noise
+    def __init__(self, *, out: Path, dataset: str, data: Interactions, spec: FrontierSpec, noise: dict[float, float],
+                 threads: int, jobs: int, data_dir: str | None, quiet: bool, log: Callable[[str], None]) -> None:
+        self.out, self.dataset, self.data, self.spec, self.noise = out, dataset, data, spec, noise
         self.threads, self.jobs, self.data_dir, self.quiet, self.log = threads, jobs, data_dir, quiet, log
         self.done: dict[FrontierRun, dict[str, Any]] = {}
 
@@ -150,7 +151,6 @@ class _Runner:
     def _reused(self, run: FrontierRun) -> bool:
         """Whether OUT holds this run finished with the config asked for (then it is loaded)."""
         from fedmask.commands.study import read_json_object
-        from models.data.entry import load_interactions
         from models.registry import build_model
         from models.sim.study import config_matches
 
@@ -158,9 +158,9 @@ class _Runner:
         old = read_json_object(self.out / "runs" / run.folder / "results.json")
         if old is None:
             return False
-        data = load_interactions(self.dataset, self.data_dir, run.seed)
-        resolved = build_model("fedrap", explicit=False, n_users=data.n_users, n_items=data.n_items,
-                               item_features=data.item_features, overrides=cfg.params).config()
+        # the resolved hyperparameters depend on the overrides, not on the seed: the data loaded once will do
+        resolved = build_model("fedrap", explicit=False, n_users=self.data.n_users, n_items=self.data.n_items,
+                               item_features=self.data.item_features, overrides=cfg.params).config()
         if not config_matches(old, asdict(cfg), self.spec.rounds, model_config=resolved):
             return False
         self.done[run] = old
