@@ -113,7 +113,8 @@ def quantize(update: F64, config: MechanismConfig, rotation_seed: bytes, rng: np
     vectors (..., d'), each with squared norm <= config.bound_sq."""
     if update.shape[-1] != config.dim:
         raise ValueError(f"an update has {update.shape[-1]} coordinates, the mechanism expects {config.dim}")
-    z = rotate(clip_l2(np.asarray(update, dtype=np.float64), config.clip), rotation_seed) * config.scale
+    z = rotate(clip_l2(np.asarray(update, dtype=np.float64), config.clip), rotation_seed)
+    z *= config.scale
     return round_within_bound(z, config.bound_sq, rng, max_tries=10_000)
 
 

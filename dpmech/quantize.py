@@ -79,7 +79,10 @@ def squared_norms(v: I64) -> list[int]:
 def round_randomly(z: F64, rng: np.random.Generator) -> I64:
     """floor(z) + Bernoulli(z - floor(z)) for every coordinate (unbiased)."""
     low = np.floor(z)
-    return (low + (rng.random(z.shape) < (z - low))).astype(np.int64)
+    up = rng.random(z.shape) < (z - low)
+    rounded = low.astype(np.int64)
+    rounded += up
+    return rounded
 
 
 def round_within_bound(z: F64, bound_sq: int, rng: np.random.Generator, max_tries: int = MAX_TRIES) -> I64:

@@ -4,11 +4,15 @@ Layout of OUT (every finished run stays, so an interrupted frontier resumes):
 
     OUT/runs/no-dp/seed<S>/results.json              the baseline: the model's defaults, no DP
     OUT/runs/eps<E>/us<U>/seed<S>/results.json       one DP run: target epsilon E, update_scale U
+    OUT/runs/.../checkpoints/                        with --checkpoint-every: the unfinished run's
+                                                     checkpoints (D93), removed when it finishes
     OUT/frontier.json, OUT/frontier.md, OUT/frontier.png
 
 A finished run is reused when its recorded config equals the one the frontier
 would run (`models.sim.study.config_matches`: every setting and the resolved
-hyperparameters); anything else is run again.
+hyperparameters; how it was checkpointed does not count); anything else is
+run again. With --checkpoint-every K an interrupted run also resumes from its
+last checkpoint, and ends bit for bit as an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ def frontier_command(
     threads: Annotated[int, typer.Option(min=1, help="torch CPU threads of each run.")] = 1,
     jobs: Annotated[int, typer.Option(min=1, help="Runs side by side, each in its own process (quiet); "
                                       "jobs x threads should not exceed the free cores.")] = 1,
+    checkpoint_every: Annotated[int | None, typer.Option(
+        min=1, help="Checkpoint each run every K rounds, so that an interrupted run resumes there (long runs).",
+        show_default=False)] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="FEDMASK_DATA_DIR",
                                                   help="Folder holding the datasets (default: ./data).",
                                                   show_default=False)] = None,
@@ -86,7 +93,8 @@ def frontier_command(
             clip=clip, delta=delta)
         FrontierSpec(dataset=dataset, population=2, update_dim=1, rounds=1, **spec_args)  # the options, before data
         table = run_frontier(out=out, dataset=dataset, rounds=rounds, spec_args=spec_args, threads=threads,
-                             jobs=jobs, data_dir=None if data_dir is None else str(data_dir), quiet=quiet, log=err.print)
+                             jobs=jobs, data_dir=None if data_dir is None else str(data_dir), quiet=quiet,
+                             log=err.print, checkpoint_every=checkpoint_every)
     except ValueError as e:  # ConfigError and PlanError are ValueErrors
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
@@ -95,7 +103,8 @@ def frontier_command(
 
 
 def run_frontier(*, out: Path, dataset: str, rounds: int | None, spec_args: dict[str, Any], threads: int, jobs: int,
-                 data_dir: str | None, quiet: bool, log: Callable[[str], None]) -> str:
+                 data_dir: str | None, quiet: bool, log: Callable[[str], None],
+                 checkpoint_every: int | None = None) -> str:
     """Run (or reuse) every run of the grid, then write the summary; returns the markdown table."""
     from models.data.entry import load_interactions
     from models.registry import build_model, default_rounds
@@ -112,7 +121,7 @@ def run_frontier(*, out: Path, dataset: str, rounds: int | None, spec_args: dict
     log(f"frontier of {dataset}: {spec.population} devices, {spec.rounds} rounds, delta {spec.run_delta:.3g}; "
         + ", ".join(f"epsilon {e:g}: z {z:.2f}" for e, z in noise.items()))
     runner = _Runner(out=out, dataset=dataset, data=data, spec=spec, noise=noise, threads=threads, jobs=jobs,
-                     data_dir=data_dir, quiet=quiet, log=log)
+                     data_dir=data_dir, quiet=quiet, log=log, checkpoint_every=checkpoint_every)
     runner.run_all(tuning_runs(spec))
     chosen = {e: choose({u: runner.done[FrontierRun(e, u, spec.seed)] for u in spec.update_scales})
               for e in spec.epsilons}
@@ -131,9 +140,11 @@ class _Runner:
     that many worker processes (each run quiet, one line per run started and finished)."""
 
     def __init__(self, *, out: Path, dataset: str, data: Interactions, spec: FrontierSpec, noise: dict[float, float],
-                 threads: int, jobs: int, data_dir: str | None, quiet: bool, log: Callable[[str], None]) -> None:
+                 threads: int, jobs: int, data_dir: str | None, quiet: bool, log: Callable[[str], None],
+                 checkpoint_every: int | None = None) -> None:
         self.out, self.dataset, self.data, self.spec, self.noise = out, dataset, data, spec, noise
         self.threads, self.jobs, self.data_dir, self.quiet, self.log = threads, jobs, data_dir, quiet, log
+        self.checkpoint_every = checkpoint_every
         self.done: dict[FrontierRun, dict[str, Any]] = {}
 
     def config(self, run: FrontierRun) -> SimulationConfig:
@@ -146,7 +157,8 @@ class _Runner:
             data_dir=self.data_dir, dp_noise=self.noise[run.epsilon] if run.epsilon is not None else None,
             dp_clip=self.spec.clip if dp else None, dp_delta=self.spec.run_delta if dp else 1e-5,
             dp_mode="distributed" if dp else "local", unmasked_sum=dp,
-            params={"update_scale": run.update_scale} if dp else {})
+            params={"update_scale": run.update_scale} if dp else {}, checkpoint_every=self.checkpoint_every,
+            checkpoint_dir=None if self.checkpoint_every is None else str(self.out / "runs" / run.folder / "checkpoints"))
 
     def _reused(self, run: FrontierRun) -> bool:
         """Whether OUT holds this run finished with the config asked for (then it is loaded)."""
@@ -202,7 +214,9 @@ class _Runner:
 
 def simulate_into(config: dict[str, Any], folder: str, *, quiet: bool) -> float:
     """One `fedmask simulate` run from its config (a SimulationConfig as a dict) into `folder`; its seconds.
-    Top level, so that a worker process can run it."""
+    Its checkpoints, if any, are removed once its results are written. Top level, so that a worker
+    process can run it."""
+    import shutil
     import time
 
     from fedmask.commands.sim_progress import SimulationProgress
@@ -213,4 +227,6 @@ def simulate_into(config: dict[str, Any], folder: str, *, quiet: bool) -> float:
     with SimulationProgress(cfg.model, quiet=quiet) as events:
         res = simulate(cfg, events=events)
     write_results(res, Path(folder))
+    if cfg.checkpoint_dir is not None:
+        shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     return time.monotonic() - start

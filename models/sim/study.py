@@ -76,6 +76,11 @@ def study_runs(has_ratings: bool, models: Iterable[str] | None = None) -> list[S
     return runs
 
 
+#: config fields that say how a run was kept, not what it computes: a run resumed
+#: from its checkpoints ends bit for bit as an uninterrupted one (D93)
+RESUME_ONLY = frozenset({"checkpoint_every", "checkpoint_dir"})
+
+
 def _normal(x: Any) -> Any:
     """JSON's view of a value (tuples become lists), so configs compare as written."""
     return json.loads(json.dumps(x))
@@ -85,7 +90,7 @@ def config_matches(
     results: Mapping[str, Any], wanted: Mapping[str, Any], default_rounds: int, *, model_config: Mapping[str, Any]
 ) -> bool:
     """Whether a finished run (its results.json) is the run `wanted` (a SimulationConfig
-    as a dict) would make: every config field equal, rounds None meaning `default_rounds`,
+    as a dict) would make: every config field equal but RESUME_ONLY's, rounds None meaning `default_rounds`,
     and the resolved hyperparameters (`model_config`, what the model the current code
     builds reports) equal to the run's, so that a change of a model's defaults is re-run."""
     have = results.get("config")
@@ -97,7 +102,7 @@ def config_matches(
     if want.get("rounds") is None:
         want["rounds"] = default_rounds
     have = _normal(dict(have))
-    return set(have) == set(want) and all(have[k] == want[k] for k in want)
+    return set(have) == set(want) and all(have[k] == want[k] for k in want if k not in RESUME_ONLY)
 
 
 def _metric(block: Mapping[str, Any], path: tuple[str, str]) -> float:

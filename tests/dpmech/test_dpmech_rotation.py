@@ -25,6 +25,31 @@ def test_the_fast_transform_is_the_hadamard_matrix(d: int) -> None:
     np.testing.assert_allclose(fwht(xf), xf @ hadamard(d).T, atol=1e-9)
 
 
+def _stage_by_stage(x: np.ndarray) -> np.ndarray:
+    """The textbook transform: stage h = 1, 2, ..., d/2 over the whole row."""
+    y = x.copy()
+    d, h = y.shape[-1], 1
+    while h < d:
+        pairs = y.reshape(*y.shape[:-1], d // (2 * h), 2, h)
+        a, b = pairs[..., 0, :].copy(), pairs[..., 1, :].copy()
+        pairs[..., 0, :], pairs[..., 1, :] = a + b, a - b
+        h *= 2
+    return y
+
+
+@pytest.mark.parametrize("d", [4096, 8192, 1 << 15])
+def test_long_rows_take_the_matrix_path_with_the_same_sums_bit_for_bit(d: int) -> None:
+    """From d' = 4096 a row is transformed as a matrix, transposed in
+    between: the same butterflies in the same order, so float results equal
+    the textbook order's bit for bit, and integers the Hadamard matrix's."""
+    rng = np.random.default_rng(d)
+    xf = rng.normal(size=(3, d))
+    assert np.array_equal(fwht(xf), _stage_by_stage(xf))
+    if d == 4096:
+        x = rng.integers(-1000, 1000, size=(2, d), dtype=np.int64)
+        assert np.array_equal(fwht(x), x @ hadamard(d).T)
+
+
 def test_rotation_keeps_norms_and_unrotation_inverts_it() -> None:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4, 1000))

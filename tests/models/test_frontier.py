@@ -107,3 +107,46 @@ def test_the_command_runs_the_grid_resumes_and_refuses_bad_options(tmp_path: Pat
     assert json.loads((out / "frontier.json").read_text()) == fr
     bad = CliRunner().invoke(app, ["privacy", "frontier", "--out", str(out), "--epsilons", "8", "--repeat-at", "4"])
     assert bad.exit_code == 2 and "not among" in bad.output
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(
+        tmp_path: Path, command_app, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--checkpoint-every K: a run killed after its last checkpoint resumes
+    there and ends with the figures of a run never interrupted; its
+    checkpoints go once it is done, and a later frontier without the option
+    still reuses it (how a run was kept is not what it computed)."""
+    import models.sim.engine as engine
+    from fedmask.commands.privacy import register
+
+    app = command_app(register)
+    common = ["privacy", "frontier", "--dataset", "synthetic", "--rounds", "3", "--epsilons", "8",
+              "--update-scales", "35", "-q"]
+    plain = CliRunner().invoke(app, common + ["--out", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    real_write = engine.write_results
+
+    class Killed(Exception):
+        pass
+
+    def killed(res: Any, folder: Path) -> None:
+        if "eps8" in folder.parts:
+            raise Killed  # the DP run dies after its last round, before its results are written
+        real_write(res, folder)
+
+    monkeypatch.setattr(engine, "write_results", killed)
+    out = tmp_path / "kept"
+    args = common + ["--out", str(out), "--checkpoint-every", "1"]
+    with pytest.raises(Killed):
+        CliRunner().invoke(app, args, catch_exceptions=False)
+    kept = out / "runs" / "eps8" / "us35" / "seed0" / "checkpoints"
+    assert sorted(p.name for p in kept.iterdir() if (p / "COMPLETE").exists()) == ["round-0", "round-1"]
+    assert not (out / "runs" / "eps8" / "us35" / "seed0" / "results.json").exists()
+    monkeypatch.setattr(engine, "write_results", real_write)
+    resumed = CliRunner().invoke(app, args)
+    assert resumed.exit_code == 0, resumed.output
+    assert not kept.exists()
+    for run in ("eps8/us35/seed0", "no-dp/seed0"):
+        a, b = (json.loads((tmp_path / name / "runs" / run / "results.json").read_text()) for name in ("plain", "kept"))
+        assert a["test"] == b["test"] and a["best_val"] == b["best_val"] and a.get("epsilon") == b.get("epsilon")
+    again = CliRunner().invoke(app, common + ["--out", str(out)])
+    assert again.exit_code == 0 and again.output.count("reusing") == 2, again.output
