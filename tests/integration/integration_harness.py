@@ -316,11 +316,12 @@ def check_exact_aggregate(record, state_dirs: Sequence[Path], extra: Mapping[int
     return counted
 
 
-def check_version_history(url: str, state_dirs: Sequence[Path]) -> list:
+def check_version_history(url: str, state_dirs: Sequence[Path], *, skips: bool = True) -> list:
     """Across failovers: the versions step 0, 1, 2, ... once each (no gap,
     no duplicate); each committed round made exactly one version, on top of
     the last one (following a skip past a version a dead leader spent,
-    D94); every committed aggregate exact. Returns the committed rounds."""
+    D94; with skips=False there must be none); every committed aggregate
+    exact. Returns the committed rounds."""
     store = open_store_readonly(url)
     try:
         versions = sorted(store.list_model_versions(limit=1000).items, key=lambda v: v.id)
@@ -329,6 +330,7 @@ def check_version_history(url: str, state_dirs: Sequence[Path]) -> list:
     steps = [v.hyperparameters["step"] for v in versions]
     assert steps == list(range(len(versions))), f"a gap or a duplicate in the version history: {steps}"
     skip_of = {v.id: v.hyperparameters.get("skip_of") for v in versions}
+    assert skips or not any(skip_of.values()), f"a skipped version: {skip_of}"
     committed = [r for r in all_rounds(url) if r.state.value == "committed"]
     previous = versions[0].id
     for r in committed:
@@ -340,6 +342,7 @@ def check_version_history(url: str, state_dirs: Sequence[Path]) -> list:
         assert len(made) == 1, f"round {r.number} made {len(made)} versions"
         previous = made[0]
         check_exact_aggregate(r, state_dirs)
+    assert skips or len(versions) == len(committed) + 1, "a version no committed round made"
     return committed
 
 
