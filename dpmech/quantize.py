@@ -93,7 +93,16 @@ def round_within_bound(z: F64, bound_sq: int, rng: np.random.Generator, max_trie
         raise ValueError("a scaled coordinate is not finite or leaves int64")
     rows = z.reshape(-1, z.shape[-1])
     out = round_randomly(rows, rng)
-    pending = [i for i, s in enumerate(squared_norms(out)) if s > bound_sq]
+    return redraw_above_bound(rows, out, squared_norms(out), bound_sq, rng, max_tries).reshape(z.shape)
+
+
+def redraw_above_bound(rows: F64, out: I64, squares: list[int], bound_sq: int, rng: np.random.Generator,
+                       max_tries: int = MAX_TRIES) -> I64:
+    """The tries after the first: `out` (n, d'), the first rounding of
+    `rows`, with its rows' squared norms `squares`; every row above bound_sq
+    is rounded again (the pending rows together, in order) until none is.
+    Returns `out`, changed in place."""
+    pending = [i for i, s in enumerate(squares) if s > bound_sq]
     tries = 1
     while pending:
         if tries >= max_tries:
@@ -106,4 +115,4 @@ def round_within_bound(z: F64, bound_sq: int, rng: np.random.Generator, max_trie
                 out[i] = row
         pending = [i for i, ok in zip(pending, fine) if not ok]
         tries += 1
-    return out.reshape(z.shape)
+    return out

@@ -53,7 +53,8 @@ import torch
 from dpmech import fast_sampler
 from dpmech import field as modular
 from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
-from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho, quantize
+from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho
+from models.sim.fast_quantize import quantize_rows
 
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
@@ -149,7 +150,7 @@ def discrete_gaussian_round(
         norms[start:start + len(x)] = np.linalg.norm(x, axis=1)
         clipped_sum += (x * np.minimum(1.0, dp.clip / np.maximum(norms[start:start + len(x)], 1e-300))[:, None]
                         ).sum(axis=0)
-        rows = quantize(x, mech, key, rng)
+        rows = quantize_rows(x, mech, key, rng)  # dpmech's quantize, compiled where numba is (bit for bit)
         if one_draw_per_group:
             total = modular.wrap(total + rows.sum(axis=0), mech.bits)
             continue

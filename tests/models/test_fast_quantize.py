@@ -1,0 +1,73 @@
+"""The simulator's compiled steps 1-4 (models/sim/fast_quantize.py) against
+`dpmech.mechanism.quantize`, the oracle: the same integers bit for bit and
+the generator left in the same state, for rows clipped and not, padded and
+not, long enough for the blocked transform, and with retries under a tight
+norm bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from dpmech.calibrate import calibrate
+from dpmech.mechanism import quantize
+from models.sim import fast_quantize
+
+pytestmark = pytest.mark.skipif(not fast_quantize.available(),
+                                reason="numba is not installed (the `fast` extra; the dev extra has it)")
+
+
+@pytest.mark.parametrize("dim,rows", [(1, 3), (5, 4), (1000, 6), (4096, 3), (53_824, 2), (70_000, 2)])
+def test_the_compiled_path_is_dpmechs_bit_for_bit(dim: int, rows: int) -> None:
+    rng = np.random.default_rng(dim)
+    x = rng.normal(size=(rows, dim)) * 0.05
+    x[0] *= 1000  # clipped
+    cfg = calibrate(dim=dim, clip=0.1, noise_multiplier=1.0, devices=50, shares=50, bits=32)
+    a, b = np.random.default_rng(9), np.random.default_rng(9)
+    want = quantize(x, cfg, b"seed/3", a)
+    got = fast_quantize.quantize_rows(x, cfg, b"seed/3", b)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+    assert a.random() == b.random()  # the same draws were taken
+
+
+def test_retries_under_a_tight_bound_draw_as_dpmech_does() -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(16, 300))
+    cfg = calibrate(dim=300, clip=1.0, noise_multiplier=1.0, devices=16, shares=16, bits=32)
+    tight = dataclasses.replace(cfg, beta=0.97)  # a tight bound: about 1 in 30 tries passes
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    want = quantize(x, tight, b"k", a)
+    assert np.array_equal(fast_quantize.quantize_rows(x, tight, b"k", b), want)
+    assert a.random() == b.random()
+
+
+def test_bad_input_fails_as_dpmech_does() -> None:
+    cfg = calibrate(dim=8, clip=1.0, noise_multiplier=1.0, devices=4, shares=4, bits=32)
+    bad = np.ones((2, 8))
+    bad[1, 3] = np.nan
+    for compiled in (True, False):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            fast_quantize.quantize_rows(bad, cfg, b"k", np.random.default_rng(0), compiled=compiled)
+    with pytest.raises(ValueError, match="rows of length 8"):
+        fast_quantize.quantize_rows(np.ones((2, 9)), cfg, b"k", np.random.default_rng(0))
+
+
+def test_rows_out_of_the_compiled_range_are_rounded_by_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled rounding gives up on a coordinate at 2^62 or a square
+    that could overflow int64 (checked here on the plain Python loop), and
+    numpy's rounding of the same draws takes over, still dpmech's result."""
+    z = np.array([[1.5, 2.0 ** 62]])
+    assert not fast_quantize._round_rows(z, np.zeros_like(z), np.empty((1, 2), np.int64), np.empty(1, np.int64), 10)
+    assert not fast_quantize._round_rows(np.array([[11.0, 0.0]]), np.zeros((1, 2)), np.empty((1, 2), np.int64),
+                                         np.empty(1, np.int64), 10)
+    assert fast_quantize._KERNELS is not None
+    transform, _ = fast_quantize._KERNELS
+    monkeypatch.setattr(fast_quantize, "_KERNELS", (transform, lambda *args: False))
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 700))
+    cfg = calibrate(dim=700, clip=0.5, noise_multiplier=1.0, devices=5, shares=5, bits=32)
+    a, b = np.random.default_rng(2), np.random.default_rng(2)
+    assert np.array_equal(fast_quantize.quantize_rows(x, cfg, b"k", b), quantize(x, cfg, b"k", a))
+    assert a.random() == b.random()
