@@ -158,6 +158,20 @@ class FederatedRecommender(ABC):
 
     # ------------------------------------------------------------ optional, with defaults
 
+    def gathered_tables(self) -> tuple[str, ...]:
+        """Private tables with an item axis, (B, m, ...), that `score` reads
+        only at the scored items: an evaluator may gather them there itself
+        and call `score_gathered` (the simulator does: a device's whole table
+        is m rows, a validation list 101). None by default."""
+        return ()
+
+    def score_gathered(
+        self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        """`score`, with each table of `gathered_tables()` already taken at
+        `items` (B, K, ...): the same scores, bit for bit."""
+        raise NotImplementedError(f"{type(self).__name__} gathers no table")
+
     #: The attributes holding the hyperparameters recorded with a run's results, in that order.
     config_keys: ClassVar[tuple[str, ...]] = ()
 

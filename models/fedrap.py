@@ -522,12 +522,23 @@ class FedRAP(FederatedRecommender):
     def score(
         self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
     ) -> torch.Tensor:
-        nb = items.shape[0]
+        if not self.has_d:
+            return self.score_gathered(global_, private, users, items)
+        rows = torch.arange(items.shape[0], device=items.device).unsqueeze(1)
+        return self.score_gathered(global_, {**private, "D": private["D"][rows, items]}, users, items)
+
+    def gathered_tables(self) -> tuple[str, ...]:
+        return ("D",) if self.has_d else ()
+
+    def score_gathered(
+        self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
+    ) -> torch.Tensor:
+        """`score` with D_i already taken at the items: private["D"] is (B, K, k)."""
         e = None
         if self.has_c:
             e = global_["C"][items]  # (B, K, k)
         if self.has_d:
-            d = private["D"][torch.arange(nb, device=items.device).unsqueeze(1), items]
+            d = private["D"]
             e = d if e is None else e + d
         assert e is not None
         out = torch.einsum("bkd,bd->bk", e, private["u"]) + private["b"].unsqueeze(1)

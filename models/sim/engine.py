@@ -373,8 +373,15 @@ def _evaluate(
     def take(rows: torch.Tensor) -> PrivateState:
         return tables.take(rows, which)
 
+    gathered = s.model.gathered_tables()
+
+    def score_rows(rows: torch.Tensor, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """Scores from the item tables' rows at `items` only (the same scores as `take`'s whole rows)."""
+        return s.model.score_gathered(global_, tables.take_items(rows, items, gathered, which), users, items)
+
     return evaluate_state(s.model, global_, take, s.split, stage, full=full, placebo=stage == "test", device=device,
-                          population=population, reduce=reduce)  # fmt: skip
+                          population=population, score_rows=score_rows if gathered else None,
+                          reduce=reduce)  # fmt: skip
 
 
 def _summary(s: _Setup, global_: GlobalState, table: PrivateState) -> dict[str, float]:

@@ -160,6 +160,20 @@ class PrivateTables:
             self._release(idx)
         return out
 
+    def take_items(self, rows: torch.Tensor, items: torch.Tensor, tables: tuple[str, ...],
+                   which: Which = "current") -> PrivateState:
+        """Rows `rows` (B,) of the current or kept best state, the tables named
+        in `tables` (an item axis second) taken only at `items` (B, K): (B, K,
+        ...) each, the others whole rows. What a scorer reads, without copying
+        m rows a device (models.base.FederatedRecommender.gathered_tables)."""
+        idx = self.current if which == "current" or self.best is None else self.best
+        buf = self._buffer(idx)
+        at = rows.to(items.device).unsqueeze(1)
+        out = {k: v[at.to(v.device), items.to(v.device)] if k in tables else v.index_select(0, rows.to(v.device))
+               for k, v in buf.items()}
+        self._release(idx)
+        return out
+
     def _step(self, buf: PrivateState) -> int:
         """Rows per step of a disk access: about IO_STEP_BYTES of mapped pages."""
         row = sum(v[0].numel() * v.element_size() for v in buf.values()) if self.n_rows else 1

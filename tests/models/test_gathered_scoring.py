@@ -1,0 +1,49 @@
+"""Scoring from the item tables' rows at the scored items only
+(`FederatedRecommender.gathered_tables`, `PrivateTables.take_items`, used
+by the simulator's evaluation): the same scores bit for bit as `score` on
+whole rows, for FedRAP's variants, from tables in RAM and on disk. Oracle:
+`score` itself on `take`'s whole rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.fedrap import FedRAP
+from models.registry import build_model
+from models.sim.private_tables import PrivateTables
+
+
+@pytest.mark.parametrize("params", [{}, {"variant": "c_only"}, {"variant": "d_only"}, {"item_bias": True}])
+@pytest.mark.parametrize("disk", [False, True])
+def test_scores_from_gathered_rows_equal_scores_from_whole_rows(params: dict, disk: bool, tmp_path: Path) -> None:
+    n_users, m = 12, 40
+    model = build_model("fedrap", explicit=False, n_users=n_users, n_items=m, overrides=params)
+    assert isinstance(model, FedRAP)
+    k = model.k
+    gen = torch.Generator().manual_seed(0)
+    global_ = {k: v + torch.randn(v.shape, generator=gen) for k, v in model.init_global(gen).items()}
+    state = {"u": torch.randn(n_users, k, generator=gen), "b": torch.randn(n_users, generator=gen)}
+    if model.gathered_tables():
+        state["D"] = torch.randn(n_users, m, k, generator=gen)
+    if disk:
+        tables = PrivateTables.on_disk({k: v[:1] for k, v in state.items()}, n_users, tmp_path)
+        tables.put(None, state)
+    else:
+        tables = PrivateTables.in_memory(state, n_users)
+    rows = torch.tensor([3, 0, 7, 11])
+    items = torch.randint(0, m, (4, 9), generator=gen)
+    want = model.score(global_, tables.take(rows), rows, items)
+    got = model.score_gathered(global_, tables.take_items(rows, items, model.gathered_tables()), rows, items)
+    assert torch.equal(got, want)
+    assert model.gathered_tables() == (() if params.get("variant") == "c_only" else ("D",))
+
+
+def test_a_model_without_item_tables_gathers_nothing() -> None:
+    assert build_model("fedmf", explicit=False, n_users=3, n_items=5).gathered_tables() == ()  # FedRAP without D
+    model = build_model("pfedrec", explicit=False, n_users=3, n_items=5)
+    assert model.gathered_tables() == ()
+    with pytest.raises(NotImplementedError):
+        model.score_gathered({}, {}, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))
