@@ -90,7 +90,7 @@ def fwht(x: npt.NDArray[np.float64] | I64) -> npt.NDArray[np.float64] | I64:
     if d < _SPLIT_FROM:
         _butterflies(y.reshape(y.shape[0], d, 1), spare)
         return y.reshape(*lead, d)
-    low = 1 << ((d.bit_length() - 1 + 1) // 2)
+    low = 1 << (d.bit_length() // 2)  # 2^ceil(p/2) for d' = 2^p
     flipped = np.empty((1, low, d // low), dtype=y.dtype)
     for row in y:
         matrix = row.reshape(1, d // low, low)

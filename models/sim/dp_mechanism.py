@@ -150,7 +150,7 @@ def discrete_gaussian_round(
         norms[start:start + len(x)] = np.linalg.norm(x, axis=1)
         clipped_sum += (x * np.minimum(1.0, dp.clip / np.maximum(norms[start:start + len(x)], 1e-300))[:, None]
                         ).sum(axis=0)
-        rows = quantize_rows(x, mech, key, rng)  # dpmech's quantize, compiled where numba is (bit for bit)
+        rows = quantize_rows(x, mech, key, rng, norms=norms[start:start + len(x)])  # dpmech's, bit for bit
         if one_draw_per_group:
             total = modular.wrap(total + rows.sum(axis=0), mech.bits)
             continue

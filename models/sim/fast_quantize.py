@@ -120,10 +120,12 @@ def available() -> bool:
 
 
 def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rng: np.random.Generator, *,
-                  compiled: bool | None = None) -> I64:
+                  compiled: bool | None = None, norms: F64 | None = None) -> I64:
     """`dpmech.mechanism.quantize(update, config, rotation_seed, rng)` for a
     chunk of rows (n, dim), bit for bit, drawing the same numbers from rng.
-    `compiled` None: the compiled path where numba is installed; False: numpy."""
+    `compiled` None: the compiled path where numba is installed; False: numpy.
+    `norms`: the rows' L2 norms as `np.linalg.norm(update, axis=1)` gives
+    them, when the caller has them already (else computed here)."""
     kernels = _KERNELS if compiled is not False else None
     if kernels is None:
         if compiled:
@@ -135,8 +137,9 @@ def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rn
         raise ValueError(f"expected rows of length {config.dim}, got shape {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("the update has a NaN or infinite coordinate")
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    factor = np.minimum(1.0, config.clip / np.maximum(norms, np.finfo(np.float64).tiny))[:, 0]
+    if norms is None:
+        norms = np.linalg.norm(x, axis=1)
+    factor = np.minimum(1.0, config.clip / np.maximum(norms, np.finfo(np.float64).tiny))
     signs = rotation_signs(rotation_seed, config.padded_dim).astype(np.float64)
     z = np.empty((x.shape[0], config.padded_dim), dtype=np.float64)
     transform_rows(x, np.ascontiguousarray(factor), signs, math.sqrt(config.padded_dim), float(config.scale), z)

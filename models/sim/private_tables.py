@@ -137,6 +137,10 @@ class PrivateTables:
             raise RuntimeError("private tables: buffer not allocated")
         return buf
 
+    def _index(self, which: Which) -> int:
+        """The buffer holding the current or kept best state."""
+        return self.current if which == "current" or self.best is None else self.best
+
     def _release(self, idx: int) -> None:
         d = self._disk[idx]
         if d is not None:
@@ -144,7 +148,7 @@ class PrivateTables:
 
     def take(self, rows: torch.Tensor | None, which: Which = "current") -> PrivateState:
         """Rows `rows` (None: all, by reference in RAM) of the current or kept best state."""
-        idx = self.current if which == "current" or self.best is None else self.best
+        idx = self._index(which)
         buf = self._buffer(idx)
         if rows is None:
             if self._folder is None:
@@ -166,11 +170,10 @@ class PrivateTables:
         in `tables` (an item axis second) taken only at `items` (B, K): (B, K,
         ...) each, the others whole rows. What a scorer reads, without copying
         m rows a device (models.base.FederatedRecommender.gathered_tables)."""
-        idx = self.current if which == "current" or self.best is None else self.best
+        idx = self._index(which)
         buf = self._buffer(idx)
-        at = rows.to(items.device).unsqueeze(1)
-        out = {k: v[at.to(v.device), items.to(v.device)] if k in tables else v.index_select(0, rows.to(v.device))
-               for k, v in buf.items()}
+        out = {k: v[rows.to(v.device).unsqueeze(1), items.to(v.device)] if k in tables
+               else v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
         self._release(idx)
         return out
 
@@ -182,7 +185,7 @@ class PrivateTables:
     def table(self, which: Which = "current") -> PrivateState:
         """The whole tables by reference (for models' summaries). On disk, call
         `release()` after reading them."""
-        return self._buffer(self.current if which == "current" or self.best is None else self.best)
+        return self._buffer(self._index(which))
 
     def release(self) -> None:
         for i in (0, 1):

@@ -30,6 +30,8 @@ def test_the_compiled_path_is_dpmechs_bit_for_bit(dim: int, rows: int) -> None:
     got = fast_quantize.quantize_rows(x, cfg, b"seed/3", b)
     assert got.dtype == np.int64 and np.array_equal(got, want)
     assert a.random() == b.random()  # the same draws were taken
+    given = fast_quantize.quantize_rows(x, cfg, b"seed/3", np.random.default_rng(9), norms=np.linalg.norm(x, axis=1))
+    assert np.array_equal(given, want)  # the caller's norms (the simulator has them) change nothing
 
 
 def test_retries_under_a_tight_bound_draw_as_dpmech_does() -> None:
