@@ -4,7 +4,8 @@ first, then the plain mean, the in-process SecAgg(+) sum, or FedMMF's hybrid
 round (D64); a chunked plain round keeps only a running sum. Under the
 discrete Gaussian (D88) the round is `models.sim.dp_mechanism`'s: the
 mechanism's own encoding, noise and decoding, through SecAgg(+) with
---secagg."""
+--secagg; without a secure sum the updates are fed to it as the chunks
+train (`dp_stream`), so the cohort's (B, D) table is never held."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from models.registry import ConfigError
 from models.sim.config import SimulationConfig
 
 if TYPE_CHECKING:
+    from models.sim.dp_mechanism import DiscreteGaussianSum
     from secagg.config import Neighbors, SecAggConfig
 
 
@@ -140,26 +142,49 @@ class SecureAggregator:
         return out.sum
 
 
-def discrete_gaussian_mean(upd: torch.Tensor, *, config: SimulationConfig, secure: SecureAggregator | None,
-                           round_idx: int, rec: dict[str, Any]) -> torch.Tensor:
-    """The mean the server applies under the discrete Gaussian
-    (`models.sim.dp_mechanism`): the devices' shares calibrated to the
-    secure sum's groups, the decoded sum over the cohort's size."""
-    from models.sim.dp_mechanism import discrete_gaussian_round
+def streams_dp(config: SimulationConfig) -> bool:
+    """Whether a round's updates go to the discrete-Gaussian sum as they are
+    trained (`dp_stream`), not kept as the cohort's table: DP under the
+    discrete Gaussian without a secure sum or a hybrid round (those take
+    every update at once)."""
+    dp = config.dp
+    return (dp is not None and dp.mechanism == "discrete-gaussian" and not config.secagg
+            and config.plaintext_j_bound is None)
 
+
+def dp_stream(config: SimulationConfig, secure: SecureAggregator | None, devices: int, dim: int,
+              round_idx: int) -> DiscreteGaussianSum:
+    """The round's discrete-Gaussian sum (`models.sim.dp_mechanism`), to be
+    fed the cohort's updates: the devices' shares calibrated to the secure
+    sum's groups (one group without a secure sum)."""
+    from models.sim.dp_mechanism import DiscreteGaussianSum
+
+    assert config.dp is not None
+    groups: tuple[tuple[int, ...], ...] = (tuple(range(devices)),)
+    if secure is not None and devices >= 2:
+        groups = secure.partition(devices, round_idx)
+    return DiscreteGaussianSum(devices, dim, dp=config.dp, groups=groups, seed=config.seed, round_idx=round_idx,
+                               secure=secure, one_draw_per_group=config.unmasked_sum)
+
+
+def discrete_gaussian_mean(upd: torch.Tensor | DiscreteGaussianSum, *, config: SimulationConfig,
+                           secure: SecureAggregator | None, round_idx: int, rec: dict[str, Any]) -> torch.Tensor:
+    """The mean the server applies under the discrete Gaussian: the decoded
+    sum over the cohort's size, from the (B, D) updates or a `dp_stream`
+    already fed every device's update (a round trained in chunks)."""
     dp = config.dp
     assert dp is not None
-    B = upd.shape[0]
-    groups: tuple[tuple[int, ...], ...] = (tuple(range(B)),)
-    if secure is not None and B >= 2:
-        groups = secure.partition(B, round_idx)
-    total, norms, rec["dp"], secured = discrete_gaussian_round(upd, dp=dp, groups=groups, seed=config.seed,
-                                                               round_idx=round_idx, secure=secure,
-                                                               one_draw_per_group=config.unmasked_sum)
+    if isinstance(upd, torch.Tensor):
+        stream = dp_stream(config, secure, int(upd.shape[0]), int(upd.shape[1]), round_idx)
+        stream.add(upd)
+    else:
+        stream = upd
+    total, norms64, rec["dp"], secured = stream.finish()
     rec.update(secured)
+    norms = norms64.to(torch.float32)
     rec["update_norm_mean"] = float(norms.mean())
     rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
-    return total / B
+    return total.to(device=stream.device, dtype=torch.float32) / stream.devices
 
 
 class RunningSum:

@@ -92,6 +92,17 @@ def row_chunk(padded_dim: int) -> int:
     return max(1, min(ROW_CHUNK, CHUNK_COORDINATES // padded_dim))
 
 
+def stream_bytes(dim: int) -> int:
+    """What a `DiscreteGaussianSum` of D = `dim` holds besides the updates fed
+    to it: its buffer of rows and their clipped sum (float64), the total
+    (int64 over the padded length), and a buffer's quantizing arrays (the
+    rotated rows, their uniforms and rounded values: 8 bytes a padded
+    coordinate each)."""
+    padded = 1 << max(0, dim - 1).bit_length()
+    rows = row_chunk(padded)
+    return 8 * (rows * dim + dim + padded) + 3 * 8 * rows * padded
+
+
 def round_mechanisms(dp: DPSettings, dim: int, groups: Sequence[Sequence[int]]) -> tuple[MechanismConfig, ...]:
     """The mechanism of each group's devices: one scale and field for the
     round, each group's shares calibrated to its size (distributed) or to
@@ -126,55 +137,111 @@ def discrete_gaussian_round(
     `one_draw_per_group` (--unmasked-sum, D95; needs `secure` None) draws
     each group's noise as one `fast_sampler.group_noise` instead of share by
     share: the same law to within the tau the entry prices, at one share's
-    cost."""
-    B, dim = updates.shape
-    if one_draw_per_group and secure is not None:
-        raise ValueError("one draw per group sums without masks: it cannot run with a secure sum")
-    if sorted(r for g in groups for r in g) != list(range(B)):
-        raise ValueError(f"the groups must cover the {B} rows exactly once")
-    source = updates.detach().to("cpu")
-    configs = round_mechanisms(dp, dim, groups)
-    mech = configs[0]
-    key = rotation_seed(seed, round_idx)
-    rng = np.random.default_rng([seed, 88, round_idx])
-    group_of = np.empty(B, dtype=np.int64)
-    for j, g in enumerate(groups):
-        group_of[list(g)] = j
-    residues = np.empty((B, mech.padded_dim), dtype=np.uint32) if secure is not None else None
-    total = np.zeros(mech.padded_dim, dtype=np.int64)
-    chunk = row_chunk(mech.padded_dim)
-    norms = np.empty(B, dtype=np.float64)
-    clipped_sum = np.zeros(dim, dtype=np.float64)  # for the measured noise multiplier
-    for start in range(0, B, chunk):
-        x = source[start:start + chunk].to(torch.float64).numpy()  # a chunk at a time: (B, D) float64 is GBs
-        norms[start:start + len(x)] = np.linalg.norm(x, axis=1)
-        clipped_sum += (x * np.minimum(1.0, dp.clip / np.maximum(norms[start:start + len(x)], 1e-300))[:, None]
-                        ).sum(axis=0)
-        rows = quantize_rows(x, mech, key, rng, norms=norms[start:start + len(x)])  # dpmech's, bit for bit
-        if one_draw_per_group:
-            total = modular.wrap(total + rows.sum(axis=0), mech.bits)
-            continue
-        for i, row in enumerate(rows, start=start):
-            share = share_sampler(rng, mech.padded_dim, configs[group_of[i]].sigma2)
+    cost. The same as feeding the rows to a `DiscreteGaussianSum` in any
+    pieces."""
+    stream = DiscreteGaussianSum(int(updates.shape[0]), int(updates.shape[1]), dp=dp, groups=groups, seed=seed,
+                                 round_idx=round_idx, secure=secure, share_sampler=share_sampler,
+                                 one_draw_per_group=one_draw_per_group)
+    stream.add(updates)
+    total, norms, entry, secured = stream.finish()
+    return (total.to(device=updates.device, dtype=updates.dtype), norms.to(device=updates.device, dtype=updates.dtype),
+            entry, secured)
+
+
+class DiscreteGaussianSum:
+    """`discrete_gaussian_round` fed the cohort's updates a piece at a time
+    (`add`, in row order, any sizes), so that a round trained in chunks
+    never holds the (B, D) table: rows wait in a buffer of `row_chunk` rows
+    and are quantized a full buffer at a time, so the generator's draws, and
+    the result, are the same bit for bit whatever the pieces. With `secure`
+    every device's residues are still kept (the in-process secure sum takes
+    them all)."""
+
+    def __init__(self, devices: int, dim: int, *, dp: DPSettings, groups: Sequence[Sequence[int]], seed: int,
+                 round_idx: int, secure: SecureSum | None, share_sampler: ShareSampler = fast_sampler.discrete_gaussian,
+                 one_draw_per_group: bool = False) -> None:
+        if one_draw_per_group and secure is not None:
+            raise ValueError("one draw per group sums without masks: it cannot run with a secure sum")
+        if sorted(r for g in groups for r in g) != list(range(devices)):
+            raise ValueError(f"the groups must cover the {devices} rows exactly once")
+        self.devices, self.dim, self.dp, self.groups, self.round_idx = devices, dim, dp, groups, round_idx
+        self.secure, self.share_sampler, self.one_draw = secure, share_sampler, one_draw_per_group
+        self.configs = round_mechanisms(dp, dim, groups)
+        self.mech = self.configs[0]
+        self.key = rotation_seed(seed, round_idx)
+        self.rng = np.random.default_rng([seed, 88, round_idx])
+        self.group_of = np.empty(devices, dtype=np.int64)
+        for j, g in enumerate(groups):
+            self.group_of[list(g)] = j
+        self.residues = np.empty((devices, self.mech.padded_dim), dtype=np.uint32) if secure is not None else None
+        self.total = np.zeros(self.mech.padded_dim, dtype=np.int64)
+        self.norms = np.empty(devices, dtype=np.float64)
+        self.clipped_sum = np.zeros(dim, dtype=np.float64)  # for the measured noise multiplier
+        self.buffer = np.empty((row_chunk(self.mech.padded_dim), dim), dtype=np.float64)
+        self.held = 0  # rows waiting in the buffer
+        self.done = 0  # rows quantized
+        self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
+
+    def add(self, rows: torch.Tensor) -> None:
+        """The next rows (b, D) of the cohort, in order."""
+        if rows.ndim != 2 or rows.shape[1] != self.dim:
+            raise ValueError(f"expected rows of length {self.dim}, got shape {tuple(rows.shape)}")
+        if self.done + self.held + rows.shape[0] > self.devices:
+            raise ValueError(f"more than the round's {self.devices} devices")
+        self.device = rows.device
+        source = rows.detach().to("cpu")
+        at = 0
+        while at < source.shape[0]:
+            take = min(source.shape[0] - at, len(self.buffer) - self.held)
+            self.buffer[self.held:self.held + take] = source[at:at + take].to(torch.float64).numpy()
+            self.held += take
+            at += take
+            if self.held == len(self.buffer):
+                self._quantize()
+
+    def _quantize(self) -> None:
+        """The buffered rows: their norms, clipped sum, rounding, and shares (or their sum)."""
+        x, start, mech = self.buffer[:self.held], self.done, self.mech
+        norms = self.norms[start:start + len(x)]
+        norms[:] = np.linalg.norm(x, axis=1)
+        self.clipped_sum += (x * np.minimum(1.0, self.dp.clip / np.maximum(norms, 1e-300))[:, None]).sum(axis=0)
+        rounded = quantize_rows(x, mech, self.key, self.rng, norms=norms)  # dpmech's, bit for bit
+        self.done += self.held
+        self.held = 0
+        if self.one_draw:
+            self.total = modular.wrap(self.total + rounded.sum(axis=0), mech.bits)
+            return
+        for i, row in enumerate(rounded, start=start):
+            share = self.share_sampler(self.rng, mech.padded_dim, self.configs[self.group_of[i]].sigma2)
             noisy = modular.wrap(row + share, mech.bits)
-            if residues is not None:
-                residues[i] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
+            if self.residues is not None:
+                self.residues[i] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
             else:
-                total = modular.wrap(total + noisy, mech.bits)
-    if one_draw_per_group:
-        for g, cfg in zip(groups, configs, strict=True):
-            total = modular.wrap(total + fast_sampler.group_noise(rng, len(g), mech.padded_dim, cfg.sigma2), mech.bits)
-    secured: dict[str, Any] = {}
-    if residues is not None and secure is not None:
-        words, secured = secure_residue_sum(secure, residues, groups, round_idx=round_idx)
-        total = modular.from_unsigned(words, mech.bits)
-    decoded = decode_sum(total, mech, key)
-    entry = privacy_entry(dp, groups, configs)
-    entry["sum_noise_multiplier_measured"] = float(np.sqrt(np.mean((decoded - clipped_sum) ** 2)) / dp.clip)
-    entry["scale"] = mech.scale
-    entry["sensitivity_over_scaled_clip"] = mech.sensitivity / (mech.scale * mech.clip)
-    out = torch.as_tensor(decoded, dtype=updates.dtype, device=updates.device)
-    return out, torch.as_tensor(norms, dtype=updates.dtype, device=updates.device), entry, secured
+                self.total = modular.wrap(self.total + noisy, mech.bits)
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]]:
+        """Once every device's rows are in: `discrete_gaussian_round`'s result
+        (the decoded sum and the norms in float64, on the CPU)."""
+        if self.held:
+            self._quantize()
+        if self.done != self.devices:
+            raise ValueError(f"the round has {self.devices} devices, {self.done} were added")
+        mech, total = self.mech, self.total
+        if self.one_draw:
+            for g, cfg in zip(self.groups, self.configs, strict=True):
+                noise = fast_sampler.group_noise(self.rng, len(g), mech.padded_dim, cfg.sigma2)
+                total = modular.wrap(total + noise, mech.bits)
+        secured: dict[str, Any] = {}
+        if self.residues is not None and self.secure is not None:
+            words, secured = secure_residue_sum(self.secure, self.residues, self.groups, round_idx=self.round_idx)
+            total = modular.from_unsigned(words, mech.bits)
+        decoded = decode_sum(total, mech, self.key)
+        entry = privacy_entry(self.dp, self.groups, self.configs)
+        entry["sum_noise_multiplier_measured"] = float(np.sqrt(np.mean((decoded - self.clipped_sum) ** 2))
+                                                       / self.dp.clip)
+        entry["scale"] = mech.scale
+        entry["sensitivity_over_scaled_clip"] = mech.sensitivity / (mech.scale * mech.clip)
+        return torch.as_tensor(decoded), torch.as_tensor(self.norms), entry, secured  # float64
 
 
 def privacy_entry(dp: DPSettings, groups: Sequence[Sequence[int]],

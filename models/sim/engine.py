@@ -78,7 +78,8 @@ from models.base import (
 from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
-from models.sim.aggregation import SecureAggregator, aggregate_round
+from models.sim.aggregation import (SecureAggregator, aggregate_round, discrete_gaussian_mean, dp_stream,
+                                    streams_dp)
 from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
@@ -331,10 +332,14 @@ def _train_and_aggregate(
 ) -> torch.Tensor | None:
     """Round r's local training of this process's part of the cohort and the mean update."""
     s, tables, config, rows = w.s, w.tables, w.config, share.rows
+    stream = (dp_stream(config, w.secure, share.count, s.model.update_dim, r)
+              if streams_dp(config) and s.model.update_dim > 0 and share.count and w.agg is None else None)
     job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
-                      exact_sum=w.agg is not None)
+                      exact_sum=w.agg is not None, stream=stream)
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
+        if stream is not None:
+            return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
         if w.agg is not None:
             return w.agg.mean(upd_s, share, r, rec)
         if isinstance(upd_s, SparseUpdates):
@@ -345,6 +350,8 @@ def _train_and_aggregate(
     assert isinstance(tables, PrivateTables)
     tables.begin_round(covers_all=s.full_cohort)
     upd = train_cohort(s.model, tables, job) if share.count else None
+    if stream is not None:
+        return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
     if w.agg is not None:
         return w.agg.mean(upd, share, r, rec)
     assert upd is not None

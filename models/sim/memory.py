@@ -56,7 +56,7 @@ class Footprint:
     update_dim: int  # coordinates of one device's update
     data_bytes: int  # the population's padded training table
     eval_per_device: int  # evaluation's working set per user of an evaluation batch
-    keep_updates: bool  # DP or SecAgg: the whole (cohort, update_dim) update table is held at once
+    keep_updates: bool  # SecAgg, a hybrid round or DP through a secure sum: the whole (cohort, update_dim) table is held
     secagg: bool
     baseline: int = BASELINE_BYTES  # resident before training (the engine measures it; data_bytes then 0)
 
@@ -179,7 +179,7 @@ def plan_memory(
             f"({'chunks of ' + str(max(size, 1)) + ' devices' if chunk is not None else 'one device at a time'}, "
             f"private state {'on disk' if on_disk else 'in RAM'}){hint}, more than the budget "
             f"--memory-gb {budget / GIB:.2f}; fixed parts: {gib(fp.ram(0, on_disk))} "
-            f"(DP/SecAgg hold the cohort's updates: {gib(fp.updates_bytes())}). "
+            f"(SecAgg or DP through it holds the cohort's updates: {gib(fp.updates_bytes())}). "
             "Raise --memory-gb, train fewer devices per round (--clients-per-round) or a smaller model"
         )
     disk = fp.disk(on_disk)

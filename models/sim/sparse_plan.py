@@ -140,7 +140,7 @@ class SparseWork:
     train_max_device: int  # and for the largest device
     update_rows_per_device: float  # bytes of one device's update as rows (average)
     eval_per_device: int
-    keep_updates: bool  # DP or SecAgg
+    keep_updates: bool  # SecAgg, a hybrid round or DP through a secure sum (models.sim.aggregation.streams_dp)
     secagg: bool
 
 

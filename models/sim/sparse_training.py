@@ -9,6 +9,7 @@ import torch
 
 from models.base import FederatedRecommender, GlobalState
 from models.registry import ConfigError
+from models.sim.aggregation import streams_dp
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.exact_sum import FixedSum
 from models.sim.memory import BASELINE_BYTES, MemoryBudgetError, default_budget, resident_bytes
@@ -62,15 +63,20 @@ def plan_sparse_memory(
         row_bytes=8 + 4 * width, base_bytes=base_bytes,
     )  # fmt: skip
     row_width = update_dim // n_items if n_items else 0
+    stream = 0
+    if streams_dp(config) and update_dim > 0:  # the discrete-Gaussian sum fed as the chunks train
+        from models.sim.dp_mechanism import stream_bytes
+
+        stream = stream_bytes(update_dim)
     work = SparseWork(
-        baseline=max(resident_bytes(), BASELINE_BYTES // 2),
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2) + stream,
         global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
         update_dim=update_dim,
         train_per_device=-(-model.sparse_train_bytes(lengths) // max(n, 1)),
         train_max_device=model.sparse_train_bytes(lengths.max().view(1)) if n else 0,
         update_rows_per_device=float(touched.mean()) * (8 + 4 * row_width) if n else 0.0,
         eval_per_device=64 * n_items,  # per item: its id, score, row slot and masks of a full ranking
-        keep_updates=config.secagg or config.dp is not None,
+        keep_updates=(config.secagg or config.dp is not None) and not streams_dp(config),
         secagg=config.secagg,
     )  # fmt: skip
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
@@ -99,10 +105,11 @@ def init_sparse(
 
 def train_sparse(
     model: SparseTraining, update_dim: int, n_items: int, tables: SparseTables, job: CohortRound
-) -> RowSum | SparseUpdates:
+) -> RowSum | SparseUpdates | None:
     """Train the cohort chunk by chunk, writing its state to `tables`. Returns the
     float64 sum of the updates or, with DP or SecAgg (`job.keep_updates`), the
-    updates as rows."""
+    updates as rows, or None when every chunk's updates went to `job.stream`
+    (dense a chunk at a time)."""
     n = job.size
     out: RowSum | SparseUpdates
     if job.keep_updates:
@@ -120,7 +127,9 @@ def train_sparse(
         if upd.n_devices != b or upd.nnz * upd.width > b * update_dim or upd.width * n_items != update_dim:
             raise RuntimeError(f"local_update_sparse returned updates for {upd.n_devices} devices of width {upd.width}")
         tables.put(rows, res, job.round_idx, job.global_)
-        if isinstance(out, RowSum):
+        if job.stream is not None:  # DP without a secure sum: dense for this chunk only
+            job.stream.add(SparseUpdates(n_items, update_dim, [upd]).dense())
+        elif isinstance(out, RowSum):
             out.add_rows(upd)
         else:
             out.parts.append(upd)
@@ -128,4 +137,4 @@ def train_sparse(
         done += b
         if job.chunk < n:
             job.ev.chunk_done(job.round_idx, done, n)
-    return out
+    return out if job.stream is None else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,7 +15,7 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
-from models.sim.aggregation import RunningSum
+from models.sim.aggregation import RunningSum, streams_dp
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.events import SimulationEvents
 from models.sim.memory import (
@@ -27,6 +28,9 @@ from models.sim.memory import (
     resident_bytes,
 )
 from models.sim.private_tables import PrivateTables
+
+if TYPE_CHECKING:
+    from models.sim.dp_mechanism import DiscreteGaussianSum
 
 
 class Cohorts:
@@ -69,7 +73,9 @@ class CohortRound:
     """One round's local training job: the cohort (`rows` of the population; None:
     all) trained `chunk` devices at a time from the round's global state.
     `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum;
-    `exact_sum`: the sum is the order-free fixed-point one (`models/sim/exact_sum.py`, ranks)."""
+    `exact_sum`: the sum is the order-free fixed-point one (`models/sim/exact_sum.py`, ranks);
+    `stream`: every chunk's updates go to this discrete-Gaussian sum instead
+    (`models.sim.aggregation.dp_stream`: DP without a secure sum), never kept whole."""
 
     global_: GlobalState
     cohorts: Cohorts
@@ -80,6 +86,7 @@ class CohortRound:
     ev: SimulationEvents
     keep_updates: bool
     exact_sum: bool = False
+    stream: DiscreteGaussianSum | None = None
 
     def running_sum(self, dim: int, device: torch.device) -> RunningSum:
         """The accumulator of a chunked round's plain sum."""
@@ -103,10 +110,13 @@ class CohortRound:
         return LocalRound(self.global_, private, data, self.round_idx, self.seed)
 
 
-def train_cohort(model: FederatedRecommender, tables: PrivateTables, job: CohortRound) -> torch.Tensor | RunningSum:
+def train_cohort(
+    model: FederatedRecommender, tables: PrivateTables, job: CohortRound
+) -> torch.Tensor | RunningSum | None:
     """Train the cohort chunk by chunk, writing the new private rows to `tables`.
     Returns the (B, update_dim) updates, or only their running sum when the round
-    is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg)."""
+    is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg),
+    or None when every chunk's updates went to `job.stream`."""
     n, dim = job.size, model.update_dim
     parts = job.parts()  # one part: one local_update call (None: the whole population, by reference in RAM)
     out: torch.Tensor | RunningSum | None = None
@@ -120,18 +130,21 @@ def train_cohort(model: FederatedRecommender, tables: PrivateTables, job: Cohort
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
         tables.put(part, new_priv)
         del new_priv
-        if len(parts) == 1:
+        if job.stream is not None:
+            job.stream.add(upd)  # DP without a secure sum: the table is never held
+            if len(parts) == 1:
+                return None
+        elif len(parts) == 1:
             return upd
-        if out is None:
+        elif out is None:
             out = torch.empty(n, dim, device=upd.device) if job.keep_updates else job.running_sum(dim, upd.device)
         if isinstance(out, RunningSum):
             out.add(upd)
-        else:
+        elif out is not None:
             out[done : done + b] = upd
         done += b
         del upd, data  # not alive during the next chunk's local_update (the plan counts one chunk)
         job.ev.chunk_done(job.round_idx, done, n)
-    assert out is not None
     return out
 
 
@@ -158,6 +171,10 @@ def plan_cohort_memory(
     data = cohorts.all
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
     fixed, per = model.train_memory(private_bytes, max_history)
+    if streams_dp(config) and model.update_dim > 0:  # the discrete-Gaussian sum fed as the chunks train
+        from models.sim.dp_mechanism import stream_bytes
+
+        fixed += stream_bytes(model.update_dim)
     fp = Footprint(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
         population=n_pop,
@@ -169,7 +186,7 @@ def plan_cohort_memory(
         update_dim=model.update_dim,
         data_bytes=0,  # the padded data table is inside the measured baseline
         eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
-        keep_updates=config.secagg or config.dp is not None,
+        keep_updates=(config.secagg or config.dp is not None) and not streams_dp(config),
         secagg=config.secagg,
     )
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)

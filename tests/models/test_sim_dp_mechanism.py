@@ -147,3 +147,30 @@ def test_an_unmasked_run_prices_what_the_secure_run_prices() -> None:
             SimulationConfig(unmasked_sum=True, **{**common, **bad})
     with pytest.raises(SimulationConfigError, match="--unmasked-sum"):
         SimulationConfig(**common)
+
+
+@pytest.mark.parametrize("one_draw", [False, True])
+def test_rows_fed_in_any_pieces_give_the_whole_tables_round_bit_for_bit(one_draw: bool) -> None:
+    """A round trained in chunks feeds its updates to `DiscreteGaussianSum`
+    as they come: pieces that straddle the quantizing buffer (64 rows here)
+    change no draw and no bit of the result, the norms or the entry."""
+    from models.sim.dp_mechanism import DiscreteGaussianSum, row_chunk
+
+    n, dim = 150, 5000  # padded to 8,192: buffers of 64 rows
+    assert row_chunk(8192) == 64
+    u = torch.randn(n, dim, generator=torch.Generator().manual_seed(3)) * 0.02
+    kw: dict[str, Any] = dict(dp=DP, groups=[list(range(n))], seed=4, round_idx=2, secure=None,
+                              one_draw_per_group=one_draw)
+    whole, norms, entry, _ = discrete_gaussian_round(u, **kw)
+    stream = DiscreteGaussianSum(n, dim, **kw)
+    for a, b in ((0, 3), (3, 70), (70, 71), (71, 128), (128, 150)):
+        stream.add(u[a:b])
+    total, norms64, entry2, _ = stream.finish()
+    assert torch.equal(total.to(torch.float32), whole) and torch.equal(norms64.to(torch.float32), norms)
+    assert entry2 == entry
+    short = DiscreteGaussianSum(n, dim, **kw)
+    short.add(u[:10])
+    with pytest.raises(ValueError, match="150 devices, 10 were added"):
+        short.finish()
+    with pytest.raises(ValueError, match="more than the round's 150 devices"):
+        DiscreteGaussianSum(n, dim, **kw).add(torch.zeros(151, dim))
