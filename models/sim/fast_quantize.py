@@ -107,8 +107,10 @@ def _compiled() -> tuple[Callable[..., None], Callable[..., bool]] | None:
         import numba
     except ImportError:
         return None
-    jit = numba.njit(cache=True, nogil=True)
-    return jit(_transform_rows), jit(_round_rows)
+    try:  # cached on disk beside the module, or in the user's cache (NUMBA_CACHE_DIR)
+        return numba.njit(cache=True, nogil=True)(_transform_rows), numba.njit(cache=True, nogil=True)(_round_rows)
+    except RuntimeError:  # no writable cache location (a read-only install): compiled afresh in each process
+        return numba.njit(nogil=True)(_transform_rows), numba.njit(nogil=True)(_round_rows)
 
 
 _KERNELS = _compiled()
