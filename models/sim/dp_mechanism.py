@@ -54,6 +54,7 @@ from dpmech import fast_sampler
 from dpmech import field as modular
 from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
 from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho
+from dpmech.rotation import padded_dimension
 from models.sim.fast_quantize import quantize_rows
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ def stream_bytes(dim: int) -> int:
     (int64 over the padded length), and a buffer's quantizing arrays (the
     rotated rows, their uniforms and rounded values: 8 bytes a padded
     coordinate each)."""
-    padded = 1 << max(0, dim - 1).bit_length()
+    padded = padded_dimension(dim)
     rows = row_chunk(padded)
     return 8 * (rows * dim + dim + padded) + 3 * 8 * rows * padded
 
