@@ -53,25 +53,18 @@ def _transform_rows(x: F64, factor: F64, signs: F64, root: float, scale: float, 
         for j in range(d, dp):
             row[j] = 0.0
         block = min(_BLOCK, dp)
-        for start in range(0, dp, block):  # stages h < block, each block in cache
-            h = 1
-            while h < block:
-                for base in range(start, start + block, 2 * h):
-                    for j in range(base, base + h):
-                        a = row[j]
-                        b = row[j + h]
-                        row[j] = a + b
-                        row[j + h] = a - b
-                h *= 2
-        h = block
-        while h < dp:  # the rest across blocks
-            for base in range(0, dp, 2 * h):
-                for j in range(base, base + h):
-                    a = row[j]
-                    b = row[j + h]
-                    row[j] = a + b
-                    row[j + h] = a - b
-            h *= 2
+        # stages h < block block by block (each in cache), then h >= block over the whole row
+        for lo, hi, span in ((1, block, block), (block, dp, dp)):
+            for start in range(0, dp, span):
+                h = lo
+                while h < hi:
+                    for base in range(start, start + span, 2 * h):
+                        for j in range(base, base + h):
+                            a = row[j]
+                            b = row[j + h]
+                            row[j] = a + b
+                            row[j + h] = a - b
+                    h *= 2
         for j in range(dp):
             row[j] = (row[j] / root) * scale
 
