@@ -152,6 +152,17 @@ def streams_dp(config: SimulationConfig) -> bool:
             and config.plaintext_j_bound is None)
 
 
+def stream_working_bytes(config: SimulationConfig, update_dim: int) -> int:
+    """What the memory plans add for a round's `dp_stream` (its working set,
+    `models.sim.dp_mechanism.stream_bytes`), or 0 when the round keeps no
+    such sum (`streams_dp` false, or nothing to send)."""
+    if not streams_dp(config) or update_dim <= 0:
+        return 0
+    from models.sim.dp_mechanism import stream_bytes
+
+    return stream_bytes(update_dim)
+
+
 def dp_stream(config: SimulationConfig, secure: SecureAggregator | None, devices: int, dim: int,
               round_idx: int) -> DiscreteGaussianSum:
     """The round's discrete-Gaussian sum (`models.sim.dp_mechanism`), to be

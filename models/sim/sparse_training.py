@@ -9,7 +9,7 @@ import torch
 
 from models.base import FederatedRecommender, GlobalState
 from models.registry import ConfigError
-from models.sim.aggregation import streams_dp
+from models.sim.aggregation import stream_working_bytes, streams_dp
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.exact_sum import FixedSum
 from models.sim.memory import BASELINE_BYTES, MemoryBudgetError, default_budget, resident_bytes
@@ -63,13 +63,8 @@ def plan_sparse_memory(
         row_bytes=8 + 4 * width, base_bytes=base_bytes,
     )  # fmt: skip
     row_width = update_dim // n_items if n_items else 0
-    stream = 0
-    if streams_dp(config) and update_dim > 0:  # the discrete-Gaussian sum fed as the chunks train
-        from models.sim.dp_mechanism import stream_bytes
-
-        stream = stream_bytes(update_dim)
     work = SparseWork(
-        baseline=max(resident_bytes(), BASELINE_BYTES // 2) + stream,
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2) + stream_working_bytes(config, update_dim),
         global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
         update_dim=update_dim,
         train_per_device=-(-model.sparse_train_bytes(lengths) // max(n, 1)),

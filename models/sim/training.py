@@ -15,7 +15,7 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
-from models.sim.aggregation import RunningSum, streams_dp
+from models.sim.aggregation import RunningSum, stream_working_bytes, streams_dp
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.events import SimulationEvents
 from models.sim.memory import (
@@ -171,10 +171,7 @@ def plan_cohort_memory(
     data = cohorts.all
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
     fixed, per = model.train_memory(private_bytes, max_history)
-    if streams_dp(config) and model.update_dim > 0:  # the discrete-Gaussian sum fed as the chunks train
-        from models.sim.dp_mechanism import stream_bytes
-
-        fixed += stream_bytes(model.update_dim)
+    fixed += stream_working_bytes(config, model.update_dim)  # the DP sum fed as the chunks train, if any
     fp = Footprint(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
         population=n_pop,
