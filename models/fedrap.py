@@ -77,6 +77,12 @@ it has; nothing it sends changes in kind (docs/decisions.md D78).
 Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
+
+Kernel (`kernel`, D97): "torch" (default) trains a chunk with torch's gathers and
+scatter-adds; "compiled" runs the same maths as one numba loop per device
+(models/fedrap_compiled.py; CPU only, the `fast` extra), equal to torch's up to
+float32 rounding. Only "compiled" is recorded with a run's hyperparameters, so a
+run made before the option existed still matches a torch run.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ from typing import ClassVar, Literal
 
 import torch
 
+from models import fedrap_compiled
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.batched import Flat, flatten, negative_counts, randn, soft_threshold
 from models.keyed_random import check_seed, user_normal
@@ -96,8 +103,18 @@ Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
 CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
 VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
 REGS: tuple[str, ...] = ("l1", "l2", "none")
+KERNELS: tuple[str, ...] = ("torch", "compiled")
 _CHUNKS_PER_DRAW = 16  # inner chunks whose negatives are drawn together (the sampler's setup is per draw)
 _INIT_U, _INIT_D = 1, 2  # tags of the keyed initialisation (models/keyed_random.py)
+
+
+def check_kernel(kernel: str) -> str:
+    """`kernel` if it is one of KERNELS and runs here; ValueError otherwise."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown FedRAP kernel {kernel!r}; expected one of {KERNELS}")
+    if kernel == "compiled" and not fedrap_compiled.available():
+        raise ValueError("FedRAP's compiled kernel needs numba: pip install 'fedmask[fast]'")
+    return kernel
 
 
 def curriculum_weight(kind: str, a: int) -> float:
@@ -187,6 +204,7 @@ class FedRAP(FederatedRecommender):
         init_std_u: float = 0.1,
         chunk: int = 8,
         recency: float = 2.0,
+        kernel: str = "torch",
     ) -> None:
         if variant not in VARIANTS:
             raise ValueError(f"unknown FedRAP variant {variant!r}; expected one of {VARIANTS}")
@@ -214,6 +232,7 @@ class FedRAP(FederatedRecommender):
         self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
         self.chunk = chunk
         self.recency = recency
+        self.kernel = check_kernel(kernel)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -243,6 +262,10 @@ class FedRAP(FederatedRecommender):
             "server_lr weight_decay_d weight_decay_u update_scale init_std_c init_std_d init_std_u recency"
         ).split()
     )
+
+    def config(self) -> dict[str, object]:
+        """`config_keys`, plus `kernel` when it is not torch's (D97)."""
+        return super().config() | ({"kernel": self.kernel} if self.kernel != "torch" else {})
 
     # ------------------------------------------------------------------ interface
     @property
@@ -304,6 +327,8 @@ class FedRAP(FederatedRecommender):
         dev_t = flat.item.device
         lr_u, lr_i, lr_d = self._lrs(round_idx)
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
+        if self.kernel == "compiled" and dev_t.type != "cpu":
+            raise ValueError(f"FedRAP's compiled kernel runs on the CPU only, not on {dev_t.type}: use kernel=torch")
         return _RoundWork(
             flat=flat,
             data=data,
@@ -376,6 +401,9 @@ class FedRAP(FederatedRecommender):
         acc: a scratch (chunk, m, k) table."""
         sl = slice(s, min(r.flat.n_devices, s + r.chunk))
         bc = sl.stop - sl.start
+        if self.kernel == "compiled":
+            self._train_chunk_compiled(r, sl, negc, acc[0])
+            return
         # A = sum_e g_e (x) u_e (u at the start of epoch e), nonzero on the sampled rows only.
         # Both item tables take every step, so after epoch e the device's W = D_i + (C_i - C)
         # is D_i - lr_w A, and at the end C_i - C = -lr_i A and D_i' = D_i - lr_d A.
@@ -383,6 +411,16 @@ class FedRAP(FederatedRecommender):
         D = r.private["D"][sl] if self.has_d else None
         cb_i = self._bce_epochs(r, sl, negc, A, D)
         self._split_step(r, sl, A, D, cb_i)
+
+    def _train_chunk_compiled(self, r: _RoundWork, sl: slice, negc: torch.Tensor, scratch: torch.Tensor) -> None:
+        """`_train_chunk` as one compiled loop (models/fedrap_compiled.py)."""
+        p0, p1 = int(r.pos_start[sl.start]), int(r.pos_start[sl.stop - 1] + r.flat.counts[sl.stop - 1])
+        fedrap_compiled.train_chunk(
+            pos_item=r.flat.item[p0:p1], pos_counts=r.flat.counts[sl], pos_w=None if r.pos_w is None else r.pos_w[p0:p1],
+            negc=negc, u=r.u_all[sl], bias=r.b_all[sl], D=r.private["D"][sl] if self.has_d else None, C=r.C, cb=r.cb,
+            d_out=r.d_out[sl] if self.has_d else None, upd=r.upd[sl], n_per=r.n_per[sl],
+            rates=(r.lr_w, r.lr_u, r.lr_b, r.lr_i, r.lr_d, r.lam, r.t_c, r.t_d, self.weight_decay_u,
+                   self.weight_decay_d, self.update_scale), scratch=scratch)
 
     def _bce_epochs(
         self, r: _RoundWork, sl: slice, negc: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None
