@@ -72,6 +72,13 @@ class LocalRound:
     data: CohortData
     round_idx: int
     seed: int
+    #: Tables the model may write its new private rows into and return (a state no
+    #: one keeps, shaped like `private`; it may be `private` itself, so every element
+    #: must be read before it is written), and a (B, update_dim) table it may write
+    #: its updates into; None: allocate. Memory already mapped spares a round the
+    #: page faults of fresh outputs (D97); a model may ignore both.
+    spare: PrivateState | None = None
+    spare_updates: torch.Tensor | None = None
 
 
 def diverged(state: dict[str, torch.Tensor]) -> bool:

@@ -101,6 +101,15 @@ def negative_counts(
     return out.view(n_epochs, nb, n_items)
 
 
+def reuse_or_empty(spare: torch.Tensor | None, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """`spare` when it is a contiguous float32 table of `shape` on `device` (to be
+    written over), else a new uninitialised one."""
+    if (spare is not None and tuple(spare.shape) == shape and spare.dtype == torch.float32
+            and spare.device == device and spare.is_contiguous()):
+        return spare
+    return torch.empty(shape, device=device)
+
+
 def soft_threshold(x: torch.Tensor, thr: float) -> torch.Tensor:
     """Proximal operator of thr * ||x||_1 (element-wise shrinkage)."""
     if thr <= 0:

@@ -78,11 +78,8 @@ Variants (paper Sec. 4.5): variant="full" (default), "c_only" (FedRAP-C: no
 D_i), "d_only" (FedRAP-D: no C, nothing is sent, update_dim = 0);
 reg="l1" | "l2" | "none"; curriculum="tanh" | "fixed" | "sin" | "square" | "frac".
 
-Kernel (`kernel`, D97): "torch" (default) trains a chunk with torch's gathers and
-scatter-adds; "compiled" runs the same maths as one numba loop per device
-(models/fedrap_compiled.py; CPU only, the `fast` extra), equal to torch's up to
-float32 rounding. Only "compiled" is recorded with a run's hyperparameters, so a
-run made before the option existed still matches a torch run.
+Kernel (`kernel`, D97): "torch" (default) or "compiled", the same maths as one numba
+loop per device (models/fedrap_compiled.py; CPU only), equal up to float32 rounding.
 """
 
 from __future__ import annotations
@@ -96,7 +93,7 @@ import torch
 
 from models import fedrap_compiled
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
-from models.batched import Flat, flatten, negative_counts, randn, soft_threshold
+from models.batched import Flat, flatten, negative_counts, randn, reuse_or_empty, soft_threshold
 from models.keyed_random import check_seed, user_normal
 
 Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
@@ -352,8 +349,11 @@ class FedRAP(FederatedRecommender):
             pos_w=self._recency_weights(flat, pos_start) if self.recency > 0 else None,
             u_all=private["u"].clone(),
             b_all=private["b"].clone(),
-            d_out=torch.empty(nb, m, k, device=dev_t) if self.has_d else torch.empty(0),  # (0,): no D
-            upd=torch.empty(nb, self.update_dim, device=dev_t) if self.has_c else torch.zeros(nb, 0, device=dev_t),
+            # the outputs: written over the spare tables when the engine has them (D97)
+            d_out=(reuse_or_empty(job.spare.get("D") if job.spare else None, (nb, m, k), dev_t) if self.has_d
+                   else torch.empty(0)),  # (0,): no D
+            upd=(reuse_or_empty(job.spare_updates, (nb, self.update_dim), dev_t) if self.has_c
+                 else torch.zeros(nb, 0, device=dev_t)),
             # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
             # chunk its free memory holds, so that a round is a few hundred kernel launches
             chunk=self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t),

@@ -311,6 +311,7 @@ class _Round:
     population: np.ndarray | None  # whose metrics this process computes (None: every user, row = user id)
     disk_peak: int = 0
     state_peak: int = 0
+    spare_updates: torch.Tensor | None = None  # the last plain round's update table, written over next (D97)
 
 
 def _round_context(s: _Setup, tables: PrivateTables | SparseTables, config: SimulationConfig,
@@ -334,8 +335,10 @@ def _train_and_aggregate(
     s, tables, config, rows = w.s, w.tables, w.config, share.rows
     stream = (dp_stream(config, w.secure, share.count, s.model.update_dim, r)
               if streams_dp(config) and s.model.update_dim > 0 and share.count and w.agg is None else None)
+    spare, w.spare_updates = w.spare_updates, None
     job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
-                      exact_sum=w.agg is not None, stream=stream)
+                      exact_sum=w.agg is not None, stream=stream, spare_updates=spare)
+    del spare
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
         if stream is not None:
@@ -359,8 +362,11 @@ def _train_and_aggregate(
     def cohort_J() -> torch.Tensor:
         return tables.take(rows)["J"]
 
-    return aggregate_round(upd, config=config, secure=w.secure, dp_generator=w.gens["dp"], cohort_J=cohort_J,
+    mean = aggregate_round(upd, config=config, secure=w.secure, dp_generator=w.gens["dp"], cohort_J=cohort_J,
                            round_idx=r, rec=rec)  # fmt: skip
+    if not w.keep_updates and isinstance(upd, torch.Tensor):  # a plain mean read it and let it go
+        w.spare_updates = upd
+    return mean
 
 
 def _evaluate(

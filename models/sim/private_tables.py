@@ -242,6 +242,16 @@ class PrivateTables:
                 dst[k].index_copy_(0, r, v[s : s + step].cpu())
             self._release(self._write)
 
+    def spare(self) -> PrivateState | None:
+        """Tables a whole-population round, which ends with `put(None, ...)`, may
+        write its new state into instead of fresh pages (D97): the buffer that `put`
+        replaces, which nothing keeps (never the kept best). It is the current state
+        itself, the round's input, unless that is the kept best (then a stale one).
+        None on disk, or before the buffer exists."""
+        if self._folder is not None or self._write == self.best:
+            return None
+        return self._bufs[self._write]
+
     def end_round(self) -> None:
         self.current = self._write
 

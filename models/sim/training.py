@@ -87,6 +87,7 @@ class CohortRound:
     keep_updates: bool
     exact_sum: bool = False
     stream: DiscreteGaussianSum | None = None
+    spare_updates: torch.Tensor | None = None  # last round's update table, to write into (D97)
 
     def running_sum(self, dim: int, device: torch.device) -> RunningSum:
         """The accumulator of a chunked round's plain sum."""
@@ -106,8 +107,9 @@ class CohortRound:
         ids = torch.arange(n, device=self.cohorts.device) if self.rows is None else self.rows
         return [ids[s : s + self.chunk] for s in range(0, n, self.chunk)]
 
-    def local_round(self, private: PrivateState, data: CohortData) -> LocalRound:
-        return LocalRound(self.global_, private, data, self.round_idx, self.seed)
+    def local_round(self, private: PrivateState, data: CohortData, spare: PrivateState | None = None,
+                    spare_updates: torch.Tensor | None = None) -> LocalRound:
+        return LocalRound(self.global_, private, data, self.round_idx, self.seed, spare, spare_updates)
 
 
 def train_cohort(
@@ -123,8 +125,12 @@ def train_cohort(
     done = 0
     for part in parts:
         data = job.cohorts.get(part)
+        whole = len(parts) == 1  # one call: the last round's outputs can be written over (D97)
+        job_part = job.local_round(tables.take(part), data, tables.spare() if whole else None,
+                                   job.spare_updates if whole else None)
         with torch.no_grad():
-            new_priv, upd = model.local_update(job.local_round(tables.take(part), data))
+            new_priv, upd = model.local_update(job_part)
+        del job_part
         b = int(data.users.shape[0])
         if upd.shape != (b, dim):
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
