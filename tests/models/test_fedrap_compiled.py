@@ -1,0 +1,162 @@
+"""FedRAP's compiled kernel (models/fedrap_compiled.py, D97) against the torch path,
+and the outputs a whole-population round writes over memory already mapped."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import models.fedrap as fedrap_mod
+from models import fedrap_compiled
+from models.base import LocalRound
+from models.data.sampling import cohort_data
+from models.data.splits import leave_one_out
+from models.data.synthetic import synthetic
+from models.fedrap import FedRAP
+from models.sim.aggregation import sum64
+from models.sim.engine import SimulationConfig, load_global_state, simulate
+from models.sim.private_tables import PrivateTables
+from models.sim.study import config_matches
+
+pytestmark = pytest.mark.skipif(not fedrap_compiled.available(), reason="numba (the fast extra) is not installed")
+
+VARIANTS = [
+    {},
+    {"variant": "c_only"},
+    {"variant": "d_only", "init_std_d": 0.1},
+    {"item_bias": True, "update_scale": 3.0},
+    {"weight_decay_d": 0.1, "v1": 1e-3},
+    {"recency": 0.0, "n_neg": 0},
+]
+
+
+@pytest.fixture(scope="module")
+def split():
+    return leave_one_out(synthetic(90, 240, seed=4), seed=0)
+
+
+@pytest.mark.parametrize("params", VARIANTS, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "default")
+@pytest.mark.parametrize("chunk", [1, 5, 64])
+def test_one_local_update_matches_torch(split, params: dict, chunk: int) -> None:
+    """Every output of one local update (u, b, D, the sent update) within float32
+    rounding of the torch path's, for chunks of one device, uneven chunks and one chunk."""
+    rows = torch.arange(0, split.n_users, 2)  # 45 devices: 5 does not divide it
+    data = cohort_data(split, rows)
+    outs = []
+    for kernel in ("torch", "compiled"):
+        m = FedRAP(split.n_users, split.n_items, k=8, local_epochs=3, chunk=chunk, kernel=kernel, **params)
+        g0 = m.init_global(torch.Generator().manual_seed(0))
+        if g0:  # a trained C, so that every term of the split step is non-zero
+            g0["C"] = g0["C"] + 0.05
+        p0 = m.init_private(data, g0, 1)
+        outs.append(m.local_update(LocalRound(g0, p0, data, round_idx=6, seed=2)))
+    (p_t, u_t), (p_c, u_c) = outs
+    assert u_t.shape == u_c.shape
+    assert torch.allclose(u_t, u_c, atol=2e-6, rtol=1e-5), float((u_t - u_c).abs().max())
+    for key in p_t:
+        assert torch.allclose(p_t[key], p_c[key], atol=2e-6, rtol=1e-5), (key, float((p_t[key] - p_c[key]).abs().max()))
+    if params.get("variant") != "d_only":
+        assert u_c.abs().max() > 1e-4  # the devices really trained
+    assert p_c["u"].sub(p_t["u"]).abs().max() < 1e-5 and not torch.equal(p_c["u"], p0["u"])
+
+
+def test_five_rounds_give_the_same_model_and_figures(split) -> None:
+    """A whole simulation: the final C within 1e-5, the same best round and test HR@10 to 4 decimals."""
+    runs = {}
+    x = synthetic(200, 500, seed=3)
+    for kernel in ("torch", "compiled"):
+        out = Path(tempfile.mkdtemp()) / "g.npz"
+        res = simulate(SimulationConfig(model="fedrap", rounds=5, threads=2, params={"kernel": kernel},
+                                        save_global=str(out)), interactions=x)
+        runs[kernel] = (load_global_state(out), res)
+    (g_t, r_t), (g_c, r_c) = runs["torch"], runs["compiled"]
+    assert float(np.abs(g_t["C"] - g_c["C"]).max()) < 1e-5
+    assert r_t["best_round"] == r_c["best_round"]
+    assert round(r_t["test"]["hr@10"], 4) == round(r_c["test"]["hr@10"], 4)
+    assert "kernel" not in r_t["model_config"] and r_c["model_config"]["kernel"] == "compiled"
+
+
+def test_the_kernel_is_recorded_only_when_compiled(tmp_path: Path) -> None:
+    """A run made before the option existed (no `kernel` in its model_config) still
+    matches a torch run; a compiled run does not."""
+    torch_cfg, compiled_cfg = FedRAP(10, 20).config(), FedRAP(10, 20, kernel="compiled").config()
+    assert "kernel" not in torch_cfg and compiled_cfg == torch_cfg | {"kernel": "compiled"}
+    wanted = {"model": "fedrap", "rounds": 3}
+    results = json.loads(json.dumps({"config": wanted, "test": {}, "model_config": torch_cfg}))
+    assert config_matches(results, wanted, 3, model_config=torch_cfg)
+    assert not config_matches(results, wanted, 3, model_config=compiled_cfg)
+
+
+def test_bad_kernels_are_clear_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="unknown FedRAP kernel 'cuda'"):
+        FedRAP(10, 20, kernel="cuda")
+    monkeypatch.setattr(fedrap_compiled, "available", lambda: False)
+    with pytest.raises(ValueError, match=r"pip install 'fedmask\[fast\]'"):
+        FedRAP(10, 20, kernel="compiled")
+
+
+@pytest.mark.parametrize("params", [{}, {"kernel": "compiled"}, {"variant": "c_only", "item_bias": True}],
+                         ids=["torch", "compiled", "c_only-bias"])
+def test_writing_over_spare_tables_changes_nothing(monkeypatch: pytest.MonkeyPatch, params: dict) -> None:
+    """Rounds that write their outputs over the spare tables (in place, or over a stale
+    state) give the same run bit for bit as rounds that allocate fresh ones, and they do use them."""
+    x = synthetic(120, 300, seed=5)
+    used: list[bool] = []
+    reuse = fedrap_mod.reuse_or_empty
+
+    def counted(spare: torch.Tensor | None, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        out = reuse(spare, shape, device)
+        used.append(out is spare)
+        return out
+
+    monkeypatch.setattr(fedrap_mod, "reuse_or_empty", counted)
+    runs = []
+    for spare in (True, False):
+        if not spare:
+            monkeypatch.setattr(PrivateTables, "spare", lambda self: None)
+        out = Path(tempfile.mkdtemp()) / "g.npz"
+        res = simulate(SimulationConfig(model="fedrap", rounds=6, threads=2, params=params, save_global=str(out)),
+                       interactions=x)
+        runs.append((load_global_state(out), res))
+        if spare:
+            assert len(used) >= 6 and sum(used) >= len(used) / 2  # D and the updates of most rounds
+    (g0, r0), (g1, r1) = runs
+    assert all(np.array_equal(g0[k], g1[k]) for k in g0)
+    assert r0["test"] == r1["test"] and [r["val"] for r in r0["rounds"]] == [r["val"] for r in r1["rounds"]]
+
+
+def test_the_spare_buffer_is_never_the_kept_best() -> None:
+    state = {"D": torch.zeros(4, 3), "u": torch.zeros(4, 2)}
+    t = PrivateTables.in_memory(state, 4)
+    t.begin_round(covers_all=True)
+    assert t.spare() is state  # the current state, written in place: nothing keeps it
+    t.put(None, {k: v + 1 for k, v in state.items()})
+    t.end_round()
+    t.keep_best()
+    t.begin_round(covers_all=True)
+    assert t.spare() is None  # the other buffer does not exist yet; the best is never offered
+    t.put(None, {k: v + 2 for k, v in state.items()})
+    t.end_round()
+    t.keep_best()
+    t.begin_round(covers_all=True)
+    stale = t.spare()
+    assert stale is not None and float(stale["D"][0, 0]) == 1.0  # the state before the best: stale
+    assert t.spare() is not t.table("best")
+    assert PrivateTables.on_disk({"D": torch.zeros(3)}, 2, tempfile.mkdtemp()).spare() is None
+
+
+def test_sum64_is_the_float64_sum() -> None:
+    """Row by row in float64: equal to torch's sum where the sum is exact (integers), and
+    the same float32 mean on ordinary updates."""
+    g = torch.Generator().manual_seed(0)
+    ints = torch.randint(-1000, 1000, (300, 50), generator=g).to(torch.float32)
+    assert torch.equal(sum64(ints), ints.sum(0, dtype=torch.float64))
+    upd = torch.randn(500, 2000, generator=g) * 1e-3
+    assert sum64(upd).dtype == torch.float64
+    assert torch.equal((sum64(upd) / 500).float(), (upd.sum(0, dtype=torch.float64) / 500).float())
+    assert torch.equal(sum64(upd[:1]), upd[0].double())
