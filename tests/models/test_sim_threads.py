@@ -4,6 +4,7 @@ free cores of an injected machine, the explicit override, and what a run records
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from hypothesis import strategies as st
 
 from models.data.synthetic import synthetic
 from models.sim.engine import SimulationConfig, SimulationConfigError, SimulationEvents, simulate
-from models.sim.threads import BUSY_SLACK, CpuState, cgroup_cpu_quota, choose_threads, explicit_threads, read_cpu_state
+from models.sim.threads import (BUSY_SLACK, CpuState, cgroup_cpu_quota, choose_threads, cpu_times, explicit_threads,
+                                idle_between, idle_cores, read_cpu_state)
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,48 @@ def test_reading_the_machine(tmp_path: Path) -> None:
         quota.write_text(text)
         assert cgroup_cpu_quota(quota) == cores
     assert cgroup_cpu_quota(tmp_path / "absent") is None
+
+
+STAT_BEFORE = """cpu  400 0 200 1000 0 0 0 0 0 0
+cpu0 100 0 100 500 0 0 0 0 0 0
+cpu1 300 0 100 500 0 0 0 0 0 0
+intr 12345 0 0
+"""
+# 100 jiffies later: cpu0 idle all along (iowait counts as idle), cpu1 busy all along
+STAT_AFTER = """cpu  500 0 200 1100 0 0 0 0 0 0
+cpu0 100 0 100 590 10 0 0 0 0 0
+cpu1 400 0 100 500 0 0 0 0 0 0
+intr 12399 0 0
+"""
+
+
+def test_idle_cores_are_read_per_cpu_from_proc_stat() -> None:
+    before, after = cpu_times(STAT_BEFORE), cpu_times(STAT_AFTER)
+    assert before == {0: (700, 500), 1: (900, 500)}
+    assert idle_between(before, after, None) == 1.0
+    assert idle_between(before, after, frozenset({0})) == 1.0  # only the CPUs this process may run on
+    assert idle_between(before, after, frozenset({1})) == 0.0
+    assert idle_between(before, before, None) is None  # nothing advanced: no figure
+
+
+def test_what_is_idle_now_wins_over_the_lagging_load_average() -> None:
+    """The load average still counts a run that ended a minute ago; the CPUs watched now do not."""
+    c = choose_threads(CpuState(2, 1.0, (), idle_now=1.97))
+    assert c.count == 2 and "1.97 cores idle now: all free" in c.reason and c.as_dict()["idle_now"] == 1.97
+    assert choose_threads(CpuState(2, 0.0, (), idle_now=1.2)).count == 1  # one core busy now
+    assert choose_threads(CpuState(16, 0.0, (), idle_now=12.6)).count == 13
+    assert choose_threads(CpuState(2, 0.0, (), idle_now=0.1)).reason.endswith("none free, 1 thread")
+    assert choose_threads(CpuState(2, 1.0, (), idle_now=math.nan)).count == 1  # no usable figure: the load's rule
+
+
+def test_reading_idle_cores(tmp_path: Path) -> None:
+    assert idle_cores(None, 0.0, tmp_path / "absent") is None
+    still = tmp_path / "stat"
+    still.write_text(STAT_BEFORE)
+    assert idle_cores(None, 0.0, still) is None  # a file that does not advance gives no figure
+    if Path("/proc/stat").exists():
+        s = read_cpu_state({})
+        assert s.idle_now is not None and 0.0 <= s.idle_now <= len(os.sched_getaffinity(0))
 
 
 class _Notes(SimulationEvents):
