@@ -355,15 +355,16 @@ def _train_and_aggregate(
     upd = train_cohort(s.model, tables, job) if share.count else None
     if stream is not None:
         return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
-    if w.agg is not None:
-        return w.agg.mean(upd, share, r, rec)
-    assert upd is not None
 
     def cohort_J() -> torch.Tensor:
         return tables.take(rows)["J"]
 
-    mean = aggregate_round(upd, config=config, secure=w.secure, dp_generator=w.gens["dp"], cohort_J=cohort_J,
-                           round_idx=r, rec=rec)  # fmt: skip
+    if w.agg is not None:
+        mean = w.agg.mean(upd, share, r, rec)
+    else:
+        assert upd is not None
+        mean = aggregate_round(upd, config=config, secure=w.secure, dp_generator=w.gens["dp"], cohort_J=cohort_J,
+                               round_idx=r, rec=rec)  # fmt: skip
     if not w.keep_updates and isinstance(upd, torch.Tensor):  # a plain mean read it and let it go
         w.spare_updates = upd
     return mean

@@ -38,7 +38,7 @@ from models.base import GlobalState, PrivateState
 from models.registry import ConfigError
 from models.sim.aggregation import RunningSum, SecureAggregator, secagg_clip
 from models.sim.config import SimulationConfig
-from models.sim.exact_sum import RANGE, FixedSum, fixed_point, mean_of
+from models.sim.exact_sum import RANGE, FixedSum, mean_of
 from models.sim.ranks import Ranks
 from models.sim.shard import CohortShare, Shard
 from models.sim.sparse_aggregation import SparseUpdates
@@ -101,8 +101,9 @@ class RankAggregator:
             raise RuntimeError("a distributed round sums on the fixed-point grid (FixedSum)")
         if isinstance(upd, SparseUpdates):
             upd = upd.dense()
-        hi, lo, peak, bad = fixed_point(upd)
-        return hi.sum(0), lo.sum(0), int(upd.shape[0]), peak, bad
+        exact = FixedSum(self.dim, upd.device)  # in bounded steps: the whole table's limbs would be 4 times its size
+        exact.add(upd)
+        return exact.hi, exact.lo, exact.count, exact.peak, exact.nonfinite
 
     def _table(self, upd: RankUpdates) -> np.ndarray:
         """This rank's (B_local, dim) float32 updates (the secure sum needs every one)."""
