@@ -125,9 +125,9 @@ def train_cohort(
     done = 0
     for part in parts:
         data = job.cohorts.get(part)
-        whole = len(parts) == 1  # one call: the last round's outputs can be written over (D97)
-        job_part = job.local_round(tables.take(part), data, tables.spare() if whole else None,
-                                   job.spare_updates if whole else None)
+        # one call: the last round's update table can be written over; every row (part None): the state too (D97)
+        job_part = job.local_round(tables.take(part), data, tables.spare() if part is None else None,
+                                   job.spare_updates if len(parts) == 1 else None)
         with torch.no_grad():
             new_priv, upd = model.local_update(job_part)
         del job_part
