@@ -359,6 +359,7 @@ def _train_and_aggregate(
     def cohort_J() -> torch.Tensor:
         return tables.take(rows)["J"]
 
+    mean: torch.Tensor | None
     if w.agg is not None:
         mean = w.agg.mean(upd, share, r, rec)
     else:
