@@ -200,8 +200,8 @@ def discrete_gaussian_mean(upd: torch.Tensor | DiscreteGaussianSum, *, config: S
 
 def sum64(rows: torch.Tensor) -> torch.Tensor:
     """The float64 sum of a (B, d) float32 table's rows. On the CPU it is taken row by
-    row: torch's casting reduction (`sum(0, dtype=float64)`) was 8-30 times slower
-    at the ML-1M shape (docs/performance.md). Both orders give the same sum whenever
+    row: torch's casting reduction (`sum(0, dtype=float64)`) was 8-19 times slower on
+    1,000 rows of ML-1M's 118,592 coordinates (D97). Both orders give the same sum whenever
     the float64 sum is exact, which it is unless the rows span more than 53 bits
     of magnitude; the mean's float32 value is the same in practice."""
     if rows.device.type != "cpu" or rows.shape[0] < 2:
