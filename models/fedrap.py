@@ -100,18 +100,8 @@ Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
 CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
 VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
 REGS: tuple[str, ...] = ("l1", "l2", "none")
-KERNELS: tuple[str, ...] = ("torch", "compiled")
 _CHUNKS_PER_DRAW = 16  # inner chunks whose negatives are drawn together (the sampler's setup is per draw)
 _INIT_U, _INIT_D = 1, 2  # tags of the keyed initialisation (models/keyed_random.py)
-
-
-def check_kernel(kernel: str) -> str:
-    """`kernel` if it is one of KERNELS and runs here; ValueError otherwise."""
-    if kernel not in KERNELS:
-        raise ValueError(f"unknown FedRAP kernel {kernel!r}; expected one of {KERNELS}")
-    if kernel == "compiled" and not fedrap_compiled.available():
-        raise ValueError("FedRAP's compiled kernel needs numba: pip install 'fedmask[fast]'")
-    return kernel
 
 
 def curriculum_weight(kind: str, a: int) -> float:
@@ -167,6 +157,11 @@ class _RoundWork:
     d_out: torch.Tensor  # the new D (B, m, k), (0,) without D,
     upd: torch.Tensor  # and the updates (B, update_dim)
     chunk: int  # devices per inner chunk
+
+
+def _positives(r: _RoundWork, sl: slice) -> tuple[int, int]:
+    """Where the training positives of devices `sl` start and end in `r.flat` (device-major)."""
+    return int(r.pos_start[sl.start]), int(r.pos_start[sl.stop - 1] + r.flat.counts[sl.stop - 1])
 
 
 class FedRAP(FederatedRecommender):
@@ -229,7 +224,7 @@ class FedRAP(FederatedRecommender):
         self.init_std_c, self.init_std_d, self.init_std_u = init_std_c, init_std_d, init_std_u
         self.chunk = chunk
         self.recency = recency
-        self.kernel = check_kernel(kernel)
+        self.kernel = fedrap_compiled.check_kernel(kernel)
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -392,7 +387,8 @@ class FedRAP(FederatedRecommender):
         negc = negative_counts(
             take_cohort(r.data, members), m, self.n_neg, self.local_epochs, seed=r.seed, round_idx=r.round_idx
         )
-        acc = torch.empty(min(chunk, members.numel()), m, k, device=r.device)
+        # the scratch: one (m, k) table a device (torch), or one for the whole chunk (compiled, device by device)
+        acc = torch.empty(1 if self.kernel == "compiled" else min(chunk, members.numel()), m, k, device=r.device)
         for s in range(g, g + members.numel(), chunk):
             self._train_chunk(r, s, negc[:, s - g : s - g + chunk], acc)
 
@@ -414,7 +410,7 @@ class FedRAP(FederatedRecommender):
 
     def _train_chunk_compiled(self, r: _RoundWork, sl: slice, negc: torch.Tensor, scratch: torch.Tensor) -> None:
         """`_train_chunk` as one compiled loop (models/fedrap_compiled.py)."""
-        p0, p1 = int(r.pos_start[sl.start]), int(r.pos_start[sl.stop - 1] + r.flat.counts[sl.stop - 1])
+        p0, p1 = _positives(r, sl)
         fedrap_compiled.train_chunk(
             pos_item=r.flat.item[p0:p1], pos_counts=r.flat.counts[sl], pos_w=None if r.pos_w is None else r.pos_w[p0:p1],
             negc=negc, u=r.u_all[sl], bias=r.b_all[sl], D=r.private["D"][sl] if self.has_d else None, C=r.C, cb=r.cb,
@@ -435,7 +431,7 @@ class FedRAP(FederatedRecommender):
         inv_n = 1.0 / r.n_per[sl]
         a_rows = A.view(bc * m, k)
         d_rows = D.reshape(bc * m, k) if D is not None else None
-        p0, p1 = int(r.pos_start[sl.start]), int(r.pos_start[sl.stop - 1] + flat.counts[sl.stop - 1])
+        p0, p1 = _positives(r, sl)
         pos_dev, pos_item = flat.dev[p0:p1] - sl.start, flat.item[p0:p1]
         n_pos = pos_dev.shape[0]
         cb_i = r.cb.expand(bc, m).clone() if r.cb is not None else None  # the devices' copies of c

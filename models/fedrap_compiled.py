@@ -148,6 +148,18 @@ def _compiled() -> Callable[..., None] | None:
         return numba.njit(nogil=True, fastmath=_FASTMATH)(_train_devices)
 
 
+KERNELS: tuple[str, ...] = ("torch", "compiled")  # FedRAP's `kernel` option
+
+
+def check_kernel(kernel: str) -> str:
+    """`kernel` if it is one of KERNELS and runs here; ValueError otherwise."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown FedRAP kernel {kernel!r}; expected one of {KERNELS}")
+    if kernel == "compiled" and not available():
+        raise ValueError("FedRAP's compiled kernel needs numba: pip install 'fedmask[fast]'")
+    return kernel
+
+
 def available() -> bool:
     """Whether the compiled loop runs here (numba importable)."""
     return importlib.util.find_spec("numba") is not None
@@ -193,4 +205,4 @@ def train_chunk(*, pos_item: torch.Tensor, pos_counts: torch.Tensor, pos_w: torc
             a, np.zeros(m, np.bool_), np.zeros(m, np.float32), np.zeros(k, np.float32), np.zeros(k, np.float32))
 
 
-__all__ = ["available", "train_chunk"]
+__all__ = ["KERNELS", "available", "check_kernel", "train_chunk"]

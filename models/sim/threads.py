@@ -118,10 +118,8 @@ def machine_threads() -> ThreadChoice:
 def read_cpu_state(environ: dict[str, str] | None = None) -> CpuState:
     """This process's usable cores and the machine's 1-minute load average (see `CpuState`)."""
     env = dict(os.environ) if environ is None else environ
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity API (macOS, Windows)
-        usable = os.cpu_count() or 1
+    cpus = _affinity()
+    usable = len(cpus) if cpus is not None else os.cpu_count() or 1
     limits: list[str] = []
     quota = cgroup_cpu_quota()
     if quota is not None and quota < usable:
@@ -134,11 +132,11 @@ def read_cpu_state(environ: dict[str, str] | None = None) -> CpuState:
         load: float | None = os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows has no load average
         load = None
-    return CpuState(max(usable, 1), load, tuple(limits), idle_cores(_affinity(), SAMPLE_SECONDS))
+    return CpuState(max(usable, 1), load, tuple(limits), idle_cores(cpus, SAMPLE_SECONDS))
 
 
 def _affinity() -> frozenset[int] | None:
-    """The CPUs this process may run on (None: every CPU; the platform cannot say)."""
+    """The CPUs this process may run on (None: the platform cannot say: macOS, Windows)."""
     try:
         return frozenset(os.sched_getaffinity(0))
     except AttributeError:
