@@ -42,7 +42,7 @@ from coordinator.round_report import PrivacyLedger
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState
 
 if TYPE_CHECKING:
-    from coordinator.rounds import RoundMachine
+    from coordinator.grouped_rounds import AnyRound
     from dpmech.mechanism import MechanismConfig
 
 #: The stage whose survivors' inputs are in the sum (secagg's U3).
@@ -90,7 +90,7 @@ def learnable_count(*, reconstructed: int | None, unmasking_answers: int, thresh
     return None
 
 
-def abort_charge(ledger: PrivacyLedger, r: RoundMachine, history: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+def abort_charge(ledger: PrivacyLedger, r: AnyRound, history: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
     """The ledger entry of live round `r`, which ends aborted, when its sum
     may have been learned (`learnable_count`), priced as a committed round's
     with the noise of the devices it counted; `history`: the ledger so far.

@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from coordinator.rounds import PHASES, RoundMachine
+from coordinator.grouped_rounds import AnyRound
+from coordinator.rounds import PHASES
 from coordinator.store import RoundState
 from fedmask_proto.v1 import admin_service_pb2 as A
 from wire.round_task import seconds_to_duration
@@ -71,7 +72,7 @@ class RoundTimeline:
         return previous
 
 
-def stage_progress(r: RoundMachine, mark: StageMark, *, is_open: bool) -> A.StageProgress:
+def stage_progress(r: AnyRound, mark: StageMark, *, is_open: bool) -> A.StageProgress:
     """The progress of one stage of round `r`."""
     out = A.StageProgress(
         stage=STAGE.get(mark.phase, A.ROUND_STAGE_UNSPECIFIED),
@@ -87,7 +88,7 @@ def stage_progress(r: RoundMachine, mark: StageMark, *, is_open: bool) -> A.Stag
     return out
 
 
-def live_round(r: RoundMachine, timeline: RoundTimeline, *, base_version: int | None, started_at: datetime,
+def live_round(r: AnyRound, timeline: RoundTimeline, *, base_version: int | None, started_at: datetime,
                secure: bool) -> A.LiveRound:
     out = A.LiveRound(
         number=r.number,
@@ -106,7 +107,7 @@ def live_round(r: RoundMachine, timeline: RoundTimeline, *, base_version: int | 
     return out
 
 
-def stage_changed(r: RoundMachine, timeline: RoundTimeline, closed: StageMark | None) -> A.StageChanged:
+def stage_changed(r: AnyRound, timeline: RoundTimeline, closed: StageMark | None) -> A.StageChanged:
     """The event of round `r` entering its current phase; `closed` is the
     stage that just closed (from `RoundTimeline.open`)."""
     out = A.StageChanged(

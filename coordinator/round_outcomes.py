@@ -22,7 +22,7 @@ from coordinator.interrupted_charge import abort_charge
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.round_report import PrivacyLedger
-from coordinator.rounds import RoundMachine
+from coordinator.grouped_rounds import AnyRound
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
 from fedmask_proto.v1 import admin_service_pb2, common_pb2
 from wire.round_task import seconds_to_duration
@@ -60,7 +60,7 @@ class RoundOutcomes:
                 await self.exhaust_budget(best, paused=paused, model_version=model_version)
         self._metrics.privacy(spent=self.epsilon_spent, budget=ledger.budget, exhausted=self.budget_exhausted)
 
-    async def save_abort(self, r: RoundMachine, record: RoundRecord) -> None:
+    async def save_abort(self, r: AnyRound, record: RoundRecord) -> None:
         """Save aborted round `r` (`record`), with its privacy charge when its
         sum may have been learned (`interrupted_charge.abort_charge`, D94) in
         the same transaction; the epsilon spent then includes it."""
@@ -125,7 +125,7 @@ class RoundOutcomes:
             self._metrics.privacy(spent=self.epsilon_spent, budget=self._ledger.budget,
                                   exhausted=self.budget_exhausted)
 
-    def round_over(self, r: RoundMachine, *, started_at: datetime, new_version: int | None = None) -> None:
+    def round_over(self, r: AnyRound, *, started_at: datetime, new_version: int | None = None) -> None:
         """Count, measure and announce the end of round `r`."""
         duration = (self._wall() - started_at).total_seconds()
         committed = r.phase is RoundState.COMMITTED

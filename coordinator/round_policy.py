@@ -64,6 +64,7 @@ from dpmech.rotation import padded_dimension
 from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from secagg.errors import SecAggConfigError
+from secagg.groups import group_session_id
 from secagg.stages import Stage
 from wire.dp_task import DISCRETE_GAUSSIAN, discrete_gaussian_settings
 from wire.protocol import HYBRID_J_BOUND_HYPERPARAMETER, PLAINTEXT_HYPERPARAMETER, ROUND_INDEX_HYPERPARAMETER
@@ -115,6 +116,21 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
         expected_dropout=s.expected_dropout,
         active_adversary=active,
     )
+
+
+def group_configs_for(settings: CoordinatorSettings, whole: SecAggConfig,
+                      groups: Sequence[Sequence[int]]) -> tuple[SecAggConfig, ...]:
+    """One config per group of a round in groups (D87, D99): the settings'
+    graph and threshold policy for the group's size (`secagg_config_for`),
+    the group's own session id nonce (`group_session_id` of the round's),
+    and the ONE encoding of the round, `whole`'s (sized for the cohort),
+    with `whole`'s vector (the update and the metric coordinates).
+    SecAggConfigError when no configuration fits a group."""
+    out = []
+    for j, g in enumerate(groups):
+        config = secagg_config_for(settings, len(g), whole.vector_length, group_session_id(whole.session_id, j))
+        out.append(dataclasses.replace(config, encoding=whole.encoding.for_group(len(g))))
+    return tuple(out)
 
 
 def metric_names_for(model_metrics: Sequence[str], dp: DpSettings, *, plaintext: bool,
@@ -205,10 +221,11 @@ def masked_length(settings: CoordinatorSettings, update_dim: int) -> int:
     return padded_dimension(update_dim) if uses_discrete_gaussian(settings.dp) else update_dim
 
 
-def dp_settings_for(dp: DpSettings, cohort_size: int,
-                    mechanism: MechanismConfig | None = None) -> session_pb2.DpSettings:
+def dp_settings_for(dp: DpSettings, cohort_size: int, mechanism: MechanismConfig | None = None, *,
+                    rotation_key: bytes = b"") -> session_pb2.DpSettings:
     """The DpSettings a RoundTask carries. With the discrete Gaussian
-    `mechanism` (from `dp_mechanism_for`): its share and scale (D88).
+    `mechanism` (from `dp_mechanism_for`): its share and scale (D88), and
+    in a round in groups the round's `rotation_key` (D99).
     Otherwise the float Gaussian: with distributed noise each of the n
     devices adds N(0, (z * clip)^2 / n), so the sum carries z * clip."""
     if dp.mode == "none":
@@ -217,7 +234,8 @@ def dp_settings_for(dp: DpSettings, cohort_size: int,
     if uses_discrete_gaussian(dp):
         if mechanism is None:
             raise ValueError("a discrete-Gaussian round needs its mechanism (dp_mechanism_for)")
-        return discrete_gaussian_settings(mode=mode, noise_multiplier=dp.noise_multiplier, mechanism=mechanism)
+        return discrete_gaussian_settings(mode=mode, noise_multiplier=dp.noise_multiplier, mechanism=mechanism,
+                                          rotation_key=rotation_key)
     std = dp.noise_multiplier * dp.clip
     if dp.mode == "distributed":
         std = std / math.sqrt(cohort_size)

@@ -1,6 +1,6 @@
 """What a round leaves behind: its record, its metrics and its privacy entry.
 
-    round_record(r, state, ...)      the RoundRecord of a RoundMachine
+    round_record(r, state, ...)      the RoundRecord of a round machine (one instance or groups)
     round_metrics(r, ...)            the metrics stored with a committed round
     shape_metrics(r)                 cohort, threshold, neighbours (in every record)
     PrivacyLedger                    epsilon per round and composed (D12, D19, D88)
@@ -28,7 +28,7 @@ from coordinator.debug import debug_metrics
 from coordinator.logs import log_event
 from coordinator.metric_rules import metric_violation
 from coordinator.model_host import SYNTHETIC
-from coordinator.rounds import RoundMachine
+from coordinator.grouped_rounds import AnyRound, GroupsShape
 from coordinator.settings import DebugSettings, DpSettings
 from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
 from wire.round_metrics import MetricRangeError
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 
 def round_record(
-    r: RoundMachine,
+    r: AnyRound,
     state: RoundState,
     *,
     started_at: datetime,
@@ -74,7 +74,7 @@ def round_record(
     )
 
 
-def path_metrics(r: RoundMachine) -> dict[str, float]:
+def path_metrics(r: AnyRound) -> dict[str, float]:
     """A hybrid round's paths (D64): `hybrid.plaintext_devices` (UNPROTECTED
     contributions, also `hybrid.unprotected_contributions`) and
     `hybrid.secure_devices` counted; empty for every other round."""
@@ -83,13 +83,18 @@ def path_metrics(r: RoundMachine) -> dict[str, float]:
     return r.path_metrics() if isinstance(r, HybridRoundMachine) else {}
 
 
-def shape_metrics(r: RoundMachine) -> dict[str, float]:
-    """The round's cohort size, Shamir threshold and graph degree."""
-    return {"cohort": float(len(r.cohort)), "threshold": float(r.config.threshold),
-            "neighbours": float(r.config.degree)}
+def shape_metrics(r: AnyRound) -> dict[str, float]:
+    """The round's cohort size, Shamir threshold and graph degree; in a
+    round in groups (D99) the smallest group's threshold, the largest
+    degree and `groups`, how many."""
+    out = {"cohort": float(len(r.cohort)), "threshold": float(r.config.threshold),
+           "neighbours": float(r.config.degree)}
+    if isinstance(r.config, GroupsShape):
+        out["groups"] = float(r.config.groups)
+    return out
 
 
-def round_metrics(r: RoundMachine, *, model_name: str, debug: DebugSettings) -> dict[str, float]:
+def round_metrics(r: AnyRound, *, model_name: str, debug: DebugSettings) -> dict[str, float]:
     """The metrics stored with a committed round: contributors and cohort
     (what the coordinator counts itself); the metric totals over the counted
     devices, decoded from the secure sum (`sum.<name>` for real sums,
@@ -188,7 +193,7 @@ class PrivacyLedger:
     def enabled(self) -> bool:
         return self._dp.mode != "none" and self._dp.noise_multiplier > 0
 
-    def entry_for(self, r: RoundMachine) -> PrivacyEntry | None:
+    def entry_for(self, r: AnyRound) -> PrivacyEntry | None:
         """The ledger entry round `r` would add (None without DP). Blocking
         (reads the store the first time): call it from a worker thread."""
         if not self.enabled:

@@ -42,11 +42,14 @@ class TaskFields:
     @classmethod
     def for_round(cls, settings: CoordinatorSettings, model: ServerModel, current: CurrentModel,
                   model_version: int, cohort_size: int, metrics: MetricLayout,
-                  mechanism: MechanismConfig | None = None) -> TaskFields:
-        """The round's fields; `mechanism`: its discrete Gaussian (D88), when DP runs with it."""
+                  mechanism: MechanismConfig | None = None, *, rotation_key: bytes = b"") -> TaskFields:
+        """The round's fields; `mechanism`: its discrete Gaussian (D88), when
+        DP runs with it; `rotation_key`: its rotation's key in a round in
+        groups (D99)."""
         return cls(model_name=model.name, model_version=model_version, global_parameters=current.proto(),
                    hyperparameters=task_hyperparameters(settings, model.hyperparameters(), current.step),
-                   dp=dp_settings_for(settings.dp, cohort_size, mechanism), metrics=metrics)
+                   dp=dp_settings_for(settings.dp, cohort_size, mechanism, rotation_key=rotation_key),
+                   metrics=metrics)
 
     def _common(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "model_version": self.model_version,

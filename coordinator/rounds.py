@@ -110,12 +110,14 @@ class AggregateResult:
 
 
 def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: np.ndarray,
-                     counted: tuple[int, ...], mechanism: MechanismConfig | None = None) -> AggregateResult:
+                     counted: tuple[int, ...], mechanism: MechanismConfig | None = None,
+                     rotation_key: bytes = b"") -> AggregateResult:
     """Split an exact encoded sum of `counted` devices into the model update
     (its first L = vector_length - metrics.coordinates coordinates, decoded
     with the round's fixed-point encoding, or with the discrete Gaussian
-    `mechanism` and the round's rotation seed: the centred residue of the sum,
-    rotated back and unscaled, `dpmech.mechanism.decode_sum`) and the
+    `mechanism` and the round's rotation seed (from the session id, or the
+    `rotation_key` of a round in groups, D99): the centred residue of the
+    sum, rotated back and unscaled, `dpmech.mechanism.decode_sum`) and the
     metric limbs (the rest).
     The two parts are separate coordinates of a coordinatewise sum, so
     nothing in the metric limbs changes the model update.
@@ -132,7 +134,7 @@ def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: n
     if mechanism is None:
         decoded = config.encoding.decode_sum(model, len(counted))
     else:
-        decoded = decode_sum(model, mechanism, rotation_seed(config.session_id))
+        decoded = decode_sum(model, mechanism, rotation_seed(config.session_id, rotation_key))
     return AggregateResult(
         counted=counted,
         encoded_sum=encoded_sum,
@@ -182,6 +184,8 @@ class RoundMachine:
     metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates at the end of every input
     #: The discrete Gaussian the devices encode with (D88); None: the fixed-point encoding.
     mechanism: MechanismConfig | None = None
+    #: The discrete Gaussian's rotation key when this is one group of a round in groups (D99).
+    rotation_key: bytes = b""
 
     phase: RoundState = field(init=False, default=RoundState.ADVERTISE_KEYS)
     deadline: float = field(init=False, default=math.inf)
@@ -231,6 +235,10 @@ class RoundMachine:
     def pending_count(self) -> int:
         """Devices the open stage still waits for (0 outside the stages)."""
         return len(self._server.pending) if self.phase.is_collecting else 0
+
+    def has_device(self, device_id: int) -> bool:
+        """Whether the device is in this round's cohort."""
+        return self.ids.has_device(device_id)
 
     def live_devices(self) -> list[int]:
         return [d for d in self.cohort if d not in self._out]
@@ -447,7 +455,7 @@ class RoundMachine:
             done = self._server
             self.result = aggregate_result(
                 self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted),
-                self.mechanism,
+                self.mechanism, self.rotation_key,
             )
             self.phase = RoundState.AGGREGATING
             self.deadline = math.inf

@@ -1,6 +1,7 @@
 """The coordinator's asyncio runtime: the round loop that wires together the
 device registry (`registry.py`), the round policy (`round_policy.py`), the
-pure `RoundMachine` (`rounds.py`), the round report (`round_report.py`) and
+pure round machine (`rounds.py`, or one per group, `grouped_rounds.py`, as
+`round_machines.py` builds it), the round report (`round_report.py`) and
 the model it serves (`current_model.py`). Everything here runs on one event
 loop; store calls (blocking SQL) and the model step go to worker threads.
 The gRPC servicer only calls:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -50,18 +52,19 @@ from coordinator.model_host import ServerModel
 from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import ReportPolicy, credential
 from coordinator.report_ledger import ReportLedger
-from coordinator.hybrid import HybridRoundMachine
+from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine
 from coordinator.interrupted_charge import InterruptedCharge
-from coordinator.plaintext import PlaintextRoundMachine
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.recovery import recover
 from coordinator.relay import TopKAnswer
+from coordinator.round_groups import round_groups
+from coordinator.round_machines import build_round
 from coordinator.round_policy import AdaptiveDeadlines, dp_mechanism_for, round_plan
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.round_tasks import TaskFields
-from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
+from coordinator.rounds import Action, AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, Send
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.session_reaper import reap_silent_sessions
 from coordinator.spent_devices import SpentDevices
@@ -102,7 +105,7 @@ class Coordinator:
         )
         self.deadlines = AdaptiveDeadlines(settings.deadlines, plaintext=settings.debug.insecure_plaintext)
         self.ledger = PrivacyLedger(settings.dp, store)
-        self.round: RoundMachine | None = None
+        self.round: AnyRound | None = None
         self._round_started_at: datetime | None = None
         self._previous_contributors: frozenset[int] = frozenset()
         self.spent = SpentDevices(store)  # devices that answered unmasking on this version (D85)
@@ -328,7 +331,7 @@ class Coordinator:
         r = self.round
         notices: list[object]
         if isinstance(inner, common_pb2.AbortNotice) and inner.device_id == 0:
-            hosted_in_round = [d for d in session.devices if r is not None and r.ids.has_device(d)]
+            hosted_in_round = [d for d in session.devices if r is not None and r.has_device(d)]
             notices = list(expand_abort(inner, sorted(hosted_in_round)))
         else:
             notices = [inner]
@@ -343,7 +346,7 @@ class Coordinator:
                 log_event("message_discarded", session=session.sid, device=device_id, kind=type(m).__name__,
                           why="no round is running")
                 continue
-            if isinstance(m, secagg_pb2.AdvertiseKeys) and r.ids.has_device(device_id):
+            if isinstance(m, secagg_pb2.AdvertiseKeys) and r.has_device(device_id):
                 why = self.delivery.certificate_refusal(device_id, m, active=r.config.active_adversary)
                 if why is not None:  # a protocol violation of that device only (D33)
                     log_event("identity_certificate_refused", logging.WARNING, round=r.number,
@@ -454,7 +457,7 @@ class Coordinator:
         await self.peer_reports.refresh(self._last_round_number + 1)
         await self.spent.refresh(self.model_version)
 
-    def _record(self, r: RoundMachine, state: RoundState, *, ended: bool = False,
+    def _record(self, r: AnyRound, state: RoundState, *, ended: bool = False,
                 metrics: Mapping[str, float] | None = None, timings: Mapping[str, float] | None = None) -> RoundRecord:
         return round_record(r, state, started_at=self._round_started_at or self._wall(),
                             ended_at=self._wall() if ended else None, base_model_version=self._round_base,
@@ -482,24 +485,20 @@ class Coordinator:
         number = await asyncio.to_thread(self.store.next_round_number)
         fields = TaskFields.for_round(self.settings, self.model, self.current, self.model_version or 0, len(cohort), metrics,
                                       mechanism)
-        config = await asyncio.to_thread(fields.bind, config, number, cohort)  # the session id commits to the task
         identity = None
         self.delivery.new_round()
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary, cohort=len(cohort))
-        machine: type[RoundMachine] = RoundMachine
-        if plaintext:
-            machine = PlaintextRoundMachine
-        elif self.settings.hybrid.enabled:  # UNPROTECTED plaintext inputs from some devices (D64)
-            machine = HybridRoundMachine
-        r = machine(number=number, config=config, cohort=cohort, deadlines=windows.machine, identity_keys=identity,
-                    metrics=metrics, mechanism=mechanism)
+        groups = round_groups(self.settings.secagg.group_size, cohort, config.session_id, number, self.registry.owner)
+        r, fields = await asyncio.to_thread(lambda: build_round(
+            self.settings, number=number, config=config, groups=groups, deadlines=windows.machine, identity=identity,
+            metrics=metrics, mechanism=mechanism, fields=fields))
         self.round = r
         self._round_started_at = self._wall()
         self._round_base = self.model_version
         self._timeline = RoundTimeline()
-        log_event("round_started", round=number, cohort=len(cohort), config=config.describe(),
+        log_event("round_started", round=number, cohort=len(cohort), config=r.config.describe(),
                   model=self.model.name, version=self.model_version,
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
         try:
@@ -555,11 +554,13 @@ class Coordinator:
         if not phase.is_terminal:
             self.events.publish(stage_changed=stage_changed(r, self._timeline, closed))
 
-    def _send_tasks(self, r: RoundMachine, deadlines: dict[str, float], fields: TaskFields) -> None:
-        self.delivery.send_tasks(r.cohort, lambda devices: fields.task(r, devices, deadlines),
-                                 gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
+    def _send_tasks(self, r: AnyRound, deadlines: dict[str, float], fields: TaskFields) -> None:
+        """Each group's tasks (a round of one instance: one group) to the streams hosting its devices."""
+        for m in r.machines if isinstance(r, GroupedRoundMachine) else (r,):
+            self.delivery.send_tasks(m.cohort, functools.partial(fields.task, m, deadlines=deadlines),
+                                     gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
 
-    async def _commit(self, r: RoundMachine) -> None:
+    async def _commit(self, r: AnyRound) -> None:
         result = r.result
         assert result is not None
         t0 = self._clock()

@@ -43,6 +43,7 @@ from pydantic_settings import SettingsConfigDict
 from coordinator.store.url import check_database_url
 from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, unflatten
 from fedmask_settings import split_host_port as _split_host_port
+from secagg.groups import DEFAULT_GROUP_SIZE
 from wire.protocol import DEFAULT_MAX_TOP_K, MAX_TOP_K_LIMIT, is_loopback
 
 ENV_PREFIX = "FEDMASK_"
@@ -143,6 +144,11 @@ class SecaggSettings(SettingsGroup):
     #: protocol violation, so honest peers (which check the same against
     #: their own copy of the CA, D33) never see it and need not withdraw.
     device_ca: FilePath | None = None
+    #: Secure aggregation in groups (D87, D99): a selected cohort of 2G
+    #: devices or more runs as groups of at least G, each its own SecAgg(+)
+    #: instance, their sums added; the server learns each group's sum. A
+    #: client stream's devices stay in one group. 0: always one instance.
+    group_size: Annotated[int, Field(ge=0)] = DEFAULT_GROUP_SIZE
     #: Dropout rate the sparse ("auto") graph is sized for.
     expected_dropout: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.1
     #: Share-decryption reports (coordinator/peer_reports.py, D37): a device
@@ -171,6 +177,8 @@ class SecaggSettings(SettingsGroup):
 
     @model_validator(mode="after")
     def _consistency_needs_signatures(self) -> SecaggSettings:
+        if self.group_size == 1:
+            raise ValueError("secagg.group_size must be 0 (one instance) or at least 2")
         if self.consistency_check and not self.signatures:
             raise ValueError("secagg.consistency_check requires secagg.signatures = true")
         if self.report_window < self.report_rounds:
@@ -491,6 +499,14 @@ class CoordinatorSettings(LayeredSettings):
                 )
             if self.debug.insecure_plaintext:
                 raise ValueError("hybrid.unprotected_plaintext_j_bound and debug.insecure_plaintext exclude each other")
+        from coordinator.round_groups import groups_refusal
+
+        grouped_refusal = groups_refusal(
+            group_size=self.secagg.group_size, selected=self.cohort.selected, plaintext=self.debug.insecure_plaintext,
+            distributed_noise=self.dp.mode == "distributed" and self.dp.noise_multiplier > 0,
+            hybrid=self.hybrid.enabled)
+        if grouped_refusal is not None:
+            raise ValueError(grouped_refusal)
         if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):
             raise ValueError(
                 f"auth.mode 'none' is only allowed on a loopback listen_address, not {self.listen_address!r}"
@@ -568,3 +584,4 @@ def split_host_port(address: str) -> tuple[str, int]:
     """"host:port" / "[v6]:port" -> (host, port); ValueError if malformed
     (the message calls it a listen address)."""
     return _split_host_port(address, what="listen address")
+

@@ -20,7 +20,8 @@ or the float Gaussian), and refuses with WireError what cannot be right:
   (clip * scale, d'), never read from the task.
 
 The rotation's seed (`rotation_seed`) is the round's session id under a
-label: the session id commits to the whole task (`wire.round_binding`), and
+label (in a round in groups, D99, the round's `rotation_key`, the same in
+every group's task, under another label): the session id commits to the whole task (`wire.round_binding`), and
 every device of one secure-aggregation instance must hold the same session
 id or the masks do not cancel, so a coordinator cannot give one device a
 rotation of its own without that device's input falling out of the sum.
@@ -49,8 +50,17 @@ ROTATION_LABEL = b"fedmask/dp-rotation-seed/v1\x00"
 _MAX_UPDATE_LENGTH = 1 << 31
 
 
-def rotation_seed(session_id: bytes) -> bytes:
-    """The shared seed of a round's randomised Hadamard rotation: its session id, labelled."""
+#: The lengths a DpSettings.rotation_key may have (fedmask.v1.3, D99).
+ROTATION_KEY_BYTES = (16, 64)
+ROTATION_KEY_LABEL = b"fedmask/dp-rotation-key/v1\x00"
+
+
+def rotation_seed(session_id: bytes, rotation_key: bytes = b"") -> bytes:
+    """The shared seed of a round's randomised Hadamard rotation: its
+    session id, labelled; or, in a round in groups, the round's rotation key
+    (DpSettings.rotation_key, D99), under its own label."""
+    if rotation_key:
+        return ROTATION_KEY_LABEL + bytes(rotation_key)
     return ROTATION_LABEL + bytes(session_id)
 
 
@@ -65,22 +75,32 @@ def mechanism_name(dp: session_pb2.DpSettings) -> str:
 
 
 def discrete_gaussian_settings(*, mode: session_pb2.DpMode.ValueType, noise_multiplier: float,
-                               mechanism: MechanismConfig) -> session_pb2.DpSettings:
-    """The DpSettings of a round with `mechanism` (mode local or distributed)."""
+                               mechanism: MechanismConfig, rotation_key: bytes = b"") -> session_pb2.DpSettings:
+    """The DpSettings of a round with `mechanism` (mode local or distributed);
+    `rotation_key`: the round's, when it runs in groups (D99)."""
     if mode not in (session_pb2.DP_MODE_LOCAL, session_pb2.DP_MODE_DISTRIBUTED):
         raise ValueError("the discrete Gaussian runs with mode local or distributed")
     return session_pb2.DpSettings(
         mode=mode, clip_norm=mechanism.clip, noise_multiplier=noise_multiplier,
         mechanism=session_pb2.DP_MECHANISM_DISCRETE_GAUSSIAN,
         noise_variance_numerator=mechanism.sigma2.numerator, noise_variance_denominator=mechanism.sigma2.denominator,
-        scale=mechanism.scale, update_length=mechanism.dim,
+        scale=mechanism.scale, update_length=mechanism.dim, rotation_key=rotation_key,
     )
 
 
-def task_mechanism(dp: session_pb2.DpSettings, config: SecAggConfig, metric_coordinates: int) -> MechanismConfig | None:
-    """Device side: the round's mechanism (see the module doc), None without one."""
+def task_mechanism(dp: session_pb2.DpSettings, config: SecAggConfig, metric_coordinates: int, *,
+                   encoding_devices: int | None = None) -> MechanismConfig | None:
+    """Device side: the round's mechanism (see the module doc), None without
+    one. `encoding_devices`: the devices the round's field is sized for (the
+    whole cohort when this instance is one group of a round in groups, D99;
+    default: the instance's); the field is checked for that many."""
     if mechanism_name(dp) != DISCRETE_GAUSSIAN:
+        if dp.rotation_key:
+            raise WireError("RoundTask.dp: a rotation key without the discrete Gaussian")
         return None
+    lo, hi = ROTATION_KEY_BYTES
+    if dp.rotation_key and not lo <= len(dp.rotation_key) <= hi:
+        raise WireError(f"RoundTask.dp: a rotation key is {lo} to {hi} bytes, got {len(dp.rotation_key)}")
     num, den = int(dp.noise_variance_numerator), int(dp.noise_variance_denominator)
     if num < 1 or den < 1:
         raise WireError("RoundTask.dp: the discrete Gaussian's noise variance must be a positive fraction")
@@ -96,7 +116,7 @@ def task_mechanism(dp: session_pb2.DpSettings, config: SecAggConfig, metric_coor
     try:
         mechanism = MechanismConfig(dim=int(dp.update_length), clip=float(dp.clip_norm), scale=float(dp.scale),
                                     sigma2=Fraction(num, den), bits=config.encoding.modulus_bits,
-                                    devices=config.num_clients)
+                                    devices=max(config.num_clients, encoding_devices or 0))
     except (ValueError, TypeError) as exc:
         raise WireError(f"RoundTask.dp: {exc}") from None
     if mechanism.padded_dim != config.vector_length:
@@ -105,5 +125,6 @@ def task_mechanism(dp: session_pb2.DpSettings, config: SecAggConfig, metric_coor
     return mechanism
 
 
-__all__ = ["DISCRETE_GAUSSIAN", "GAUSSIAN_FLOAT", "MECHANISMS", "ROTATION_LABEL", "discrete_gaussian_settings",
+__all__ = ["DISCRETE_GAUSSIAN", "GAUSSIAN_FLOAT", "MECHANISMS", "ROTATION_KEY_BYTES", "ROTATION_LABEL",
+           "discrete_gaussian_settings",
            "mechanism_name", "rotation_seed", "task_mechanism"]

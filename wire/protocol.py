@@ -40,7 +40,7 @@ from secagg.stages import Stage
 # --------------------------------------------------------------------------- versions
 
 #: The version this code speaks.
-PROTOCOL_VERSION = "fedmask.v1.2"
+PROTOCOL_VERSION = "fedmask.v1.3"
 #: Client versions the coordinator serves (the current one first). 1.1
 #: added the share check (ShareReceipt, MaskingRequest), changed what a
 #: device's masked input holds (metric coordinates after the update,
@@ -51,6 +51,9 @@ PROTOCOL_VERSION = "fedmask.v1.2"
 #: under it a masked input is the rotated update's residues mod 2^w, d'
 #: coordinates. A 1.1 client would ignore the mechanism and send float
 #: noise in the fixed-point encoding, so it is refused at Hello too.
+#: 1.3 added SecaggSettings.encoding_cohort_size (D99): a round in groups
+#: sends each group's devices the whole cohort's encoding. A 1.2 client would
+#: encode at its group's scale and the groups' sums could wrap: refused too.
 SERVED_CLIENT_VERSIONS: tuple[str, ...] = (PROTOCOL_VERSION,)
 #: Printed and logged versions are cut to this many characters.
 MAX_VERSION_CHARS = 64

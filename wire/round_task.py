@@ -9,7 +9,10 @@ rebuilds the IDENTICAL config with `secagg_config_from_proto`:
     session_id    = RoundTask.session_id
     degree        = cohort_size - 1 if graph == FULL else neighbour_count
     threshold     = threshold
-    encoding      = FixedPointEncoding.for_cohort(n, clip=clip, modulus_bits=modulus_bits)
+    encoding      = FixedPointEncoding.for_cohort(N, clip=clip, modulus_bits=modulus_bits)
+                    .for_group(n), N = encoding_cohort_size or n (fedmask.v1.3:
+                    a group of a round in groups encodes at the whole
+                    cohort's scale, D87/D99; N < n is refused)
     active_adversary = signatures (== consistency_check; secagg runs the
                        consistency stage exactly in active mode)
 
@@ -54,17 +57,29 @@ MAX_MODEL_NAME_CHARS = 64
 STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
 
 
-def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings:
-    """The settings a device rebuilds `config` from (see the module doc). A
-    group's config whose encoding is sized for a larger cohort (D87) is
-    refused: SecaggSettings carries one size, from which the device derives
-    both the instance and its encoding, so it would encode at another scale."""
+def encoding_cohort_size(config: SecAggConfig) -> int:
+    """The cohort size N the config's encoding is sized for: n for a round of
+    one instance; for a group of a round in groups (D87), the largest N with
+    max_level = (2^w - 1) // N, which rebuilds the same encoding. WireError
+    for an encoding no cohort size gives (it could not be sent)."""
     enc = config.encoding
-    if enc != FixedPointEncoding.for_cohort(config.num_clients, clip=enc.clip, modulus_bits=enc.modulus_bits):
-        raise WireError(
-            f"SecaggSettings carry one cohort size, from which a device derives the encoding: an instance of "
-            f"{config.num_clients} devices with another encoding (a group of a round in groups) cannot be sent"
-        )
+    n = config.num_clients
+    if enc == FixedPointEncoding.for_cohort(n, clip=enc.clip, modulus_bits=enc.modulus_bits):
+        return n
+    total = ((1 << enc.modulus_bits) - 1) // enc.max_level
+    try:
+        rebuilt = FixedPointEncoding.for_cohort(total, clip=enc.clip, modulus_bits=enc.modulus_bits).for_group(n)
+    except (SecAggConfigError, ValueError):
+        rebuilt = None
+    if total < n or rebuilt != enc:
+        raise WireError(f"the encoding of this {n}-device instance (max_level {enc.max_level}, w {enc.modulus_bits}) "
+                        "is not one a cohort size gives: it cannot be sent")
+    return total
+
+
+def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings:
+    """The settings a device rebuilds `config` from (see the module doc),
+    a group's config (its encoding sized for the whole cohort) included."""
     return session_pb2.SecaggSettings(
         threshold=config.threshold,
         graph=session_pb2.GRAPH_KIND_FULL if config.is_complete_graph else session_pb2.GRAPH_KIND_SPARSE,
@@ -75,6 +90,7 @@ def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings
         vector_length=config.vector_length,
         signatures=config.active_adversary,
         consistency_check=config.active_adversary,
+        encoding_cohort_size=encoding_cohort_size(config),
     )
 
 
@@ -93,8 +109,13 @@ def secagg_config_from_proto(s: session_pb2.SecaggSettings, session_id: bytes) -
         raise WireError("SecaggSettings: signatures and consistency_check must be both on (active mode) or both off")
     if not (math.isfinite(s.clip) and s.clip > 0):
         raise WireError(f"SecaggSettings: clip must be a positive number, got {s.clip}")
+    whole = s.encoding_cohort_size or n
+    if whole < n:  # a smaller N would let the groups' sums wrap
+        raise WireError(f"SecaggSettings: encoding_cohort_size {whole} is below cohort_size {n}")
     try:
-        encoding = FixedPointEncoding.for_cohort(n, clip=s.clip, modulus_bits=s.modulus_bits)
+        encoding = FixedPointEncoding.for_cohort(whole, clip=s.clip, modulus_bits=s.modulus_bits)
+        if whole != n:
+            encoding = encoding.for_group(n)
         return SecAggConfig(n, s.vector_length, bytes(session_id), degree, s.threshold, encoding, bool(s.signatures))
     except (SecAggConfigError, ValueError, TypeError) as exc:
         raise WireError(f"SecaggSettings: {exc}") from None
@@ -214,7 +235,7 @@ class RoundTaskView:
     @property
     def rotation_seed(self) -> bytes:
         """The discrete Gaussian's shared rotation seed (`wire.dp_task.rotation_seed`)."""
-        return rotation_seed(self.session_id)
+        return rotation_seed(self.session_id, bytes(self.dp.rotation_key))
 
 
 def parse_round_task(
@@ -274,7 +295,8 @@ def parse_round_task(
     if metrics.coordinates >= config.vector_length:
         raise WireError(f"RoundTask: {metrics.coordinates} metric coordinates leave no room for the update in "
                         f"vector_length {config.vector_length}")
-    mechanism = task_mechanism(dp, config, metrics.coordinates)
+    mechanism = task_mechanism(dp, config, metrics.coordinates,
+                               encoding_devices=task.secagg.encoding_cohort_size or config.num_clients)
     return RoundTaskView(
         session_id=bytes(task.session_id),
         round_number=int(task.round_number),

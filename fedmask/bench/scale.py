@@ -30,13 +30,13 @@ starts a round) to the largest size whose selection fits in the N devices,
 so every round selects (nearly) all of them; `devices_left_out` counts the
 hosted devices a round did not select.
 
-Groups: the coordinator does not form secure-aggregation groups over gRPC
-yet (D87: a round over gRPC is one instance over its cohort), and only the
-leader holds device streams (D90), so no device can be left out for sitting
-on a replica with too few devices. `groups` is what the leader ran (its
-`round_started` log line: the cohort over the instance's n);
-`groups_at_group_size` is how many groups `secagg.groups.partition` would
-make of that cohort at `group_size`.
+Groups: every replica is started with `--group-size G`, so a round whose
+cohort reaches 2G runs in groups of at least G, a client process's devices
+in one group (D99). Only the leader holds device streams (D90), so no
+device is left out for sitting on a replica with too few devices.
+`groups` is the most groups a round ran in and `secagg` the first round's
+shape (cohort, smallest group threshold, largest degree), both from the
+rounds' records.
 
 CPU: `replica_cpu_ms_per_device_round` is the replicas' user + system time
 (/proc/<pid>/stat, sampled every 0.2 s) from the sample before the first
@@ -122,7 +122,7 @@ def fairness_problem(replicas: int, client_processes: int) -> str | None:
 class ScaleBenchConfig:
     fleet: FleetShape = FleetShape(devices=1000, client_processes=9)
     replicas: int = 3
-    #: The group size G the rounds are meant to run at (see the module doc: the coordinator forms no groups yet).
+    #: The group size G the rounds run at (each replica's --group-size; see the module doc).
     group_size: int = 500
     dropout: float = 0.05
     rounds: int = 3
@@ -244,6 +244,7 @@ def _replica_flags(cfg: ScaleBenchConfig, url: str, port: int, index: int) -> di
         "lease_seconds": cfg.lease_s, "model": "synthetic", "model_params": {"vector_length": cfg.fleet.dim},
         "cohort_size": size, "cohort_minimum": size, "allow_consecutive": True, "rounds": cfg.rounds,
         "seed": cfg.seed, "selection_deadline": 120, **cfg.deadlines.flags(), "secagg_graph": "auto",
+        "group_size": cfg.group_size,
         "dp_mode": "none", "debug_record_sums": True, "log_level": "INFO",
     }
 
@@ -318,18 +319,6 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
     return last
 
 
-_ROUND_STARTED = re.compile(r"event=round_started round=(\d+) cohort=(\d+) config='n=(\d+) L=\d+ graph=(.+?) t=(\d+)'")
-
-
-def _instances(tier: list[Child]) -> dict[int, tuple[int, int, str, int]]:
-    """round -> (cohort, instance n, graph, t) from the replicas' `round_started` lines."""
-    out: dict[int, tuple[int, int, str, int]] = {}
-    for c in tier:
-        for m in _ROUND_STARTED.finditer(c.log()):
-            out[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), m.group(4), int(m.group(5)))
-    return out
-
-
 _ELECTED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*event=leader_elected", re.MULTILINE)
 
 
@@ -347,26 +336,21 @@ def _leaders(tier: list[Child], until: float) -> list[str]:
 
 def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], cpu: CpuSampler,
                   client_cpu: CpuSampler, state_dirs: list[Path]) -> dict[str, Any]:
-    from secagg.groups import group_count
-
     committed = [r for r in records if r.state.value == "committed"]
     exact = bool(committed) and all(exact_aggregate(r, state_dirs) for r in committed)
-    instances = _instances(tier)
     device_rounds = sum(r.cohort_size for r in records)
     window = (min(r.started_at.timestamp() for r in records), max(r.ended_at.timestamp() for r in records))
     cpu_s = cpu.seconds_between(*window) if records else math.nan
     client_cpu_s = client_cpu.seconds_between(*window) if records else math.nan
-    groups = [math.ceil(cohort / n) for cohort, n, _, _ in instances.values() if n]
-    first = next(iter(instances.values()), None)
+    first = records[0].metrics if records else None
     return {
         "ok": len(committed) == cfg.rounds and exact,
         "exact": exact,
         "replicas": len(tier),
         **committed_times(records),
-        "groups": max(groups) if groups else None,
-        "groups_at_group_size": max((group_count(r.cohort_size, cfg.group_size) for r in records if r.cohort_size >= 2),
-                                    default=None),
-        "secagg": None if first is None else {"n": first[1], "graph": first[2], "threshold": first[3]},
+        "groups": max((int(r.metrics.get("groups", 1)) for r in records), default=None),
+        "secagg": None if first is None else {k: int(first[k]) for k in ("cohort", "threshold", "neighbours")
+                                              if k in first},
         "devices_left_out": max((cfg.fleet.devices - r.cohort_size for r in records), default=None),
         "replica_cpu_ms_per_device_round": round(1000.0 * cpu_s / device_rounds, 3) if device_rounds else None,
         "replica_cpu_s": round(cpu_s, 2),

@@ -212,7 +212,7 @@ def scale(
     devices: Annotated[int, typer.Option(min=3, help="Devices, hosted by the client processes; every round selects (nearly) all of them.")] = 1000,
     client_processes: Annotated[int, typer.Option(min=1, help="Edge-client processes hosting the devices: at least 3 per replica (a client process carries its devices on one stream, which one replica holds), and at most 8, or exactly 3 per replica from 3 replicas on.")] = 9,
     dim: Annotated[int, typer.Option(min=1, help="Update length L (synthetic model; 53,824 = ML-100K item table x 32).")] = 53_824,
-    group_size: Annotated[int, typer.Option(min=2, help="Secure-aggregation group size G the rounds are meant for (D87). The coordinator forms no groups over gRPC yet: each round is one SecAgg+ instance, and the JSON says how many groups G would make.")] = 500,
+    group_size: Annotated[int, typer.Option(min=2, help="Secure-aggregation group size G (D87, D99): a round of 2G devices or more runs in groups of at least G, each its own SecAgg+ instance, a client process's devices in one group; the JSON says how many groups the rounds ran in.")] = 500,
     dropout: Annotated[float, typer.Option(min=0.0, max=0.5, help="Probability that a device goes silent at the masked-input stage of a round.")] = 0.05,
     rounds: Annotated[int, typer.Option(min=1, help="Secure rounds per tier.")] = 3,
     baseline: Annotated[bool, typer.Option("--baseline/--no-baseline", help="First run the same rounds with --replicas 1 (the baseline), in this invocation.")] = True,
@@ -228,7 +228,7 @@ def scale(
 
     Starts a throwaway PostgreSQL server (initdb in a temp folder; needs the server binaries, as the tests do) and, on a fresh database each: --replicas replicas of `fedmask coordinator` (the synthetic model of length --dim, SecAgg+ at the coordinator's auto degree and threshold, the default over-selection, no DP), then --client-processes edge clients hosting --devices synthetic-update devices, each client given every replica's address (--coordinator A,B,C; no load balancer). The first replica leads; the others wait as standbys: only the leader holds device streams and runs rounds (D90). --dropout of the devices go silent at masked-input in each round. Every committed aggregate is checked bit for bit. With --baseline (the default) the same rounds first run on one replica.
 
-    Last stdout line: JSON with ok, exact, round_s_median, stage_s_median, groups, groups_at_group_size, devices_left_out, replica_cpu_ms_per_device_round (the replicas' CPU from /proc over the rounds, per device-round), client_cpu_ms_per_device_round (the same for the client processes), replica_peak_rss_mb (VmHWM of each), rounds_committed, rounds_aborted, leader, routing, the baseline's figures and round_s_median_over_baseline.
+    Last stdout line: JSON with ok, exact, round_s_median, stage_s_median, groups (the most a round ran in, at --group-size), secagg (the first round's cohort, threshold and neighbours), devices_left_out, replica_cpu_ms_per_device_round (the replicas' CPU from /proc over the rounds, per device-round), client_cpu_ms_per_device_round (the same for the client processes), replica_peak_rss_mb (VmHWM of each), rounds_committed, rounds_aborted, leader, routing, the baseline's figures and round_s_median_over_baseline.
     """
     from fedmask.bench.loopback_federation import FleetShape
     from fedmask.bench.scale import ScaleBenchConfig, fairness_problem, run_scale_bench

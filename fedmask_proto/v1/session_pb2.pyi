@@ -512,6 +512,7 @@ class SecaggSettings(_message.Message):
     VECTOR_LENGTH_FIELD_NUMBER: _builtins.int
     SIGNATURES_FIELD_NUMBER: _builtins.int
     CONSISTENCY_CHECK_FIELD_NUMBER: _builtins.int
+    ENCODING_COHORT_SIZE_FIELD_NUMBER: _builtins.int
     threshold: _builtins.int
     """Shamir threshold t: secrets are reconstructible from t shares; the round
     aborts if fewer than t neighbours survive a stage.
@@ -523,8 +524,8 @@ class SecaggSettings(_message.Message):
     """Arithmetic is modulo 2^modulus_bits (1..32)."""
     clip: _builtins.float
     """Each coordinate of the update is clipped to [-clip, clip] before the
-    fixed-point encoding (secagg.encoding), which also uses cohort_size to
-    leave headroom for the sum.
+    fixed-point encoding (secagg.encoding), which also uses cohort_size (or
+    encoding_cohort_size) to leave headroom for the sum.
     """
     cohort_size: _builtins.int
     """Number of selected devices n in the round."""
@@ -534,6 +535,14 @@ class SecaggSettings(_message.Message):
     """Active-adversary mode: AdvertiseKeys must be signed with identity keys."""
     consistency_check: _builtins.bool
     """Run the ConsistencyCheck stage (requires signatures)."""
+    encoding_cohort_size: _builtins.int
+    """The number of devices the fixed-point encoding is sized for (protocol
+    fedmask.v1.3, D99): when a round runs in groups, this instance is one
+    group of cohort_size devices and the encoding is the whole round's,
+    max_level = (2^modulus_bits - 1) / encoding_cohort_size, so that the
+    groups' sums add without wrapping. 0 (absent): cohort_size. A device
+    refuses a value below cohort_size.
+    """
     def __init__(
         self,
         *,
@@ -546,10 +555,11 @@ class SecaggSettings(_message.Message):
         vector_length: _builtins.int = ...,
         signatures: _builtins.bool = ...,
         consistency_check: _builtins.bool = ...,
+        encoding_cohort_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "cohort_size", b"cohort_size", "consistency_check", b"consistency_check", "graph", b"graph", "modulus_bits", b"modulus_bits", "neighbour_count", b"neighbour_count", "signatures", b"signatures", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "cohort_size", b"cohort_size", "consistency_check", b"consistency_check", "encoding_cohort_size", b"encoding_cohort_size", "graph", b"graph", "modulus_bits", b"modulus_bits", "neighbour_count", b"neighbour_count", "signatures", b"signatures", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -586,6 +596,7 @@ class DpSettings(_message.Message):
     NOISE_VARIANCE_DENOMINATOR_FIELD_NUMBER: _builtins.int
     SCALE_FIELD_NUMBER: _builtins.int
     UPDATE_LENGTH_FIELD_NUMBER: _builtins.int
+    ROTATION_KEY_FIELD_NUMBER: _builtins.int
     mode: Global___DpMode.ValueType
     clip_norm: _builtins.float
     noise_multiplier: _builtins.float
@@ -599,6 +610,13 @@ class DpSettings(_message.Message):
     """discrete-gaussian: integer units per model unit"""
     update_length: _builtins.int
     """discrete-gaussian: the model update's coordinates before padding"""
+    rotation_key: _builtins.bytes
+    """discrete-gaussian, protocol fedmask.v1.3 (D99): the key of the rotation's
+    signs when a round runs in groups, the same for every group so that their
+    sums add (each group has its own session id); 16 to 64 bytes. Empty: the
+    signs come from the session id. It is part of the task the session id
+    commits to, so every device of one instance holds the same key.
+    """
     def __init__(
         self,
         *,
@@ -611,10 +629,11 @@ class DpSettings(_message.Message):
         noise_variance_denominator: _builtins.int = ...,
         scale: _builtins.float = ...,
         update_length: _builtins.int = ...,
+        rotation_key: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "mechanism", b"mechanism", "mode", b"mode", "noise_multiplier", b"noise_multiplier", "noise_stddev", b"noise_stddev", "noise_variance_denominator", b"noise_variance_denominator", "noise_variance_numerator", b"noise_variance_numerator", "scale", b"scale", "update_length", b"update_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip_norm", b"clip_norm", "mechanism", b"mechanism", "mode", b"mode", "noise_multiplier", b"noise_multiplier", "noise_stddev", b"noise_stddev", "noise_variance_denominator", b"noise_variance_denominator", "noise_variance_numerator", b"noise_variance_numerator", "rotation_key", b"rotation_key", "scale", b"scale", "update_length", b"update_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -43,7 +43,7 @@ def test_version_rule() -> None:
     assert old is not None and "upgrade the edge client" in old
     # a 1.0 client cannot prove possession of its identity key (D32), a 1.1 client does not know the
     # discrete Gaussian (D88): both refused with the advice
-    assert PROTOCOL_VERSION == "fedmask.v1.2"
+    assert PROTOCOL_VERSION == "fedmask.v1.3"
     for older in ("fedmask.v1", "fedmask.v1.1"):
         refusal = version_refusal(older)
         assert refusal is not None and "upgrade the edge client" in refusal

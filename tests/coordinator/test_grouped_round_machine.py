@@ -1,0 +1,209 @@
+"""A round in groups over the coordinator's pure machines (D99): fake
+devices get their group's RoundTask through the wire, and the committed sum
+is checked against an independent oracle, the plaintext sum of the counted
+devices' encoded inputs, bit for bit, under every dropout pattern drawn."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coordinator.grouped_rounds import GroupedRoundMachine
+from coordinator.round_groups import groups_by_host
+from coordinator.rounds import AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, Send
+from coordinator.store import RoundState
+from fedmask_proto.v1 import common_pb2
+from secagg.config import SecAggConfig
+from secagg.groups import group_session_id, partition_seed
+from wire import RoundIds, build_round_task, parse_round_task
+from wire.round_metrics import MetricLayout
+
+from coordinator_fakes import FakeDevice
+
+P = common_pb2
+DEADLINES = {s: 10.0 for s in ("advertise_keys", "share_keys", "share_check", "masked_input", "consistency_check",
+                                "unmasking")}
+SESSION = b"0123456789abcdef"
+STAGES = ("advertise_keys", "share_keys", "share_check", "masked_input", "unmasking")
+
+
+class GroupDriver:
+    """Builds the groups' configs as the coordinator does, hands every fake
+    device its group's task through the wire, and routes messages."""
+
+    def __init__(self, n: int, group_size: int, *, silent: dict[int, str] | None = None, number: int = 3,
+                 L: int = 9, minimum: int = 2, neighbors: int | str = "all", hosts: dict[int, int] | None = None):
+        self.now = 0.0
+        cohort = [10 + 7 * i for i in range(n)]
+        groups = groups_by_host(cohort, hosts or {}, group_size=group_size, seed=partition_seed(SESSION, number))
+        whole = SecAggConfig.create(num_clients=n, vector_length=L, session_id=SESSION)
+        self.layout = MetricLayout.for_round(("devices", "examples"), whole.encoding)
+        length = L + self.layout.coordinates
+        self.configs = [
+            SecAggConfig.create(num_clients=len(g), vector_length=length, session_id=group_session_id(SESSION, j),
+                                encoding_clients=n, neighbors=neighbors if len(g) > 4 else "all")
+            for j, g in enumerate(groups)
+        ]
+        self.m = GroupedRoundMachine(number=number, configs=self.configs, groups=groups, deadlines=DEADLINES,
+                                     minimum=minimum, metrics=self.layout)
+        self.devices = {d: FakeDevice(d, seed=5, silent_at=(silent or {}).get(d)) for d in cohort}
+        self.notices: dict[int, list[int]] = {d: [] for d in cohort}
+        self.phases: list[RoundState] = []
+        self.ended: list[RoundEnded] = []
+        self.ready: list[AggregateReady] = []
+        self.logs: list[LogEvent] = []
+        self.inbox: list[tuple[int, object]] = []
+        for machine in self.m.machines:
+            ids = RoundIds.from_cohort(machine.cohort)
+            for d in machine.cohort:
+                task = build_round_task(config=machine.config, round_number=number, ids=ids, devices=[d],
+                                        model_name="synthetic", model_version=1,
+                                        global_parameters={"mean": np.zeros(L, np.float32)}, metrics=self.layout)
+                view = parse_round_task(task, hosted=[d])  # the device rebuilds its group's config from the wire
+                assert view.config == machine.config
+                self.inbox += [(d, p) for p in self.devices[d].on_task(view)]
+        self.apply(self.m.start(self.now))
+
+    def apply(self, actions):
+        for a in actions:
+            if isinstance(a, Send):
+                inner = getattr(a.message, a.message.WhichOneof("message"))
+                if isinstance(inner, P.AbortNotice):
+                    self.notices[a.device_id].append(inner.reason)
+                self.inbox += [(a.device_id, p) for p in self.devices[a.device_id].on_message(inner)]
+            elif isinstance(a, Broadcast):
+                pass
+            elif isinstance(a, RoundEnded):
+                self.ended.append(a)
+            elif isinstance(a, PhaseChanged):
+                self.phases.append(a.phase)
+            elif isinstance(a, AggregateReady):
+                self.ready.append(a)
+            elif isinstance(a, LogEvent):
+                self.logs.append(a)
+
+    def run(self, max_steps: int = 30) -> None:
+        for _ in range(max_steps):
+            while self.inbox:
+                d, p = self.inbox.pop(0)
+                self.apply(self.m.handle(d, p, self.now))
+            if not self.m.phase.is_collecting:
+                return
+            if not self.m.wants_close:
+                self.now = self.m.deadline
+            self.apply(self.m.tick(self.now))
+        raise AssertionError("round did not end")
+
+    def oracle(self, counted) -> np.ndarray:
+        """The plaintext sum of the counted devices' encoded inputs mod 2^w."""
+        total = np.stack([self.devices[d].encoded for d in counted]).sum(axis=0, dtype=np.uint64)
+        return (total % np.uint64(1 << self.configs[0].encoding.modulus_bits)).astype(np.uint32)
+
+
+def test_honest_round_in_three_groups_sums_exactly_and_decodes_once() -> None:
+    d = GroupDriver(n=31, group_size=10)
+    assert d.m.config.groups == 3 and min(d.m.config.sizes) >= 10
+    d.run()
+    assert d.m.phase is RoundState.AGGREGATING
+    assert len(d.ready) == 1 and d.ready[0].result is d.m.result
+    assert set(d.m.result.counted) == set(d.m.cohort)
+    assert np.array_equal(d.m.result.encoded_sum, d.oracle(d.m.result.counted))
+    mean = np.mean([d.devices[x].update for x in d.m.cohort], axis=0)
+    assert np.allclose(d.m.result.decoded_mean, mean, atol=1e-6)
+    # one phase per stage, as a round of one instance shows it
+    assert d.phases == [RoundState.ADVERTISE_KEYS, RoundState.SHARE_KEYS, RoundState.SHARE_CHECK,
+                        RoundState.MASKED_INPUT, RoundState.UNMASKING, RoundState.AGGREGATING]
+    actions = d.m.committed(42, d.now)
+    d.apply(actions)
+    assert d.m.phase is RoundState.COMMITTED and d.ended == [RoundEnded(True)]
+    # every group tells its own devices, with its own session id
+    sessions = {a.message.round_committed.session_id for a in actions if isinstance(a, Broadcast)}
+    assert sessions == {c.session_id for c in d.configs}
+
+
+def test_a_group_that_aborts_leaves_the_others_counted() -> None:
+    """Every device but one of group 0 goes silent at masked input: that
+    group aborts, its devices are told, and the round commits the others'
+    sum exactly, with no device of group 0 in it."""
+    probe = GroupDriver(n=30, group_size=10)
+    g0 = probe.m.groups[0]
+    d = GroupDriver(n=30, group_size=10, silent={x: "masked_input" for x in g0[1:]})
+    d.run()
+    assert d.m.phase is RoundState.AGGREGATING
+    assert not set(d.m.result.counted) & set(g0)
+    assert set(d.m.result.counted) == set(d.m.cohort) - set(g0)
+    assert np.array_equal(d.m.result.encoded_sum, d.oracle(d.m.result.counted))
+    assert any(e.event == "group_aborted" and e.fields["group"] == 0 for e in d.logs)
+    # the record counts what the sum counts: group 0 is among the dropouts, not the survivors
+    assert set(d.m.survivors()["masked_input"]) == set(d.m.result.counted)
+    assert d.m.dropouts["masked_input"][g0[0]] == "group_aborted"
+    assert not any(e.event == "round_aborted" for e in d.logs)
+    assert P.ABORT_REASON_TOO_FEW_SURVIVORS in d.notices[g0[0]]
+
+
+def test_too_few_counted_over_the_groups_aborts_the_round_and_tells_the_counted() -> None:
+    probe = GroupDriver(n=20, group_size=10)
+    g0, g1 = probe.m.groups
+    d = GroupDriver(n=20, group_size=10, silent={x: "share_keys" for x in g0}, minimum=15)
+    d.run()
+    assert d.m.phase is RoundState.ABORTED
+    assert d.ended and d.ended[-1].committed is False and "minimum 15" in d.m.abort_detail
+    assert all(P.ABORT_REASON_TOO_FEW_SURVIVORS in d.notices[x] for x in g1)  # the counted group was told
+
+
+def test_every_group_aborting_aborts_the_round_once() -> None:
+    d = GroupDriver(n=20, group_size=10, silent={10 + 7 * i: "advertise_keys" for i in range(20)})
+    d.run()
+    assert d.m.phase is RoundState.ABORTED
+    assert sum(1 for e in d.ended if not e.committed) == 1
+    assert sum(1 for e in d.logs if e.event == "round_aborted") == 1
+
+
+def test_a_host_is_never_split_and_groups_stay_at_least_g() -> None:
+    hosts = {10 + 7 * i: i // 6 for i in range(40)}  # 7 hosts of 6 devices (the last of 4)
+    d = GroupDriver(n=40, group_size=12, hosts=hosts)
+    for g in d.m.groups:
+        assert len(g) >= 12
+        for x in g:
+            assert {y for y in d.m.cohort if hosts[y] == hosts[x]} <= set(g)
+    d.run()
+    assert np.array_equal(d.m.result.encoded_sum, d.oracle(d.m.result.counted))
+
+
+def test_machine_refuses_groups_without_the_one_encoding() -> None:
+    a = SecAggConfig.create(num_clients=3, vector_length=4, session_id=b"a", encoding_clients=6)
+    b = SecAggConfig.create(num_clients=3, vector_length=4, session_id=b"b")  # sized for its group only
+    with pytest.raises(ValueError, match="one encoding"):
+        GroupedRoundMachine(number=1, configs=[a, b], groups=[[1, 2, 3], [4, 5, 6]], deadlines=DEADLINES, minimum=2)
+    with pytest.raises(ValueError, match="session id"):
+        GroupedRoundMachine(number=1, configs=[a, dataclasses.replace(a)], groups=[[1, 2, 3], [4, 5, 6]],
+                            deadlines=DEADLINES, minimum=2)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(8, 36), group_size=st.integers(4, 12), data=st.data())
+def test_any_dropout_pattern_commits_the_exact_sum_or_aborts(n: int, group_size: int, data: st.DataObject) -> None:
+    """Property: whatever devices go silent at whatever stage, the round
+    either aborts or commits the plaintext sum of exactly the devices it
+    counts, each counted device in one group, none that went silent before
+    its masked input was sent."""
+    cohort = [10 + 7 * i for i in range(n)]
+    silent = data.draw(st.dictionaries(st.sampled_from(cohort), st.sampled_from(STAGES), max_size=n // 2))
+    d = GroupDriver(n=n, group_size=group_size, silent=silent, neighbors=4)
+    d.run()
+    assert d.m.phase in (RoundState.AGGREGATING, RoundState.ABORTED)
+    if d.m.phase is RoundState.ABORTED:
+        assert d.m.result is None
+        return
+    counted = d.m.result.counted
+    assert len(counted) == len(set(counted)) >= 2
+    early = {x for x, s in silent.items() if STAGES.index(s) <= STAGES.index("masked_input")}
+    assert not set(counted) & early
+    assert set(d.m.survivors()["masked_input"]) == set(counted)  # the record's counted set is the sum's
+    per_group = [set(counted) & set(g) for g in d.m.groups]
+    assert sum(len(s) for s in per_group) == len(counted)
+    assert np.array_equal(d.m.result.encoded_sum, d.oracle(counted))
