@@ -334,7 +334,8 @@ def privacy(store: Store, *, budget: float | None, exhausted: bool | None) -> sc
             round_number=e.round_number, noise_multiplier=e.noise_multiplier, sampling_rate=e.sampling_rate,
             counted_devices=counted, epsilon_round=e.epsilon,
             epsilon_cumulative=e.cumulative_epsilon, delta=e.delta,
-            unprotected_contributions=unprotected.get(e.round_number, 0), charged=charged))
+            unprotected_contributions=unprotected.get(e.round_number, 0), charged=charged,
+            groups=[schemas.LedgerGroup(**g.as_json()) for g in e.groups]))
     spent = entries[-1].cumulative_epsilon if entries else 0.0
     return schemas.Privacy(
         rounds_accounted=len(entries), epsilon_spent=spent, delta=claim.delta, protects=PROTECTS,

@@ -244,6 +244,15 @@ class LedgerEntry(BaseModel):
                                       "'interrupted after unmasking' (aborted: its coordinator died after asking the "
                                       "devices to unmask and may have learned the sum, so it is charged as released, "
                                       "D94)")
+    groups: list[LedgerGroup] = Field(
+        default_factory=list, description="A round in groups (D99): each group whose sum was released, with the "
+                                          "noise multiplier that sum carried; the round is accounted at the least")
+
+
+class LedgerGroup(BaseModel):
+    size: int = Field(description="Devices the group was formed with")
+    counted: int = Field(description="Devices its released sum counted")
+    noise_multiplier: float = Field(description="Noise multiplier of the group's sum")
 
 
 class UnprotectedRound(BaseModel):

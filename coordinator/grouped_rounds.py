@@ -7,8 +7,10 @@ that each run their own SecAgg(+) instance: their own session id (the
 round's, tagged with the group), their own graph and threshold (sized for
 the group), and the ONE encoding of the round, sized for the whole cohort,
 so that the groups' unmasked sums add without wrapping (D87). With the
-discrete Gaussian (local noise only), every group's devices rotate with the
-round's one rotation key, so the groups' residues add too.
+discrete Gaussian every group's devices rotate with the round's one
+rotation key and encode at its one scale, so the groups' residues add too
+(each group's noise shares may differ: distributed noise is split among a
+group's own devices).
 
 Lockstep. Every group opens its stages together. A stage closes in every
 group when every group still collecting has nothing left to wait for, or,
@@ -105,9 +107,9 @@ class GroupedRoundMachine:
     minimum: int  # the fewest counted devices (over all groups) the round commits with
     identity_keys: Mapping[int, bytes] | None = None
     metrics: MetricLayout = EMPTY_LAYOUT
-    #: The discrete Gaussian (D88), calibrated for the whole cohort, each device's noise its own
-    #: (local mode: distributed noise is refused for groups, `round_groups.groups_refusal`).
-    mechanism: MechanismConfig | None = None
+    #: Group j's discrete Gaussian (D88; None without it): one scale and field for the round, each
+    #: device's noise share sized for its group under distributed noise (`round_machines.plan_groups`).
+    mechanisms: Sequence[MechanismConfig | None] = ()
     rotation_key: bytes = b""  # with the mechanism: the rotation's key, the same in every group
 
     phase: RoundState = field(init=False, default=RoundState.ADVERTISE_KEYS)
@@ -134,8 +136,16 @@ class GroupedRoundMachine:
             raise ValueError("every group must have the round's one encoding")
         if len({c.session_id for c in self.configs}) != len(self.configs):
             raise ValueError("two groups share a session id")
-        if self.mechanism is not None and not self.rotation_key:
+        self.mechanisms = tuple(self.mechanisms) or (None,) * len(self.groups)
+        if len(self.mechanisms) != len(self.groups):
+            raise ValueError(f"{len(self.mechanisms)} mechanisms for {len(self.groups)} groups")
+        first_mech = self.mechanisms[0]
+        if first_mech is not None and not self.rotation_key:
             raise ValueError("the groups' discrete Gaussian needs the round's rotation key (their sums must add)")
+        if any((m is None) != (first_mech is None) or (m is not None and first_mech is not None and
+               (m.scale, m.bits, m.dim) != (first_mech.scale, first_mech.bits, first_mech.dim))
+               for m in self.mechanisms):
+            raise ValueError("every group's discrete Gaussian must have the round's scale, field and length")
         if not 1 <= self.minimum <= len(self.cohort):
             raise ValueError(f"minimum {self.minimum} outside 1..{len(self.cohort)}")
         encoding = FixedPointEncoding(first.clip, len(self.cohort), first.modulus_bits, first.max_level)
@@ -144,9 +154,9 @@ class GroupedRoundMachine:
                                          threshold=len(self.cohort), encoding=encoding)
         self.machines = tuple(
             RoundMachine(number=self.number, config=c, cohort=list(g), deadlines=self.deadlines,
-                         identity_keys=self.identity_keys, metrics=self.metrics, mechanism=self.mechanism,
+                         identity_keys=self.identity_keys, metrics=self.metrics, mechanism=mech,
                          rotation_key=self.rotation_key)
-            for c, g in zip(self.configs, self.groups, strict=True)
+            for c, g, mech in zip(self.configs, self.groups, self.mechanisms, strict=True)
         )
         self._group_of = {d: j for j, g in enumerate(self.groups) for d in g}
         self.config = GroupsShape(
@@ -155,6 +165,16 @@ class GroupedRoundMachine:
             groups=len(self.groups), sizes=tuple(len(g) for g in self.groups))
 
     # ------------------------------------------------------------------ the round as one
+
+    @property
+    def mechanism(self) -> MechanismConfig | None:
+        """The round's discrete Gaussian as the sum is decoded (group 0's:
+        every group has the same scale, field and length)."""
+        return self.mechanisms[0]
+
+    def released(self) -> list[RoundMachine]:
+        """The groups whose sums were reconstructed (they reached aggregation)."""
+        return [m for m in self.machines if m.result is not None]
 
     @property
     def deadline(self) -> float:
@@ -367,7 +387,7 @@ class GroupedRoundMachine:
             total += m.result.encoded_sum
             members.extend(m.result.counted)
         words = (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        self.result = aggregate_result(self.whole, self.metrics, words, tuple(sorted(members)), self.mechanism,
+        self.result = aggregate_result(self.whole, self.metrics, words, tuple(sorted(members)), self.mechanisms[0],
                                        self.rotation_key)
         self.phase = RoundState.AGGREGATING
         return [PhaseChanged(self.phase), AggregateReady(self.result),

@@ -38,11 +38,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine
 from coordinator.round_report import PrivacyLedger
-from coordinator.store import PrivacyEntry, RoundRecord, RoundState
+from coordinator.store import GroupCharge, PrivacyEntry, RoundRecord, RoundState
 
 if TYPE_CHECKING:
-    from coordinator.grouped_rounds import AnyRound
     from dpmech.mechanism import MechanismConfig
 
 #: The stage whose survivors' inputs are in the sum (secagg's U3).
@@ -55,9 +55,12 @@ def asked_to_unmask(found: RoundRecord) -> bool:
 
 
 def counted_devices(found: RoundRecord) -> int:
-    """The devices whose inputs (and noise) the round's sum holds (see the module doc)."""
+    """The devices whose inputs (and noise) the round's sum holds (see the
+    module doc). In a round in groups, the groups' own counts are not in the
+    record: the smallest group threshold (`metrics["threshold"]`), below
+    which no group's sum could be reconstructed."""
     listed = found.survivors.get(COUNTED_AT)
-    if listed:
+    if listed and not in_groups(found):
         return len(listed)
     threshold = found.metrics.get("threshold")
     return max(1, int(threshold)) if threshold else 1
@@ -69,6 +72,21 @@ def cohort_size(found: RoundRecord) -> int:
     if cohort:
         return int(cohort)
     return len(found.survivors.get("selected", ())) or found.cohort_size
+
+
+def in_groups(found: RoundRecord) -> bool:
+    """Whether the round ran in groups (D99; its record says how many)."""
+    return found.metrics.get("groups", 1) > 1
+
+
+def noise_shares(found: RoundRecord) -> int:
+    """The devices one released sum's distributed noise was split among,
+    as the charge prices it: the cohort, or in a round in groups its
+    largest group (the fewest shares' noise a device added: no group's sum
+    carried less than the price says)."""
+    if in_groups(found) and found.metrics.get("group_size_max"):
+        return int(found.metrics["group_size_max"])
+    return cohort_size(found)
 
 
 def learnable_count(*, reconstructed: int | None, unmasking_answers: int, threshold: int,
@@ -94,23 +112,34 @@ def abort_charge(ledger: PrivacyLedger, r: AnyRound, history: Sequence[PrivacyEn
     """The ledger entry of live round `r`, which ends aborted, when its sum
     may have been learned (`learnable_count`), priced as a committed round's
     with the noise of the devices it counted; `history`: the ledger so far.
-    None without DP or when nothing was learnable. Blocking (the accountant)."""
-    survivors = r.survivors()
-    counted = learnable_count(
-        reconstructed=len(r.result.counted) if r.result is not None else None,
-        unmasking_answers=len(survivors.get(RoundState.UNMASKING.value, ())),
-        threshold=r.config.threshold, masked_input=len(survivors.get(COUNTED_AT, ())))
-    if counted is None or not ledger.enabled:
+    A round in groups (D99) is priced group by group, each group whose sum
+    may have been learned at the noise its own devices split, the round at
+    the least of them. None without DP or when nothing was learnable.
+    Blocking (the accountant)."""
+    if not ledger.enabled:
         return None
-    z = ledger.round_multiplier(cohort=len(r.cohort), counted=counted, mechanism=r.mechanism)
-    return ledger.charge(r.number, z, history)
+    groups: list[GroupCharge] = []
+    for m in r.machines if isinstance(r, GroupedRoundMachine) else (r,):
+        survivors = m.survivors()
+        counted = learnable_count(
+            reconstructed=len(m.result.counted) if m.result is not None else None,
+            unmasking_answers=len(survivors.get(RoundState.UNMASKING.value, ())),
+            threshold=m.config.threshold, masked_input=len(survivors.get(COUNTED_AT, ())))
+        if counted is not None:
+            z = ledger.round_multiplier(cohort=len(m.cohort), counted=counted, mechanism=m.mechanism)
+            groups.append(GroupCharge(size=len(m.cohort), counted=min(counted, len(m.cohort)), noise_multiplier=z))
+    if not groups:
+        return None
+    z = min(g.noise_multiplier for g in groups)
+    return ledger.charge(r.number, z, history, tuple(groups) if isinstance(r, GroupedRoundMachine) else ())
 
 
 class InterruptedCharge:
     """The store's charge rule (`Store.mark_interrupted_rounds_aborted`):
     pure apart from the accountant, so a retried transaction may run it
-    again. `mechanism_for(cohort)`: the round's discrete Gaussian (None
-    without it), as the round loop plans it.
+    again. `mechanism_for(cohort, shares)`: the round's discrete Gaussian
+    (None without it), as the round loop plans it, with the distributed
+    noise split among `shares` devices.
 
     The rule runs inside the store's write transaction, which holds the
     leader lease's row: a slow rule would delay the lease's renewal. So
@@ -118,20 +147,20 @@ class InterruptedCharge:
     the mechanism's imports, the calibration of each cohort size), and the
     rule reuses those multipliers."""
 
-    def __init__(self, ledger: PrivacyLedger, mechanism_for: Callable[[int], MechanismConfig | None]) -> None:
+    def __init__(self, ledger: PrivacyLedger, mechanism_for: Callable[[int, int], MechanismConfig | None]) -> None:
         self._ledger = ledger
         self._mechanism_for = mechanism_for
-        self._multipliers: dict[tuple[int, int], float] = {}
+        self._multipliers: dict[tuple[int, int, int], float] = {}
         #: round number -> the entry charged (the last call's, for the log line)
         self.charged: dict[int, PrivacyEntry] = {}
 
     def multiplier(self, found: RoundRecord) -> float:
         """The noise multiplier the round is charged at (memoized per cohort and count)."""
-        key = cohort_size(found), counted_devices(found)
+        key = cohort_size(found), noise_shares(found), counted_devices(found)
         if key not in self._multipliers:
-            cohort, counted = key
-            self._multipliers[key] = self._ledger.round_multiplier(cohort=cohort, counted=counted,
-                                                                   mechanism=self._mechanism_for(cohort))
+            cohort, shares, counted = key
+            self._multipliers[key] = self._ledger.round_multiplier(cohort=shares, counted=counted,
+                                                                   mechanism=self._mechanism_for(cohort, shares))
         return self._multipliers[key]
 
     def warm(self, records: Iterable[RoundRecord], ledger: Sequence[PrivacyEntry]) -> None:
@@ -151,4 +180,4 @@ class InterruptedCharge:
 
 
 __all__ = ["COUNTED_AT", "InterruptedCharge", "abort_charge", "asked_to_unmask", "cohort_size", "counted_devices",
-           "learnable_count"]
+           "in_groups", "learnable_count", "noise_shares"]

@@ -71,43 +71,33 @@ def groups_by_host(cohort: Iterable[int], host_of: Mapping[int, int], *, group_s
     return tuple(sorted((tuple(sorted(b)) for b in bins), key=lambda g: g[0]))
 
 
-def round_groups(group_size: int, cohort: Sequence[int], session_id: bytes, number: int,
+def round_groups(group_size: int, cohort: Sequence[int], session_id: bytes,
                  owner: Callable[[int], ClientSession | None]) -> tuple[tuple[int, ...], ...]:
-    """The groups of round `number` over `cohort`: `groups_by_host` at
-    `group_size` (secagg.group_size) with each device's stream (`owner`) as
-    its host and the round's public partition seed; one group when there
-    are none (group_size 0, or a cohort under 2G)."""
+    """The groups of a round over `cohort`: `groups_by_host` at `group_size`
+    (secagg.group_size) with each device's stream (`owner`) as its host and
+    the public partition seed of the round's fresh session nonce; one group
+    when there are none (group_size 0, or a cohort under 2G)."""
     if group_size < 2 or len(cohort) < 2 * group_size:
         return (tuple(cohort),)
     hosts = {d: s.sid for d in cohort if (s := owner(d)) is not None}
-    return groups_by_host(cohort, hosts, group_size=group_size, seed=partition_seed(session_id, number))
+    return groups_by_host(cohort, hosts, group_size=group_size, seed=partition_seed(session_id, 0))
 
 
-def groups_refusal(*, group_size: int, selected: int, distributed_noise: bool, plaintext: bool,
-                   hybrid: bool) -> str | None:
+def groups_refusal(*, group_size: int, selected: int, plaintext: bool, hybrid: bool) -> str | None:
     """Why rounds in groups (D99) cannot run with these settings, or None:
     when a selected cohort can be split (group_size >= 2, selected >= 2G)
-    and it has distributed noise (dp.mode distributed, noise > 0), the
-    plaintext path or the hybrid one. Each group is its own instance, and
-    its sum is released: distributed noise, whose shares are sized for the
-    whole cohort, would leave a group's sum with only its share of the
-    noise; the plaintext and hybrid paths have one machine each. Local noise
-    (the discrete Gaussian with the round's rotation key, or the float
-    Gaussian) is every device's own, so groups change nothing in it."""
+    with the plaintext path or the hybrid one, which have one machine each.
+    Noise of any kind runs in groups: local noise is every device's own, and
+    distributed noise is split among each group's own devices
+    (`round_machines.plan_groups`)."""
     if group_size < 2 or selected < 2 * group_size:
         return None
-    why = None
-    if distributed_noise:
-        why = "dp.mode 'distributed' (each device's noise share is sized for the whole cohort)"
-    elif plaintext:
-        why = "debug.insecure_plaintext"
-    elif hybrid:
-        why = "hybrid.unprotected_plaintext_j_bound"
+    why = "debug.insecure_plaintext" if plaintext else "hybrid.unprotected_plaintext_j_bound" if hybrid else None
     if why is None:
         return None
     return (f"a selected cohort of {selected} devices would run in groups of at least secagg.group_size = "
-            f"{group_size}, and rounds in groups do not run with {why} yet: set secagg.group_size to 0 (one "
-            f"instance) or above {selected // 2}, or use dp.mode 'local'")
+            f"{group_size}, and rounds in groups do not run with {why}: set secagg.group_size to 0 (one "
+            f"instance) or above {selected // 2}")
 
 
 __all__ = ["groups_by_host", "groups_refusal", "round_groups"]

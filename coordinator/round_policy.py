@@ -188,18 +188,20 @@ def uses_discrete_gaussian(dp: DpSettings) -> bool:
     return dp.mode != "none" and dp.mechanism == DISCRETE_GAUSSIAN
 
 
-def dp_mechanism_for(settings: CoordinatorSettings, n: int, update_dim: int) -> MechanismConfig | None:
+def dp_mechanism_for(settings: CoordinatorSettings, n: int, update_dim: int,
+                     shares: int | None = None) -> MechanismConfig | None:
     """The discrete Gaussian of a round of n devices (None without it):
     the field 2^secagg.modulus_bits sized for the n devices, each share
     calibrated so that a sum carries dp.noise_multiplier times its
     sensitivity after rotation and rounding, from the n devices' shares
-    (distributed) or from each device's alone (local); `dpmech.calibrate`.
-    ValueError, naming what to change, when nothing fits."""
+    (distributed; `shares` of them in a group of a round in groups, D99) or
+    from each device's alone (local); `dpmech.calibrate`. ValueError,
+    naming what to change, when nothing fits."""
     dp = settings.dp
     if not uses_discrete_gaussian(dp):
         return None
     return calibrate(dim=update_dim, clip=dp.clip, noise_multiplier=dp.noise_multiplier, devices=n,
-                     shares=n if dp.mode == "distributed" else 1, bits=settings.secagg.modulus_bits)
+                     shares=(shares or n) if dp.mode == "distributed" else 1, bits=settings.secagg.modulus_bits)
 
 
 def dp_refusal(settings: CoordinatorSettings, update_dim: int) -> str | None:

@@ -28,9 +28,9 @@ from coordinator.debug import debug_metrics
 from coordinator.logs import log_event
 from coordinator.metric_rules import metric_violation
 from coordinator.model_host import SYNTHETIC
-from coordinator.grouped_rounds import AnyRound, GroupsShape
+from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine, GroupsShape
 from coordinator.settings import DebugSettings, DpSettings
-from coordinator.store import PrivacyEntry, RoundRecord, RoundState, Store
+from coordinator.store import GroupCharge, PrivacyEntry, RoundRecord, RoundState, Store
 from wire.round_metrics import MetricRangeError
 from wire.secagg_codec import reason_name
 
@@ -86,11 +86,13 @@ def path_metrics(r: AnyRound) -> dict[str, float]:
 def shape_metrics(r: AnyRound) -> dict[str, float]:
     """The round's cohort size, Shamir threshold and graph degree; in a
     round in groups (D99) the smallest group's threshold, the largest
-    degree and `groups`, how many."""
+    degree, `groups` (how many) and `group_size_max` (the largest: what an
+    interrupted round's charge prices the noise shares at)."""
     out = {"cohort": float(len(r.cohort)), "threshold": float(r.config.threshold),
            "neighbours": float(r.config.degree)}
     if isinstance(r.config, GroupsShape):
         out["groups"] = float(r.config.groups)
+        out["group_size_max"] = float(max(r.config.sizes))
     return out
 
 
@@ -199,10 +201,19 @@ class PrivacyLedger:
         if not self.enabled:
             return None
         assert r.result is not None
+        if isinstance(r, GroupedRoundMachine):  # each released group's sum at the noise its devices split (D99)
+            groups = tuple(
+                GroupCharge(size=len(m.cohort), counted=len(m.result.counted),
+                            noise_multiplier=self.round_multiplier(cohort=len(m.cohort), counted=len(m.result.counted),
+                                                                   mechanism=m.mechanism))
+                for m in r.released() if m.result is not None)
+            z = min(g.noise_multiplier for g in groups)
+            return self._entry(r.number, z, self._loaded().epsilon_with(z, 1.0), groups)
         z = self.round_multiplier(cohort=len(r.cohort), counted=len(r.result.counted), mechanism=r.mechanism)
         return self._entry(r.number, z, self._loaded().epsilon_with(z, 1.0))
 
-    def charge(self, number: int, z: float, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+    def charge(self, number: int, z: float, ledger: Sequence[PrivacyEntry],
+               groups: tuple[GroupCharge, ...] = ()) -> PrivacyEntry | None:
         """The entry of round `number` at multiplier z (`round_multiplier`,
         as a committed round's), its cumulative epsilon composed with
         `ledger` (the entries before it, given rather than read: a store's
@@ -214,9 +225,9 @@ class PrivacyLedger:
 
         history = Composition([(e.noise_multiplier, e.sampling_rate) for e in ledger], delta=self._dp.delta,
                               accountant=self._dp.accountant)
-        return self._entry(number, z, history.epsilon_with(z, 1.0))
+        return self._entry(number, z, history.epsilon_with(z, 1.0), groups)
 
-    def _entry(self, number: int, z: float, cumulative: float) -> PrivacyEntry:
+    def _entry(self, number: int, z: float, cumulative: float, groups: tuple[GroupCharge, ...] = ()) -> PrivacyEntry:
         """Round `number`'s entry at multiplier z, q = 1 (see the class doc)."""
         from models.privacy import composed_epsilon
 
@@ -224,7 +235,7 @@ class PrivacyLedger:
         q = 1.0  # no amplification by sampling (see the class doc)
         return PrivacyEntry(
             round_number=number, epsilon=composed_epsilon([(z, q)], delta=dp.delta, accountant=dp.accountant),
-            delta=dp.delta, noise_multiplier=z, sampling_rate=q, cumulative_epsilon=cumulative,
+            delta=dp.delta, noise_multiplier=z, sampling_rate=q, cumulative_epsilon=cumulative, groups=groups,
         )
 
     def round_multiplier(self, *, cohort: int, counted: int, mechanism: MechanismConfig | None) -> float:

@@ -58,7 +58,7 @@ from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_t
 from coordinator.recovery import recover
 from coordinator.relay import TopKAnswer
 from coordinator.round_groups import round_groups
-from coordinator.round_machines import build_round
+from coordinator.round_machines import build_round, plan_groups
 from coordinator.round_policy import AdaptiveDeadlines, dp_mechanism_for, round_plan
 from coordinator.round_delivery import RoundDelivery
 from coordinator.round_outcomes import RoundOutcomes
@@ -147,7 +147,8 @@ class Coordinator:
     async def start(self) -> None:
         """Crash recovery (coordinator/recovery.py), then resume from the latest
         model version (or initialize and commit the first one on an empty database)."""
-        charge = InterruptedCharge(self.ledger, lambda n: dp_mechanism_for(self.settings, n, self.model.update_dim))
+        charge = InterruptedCharge(self.ledger, lambda n, shares: dp_mechanism_for(self.settings, n,
+                                                                                    self.model.update_dim, shares))
         self.paused = await recover(self.store, charge)  # unfinished rounds aborted (and charged, D94); a pause holds
         self.ledger.reload()
         await self.current.load(self.settings.seed or 0)
@@ -466,18 +467,20 @@ class Coordinator:
     async def _run_round(self, cohort: list[int]) -> None:
         session_id = self._token(16)
         plaintext = self.settings.debug.insecure_plaintext
-        try:  # the secagg config, the metric layout and the discrete Gaussian (D88) of this cohort
+        try:  # the secagg config, the metric layout and the discrete Gaussian (D88) of this cohort, per group (D99)
             config, metrics, mechanism = round_plan(self.settings, len(cohort), self.model.update_dim, session_id,
                                                     self.model.metric_names, plaintext=plaintext)
+            groups = round_groups(self.settings.secagg.group_size, cohort, session_id, self.registry.owner)
+            plans = plan_groups(self.settings, config, groups, mechanism)
         except (SecAggConfigError, ValueError) as exc:
             number = await asyncio.to_thread(self.store.next_round_number)
             await self.outcomes.record_abort_only(number, common_pb2.ABORT_REASON_NOT_ENOUGH_DEVICES, str(exc),
                                                   base_version=self.model_version, cohort_size=len(cohort))
             return
         budget = self.ledger.budget
-        if budget is not None:  # priced at the fewest devices a committed round can count
-            worst = await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(cohort), counted=config.threshold,
-                                            mechanism=mechanism)
+        if budget is not None:  # priced at the fewest devices a committed group can count
+            worst = max([await asyncio.to_thread(self.ledger.epsilon_after, cohort=len(p.members),
+                                                 counted=p.config.threshold, mechanism=p.mechanism) for p in plans])
             if worst > budget:
                 await self.outcomes.exhaust_budget(worst, paused=self.paused, model_version=self.model_version,
                                                    cohort_size=len(cohort))
@@ -490,10 +493,9 @@ class Coordinator:
         if config.active_adversary:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary, cohort=len(cohort))
-        groups = round_groups(self.settings.secagg.group_size, cohort, config.session_id, number, self.registry.owner)
-        r, fields = await asyncio.to_thread(lambda: build_round(
-            self.settings, number=number, config=config, groups=groups, deadlines=windows.machine, identity=identity,
-            metrics=metrics, mechanism=mechanism, fields=fields))
+        r, task_fields = await asyncio.to_thread(lambda: build_round(
+            self.settings, number=number, nonce=session_id, plans=plans, deadlines=windows.machine,
+            identity=identity, metrics=metrics, fields=fields))
         self.round = r
         self._round_started_at = self._wall()
         self._round_base = self.model_version
@@ -503,7 +505,7 @@ class Coordinator:
                   deadlines=",".join(f"{k}={v:.2f}" for k, v in windows.machine.items()))
         try:
             await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))
-            self._send_tasks(r, windows.task, fields)
+            self._send_tasks(r, windows.task, task_fields)
             self._apply(r.start(self._clock()))
             saved_phase = r.phase
             while r.phase.is_collecting:
@@ -554,10 +556,10 @@ class Coordinator:
         if not phase.is_terminal:
             self.events.publish(stage_changed=stage_changed(r, self._timeline, closed))
 
-    def _send_tasks(self, r: AnyRound, deadlines: dict[str, float], fields: TaskFields) -> None:
+    def _send_tasks(self, r: AnyRound, deadlines: dict[str, float], fields: tuple[TaskFields, ...]) -> None:
         """Each group's tasks (a round of one instance: one group) to the streams hosting its devices."""
-        for m in r.machines if isinstance(r, GroupedRoundMachine) else (r,):
-            self.delivery.send_tasks(m.cohort, functools.partial(fields.task, m, deadlines=deadlines),
+        for m, f in zip(r.machines if isinstance(r, GroupedRoundMachine) else (r,), fields, strict=True):
+            self.delivery.send_tasks(m.cohort, functools.partial(f.task, m, deadlines=deadlines),
                                      gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
 
     async def _commit(self, r: AnyRound) -> None:

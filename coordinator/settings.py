@@ -501,10 +501,8 @@ class CoordinatorSettings(LayeredSettings):
                 raise ValueError("hybrid.unprotected_plaintext_j_bound and debug.insecure_plaintext exclude each other")
         from coordinator.round_groups import groups_refusal
 
-        grouped_refusal = groups_refusal(
-            group_size=self.secagg.group_size, selected=self.cohort.selected, plaintext=self.debug.insecure_plaintext,
-            distributed_noise=self.dp.mode == "distributed" and self.dp.noise_multiplier > 0,
-            hybrid=self.hybrid.enabled)
+        grouped_refusal = groups_refusal(group_size=self.secagg.group_size, selected=self.cohort.selected,
+                                         plaintext=self.debug.insecure_plaintext, hybrid=self.hybrid.enabled)
         if grouped_refusal is not None:
             raise ValueError(grouped_refusal)
         if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):

@@ -152,6 +152,9 @@ class PrivacyLedgerRow(Base):
     noise_multiplier: Mapped[float]
     sampling_rate: Mapped[float]
     cumulative_epsilon: Mapped[float]
+    #: A round in groups (migration 0006, D99): [{size, counted, noise_multiplier}] of the groups whose sums
+    #: were released; NULL for a round of one instance.
+    groups: Mapped[list[dict[str, Any]] | None] = mapped_column(JsonDoc, nullable=True)
 
 
 class AuditRow(Base):

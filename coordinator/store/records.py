@@ -204,8 +204,33 @@ class RoundRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GroupCharge:
+    """One group of a round in groups (D99) in its privacy entry: its size,
+    the devices its released sum counted, and the noise multiplier that sum
+    carries."""
+
+    size: int
+    counted: int
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.size, int) and isinstance(self.counted, int) and 0 <= self.counted <= self.size):
+            raise InvalidRecordError(f"a group's counted devices must be 0..size, got {self.counted} of {self.size}")
+        z = float(self.noise_multiplier)
+        if math.isnan(z) or z < 0:
+            raise InvalidRecordError(f"a group's noise multiplier must be a number >= 0, got {z}")
+        object.__setattr__(self, "noise_multiplier", z)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"size": self.size, "counted": self.counted, "noise_multiplier": self.noise_multiplier}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PrivacyEntry:
-    """Differential-privacy accounting of one round (from the accountant)."""
+    """Differential-privacy accounting of one round (from the accountant).
+    A round in groups lists its groups whose sums were released (`groups`);
+    the round is accounted at the least noise a group's sum carried, so no
+    group's multiplier is below the entry's."""
 
     round_number: int
     epsilon: float
@@ -214,6 +239,7 @@ class PrivacyEntry:
     sampling_rate: float
     #: Privacy spent by all rounds so far, including this one.
     cumulative_epsilon: float
+    groups: tuple[GroupCharge, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("epsilon", "delta", "noise_multiplier", "sampling_rate", "cumulative_epsilon"):
@@ -221,6 +247,9 @@ class PrivacyEntry:
             if math.isnan(value) or value < 0:
                 raise InvalidRecordError(f"privacy entry {name} must be a number >= 0, got {value}")
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "groups", tuple(self.groups))
+        if any(g.noise_multiplier < self.noise_multiplier * (1 - 1e-12) for g in self.groups):
+            raise InvalidRecordError("a group's sum carried less noise than its round is accounted at")
         if self.delta >= 1:
             raise InvalidRecordError(f"privacy entry delta must be < 1, got {self.delta}")
         if self.sampling_rate > 1:
@@ -299,6 +328,6 @@ class Page(Generic[T]):
 #: implementations also use the checks and helpers above.
 __all__ = [
     "COORDINATOR_RESTART", "AuditRecord", "ChargeRule",
-    "DeviceRecord", "DeviceStatus", "ModelVersion", "ModelVersionSummary",
+    "DeviceRecord", "DeviceStatus", "GroupCharge", "ModelVersion", "ModelVersionSummary",
     "NewModelVersion", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord", "RoundState", "utc_now",
 ]

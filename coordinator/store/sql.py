@@ -58,6 +58,7 @@ from coordinator.store.records import (
     ChargeRule,
     DeviceRecord,
     DeviceStatus,
+    GroupCharge,
     ModelVersion,
     ModelVersionSummary,
     NewModelVersion,
@@ -524,6 +525,8 @@ def _ledger(s: Session) -> list[PrivacyEntry]:
         PrivacyEntry(
             round_number=r.round_number, epsilon=r.epsilon, delta=r.delta, noise_multiplier=r.noise_multiplier,
             sampling_rate=r.sampling_rate, cumulative_epsilon=r.cumulative_epsilon,
+            groups=tuple(GroupCharge(size=int(g["size"]), counted=int(g["counted"]),
+                                     noise_multiplier=float(g["noise_multiplier"])) for g in r.groups or ()),
         )
         for r in rows
     ]
@@ -534,6 +537,7 @@ def _ledger_row(entry: PrivacyEntry) -> PrivacyLedgerRow:
         round_number=entry.round_number, epsilon=entry.epsilon, delta=entry.delta,
         noise_multiplier=entry.noise_multiplier, sampling_rate=entry.sampling_rate,
         cumulative_epsilon=entry.cumulative_epsilon,
+        groups=[g.as_json() for g in entry.groups] or None,
     )
 
 

@@ -207,3 +207,27 @@ def test_any_dropout_pattern_commits_the_exact_sum_or_aborts(n: int, group_size:
     per_group = [set(counted) & set(g) for g in d.m.groups]
     assert sum(len(s) for s in per_group) == len(counted)
     assert np.array_equal(d.m.result.encoded_sum, d.oracle(counted))
+
+
+def test_an_aborting_round_in_groups_is_charged_group_by_group() -> None:
+    """A round whose groups' sums were reconstructed but not committed (a
+    failed commit) is charged as released (D94), each group at the noise its
+    own devices split (D99), the round at the least of them: here a group of
+    10 that counted 9 (z sqrt(9/10)) beside full ones."""
+    from coordinator.interrupted_charge import abort_charge
+    from coordinator.round_report import PrivacyLedger
+    from coordinator.settings import DpSettings
+    from coordinator.store import InMemoryStore
+
+    probe = GroupDriver(n=30, group_size=10)
+    d = GroupDriver(n=30, group_size=10, silent={probe.m.groups[1][0]: "masked_input"})
+    d.run()
+    assert d.m.phase is RoundState.AGGREGATING
+    d.apply(d.m.commit_failed("the store went away", d.now))
+    assert d.m.phase is RoundState.ABORTED
+    ledger = PrivacyLedger(DpSettings(mode="distributed", mechanism="gaussian-float", noise_multiplier=1.0, clip=0.1),
+                           InMemoryStore())
+    entry = abort_charge(ledger, d.m, [])
+    assert entry is not None
+    assert sorted((g.size, g.counted) for g in entry.groups) == [(10, 9), (10, 10), (10, 10)]
+    assert entry.noise_multiplier == pytest.approx(0.9 ** 0.5)

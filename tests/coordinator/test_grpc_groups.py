@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from coordinator.debug import encoded_checksum
 from coordinator.store import RoundState
@@ -23,7 +24,7 @@ def _counted_sum(devices, rec) -> np.ndarray:
     """The oracle: the plaintext sum of the counted devices' encoded inputs."""
     counted = [d for d in devices if d.device_id in rec.survivors["masked_input"]]
     total = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64)
-    return (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return np.asarray(total & np.uint64(0xFFFFFFFF), dtype=np.uint32)
 
 
 def test_rounds_in_three_groups_over_grpc_are_exact_and_keep_streams_whole():
@@ -107,6 +108,58 @@ def test_groups_with_the_discrete_gaussian_share_the_rounds_rotation():
             assert np.max(np.abs(mean - want)) < 0.08, np.max(np.abs(mean - want))
             (entry,) = store.privacy_ledger()
             assert entry.round_number == 1 and entry.epsilon > 0
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_distributed_noise_is_split_within_each_group_and_the_round_priced_at_its_worst_group():
+    """Float distributed noise in a round of three groups of 4: every device
+    adds z * clip / sqrt(4), its group's share; one device silent at masked
+    input leaves its group's sum with 3 shares, sqrt(3/4) of z, and the
+    ledger keeps each group and prices the round at that group."""
+    async def main():
+        settings = make_settings(**{"cohort.size": 12, "cohort.minimum": 6, "secagg.group_size": 4,
+                                    "dp.mode": "distributed", "dp.mechanism": "gaussian-float", "dp.clip": 0.1,
+                                    "dp.noise_multiplier": 1.0, "debug.record_sums": False, **SHORT})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 12, groups=6, silent={0: "masked_input"})
+            await _wait_rounds(rounds, timeout=30)
+            rec = store.get_round(1)
+            assert rec.state is RoundState.COMMITTED, rec
+            assert {round(t.dp.noise_stddev, 12) for c in clients for t in c.tasks} == {0.05}
+            (entry,) = store.privacy_ledger()
+            assert sorted((g.size, g.counted) for g in entry.groups) == [(4, 3), (4, 4), (4, 4)]
+            assert sorted(g.noise_multiplier for g in entry.groups) == pytest.approx([0.75 ** 0.5, 1.0, 1.0])
+            assert entry.noise_multiplier == pytest.approx(0.75 ** 0.5)
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_the_discrete_gaussians_shares_follow_each_groups_size():
+    """14 devices on 7 streams of 2 at G = 4: groups of 6, 4 and 4. Each
+    group's devices split sigma^2 among their own group: a device of the
+    group of 6 draws 4/6 of the variance a device of a group of 4 draws, at
+    the one scale of the round."""
+    async def main():
+        settings = make_settings(**{"cohort.size": 14, "cohort.minimum": 6, "secagg.group_size": 4,
+                                    "dp.mode": "distributed", "dp.mechanism": "discrete-gaussian", "dp.clip": 1.0,
+                                    "dp.noise_multiplier": 1.0, "debug.record_sums": False})
+        async with running(settings) as (coord, target, store, rounds):
+            clients, devices = await _clients(target, 14, groups=7)
+            await _wait_rounds(rounds, timeout=30)
+            assert store.get_round(1).state is RoundState.COMMITTED
+            by_size = {t.secagg.cohort_size: (t.dp.noise_variance_numerator / t.dp.noise_variance_denominator,
+                                              t.dp.scale) for c in clients for t in c.tasks}
+            assert sorted(by_size) == [4, 6]
+            assert by_size[6][1] == by_size[4][1]  # one scale
+            assert by_size[6][0] / by_size[4][0] == pytest.approx(4 / 6, rel=1e-6)
+            (entry,) = store.privacy_ledger()
+            assert sorted(g.size for g in entry.groups) == [4, 4, 6]
+            assert all(g.noise_multiplier == pytest.approx(1.0, rel=1e-3) for g in entry.groups)
             for c in clients:
                 await c.close()
 

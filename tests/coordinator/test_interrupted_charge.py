@@ -163,3 +163,33 @@ def test_a_live_round_that_reconstructed_its_sum_but_aborts_is_charged() -> None
     early = Driver(n=4)
     early.apply(early.m.cancel(common_pb2.ABORT_REASON_COORDINATOR_SHUTDOWN, "shutting down", 1.0))
     assert abort_charge(ledger, early.m, []) is None
+
+
+@pytest.mark.parametrize("mechanism", ["discrete-gaussian", "gaussian-float"])
+def test_a_round_in_groups_interrupted_after_unmasking_is_charged_at_its_weakest_possible_group(mechanism: str) -> None:
+    """D99: a record of a round in groups does not say what each group
+    counted. The charge takes the fewest a released group could count (the
+    smallest group threshold) over the most shares a device's noise was
+    split into (the largest group): at or below every group's own
+    multiplier, never above."""
+    s = settings(mechanism, **{"cohort.size": 12, "cohort.minimum": 6, "secagg.group_size": 4})
+    found = RoundRecord(number=1, state=RoundState.UNMASKING, started_at=T0, cohort_size=12, base_model_version=1,
+                        survivors={"selected": list(range(12)), "masked_input": list(range(12))},
+                        metrics={"cohort": 12.0, "threshold": 3.0, "neighbours": 4.0, "groups": 2.0,
+                                 "group_size_max": 6.0})
+    from coordinator.interrupted_charge import InterruptedCharge, in_groups, noise_shares
+    from coordinator.round_report import PrivacyLedger
+
+    assert in_groups(found) and noise_shares(found) == 6 and counted_devices(found) == 3
+    charge = InterruptedCharge(PrivacyLedger(s.dp, InMemoryStore()),
+                               lambda n, shares: dp_mechanism_for(s, n, L, shares))
+    entry = charge(found, [])
+    assert entry is not None
+    if mechanism == "gaussian-float":
+        assert entry.noise_multiplier == pytest.approx(Z * math.sqrt(3 / 6))
+    else:
+        mechanism_6 = dp_mechanism_for(s, 12, L, 6)
+        assert mechanism_6 is not None
+        assert entry.noise_multiplier == pytest.approx(noise_multiplier_of(privacy_rho(mechanism_6, 3)), rel=1e-9)
+    # a group of 4 that counted its threshold of 3 carries more: the charge is the lower bound
+    assert entry.noise_multiplier <= Z * math.sqrt(3 / 4)

@@ -78,16 +78,14 @@ def _settings(**over):
     return CoordinatorSettings.load(overrides={**base, **over})
 
 
-def test_groups_refuse_distributed_noise_and_say_what_to_change() -> None:
-    """Distributed noise is sized for the whole cohort: a group's released
-    sum would carry only its share, so the coordinator refuses to start."""
+def test_groups_refuse_the_one_machine_paths_and_say_what_to_change() -> None:
+    """The plaintext path has one machine: with groups possible the
+    coordinator refuses to start; noise of any kind runs in groups."""
     from coordinator.settings import SettingsError
 
-    with pytest.raises(SettingsError, match=r"dp.mode 'distributed'.*secagg.group_size to 0"):
-        _settings(**{"dp.mode": "distributed"})
-    assert _settings(**{"dp.mode": "distributed", "secagg.group_size": 0}).secagg.group_size == 0
-    assert _settings(**{"dp.mode": "distributed", "secagg.group_size": 700}).cohort.selected < 1400
-    # local noise, the default, is every device's own: groups run with it
-    assert _settings().dp.mode == "local"
+    with pytest.raises(SettingsError, match=r"debug.insecure_plaintext: set secagg.group_size to 0"):
+        _settings(**{"debug.insecure_plaintext": True, "dp.mode": "none"})
+    assert _settings(**{"debug.insecure_plaintext": True, "dp.mode": "none", "secagg.group_size": 0})
+    assert _settings(**{"dp.mode": "distributed"}).secagg.group_size == 100
     with pytest.raises(SettingsError, match="0 .one instance. or at least 2"):
         _settings(**{"secagg.group_size": 1})

@@ -17,6 +17,7 @@ from coordinator.store import (
     ConflictError,
     CorruptBlobError,
     DeviceStatus,
+    GroupCharge,
     EnrollmentConflictError,
     InMemoryStore,
     InvalidRecordError,
@@ -295,6 +296,29 @@ def test_round_progress_commit_and_reads(backend: Backend) -> None:
     latest = s.latest_model_version()
     assert latest is not None and latest.id == version.id and latest.round_number == 1
     assert s.privacy_ledger() == [entry(1)]
+
+
+def test_a_round_in_groups_keeps_its_groups_in_the_ledger(backend: Backend) -> None:
+    """D99: the entry of a round in groups lists each released group (size,
+    counted, the multiplier its sum carried), and reads back as written."""
+    s = backend.store
+    s.save_round_progress(progress(1, RoundState.SHARE_KEYS))
+    groups = (GroupCharge(size=5, counted=4, noise_multiplier=0.894), GroupCharge(size=6, counted=6,
+                                                                                    noise_multiplier=1.0))
+    grouped = PrivacyEntry(round_number=1, epsilon=0.7, delta=1e-5, noise_multiplier=0.894, sampling_rate=1.0,
+                           cumulative_epsilon=0.7, groups=groups)
+    s.commit_round(committed(1), model(blob=b"v1"), grouped)
+    assert s.privacy_ledger() == [grouped] and s.privacy_ledger()[0].groups == groups
+
+
+def test_a_group_below_its_rounds_multiplier_is_refused() -> None:
+    """No group's sum may carry less noise than the round is accounted at:
+    that entry would under-report."""
+    with pytest.raises(InvalidRecordError, match="less noise"):
+        PrivacyEntry(round_number=1, epsilon=0.7, delta=1e-5, noise_multiplier=1.0, sampling_rate=1.0,
+                     cumulative_epsilon=0.7, groups=(GroupCharge(size=5, counted=4, noise_multiplier=0.9),))
+    with pytest.raises(InvalidRecordError, match="0..size"):
+        GroupCharge(size=5, counted=6, noise_multiplier=1.0)
 
 
 def test_next_round_number_never_hands_out_a_number_twice(backend: Backend) -> None:
