@@ -191,19 +191,13 @@ class GroupedRoundMachine:
 
     @property
     def timings(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for m in self.machines:
-            for k, v in m.timings.items():
-                out[k] = max(out.get(k, 0.0), v)
-        return out
+        """Each phase's longest time over the groups."""
+        return _longest(m.timings for m in self.machines)
 
     @property
     def completion(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for m in self.machines:
-            for k, v in m.completion.items():
-                out[k] = max(out.get(k, 0.0), v)
-        return out
+        """Each stage's longest honest completion time over the groups."""
+        return _longest(m.completion for m in self.machines)
 
     @property
     def dropouts(self) -> dict[str, dict[int, str]]:
@@ -399,6 +393,15 @@ class GroupedRoundMachine:
         self.abort_detail = detail
         return [PhaseChanged(self.phase), RoundEnded(False, reason, detail),
                 self._log("round_aborted", reason=reason_name(reason), detail=detail)]
+
+
+def _longest(per_group: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Key -> the largest value any of the mappings gives it."""
+    out: dict[str, float] = {}
+    for times in per_group:
+        for k, v in times.items():
+            out[k] = max(out.get(k, 0.0), v)
+    return out
 
 
 #: A collecting phase's place in the protocol.
