@@ -21,8 +21,9 @@ machine and each group's task fields: one plan -> its config bound to the
 round's task (the session id commits to it, D85) and the secure
 `RoundMachine`, or the plaintext or hybrid one when the settings ask;
 several -> each group's config bound to its own task and a
-`GroupedRoundMachine`, which commits with at least the cohort minimum of
-counted devices. With the discrete Gaussian every group's task carries the
+`GroupedRoundMachine`, which commits when its groups count at least the
+threshold one instance over the whole cohort would have (a group that
+fails costs only its devices, as long as that holds). With the discrete Gaussian every group's task carries the
 round's rotation key (its session nonce), so that the groups' residues add.
 """
 
@@ -74,10 +75,11 @@ def plan_groups(settings: CoordinatorSettings, config: SecAggConfig, groups: Seq
 
 
 def build_round(settings: CoordinatorSettings, *, number: int, nonce: bytes, plans: Sequence[GroupPlan],
-                deadlines: dict[str, float], identity: dict[int, bytes] | None, metrics: MetricLayout,
-                fields: TaskFields) -> tuple[AnyRound, tuple[TaskFields, ...]]:
+                minimum: int, deadlines: dict[str, float], identity: dict[int, bytes] | None,
+                metrics: MetricLayout, fields: TaskFields) -> tuple[AnyRound, tuple[TaskFields, ...]]:
     """The round's machine and each group's task fields, in the plans'
-    order (see the module doc); `nonce`: the round's session nonce."""
+    order (see the module doc); `nonce`: the round's session nonce;
+    `minimum`: the fewest counted devices a round in groups commits with."""
     cohort = [d for p in plans for d in p.members]
     if len(plans) > 1:
         key = nonce if plans[0].mechanism is not None else b""
@@ -86,7 +88,6 @@ def build_round(settings: CoordinatorSettings, *, number: int, nonce: bytes, pla
             for p in plans
         )
         configs = tuple(f.bind(p.config, number, p.members) for f, p in zip(per_group, plans, strict=True))
-        minimum = min(max(settings.cohort.minimum, 2), len(cohort))
         machine = GroupedRoundMachine(number=number, configs=configs, groups=[p.members for p in plans],
                                       deadlines=deadlines, minimum=minimum, identity_keys=identity, metrics=metrics,
                                       mechanisms=[p.mechanism for p in plans], rotation_key=key)

@@ -494,8 +494,8 @@ class Coordinator:
             identity = {d: self.registry.devices[d].identity_public_key for d in cohort}
         windows = self.deadlines.windows(active=config.active_adversary, cohort=len(cohort))
         r, task_fields = await asyncio.to_thread(lambda: build_round(
-            self.settings, number=number, nonce=session_id, plans=plans, deadlines=windows.machine,
-            identity=identity, metrics=metrics, fields=fields))
+            self.settings, number=number, nonce=session_id, plans=plans, minimum=config.threshold,
+            deadlines=windows.machine, identity=identity, metrics=metrics, fields=fields))
         self.round = r
         self._round_started_at = self._wall()
         self._round_base = self.model_version

@@ -60,9 +60,11 @@ def test_rounds_in_three_groups_over_grpc_are_exact_and_keep_streams_whole():
 def test_a_group_that_falls_below_its_threshold_costs_only_its_devices():
     """Both devices of one client go silent at masked input: their group of
     4 keeps 2, below its threshold of 3, and aborts; the round commits the
-    other 8 devices' sum exactly."""
+    other 8 devices' sum exactly, since 8 meet the threshold one instance
+    over the 12 would have (7, a majority). The cohort minimum, the devices
+    a round needs to start (here all 12), is not a commit minimum."""
     async def main():
-        settings = make_settings(**{"cohort.size": 12, "cohort.minimum": 6, "secagg.group_size": 4, **SHORT})
+        settings = make_settings(**{"cohort.size": 12, "cohort.minimum": 12, "secagg.group_size": 4, **SHORT})
         async with running(settings) as (coord, target, store, rounds):
             # _clients deals device i to client i % 6: devices 0 and 6 share client 0
             clients, devices = await _clients(target, 12, groups=6, silent={0: "masked_input", 6: "masked_input"})
