@@ -127,7 +127,7 @@ def abort_charge(ledger: PrivacyLedger, r: AnyRound, history: Sequence[PrivacyEn
             threshold=m.config.threshold, masked_input=len(survivors.get(COUNTED_AT, ())))
         if counted is not None:
             z = ledger.round_multiplier(cohort=len(m.cohort), counted=counted, mechanism=m.mechanism)
-            groups.append(GroupCharge(size=len(m.cohort), counted=min(counted, len(m.cohort)), noise_multiplier=z))
+            groups.append(GroupCharge(size=len(m.cohort), counted=counted, noise_multiplier=z))
     if not groups:
         return None
     z = min(g.noise_multiplier for g in groups)

@@ -23,8 +23,9 @@ round's task (the session id commits to it, D85) and the secure
 several -> each group's config bound to its own task and a
 `GroupedRoundMachine`, which commits when its groups count at least the
 threshold one instance over the whole cohort would have (a group that
-fails costs only its devices, as long as that holds). With the discrete Gaussian every group's task carries the
-round's rotation key (its session nonce), so that the groups' residues add.
+fails costs only its devices, as long as that holds). With the discrete
+Gaussian every group's task carries the round's rotation key (its session
+nonce), so that the groups' residues add.
 """
 
 from __future__ import annotations
