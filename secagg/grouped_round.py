@@ -167,15 +167,15 @@ def run_grouped_round(
             refused.update((p, why) for p in members if (why := refuse(p, cfg)) is not None)
         outcomes.append(run_round(
             x[list(members)], config=cfg, dropouts=_group_plan(plan, members, refused), round_idx=round_idx,
-            seed=_group_seed(seed, first_group + j), wire=wire, stochastic_rounding=stochastic_rounding,
+            seed=group_seed(seed, first_group + j), wire=wire, stochastic_rounding=stochastic_rounding,
             rounding_keys=[(seed, cohort_pos[p]) for p in members],
         ))  # fmt: skip
-    out = _combine(encoding, tuple(tuple(g) for g in groups), tuple(outcomes), refused)
+    out = combine_groups(encoding, tuple(tuple(g) for g in groups), tuple(outcomes), refused)
     out.wall_s = time.perf_counter() - wall0
     return out
 
 
-def _combine(encoding: FixedPointEncoding, groups: tuple[tuple[int, ...], ...],
+def combine_groups(encoding: FixedPointEncoding, groups: tuple[tuple[int, ...], ...],
              outcomes: tuple[RoundOutcome, ...], refused: dict[int, str]) -> GroupedOutcome:
     """Add the committed groups' sums (mod 2^32, then as an element of
     Z_{2^w}) and decode them once; check them against the plaintext sum of
@@ -222,11 +222,12 @@ def _group_plan(plan: DropoutPlan, members: tuple[int, ...], refused: dict[int, 
     return DropoutPlan(**stages)
 
 
-def _group_seed(seed: int, group: int) -> int:
+def group_seed(seed: int, group: int) -> int:
     """The seed of group `group`'s devices' keys and random bytes: no two
     groups' devices draw the same keys."""
     digest = hashlib.sha256(f"fedmask/grouped-round/{seed}/{group}".encode()).digest()
     return int.from_bytes(digest[:8], "big")
 
 
-__all__ = ["GroupedOutcome", "Refuse", "check_groups", "group_configs", "run_grouped_round"]
+__all__ = ["GroupedOutcome", "Refuse", "check_groups", "combine_groups", "group_configs", "group_seed",
+           "run_grouped_round"]

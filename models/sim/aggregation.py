@@ -4,12 +4,15 @@ first, then the plain mean, the in-process SecAgg(+) sum, or FedMMF's hybrid
 round (D64); a chunked plain round keeps only a running sum. Under the
 discrete Gaussian (D88) the round is `models.sim.dp_mechanism`'s: the
 mechanism's own encoding, noise and decoding, through SecAgg(+) with
---secagg; without a secure sum the updates are fed to it as the chunks
-train (`dp_stream`), so the cohort's (B, D) table is never held."""
+--secagg. Its updates are fed to it as the chunks train (`dp_stream`), and
+so are SecAgg's without DP (`SecureStream`, D100): the chunks are cut group
+by group and each group's secure sum runs once its last update came, so
+the cohort's (B, D) table is never held. The float Gaussian
+(`gaussian-float`) and the hybrid round still take the whole table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +24,8 @@ from models.sim.config import SimulationConfig
 if TYPE_CHECKING:
     from models.sim.dp_mechanism import DiscreteGaussianSum
     from secagg.config import Neighbors, SecAggConfig
+    from secagg.group_stream import GroupStream
+    from secagg.grouped_round import GroupedOutcome
 
 
 class SecureAggregator:
@@ -86,6 +91,34 @@ class SecureAggregator:
     def mean(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
         return self.sum(updates, round_idx=round_idx, clip=clip) / updates.shape[0]
 
+    def stream(self, n: int, length: int, *, round_idx: int, clip: float) -> GroupStream:
+        """Round `round_idx`'s secure sum of n devices fed a piece at a time
+        (D100): the same groups, configs and seeds as `sum`, so the same sum
+        bit for bit, with one group's rows held at a time when fed in
+        `GroupStream.order()`."""
+        from secagg.group_stream import GroupStream
+
+        groups = self.partition(n, round_idx)
+        if len(groups) == 1:
+            configs = [self.config(n, length, clip)]
+        else:
+            configs = [self.config(len(g), length, clip, cohort=n, group=j) for j, g in enumerate(groups)]
+        return GroupStream(groups=groups, configs=configs, vector_length=length, round_idx=round_idx,
+                           seed=self.seed * 1_000_003 + round_idx, wire=False)
+
+    def record(self, out: GroupedOutcome, configs: Sequence[SecAggConfig]) -> None:
+        """What `last` says of a finished round in groups, or of a streamed
+        round (results.json's round record)."""
+        self.last = {
+            "secagg_graph": "; ".join(sorted({c.describe() for c in configs})),
+            "secagg_groups": len(out.groups),
+            "secagg_counted": len(out.counted),
+            "secagg_exact": bool(out.exact),
+            "secagg_wall_s": float(out.wall_s),
+        }
+        if len(out.groups) > 1:
+            self.last["secagg_group_sizes"] = [len(g) for g in out.groups]
+
     def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
         """The decoded exact sum of the devices' encoded updates (all counted: no dropouts here)."""
         n, length = updates.shape
@@ -131,36 +164,93 @@ class SecureAggregator:
             o = out.outcomes[failed[0]] if failed else out.outcomes[0]
             raise RuntimeError(f"secure aggregation aborted in round {round_idx}, group {failed[:1]}: "
                                f"{o.abort_reason} {o.abort_detail}")
-        self.last = {
-            "secagg_graph": "; ".join(sorted({c.describe() for c in configs})),
-            "secagg_groups": len(groups),
-            "secagg_group_sizes": [len(g) for g in groups],
-            "secagg_counted": len(out.counted),
-            "secagg_exact": bool(out.exact),
-            "secagg_wall_s": float(out.wall_s),
-        }
+        self.record(out, configs)
         return out.sum
 
 
 def streams_dp(config: SimulationConfig) -> bool:
     """Whether a round's updates go to the discrete-Gaussian sum as they are
     trained (`dp_stream`), not kept as the cohort's table: DP under the
-    discrete Gaussian without a secure sum or a hybrid round (those take
-    every update at once)."""
+    discrete Gaussian, through the secure sum or not (D100), unless the
+    round is a hybrid one (that takes every update at once)."""
     dp = config.dp
-    return (dp is not None and dp.mechanism == "discrete-gaussian" and not config.secagg
-            and config.plaintext_j_bound is None)
+    return dp is not None and dp.mechanism == "discrete-gaussian" and config.plaintext_j_bound is None
 
 
-def stream_working_bytes(config: SimulationConfig, update_dim: int) -> int:
-    """What the memory plans add for a round's `dp_stream` (its working set,
-    `models.sim.dp_mechanism.stream_bytes`), or 0 when the round keeps no
-    such sum (`streams_dp` false, or nothing to send)."""
-    if not streams_dp(config) or update_dim <= 0:
+def streams_secure(config: SimulationConfig, *, ranked: bool = False) -> bool:
+    """Whether a round's updates go to the secure sum as they are trained
+    (`SecureStream`, D100), not kept as the cohort's table: SecAgg without
+    DP or a hybrid round, in one process (a rank's secure sum, D93, takes
+    the rank's table)."""
+    return config.secagg and config.dp is None and config.plaintext_j_bound is None and not ranked
+
+
+def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int, *, ranked: bool = False) -> int:
+    """What the memory plans add for a round's stream: a `dp_stream`'s working
+    set (`models.sim.dp_mechanism.stream_bytes`), or a `SecureStream`'s (the
+    largest group's rows, with the in-process round's encodings and masks);
+    0 when the round keeps no such sum or has nothing to send."""
+    if update_dim <= 0:
         return 0
-    from models.sim.dp_mechanism import stream_bytes
+    from models.sim.memory import SECAGG_BYTES_PER_COORD
 
-    return stream_bytes(update_dim)
+    if streams_dp(config):
+        from dpmech.rotation import padded_dimension
+        from models.sim.dp_mechanism import stream_bytes
+
+        held = _largest_group(config, cohort) * padded_dimension(update_dim) if config.secagg else 0
+        return stream_bytes(update_dim) + held * (4 + SECAGG_BYTES_PER_COORD)  # its residues, with SecAgg
+    if streams_secure(config, ranked=ranked):
+        return _largest_group(config, cohort) * update_dim * (4 + SECAGG_BYTES_PER_COORD)
+    return 0
+
+
+def _largest_group(config: SimulationConfig, cohort: int) -> int:
+    """The most devices in one of a round's secure-aggregation groups (`secagg.groups.partition`)."""
+    from secagg.groups import DEFAULT_GROUP_SIZE, group_count
+
+    g = DEFAULT_GROUP_SIZE if config.secagg_group_size is None else config.secagg_group_size
+    return -(-cohort // group_count(cohort, g)) if cohort >= 2 else cohort
+
+
+class SecureStream:
+    """A round's secure sum fed the cohort's updates a chunk at a time (D100):
+    SecAgg(+) in groups (`SecureAggregator.stream`), each group's instance
+    run when its last device's update arrives. `order()` is the order to
+    train the cohort in (group by group) so that one group's rows are held;
+    `mean` is what `SecureAggregator.mean` gives for the whole table, bit
+    for bit."""
+
+    def __init__(self, secure: SecureAggregator, devices: int, dim: int, *, round_idx: int, clip: float) -> None:
+        self.secure, self.devices, self.dim, self.clip, self.round_idx = secure, devices, dim, clip, round_idx
+        self.inner = secure.stream(devices, dim, round_idx=round_idx, clip=clip)
+        self.clipped = 0  # coordinates beyond the encoding's range (it clips them)
+        self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
+
+    def order(self) -> np.ndarray:
+        return self.inner.order()
+
+    def add(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """The updates (b, D) of the cohort's positions `positions`."""
+        self.device = rows.device
+        x = rows.detach().to("cpu", torch.float32)
+        for a in range(0, x.shape[0], 64):  # a few rows at a time: no temporaries of the chunk's size
+            self.clipped += int((x[a:a + 64].abs() > self.clip).sum())
+        self.inner.add(positions.cpu().numpy(), x.numpy())
+
+    def mean(self, rec: dict[str, Any]) -> torch.Tensor:
+        out = self.inner.finish()
+        failed = [j for j, o in enumerate(out.outcomes) if not o.ok]
+        if failed or out.sum is None:
+            o = out.outcomes[failed[0]] if failed else out.outcomes[0]
+            raise RuntimeError(f"secure aggregation aborted in round {self.round_idx}, group {failed[:1]}: "
+                               f"{o.abort_reason} {o.abort_detail}")
+        self.secure.record(out, self.inner.configs)
+        rec.update(self.secure.last)
+        rec["secagg_clipped_fraction"] = self.clipped / max(self.devices * self.dim, 1)
+        rec["secagg_rows_held_peak"] = self.inner.peak_rows_held  # the most updates waiting at once
+        total = torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=self.device)
+        return total / self.devices
 
 
 def dp_stream(config: SimulationConfig, secure: SecureAggregator | None, devices: int, dim: int,
@@ -187,7 +277,7 @@ def discrete_gaussian_mean(upd: torch.Tensor | DiscreteGaussianSum, *, config: S
     assert dp is not None
     if isinstance(upd, torch.Tensor):
         stream = dp_stream(config, secure, int(upd.shape[0]), int(upd.shape[1]), round_idx)
-        stream.add(upd)
+        stream.add(upd, np.arange(int(upd.shape[0])))
     else:
         stream = upd
     total, norms64, rec["dp"], secured = stream.finish()

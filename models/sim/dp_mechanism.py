@@ -59,7 +59,7 @@ from models.sim.fast_quantize import quantize_rows
 
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
-    from secagg.config import SecAggConfig
+    from secagg.group_stream import GroupStream
 
 FIELD_BITS = 32  # the in-process secure sum's words
 ROW_CHUNK = 64  # rows rotated and rounded at once, at most
@@ -71,13 +71,11 @@ ShareSampler = Callable[[np.random.Generator, int, Fraction], np.ndarray]
 
 
 class SecureSum(Protocol):
-    """What a round needs of `models.sim.aggregation.SecureAggregator`: its
-    seed and its configs (per instance size, and per group of a cohort)."""
+    """What a round needs of `models.sim.aggregation.SecureAggregator`: the
+    round's secure sum of n devices, fed a piece at a time (its groups are
+    the round's partition, `SecureAggregator.partition`)."""
 
-    seed: int
-
-    def config(self, n: int, length: int, clip: float, *, cohort: int | None = None,
-               group: int | None = None) -> SecAggConfig: ...
+    def stream(self, n: int, length: int, *, round_idx: int, clip: float) -> GroupStream: ...
 
 
 def rotation_seed(seed: int, round_idx: int) -> bytes:
@@ -143,7 +141,7 @@ def discrete_gaussian_round(
     stream = DiscreteGaussianSum(int(updates.shape[0]), int(updates.shape[1]), dp=dp, groups=groups, seed=seed,
                                  round_idx=round_idx, secure=secure, share_sampler=share_sampler,
                                  one_draw_per_group=one_draw_per_group)
-    stream.add(updates)
+    stream.add(updates, np.arange(int(updates.shape[0])))
     total, norms, entry, secured = stream.finish()
     return (total.to(device=updates.device, dtype=updates.dtype), norms.to(device=updates.device, dtype=updates.dtype),
             entry, secured)
@@ -151,12 +149,13 @@ def discrete_gaussian_round(
 
 class DiscreteGaussianSum:
     """`discrete_gaussian_round` fed the cohort's updates a piece at a time
-    (`add`, in row order, any sizes), so that a round trained in chunks
-    never holds the (B, D) table: rows wait in a buffer of `row_chunk` rows
-    and are quantized a full buffer at a time, so the generator's draws, and
-    the result, are the same bit for bit whatever the pieces. With `secure`
-    every device's residues are still kept (the in-process secure sum takes
-    them all)."""
+    (`add`, any sizes, in `order()`: the rows group by group, which is row
+    order for one group), so that a round trained in chunks never holds the
+    (B, D) table: rows wait in a buffer of `row_chunk` rows and are
+    quantized a full buffer at a time, so the generator's draws, and the
+    result, are the same bit for bit whatever the pieces. With `secure`
+    each device's residues go to the round's secure sum as they are made
+    (`GroupStream`, D100), which holds one group's residues at a time."""
 
     def __init__(self, devices: int, dim: int, *, dp: DPSettings, groups: Sequence[Sequence[int]], seed: int,
                  round_idx: int, secure: SecureSum | None, share_sampler: ShareSampler = fast_sampler.discrete_gaussian,
@@ -174,7 +173,11 @@ class DiscreteGaussianSum:
         self.group_of = np.empty(devices, dtype=np.int64)
         for j, g in enumerate(groups):
             self.group_of[list(g)] = j
-        self.residues = np.empty((devices, self.mech.padded_dim), dtype=np.uint32) if secure is not None else None
+        self._order = np.fromiter((p for g in groups for p in g), dtype=np.int64, count=devices)
+        self.secure_sum = (secure.stream(devices, self.mech.padded_dim, round_idx=round_idx, clip=1.0)
+                           if secure is not None else None)  # fmt: skip
+        if self.secure_sum is not None and self.secure_sum.groups != tuple(tuple(g) for g in groups):
+            raise ValueError("the secure sum's groups are not the round's groups")
         self.total = np.zeros(self.mech.padded_dim, dtype=np.int64)
         self.norms = np.empty(devices, dtype=np.float64)
         self.clipped_sum = np.zeros(dim, dtype=np.float64)  # for the measured noise multiplier
@@ -183,12 +186,21 @@ class DiscreteGaussianSum:
         self.done = 0  # rows quantized
         self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
 
-    def add(self, rows: torch.Tensor) -> None:
-        """The next rows (b, D) of the cohort, in order."""
+    def order(self) -> np.ndarray:
+        """The order the rows come in: the groups' rows, group after group."""
+        return self._order.copy()
+
+    def add(self, rows: torch.Tensor, positions: torch.Tensor | np.ndarray | None = None) -> None:
+        """The next b rows (b, D) of the cohort in `order()`. With
+        `positions` (the rows' cohort positions) the rows may come in any
+        order within that next slice of `order()` (they are taken in its
+        order); other positions are refused (ValueError)."""
         if rows.ndim != 2 or rows.shape[1] != self.dim:
             raise ValueError(f"expected rows of length {self.dim}, got shape {tuple(rows.shape)}")
         if self.done + self.held + rows.shape[0] > self.devices:
             raise ValueError(f"more than the round's {self.devices} devices")
+        if positions is not None:
+            rows = rows[torch.as_tensor(self._slice_index(positions, rows.shape[0]), device=rows.device)]
         self.device = rows.device
         source = rows.detach().to("cpu")
         at = 0
@@ -200,11 +212,25 @@ class DiscreteGaussianSum:
             if self.held == len(self.buffer):
                 self._quantize()
 
+    def _slice_index(self, positions: torch.Tensor | np.ndarray, b: int) -> np.ndarray:
+        """Which of b rows at `positions` is each next position of `order()`."""
+        pos = np.asarray(positions.cpu() if isinstance(positions, torch.Tensor) else positions).reshape(-1)
+        start = self.done + self.held
+        want = self._order[start:start + b]
+        if len(pos) != b:
+            raise ValueError(f"{len(pos)} positions for {b} rows")
+        k = np.argsort(pos, kind="stable")
+        at = np.searchsorted(pos[k], want).clip(0, max(b - 1, 0))
+        if b and not np.array_equal(pos[k][at], want):
+            raise ValueError("rows must come in the round's order (its groups' rows, group after group)")
+        return k[at]
+
     def _quantize(self) -> None:
         """The buffered rows: their norms, clipped sum, rounding, and shares (or their sum)."""
         x, start, mech = self.buffer[:self.held], self.done, self.mech
-        norms = self.norms[start:start + len(x)]
-        norms[:] = np.linalg.norm(x, axis=1)
+        pos = self._order[start:start + len(x)]
+        norms = np.linalg.norm(x, axis=1)
+        self.norms[pos] = norms
         self.clipped_sum += (x * np.minimum(1.0, self.dp.clip / np.maximum(norms, 1e-300))[:, None]).sum(axis=0)
         rounded = quantize_rows(x, mech, self.key, self.rng, norms=norms)  # dpmech's, bit for bit
         self.done += self.held
@@ -212,13 +238,16 @@ class DiscreteGaussianSum:
         if self.one_draw:
             self.total = modular.wrap(self.total + rounded.sum(axis=0), mech.bits)
             return
-        for i, row in enumerate(rounded, start=start):
+        residues = np.empty(rounded.shape, dtype=np.uint32) if self.secure_sum is not None else None
+        for k, (i, row) in enumerate(zip(pos, rounded, strict=True)):
             share = self.share_sampler(self.rng, mech.padded_dim, self.configs[self.group_of[i]].sigma2)
             noisy = modular.wrap(row + share, mech.bits)
-            if self.residues is not None:
-                self.residues[i] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
+            if residues is not None:
+                residues[k] = modular.to_unsigned(noisy, mech.bits).astype(np.uint32)
             else:
                 self.total = modular.wrap(self.total + noisy, mech.bits)
+        if residues is not None and self.secure_sum is not None:
+            self.secure_sum.add(pos, residues)
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any], dict[str, Any]]:
         """Once every device's rows are in: `discrete_gaussian_round`'s result
@@ -233,8 +262,8 @@ class DiscreteGaussianSum:
                 noise = fast_sampler.group_noise(self.rng, len(g), mech.padded_dim, cfg.sigma2)
                 total = modular.wrap(total + noise, mech.bits)
         secured: dict[str, Any] = {}
-        if self.residues is not None and self.secure is not None:
-            words, secured = secure_residue_sum(self.secure, self.residues, self.groups, round_idx=self.round_idx)
+        if self.secure_sum is not None:
+            words, secured = finish_residue_sum(self.secure_sum, round_idx=self.round_idx)
             total = modular.from_unsigned(words, mech.bits)
         decoded = decode_sum(total, mech, self.key)
         entry = privacy_entry(self.dp, self.groups, self.configs)
@@ -265,31 +294,17 @@ def privacy_entry(dp: DPSettings, groups: Sequence[Sequence[int]],
     }
 
 
-def secure_residue_sum(secure: SecureSum, residues: np.ndarray, groups: Sequence[Sequence[int]], *,
-                       round_idx: int) -> tuple[np.ndarray, dict[str, Any]]:
+def finish_residue_sum(stream: GroupStream, *, round_idx: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The devices' residues summed by the in-process SecAgg(+) round (in
     groups when there are several): the exact sum mod 2^32 and what the
     round did. RuntimeError when a group aborts or the sum is not exact."""
-    from secagg.grouped_round import run_grouped_round
-    from secagg.inprocess import run_round
-
-    n, length = residues.shape
-    seed = secure.seed * 1_000_003 + round_idx
-    if len(groups) == 1:
-        cfg = secure.config(n, length, 1.0)
-        one = run_round(residues, config=cfg, round_idx=round_idx, seed=seed, wire=False)
-        ok, exact, words, counted, wall = one.ok, one.exact, one.encoded_sum, one.counted, one.wall_s
-        graph = cfg.describe()
-    else:
-        configs = [secure.config(len(g), length, 1.0, cohort=n, group=j) for j, g in enumerate(groups)]
-        many = run_grouped_round(residues, groups=groups, configs=configs, round_idx=round_idx, seed=seed, wire=False)
-        ok = many.ok and len(many.committed) == len(groups)
-        exact, words, counted, wall = many.exact, many.encoded_sum, many.counted, many.wall_s
-        graph = "; ".join(sorted({c.describe() for c in configs}))
-    if not ok or words is None or not exact:
+    out = stream.finish()
+    ok = out.ok and len(out.committed) == len(out.groups)
+    if not ok or out.encoded_sum is None or not out.exact:
         raise RuntimeError(f"secure aggregation of the discrete Gaussian's residues failed in round {round_idx}")
-    return words, {"secagg_graph": graph, "secagg_groups": len(groups), "secagg_counted": len(counted),
-                   "secagg_exact": bool(exact), "secagg_wall_s": float(wall)}
+    return out.encoded_sum, {"secagg_graph": "; ".join(sorted({c.describe() for c in stream.configs})),
+                             "secagg_groups": len(out.groups), "secagg_counted": len(out.counted),
+                             "secagg_exact": bool(out.exact), "secagg_wall_s": float(out.wall_s),
+                             "secagg_rows_held_peak": stream.peak_rows_held}
 
-
-__all__ = ["discrete_gaussian_round", "privacy_entry", "round_mechanisms", "rotation_seed", "secure_residue_sum"]
+__all__ = ["discrete_gaussian_round", "finish_residue_sum", "privacy_entry", "round_mechanisms", "rotation_seed"]

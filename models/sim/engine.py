@@ -78,8 +78,8 @@ from models.base import (
 from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
-from models.sim.aggregation import (SecureAggregator, aggregate_round, discrete_gaussian_mean, dp_stream,
-                                    streams_dp)
+from models.sim.aggregation import (SecureAggregator, SecureStream, aggregate_round, discrete_gaussian_mean,
+                                    dp_stream, secagg_clip, streams_dp, streams_secure)
 from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
@@ -196,9 +196,9 @@ def _load(
 
 
 def _shard_setup(
-    d: _Data, config: SimulationConfig, mem: MemorySettings, device: torch.device, shard: Shard
+    d: _Data, config: SimulationConfig, mem: MemorySettings, device: torch.device, shard: Shard, ranked: bool = False
 ) -> _Setup:
-    """One shard's data and memory plan (sized for the shard's devices)."""
+    """One shard's data and memory plan (sized for the shard's devices; `ranked`: one of several ranks)."""
     local = d.population[shard.lo : shard.hi]
     cohorts = Cohorts(d.split, local, device)
     n_local, cohort = len(local), min(d.cohort_size, len(local))
@@ -206,10 +206,10 @@ def _shard_setup(
     plan: MemoryPlan | SparsePlan
     if sparse is not None:
         plan = plan_sparse_memory(sparse, d.model.update_dim, cohorts, d.global_, mem, n_items=d.split.n_items,
-                                  cohort=cohort, rounds=d.rounds, config=config)  # fmt: skip
+                                  cohort=cohort, rounds=d.rounds, config=config, ranked=ranked)  # fmt: skip
     else:
         plan = plan_cohort_memory(d.model, cohorts, d.global_, mem, n_pop=n_local, n_items=d.split.n_items,
-                                  cohort=cohort, config=config)  # fmt: skip
+                                  cohort=cohort, config=config, ranked=ranked)  # fmt: skip
     return _Setup(**vars(d), shard=shard, cohorts=cohorts, plan=plan, sparse=sparse)
 
 
@@ -226,7 +226,7 @@ def _prepare(
     reported through `ev.note`."""
     d = _load(config, explicit, interactions, device)
     shard = Shard.whole(len(d.population)) if ranks is None else _shard(d, ranks.rank, ranks.world)
-    s = _shard_setup(d, config, mem, device, shard)
+    s = _shard_setup(d, config, mem, device, shard, ranked=ranks is not None)
     s.ranks = ranks
     ev.note(s.plan.describe() if ranks is None else f"rank {ranks.rank}: {s.plan.describe()}")
     return s
@@ -267,7 +267,7 @@ def plan_simulation(
         d = _load(config, explicit, interactions, device)
         lines = [f"{nproc} ranks, {len(d.population):,d} devices, {d.cohort_size:,d} per round; each rank's needs:"]
         for r in range(nproc):
-            s = _shard_setup(d, config, mem, device, _shard(d, r, nproc))
+            s = _shard_setup(d, config, mem, device, _shard(d, r, nproc), ranked=nproc > 1)
             lines.append(f"rank {r}: devices {s.shard.lo:,d}..{s.shard.hi - 1:,d} ({s.shard.size:,d}): "
                          + _plan_text(s.plan).replace("\n", "\n  "))  # fmt: skip
             del s
@@ -280,8 +280,8 @@ def _plan_text(plan: MemoryPlan | SparsePlan) -> str:
         return plan.describe() + "\n" + plan.table()
     one = plan.private_bytes
     return (
-        plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, up to "
-        f"{2 * one:,d} ({gib(2 * one)}) while an earlier round is kept as the best"
+        plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, written in "
+        "place (the best validation round is tested when reached, not kept: D101)"
     )
 
 
@@ -333,14 +333,18 @@ def _train_and_aggregate(
 ) -> torch.Tensor | None:
     """Round r's local training of this process's part of the cohort and the mean update."""
     s, tables, config, rows = w.s, w.tables, w.config, share.rows
-    stream = (dp_stream(config, w.secure, share.count, s.model.update_dim, r)
-              if streams_dp(config) and s.model.update_dim > 0 and share.count and w.agg is None else None)
+    one = s.model.update_dim > 0 and share.count > 0 and w.agg is None  # one process sums the cohort
+    stream = dp_stream(config, w.secure, share.count, s.model.update_dim, r) if one and streams_dp(config) else None
+    sstream = (SecureStream(w.secure, share.count, s.model.update_dim, round_idx=r, clip=secagg_clip(config))
+               if one and w.secure is not None and streams_secure(config) else None)  # fmt: skip
     spare, w.spare_updates = w.spare_updates, None
     job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
-                      exact_sum=w.agg is not None, stream=stream, spare_updates=spare)
+                      exact_sum=w.agg is not None, stream=stream, spare_updates=spare, secure_stream=sstream)
     del spare
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
+        if sstream is not None:
+            return sstream.mean(rec)
         if stream is not None:
             return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
         if w.agg is not None:
@@ -353,6 +357,8 @@ def _train_and_aggregate(
     assert isinstance(tables, PrivateTables)
     tables.begin_round(covers_all=s.full_cohort)
     upd = train_cohort(s.model, tables, job) if share.count else None
+    if sstream is not None:
+        return sstream.mean(rec)
     if stream is not None:
         return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
 
@@ -408,15 +414,14 @@ def _reach_best(
     best: dict[str, Any], s: _Setup, tables: PrivateTables | SparseTables, global_: GlobalState,
     population: np.ndarray | None,
 ) -> None:
-    """The state after this round is the best so far: keep it (dense tables: never
-    written again, copy on write) or, kept sparsely, test it now (D89: the test
-    figures never influence anything, and no second private state is kept)."""
+    """The state after this round is the best so far: test it now (D89, D101:
+    the test figures never influence anything, and no second private state
+    is kept, dense or sparse)."""
     best["global"] = global_  # new tensors every round: safe by reference
-    if isinstance(tables, SparseTables):
-        best["test"] = _evaluate(s, tables, global_, "test", full=True, population=population)
-        best["summary"] = _summary(s, global_, tables.table())
-    else:
-        tables.keep_best()
+    best["test"] = _evaluate(s, tables, global_, "test", full=True, population=population)
+    best["summary"] = _summary(s, global_, tables.table())
+    if isinstance(tables, PrivateTables):
+        tables.release()
 
 
 def _cohort(w: _Round) -> CohortShare:
@@ -535,8 +540,8 @@ def simulate(
     model, rounds, n_pop = s.model, s.rounds, len(s.population)
     work = _round_context(s, tables, config, ev)
     pop_arg = work.population
-    # the best validation round; on the sparse path its test figures are computed when
-    # it is reached (D89): they never influence anything, and no second state is kept
+    # the best validation round; its test figures are computed when it is reached (D89,
+    # D101): they never influence anything, and no second private state is kept
     best: dict[str, Any] = {"round": None, "value": -math.inf, "global": None, "test": None, "summary": None}
     records: list[dict[str, Any]] = []
     t_setup = time.perf_counter() - t_start
@@ -553,7 +558,8 @@ def simulate(
         if best["round"] is None:  # every validation value was NaN: fall back to the last round
             best["round"] = last_round
             _reach_best(best, s, tables, global_, pop_arg)
-        if isinstance(tables, PrivateTables):  # the kept best state, tested once, now
+        if best["test"] is None and isinstance(tables, PrivateTables) and tables.best is not None:
+            # a run resumed from a checkpoint of an earlier version, which kept the best state
             best["test"] = _evaluate(s, tables, best["global"], "test", full=True, which="best", population=pop_arg)
             best["summary"] = _summary(s, best["global"], tables.table("best"))
         tables.release()

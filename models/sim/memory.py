@@ -12,9 +12,9 @@ A plan has two knobs:
   per-device training bytes (`FederatedRecommender.train_memory`).
 - `private_on_disk`: the population's private state (e.g. FedRAP's personal
   item tables D_i) lives in memory-mapped files instead of RAM; a chunk's rows
-  are read in, trained and written back. Like in RAM, two buffers may exist
-  (the current state and the kept best-validation state), so the disk holds up
-  to 2 x the private state.
+  are read in, trained and written back. Like in RAM, one buffer: the best
+  validation round's state is tested when it is reached, not kept (D101), and
+  a round writes its rows in place.
 
 Estimates, not measurements: every figure is an upper estimate of the tensors
 the engine and the model hold at once, on top of the resident memory measured
@@ -56,7 +56,7 @@ class Footprint:
     update_dim: int  # coordinates of one device's update
     data_bytes: int  # the population's padded training table
     eval_per_device: int  # evaluation's working set per user of an evaluation batch
-    keep_updates: bool  # SecAgg, a hybrid round or DP through a secure sum: the whole (cohort, update_dim) table is held
+    keep_updates: bool  # the float Gaussian, a hybrid round, or SecAgg on a rank: the whole (cohort, update_dim) table is held
     secagg: bool
     baseline: int = BASELINE_BYTES  # resident before training (the engine measures it; data_bytes then 0)
 
@@ -80,8 +80,8 @@ class Footprint:
 
     def static(self, private_on_disk: bool) -> int:
         """Bytes held throughout: baseline, data, global states, private state in RAM."""
-        # in RAM: current + kept best (copy on write); on disk: one I/O step of mapped pages
-        private = IO_STEP_BYTES if private_on_disk else 2 * self.private_total
+        # in RAM: the one buffer (D101); on disk: one I/O step of mapped pages
+        private = IO_STEP_BYTES if private_on_disk else self.private_total
         return self.baseline + self.data_bytes + 4 * self.global_bytes + private
 
     def train(self, chunk: int) -> int:
@@ -96,7 +96,7 @@ class Footprint:
         return self.static(private_on_disk) + max(self.train(chunk), self.evaluation())
 
     def disk(self, private_on_disk: bool) -> int:
-        return 2 * self.private_total if private_on_disk else 0
+        return self.private_total if private_on_disk else 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def plan_memory(
             f"({'chunks of ' + str(max(size, 1)) + ' devices' if chunk is not None else 'one device at a time'}, "
             f"private state {'on disk' if on_disk else 'in RAM'}){hint}, more than the budget "
             f"--memory-gb {budget / GIB:.2f}; fixed parts: {gib(fp.ram(0, on_disk))} "
-            f"(SecAgg or DP through it holds the cohort's updates: {gib(fp.updates_bytes())}). "
+            f"(the cohort's updates, or their sum: {gib(fp.updates_bytes())}). "
             "Raise --memory-gb, train fewer devices per round (--clients-per-round) or a smaller model"
         )
     disk = fp.disk(on_disk)

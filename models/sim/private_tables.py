@@ -1,11 +1,12 @@
 """The population's private state in the simulator, in RAM or in memory-mapped files.
 
-Row i of every table belongs to population device i. Two buffers at most:
-the current state and, when the best validation round was an earlier one, the
-kept best state. A round writes into the current buffer unless that buffer
-is the kept best; then it writes into the other buffer (copying the rows the
-cohort does not cover first), so the kept state never changes (copy on write,
-without copying anything when the whole population trains).
+Row i of every table belongs to population device i. The engine keeps one
+buffer, the current state, and every round writes it in place (the best
+validation round is tested when reached, D101). A second buffer exists only
+when `keep_best` marks the current state as kept (a checkpoint of an earlier
+version that kept it): a round then writes into the other buffer (copying the
+rows the cohort does not cover first), so the kept state never changes (copy
+on write, without copying anything when the whole population trains).
 
 In RAM the buffers are torch tensors; `take(None)` returns the buffer itself
 and `put(None, part)` adopts `part` as the new buffer, so an unchunked round

@@ -140,8 +140,9 @@ class SparseWork:
     train_max_device: int  # and for the largest device
     update_rows_per_device: float  # bytes of one device's update as rows (average)
     eval_per_device: int
-    keep_updates: bool  # SecAgg, a hybrid round or DP through a secure sum (models.sim.aggregation.streams_dp)
+    keep_updates: bool  # the float Gaussian or a hybrid round, or SecAgg with ranks: the whole dense table
     secagg: bool
+    stream_bytes: int = 0  # a sum fed as the chunks train (models.sim.aggregation.stream_working_bytes)
 
 
 def plan_sparse(
@@ -155,7 +156,7 @@ def plan_sparse(
     cohort = state.cohort
     fixed = work.baseline + state.state_bytes(rounds) + 4 * work.global_bytes
     if not work.keep_updates:
-        agg = 8 * work.update_dim
+        agg = 8 * work.update_dim + work.stream_bytes
     else:
         rows = int(cohort * work.update_rows_per_device)
         # DP and SecAgg aggregate the cohort's dense table (sparse_aggregation.py)

@@ -9,7 +9,7 @@ import torch
 
 from models.base import FederatedRecommender, GlobalState
 from models.registry import ConfigError
-from models.sim.aggregation import stream_working_bytes, streams_dp
+from models.sim.aggregation import stream_working_bytes, streams_dp, streams_secure
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.exact_sum import FixedSum
 from models.sim.memory import BASELINE_BYTES, MemoryBudgetError, default_budget, resident_bytes
@@ -47,8 +47,10 @@ def plan_sparse_memory(
     cohort: int,
     rounds: int,
     config: SimulationConfig,
+    ranked: bool = False,
 ) -> SparsePlan:
-    """Measure the sizes and plan (models/sim/sparse_plan.py); ConfigError when the budget cannot be met."""
+    """Measure the sizes and plan (models/sim/sparse_plan.py); ConfigError when
+    the budget cannot be met. `ranked`: as for `plan_cohort_memory`."""
     one = cohorts.get(torch.zeros(1, dtype=torch.int64, device=cohorts.device))
     with torch.no_grad():
         row = model.init_dense(one, global_, config.seed)
@@ -63,15 +65,19 @@ def plan_sparse_memory(
         row_bytes=8 + 4 * width, base_bytes=base_bytes,
     )  # fmt: skip
     row_width = update_dim // n_items if n_items else 0
+    streamed = streams_dp(config) or streams_secure(config, ranked=ranked)
     work = SparseWork(
-        baseline=max(resident_bytes(), BASELINE_BYTES // 2) + stream_working_bytes(config, update_dim),
+        baseline=max(resident_bytes(), BASELINE_BYTES // 2),
+        stream_bytes=stream_working_bytes(config, update_dim, cohort, ranked=ranked),
         global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
         update_dim=update_dim,
-        train_per_device=-(-model.sparse_train_bytes(lengths) // max(n, 1)),
+        # a stream takes each chunk's updates in their dense form (4 bytes a coordinate)
+        train_per_device=-(-model.sparse_train_bytes(lengths) // max(n, 1)) + (4 * update_dim if streamed else 0),
         train_max_device=model.sparse_train_bytes(lengths.max().view(1)) if n else 0,
         update_rows_per_device=float(touched.mean()) * (8 + 4 * row_width) if n else 0.0,
         eval_per_device=64 * n_items,  # per item: its id, score, row slot and masks of a full ranking
-        keep_updates=(config.secagg or config.dp is not None) and not streams_dp(config),
+        keep_updates=((config.secagg or config.dp is not None) and not streams_dp(config)
+                      and not streams_secure(config, ranked=ranked)),
         secagg=config.secagg,
     )  # fmt: skip
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
@@ -103,8 +109,8 @@ def train_sparse(
 ) -> RowSum | SparseUpdates | None:
     """Train the cohort chunk by chunk, writing its state to `tables`. Returns the
     float64 sum of the updates or, with DP or SecAgg (`job.keep_updates`), the
-    updates as rows, or None when every chunk's updates went to `job.stream`
-    (dense a chunk at a time)."""
+    updates as rows, or None when every chunk's updates went to `job.stream` or
+    `job.secure_stream` (dense a chunk at a time)."""
     n = job.size
     out: RowSum | SparseUpdates
     if job.keep_updates:
@@ -112,7 +118,8 @@ def train_sparse(
     else:  # the order-free fixed-point sum with ranks (D93)
         out = FixedSum(update_dim, job.cohorts.device) if job.exact_sum else RowSum(update_dim, job.cohorts.device)
     done = 0
-    for part in job.parts():
+    fed = job.stream is not None or job.secure_stream is not None
+    for part, positions in zip(job.parts(), job.positions(), strict=True):
         rows = torch.arange(n, device=job.cohorts.device) if part is None else part
         data = job.cohorts.get(part)
         with torch.no_grad():
@@ -122,8 +129,8 @@ def train_sparse(
         if upd.n_devices != b or upd.nnz * upd.width > b * update_dim or upd.width * n_items != update_dim:
             raise RuntimeError(f"local_update_sparse returned updates for {upd.n_devices} devices of width {upd.width}")
         tables.put(rows, res, job.round_idx, job.global_)
-        if job.stream is not None:  # DP without a secure sum: dense for this chunk only
-            job.stream.add(SparseUpdates(n_items, update_dim, [upd]).dense())
+        if fed:  # DP under the discrete Gaussian, or SecAgg without DP: dense for this chunk only
+            job.feed(SparseUpdates(n_items, update_dim, [upd]).dense(), positions)
         elif isinstance(out, RowSum):
             out.add_rows(upd)
         else:
@@ -132,4 +139,4 @@ def train_sparse(
         done += b
         if job.chunk < n:
             job.ev.chunk_done(job.round_idx, done, n)
-    return out if job.stream is None else None
+    return None if fed else out

@@ -15,7 +15,7 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
-from models.sim.aggregation import RunningSum, stream_working_bytes, streams_dp
+from models.sim.aggregation import RunningSum, SecureStream, stream_working_bytes, streams_dp, streams_secure
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.events import SimulationEvents
 from models.sim.memory import (
@@ -75,7 +75,9 @@ class CohortRound:
     `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum;
     `exact_sum`: the sum is the order-free fixed-point one (`models/sim/exact_sum.py`, ranks);
     `stream`: every chunk's updates go to this discrete-Gaussian sum instead
-    (`models.sim.aggregation.dp_stream`: DP without a secure sum), never kept whole."""
+    (`models.sim.aggregation.dp_stream`: DP under the discrete Gaussian), never kept whole;
+    `secure_stream`: every chunk's updates go to this secure sum instead (SecAgg
+    without DP, D100), the chunks cut group by group so that it holds one group."""
 
     global_: GlobalState
     cohorts: Cohorts
@@ -88,6 +90,7 @@ class CohortRound:
     exact_sum: bool = False
     stream: DiscreteGaussianSum | None = None
     spare_updates: torch.Tensor | None = None  # last round's update table, to write into (D97)
+    secure_stream: SecureStream | None = None
 
     def running_sum(self, dim: int, device: torch.device) -> RunningSum:
         """The accumulator of a chunked round's plain sum."""
@@ -99,13 +102,34 @@ class CohortRound:
     def size(self) -> int:
         return self.cohorts.size if self.rows is None else int(self.rows.numel())
 
+    def positions(self) -> list[torch.Tensor]:
+        """The cohort positions (0..size-1) each chunk trains: in order, or
+        group by group when the chunks feed a stream (`stream`, `secure_stream`)."""
+        n = self.size
+        order = torch.arange(n)
+        fed = self.secure_stream if self.secure_stream is not None else self.stream
+        if fed is not None and self.chunk < n:
+            order = torch.as_tensor(fed.order())
+        return [order[s : s + self.chunk] for s in range(0, n, max(self.chunk, 1))] if n else [order]
+
     def parts(self) -> list[torch.Tensor | None]:
-        """The chunks' population rows (one None: the whole population at once)."""
+        """The chunks' population rows, `positions()`' devices (one None: the whole population at once)."""
         n = self.size
         if self.chunk >= n:
             return [self.rows]
         ids = torch.arange(n, device=self.cohorts.device) if self.rows is None else self.rows
-        return [ids[s : s + self.chunk] for s in range(0, n, self.chunk)]
+        return [ids[pos.to(ids.device)] for pos in self.positions()]
+
+    def feed(self, upd: torch.Tensor, positions: torch.Tensor) -> bool:
+        """Hand a chunk's dense updates to the round's stream, if it has one
+        (then the caller keeps nothing of them)."""
+        if self.secure_stream is not None:
+            self.secure_stream.add(upd, positions)
+            return True
+        if self.stream is not None:  # DP (through the secure sum or not): rows in the stream's order
+            self.stream.add(upd, positions)
+            return True
+        return False
 
     def local_round(self, private: PrivateState, data: CohortData, spare: PrivateState | None = None,
                     spare_updates: torch.Tensor | None = None) -> LocalRound:
@@ -118,12 +142,12 @@ def train_cohort(
     """Train the cohort chunk by chunk, writing the new private rows to `tables`.
     Returns the (B, update_dim) updates, or only their running sum when the round
     is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg),
-    or None when every chunk's updates went to `job.stream`."""
+    or None when every chunk's updates went to `job.stream` or `job.secure_stream`."""
     n, dim = job.size, model.update_dim
     parts = job.parts()  # one part: one local_update call (None: the whole population, by reference in RAM)
     out: torch.Tensor | RunningSum | None = None
     done = 0
-    for part in parts:
+    for part, positions in zip(parts, job.positions(), strict=True):
         data = job.cohorts.get(part)
         # one call: the last round's update table can be written over; every row (part None): the state too (D97)
         job_part = job.local_round(tables.take(part), data, tables.spare() if part is None else None,
@@ -136,8 +160,7 @@ def train_cohort(
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
         tables.put(part, new_priv)
         del new_priv
-        if job.stream is not None:
-            job.stream.add(upd)  # DP without a secure sum: the table is never held
+        if job.feed(upd, positions):  # the table is never held
             if len(parts) == 1:
                 return None
         elif len(parts) == 1:
@@ -164,9 +187,12 @@ def plan_cohort_memory(
     n_items: int,
     cohort: int,
     config: SimulationConfig,
+    ranked: bool = False,
 ) -> MemoryPlan:
     """Measure the sizes (one device's private state, the data table) and plan
-    (models/sim/memory.py); MemoryBudgetError when the budget cannot be met."""
+    (models/sim/memory.py); MemoryBudgetError when the budget cannot be met.
+    `ranked`: this process is one of several ranks (D93), whose secure sum
+    takes the rank's whole table (no stream)."""
     import shutil
     import tempfile
 
@@ -177,7 +203,7 @@ def plan_cohort_memory(
     data = cohorts.all
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
     fixed, per = model.train_memory(private_bytes, max_history)
-    fixed += stream_working_bytes(config, model.update_dim)  # the DP sum fed as the chunks train, if any
+    fixed += stream_working_bytes(config, model.update_dim, cohort, ranked=ranked)  # a sum fed as the chunks train
     fp = Footprint(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
         population=n_pop,
@@ -189,7 +215,8 @@ def plan_cohort_memory(
         update_dim=model.update_dim,
         data_bytes=0,  # the padded data table is inside the measured baseline
         eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
-        keep_updates=(config.secagg or config.dp is not None) and not streams_dp(config),
+        keep_updates=((config.secagg or config.dp is not None) and not streams_dp(config)
+                      and not streams_secure(config, ranked=ranked)),
         secagg=config.secagg,
     )
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)

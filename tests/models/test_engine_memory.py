@@ -13,7 +13,7 @@ import torch
 
 from models.data.synthetic import synthetic
 from models.sim.engine import MemorySettings, SimulationConfig, SimulationConfigError, load_global_state, simulate
-from models.sim.memory import GIB, Footprint, MemoryBudgetError, plan_memory
+from models.sim.memory import GIB, Footprint, MemoryBudgetError, PrivatePlacement, plan_memory
 from models.sim.private_tables import PrivateTables
 
 
@@ -81,12 +81,76 @@ def test_partial_cohorts_chunked_on_disk_match_unchunked(x, tmp_path: Path) -> N
     assert res1["test"]["hr@10"] == pytest.approx(res0["test"]["hr@10"], abs=0.02)
 
 
-def test_chunked_secagg_and_dp_hold_the_cohorts_updates(x, tmp_path: Path) -> None:
+@pytest.mark.parametrize("group_size", [None, 4])
+def test_chunked_secagg_and_dp_reach_the_same_model_one_group_held(x, tmp_path: Path, group_size: int | None) -> None:
+    """The discrete Gaussian through SecAgg, chunked (D100): the chunks are
+    cut group by group and the noise drawn in that order whatever the
+    chunking, so the model is the unchunked run's; the secure sum holds one
+    group's residues at a time."""
     kw = {"model": "fedmf", "clients_per_round": 12, "secagg": True, "dp_noise": 0.5, "dp_clip": 1.0,
-          "params": {"k": 4}, "rounds": 2}  # fmt: skip
-    _, g0 = run(x, tmp_path, "s0", MemorySettings(budget_gb=64), **kw)
-    _, g1 = run(x, tmp_path, "s1", MemorySettings(budget_gb=64, cohort_chunk=5), **kw)
+          "params": {"k": 4}, "rounds": 2, "secagg_group_size": group_size}  # fmt: skip
+    res0, g0 = run(x, tmp_path, "s0", MemorySettings(budget_gb=64), **kw)
+    res1, g1 = run(x, tmp_path, "s1", MemorySettings(budget_gb=64, cohort_chunk=5), **kw)
     assert max_diff(g1, g0) <= 1e-5
+    groups = 1 if group_size is None else 3
+    for rec in res1["rounds"]:
+        assert rec["secagg_exact"] and rec["secagg_groups"] == groups and rec["secagg_counted"] == 12
+        assert rec["secagg_rows_held_peak"] <= 12 // groups
+
+
+@pytest.mark.parametrize("model,private", [("fedrap", "memory"), ("fedmf", "sparse")])
+def test_chunked_secagg_feeds_the_secure_sum_group_by_group(x, tmp_path: Path, model: str,
+                                                            private: PrivatePlacement) -> None:
+    """SecAgg without DP (D100): a chunked round trains the cohort group by
+    group and hands each chunk to the secure sum, which holds at most one
+    group's rows; the model is the unchunked run's (the sum is exact; only
+    the float32 order inside a chunk may differ)."""
+    kw = {"model": model, "clients_per_round": 40, "secagg": True, "secagg_group_size": 8, "params": {"k": 4},
+          "rounds": 2}  # fmt: skip
+    res0, g0 = run(x, tmp_path, f"{model}-0", MemorySettings(budget_gb=64, private=private), **kw)
+    res1, g1 = run(x, tmp_path, f"{model}-1", MemorySettings(budget_gb=64, cohort_chunk=7, private=private), **kw)
+    assert res1["memory"]["chunk"] == 7
+    assert max_diff(g1, g0) <= 1e-5
+    for rec in res1["rounds"]:
+        assert rec["secagg_exact"] and rec["secagg_counted"] == 40 and rec["secagg_groups"] == 5
+        assert rec["secagg_rows_held_peak"] <= max(rec["secagg_group_sizes"])  # never the cohort's 40
+    assert [r["secagg_exact"] for r in res0["rounds"]] == [True, True]
+
+
+def test_the_plan_counts_one_group_not_the_cohort_table_for_secagg(x) -> None:
+    """The memory plan of a streamed secure sum counts its largest group's
+    rows; with DP under the float Gaussian (not streamed) the whole table."""
+    from models.sim.aggregation import stream_working_bytes
+    from models.sim.memory import SECAGG_BYTES_PER_COORD
+
+    cfg = SimulationConfig(model="fedrap", secagg=True, secagg_group_size=100)
+    assert stream_working_bytes(cfg, 1000, 1050) == 105 * 1000 * (4 + SECAGG_BYTES_PER_COORD)  # 10 groups, 105 each
+    assert stream_working_bytes(cfg, 1000, 1050, ranked=True) == 0  # a rank's secure sum takes its table
+    floats = SimulationConfig(model="fedrap", secagg=True, dp_noise=0.5, dp_clip=1.0, dp_mechanism="gaussian-float")
+    assert stream_working_bytes(floats, 1000, 1050) == 0
+
+
+def test_one_buffer_of_private_state_on_disk(x, tmp_path: Path) -> None:
+    """D101: the best round is tested when reached, not kept, so the
+    memory-mapped files never hold a second copy of the private state (they
+    did from round 2 on, once round 1 was the kept best)."""
+    res, _ = run(x, tmp_path, "one", MemorySettings(budget_gb=64, cohort_chunk=20, private="disk",
+                                                    state_dir=str(tmp_path / "state")), params={"k": 8}, rounds=4)
+    mem = res["memory"]
+    # allocated blocks: a file system block or so above the rows, never a second buffer
+    assert mem["private_on_disk"] and 0 < mem["disk_bytes_peak"] < 1.2 * mem["private_bytes"]
+    assert mem["disk_estimate"] == mem["private_bytes"]
+
+
+def test_the_reported_test_figures_are_the_best_rounds(x, tmp_path: Path) -> None:
+    """The test figures computed when the best validation round is reached
+    equal those of a run that stops at that round (whose final state it is)."""
+    kw = {"params": {"k": 8}, "eval_every": 1}
+    full, _ = run(x, tmp_path, "long", MemorySettings(budget_gb=64, private="memory"), rounds=5, **kw)
+    best = full["best_round"]
+    stop, _ = run(x, tmp_path, "stop", MemorySettings(budget_gb=64, private="memory"), rounds=best + 1, **kw)
+    assert stop["best_round"] == best
+    assert stop["test"] == full["test"]
 
 
 def test_a_budget_that_cannot_be_met_is_refused_before_training(x) -> None:
@@ -107,7 +171,7 @@ def test_plan_picks_the_largest_chunk_that_fits_and_disk_when_ram_cannot_hold_th
     plan = plan_memory(f, budget=8 * GIB, disk_free=100 * GIB)
     assert plan.private_on_disk  # 2 x 15 GB of D_i cannot stay in RAM
     assert plan.ram_estimate <= 8 * GIB < f.ram(plan.chunk + 1, True)
-    assert plan.disk_estimate == 2 * f.private_total
+    assert plan.disk_estimate == f.private_total  # one buffer (D101)
     small = fp(population=500, cohort=500)
     p2 = plan_memory(small, budget=8 * GIB)
     assert not p2.chunked and not p2.private_on_disk

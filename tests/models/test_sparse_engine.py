@@ -62,8 +62,8 @@ def test_sparse_run_is_the_dense_run(x, tmp_path: Path, model: str, kw: dict) ->
         assert round(sres["test"][key], 4) == round(dres["test"][key], 4), key
     # what is reported: the state's peak bytes (far below the dense tables for PFedRec) and the peak RSS
     assert 0 < sres["memory"]["private_state_bytes_peak"] and sres["memory"]["peak_rss_bytes"] > 0
-    if model == "pfedrec":
-        assert sres["memory"]["private_state_bytes_peak"] < dres["memory"]["private_state_bytes_peak"] / 2
+    if model == "pfedrec":  # the dense tables' one buffer (D101) against the touched rows
+        assert sres["memory"]["private_state_bytes_peak"] < 0.7 * dres["memory"]["private_state_bytes_peak"]
 
 
 @pytest.mark.parametrize("cohort", [None, 150], ids=["full", "partial"])
