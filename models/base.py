@@ -179,6 +179,16 @@ class FederatedRecommender(ABC):
         `items` (B, K, ...): the same scores, bit for bit."""
         raise NotImplementedError(f"{type(self).__name__} gathers no table")
 
+    def score_all(self, global_: GlobalState, private: PrivateState, users: torch.Tensor,
+                  scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Scores (B, m) of every item for the B devices whose private state
+        is `private` (whole rows), equal to `score` at items 0..m-1 bit for
+        bit, without gathering the tables item by item (a full ranking); None
+        when the model has no faster way than `score` (the default).
+        `scratch`: the caller's dict, kept for one evaluation, where the model
+        may keep working buffers between batches."""
+        return None
+
     #: The attributes holding the hyperparameters recorded with a run's results, in that order.
     config_keys: ClassVar[tuple[str, ...]] = ()
 

@@ -184,6 +184,16 @@ def _scores(score_fn: ScoreFn, users: np.ndarray, items: np.ndarray, device: tor
     return s.detach()
 
 
+def _scores_all(score_all: Callable[[torch.Tensor], torch.Tensor | None], users: np.ndarray, n_items: int,
+                device: torch.device | str | None) -> torch.Tensor | None:
+    u = torch.from_numpy(np.ascontiguousarray(users, dtype=np.int64)).to(device)
+    with torch.no_grad():
+        s = score_all(u)
+    if s is not None and tuple(s.shape) != (len(users), n_items):
+        raise ValueError(f"score_all returned shape {tuple(s.shape)} for {len(users)} users and {n_items} items")
+    return None if s is None else s.detach()
+
+
 def evaluate_implicit(
     score_fn: ScoreFn,
     split: ImplicitSplit,
@@ -195,11 +205,14 @@ def evaluate_implicit(
     placebo: bool = True,
     batch_size: int = 256,
     device: torch.device | str | None = None,
+    score_all: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
 ) -> Sums:
     """Sums for the sampled (and full / placebo) rankings of `users` (default: all).
 
     Users without a held-out item are skipped. Placebo sums are produced only
-    for stage="test".
+    for stage="test". `score_all(users)`, when given, scores every item at
+    once for the full ranking ((B, n_items), equal to `score_fn` at every
+    item; None: use `score_fn`).
     """
     _check_stage(stage)
     all_users = np.arange(split.n_users) if users is None else _user_ids(users)
@@ -227,8 +240,9 @@ def evaluate_implicit(
             parts.append(sampled_sums(s[:, 1 + n_neg], s[:, 1 : 1 + n_neg], "placebo", k))
         if full:
             B, n = len(bu), split.n_items
-            all_items = np.broadcast_to(np.arange(n, dtype=np.int64), (B, n))
-            sa = _scores(score_fn, bu, all_items, device)
+            sa = _scores_all(score_all, bu, n, device) if score_all is not None else None
+            if sa is None:
+                sa = _scores(score_fn, bu, np.broadcast_to(np.arange(n, dtype=np.int64), (B, n)), device)
             lengths, (tr,), mask = pad_csr(split.train_indptr, [split.train_items], bu)
             exclude = np.zeros((B, n), dtype=bool)
             rr = np.broadcast_to(np.arange(B)[:, None], tr.shape)

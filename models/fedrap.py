@@ -94,6 +94,7 @@ import torch
 from models import fedrap_compiled
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.batched import Flat, flatten, negative_counts, randn, reuse_or_empty, soft_threshold
+from models.fedrap_scores import all_item_scores, gathered_scores
 from models.keyed_random import check_seed, user_normal
 
 Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
@@ -568,17 +569,12 @@ class FedRAP(FederatedRecommender):
         self, global_: GlobalState, private: PrivateState, users: torch.Tensor, items: torch.Tensor
     ) -> torch.Tensor:
         """`score` with D_i already taken at the items: private["D"] is (B, K, k)."""
-        e = None
-        if self.has_c:
-            e = global_["C"][items]  # (B, K, k)
-        if self.has_d:
-            d = private["D"]
-            e = d if e is None else e + d
-        assert e is not None
-        out = torch.einsum("bkd,bd->bk", e, private["u"]) + private["b"].unsqueeze(1)
-        if self.has_bias:
-            out = out + global_["c_bias"][items]
-        return out
+        return gathered_scores(global_, private, items, has_c=self.has_c, has_d=self.has_d, has_bias=self.has_bias)
+
+    def score_all(self, global_: GlobalState, private: PrivateState, users: torch.Tensor,
+                  scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor | None:
+        return all_item_scores(global_, private, has_c=self.has_c, has_d=self.has_d, has_bias=self.has_bias,
+                               scratch=scratch)  # fmt: skip
 
     # ------------------------------------------------------------------ reporting
     def summary(self, global_: GlobalState, private: PrivateState) -> dict[str, float]:
@@ -592,3 +588,4 @@ class FedRAP(FederatedRecommender):
             "c_abs_gt_1e-2": float((C.abs() > 1e-2).sum()) / n,
             "c_abs_gt_1e-1": float((C.abs() > 1e-1).sum()) / n,
         }
+

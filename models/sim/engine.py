@@ -392,7 +392,7 @@ def _evaluate(
                               reduce=reduce)  # fmt: skip
 
     def take(rows: torch.Tensor) -> PrivateState:
-        return tables.take(rows, which)
+        return tables.take(rows, which, read_only=True)  # scored, never written
 
     gathered = s.model.gathered_tables()
 
@@ -400,9 +400,14 @@ def _evaluate(
         """Scores from the item tables' rows at `items` only (the same scores as `take`'s whole rows)."""
         return s.model.score_gathered(global_, tables.take_items(rows, items, gathered, which), users, items)
 
+    scratch: dict[str, torch.Tensor] = {}  # the model's buffers for this evaluation only
+
+    def score_all(rows: torch.Tensor, users: torch.Tensor) -> torch.Tensor | None:
+        return s.model.score_all(global_, take(rows), users, scratch)  # whole rows: no item-by-item gather
+
     return evaluate_state(s.model, global_, take, s.split, stage, full=full, placebo=stage == "test", device=device,
                           population=population, score_rows=score_rows if gathered else None,
-                          reduce=reduce)  # fmt: skip
+                          reduce=reduce, score_all_rows=score_all)  # fmt: skip
 
 
 def _summary(s: _Setup, global_: GlobalState, table: PrivateState) -> dict[str, float]:

@@ -33,6 +33,7 @@ def evaluate_state(
     population: np.ndarray | None = None,
     score_rows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+    score_all_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
 ) -> dict[str, float]:
     """Metrics of the devices of `population` (dense user ids; row i of
     the private state is user population[i]; None: every user, row = user id).
@@ -41,7 +42,8 @@ def evaluate_state(
     items)`, when given, scores instead of `model.score` (a state kept
     sparsely, `SparseTables.scorer`). `reduce`, when given, maps the metric
     sums before the means are taken (a distributed run adds them over its
-    ranks, `Ranks.sum_dict`)."""
+    ranks, `Ranks.sum_dict`). `score_all_rows(rows, users)`, when given,
+    scores every item at once for the full ranking (`model.score_all`)."""
     from models.evaluation import evaluate_explicit, evaluate_implicit, finalize
 
     take = private if callable(private) else partial(take_rows, private)
@@ -57,12 +59,17 @@ def evaluate_state(
             return score_rows(rows, users, items)
         return model.score(global_, take(rows), users, items)
 
+    def score_all(users: torch.Tensor) -> torch.Tensor | None:
+        assert score_all_rows is not None
+        return score_all_rows(users if row_of is None else row_of[users], users)
+
     # an accelerator scores larger batches (fewer launches); the sums do not depend on the batching
     batch = EVAL_BATCH_ACCELERATOR if device.type != "cpu" else EVAL_BATCH_CPU
     with torch.no_grad():
         if isinstance(split, ImplicitSplit):
             sums = evaluate_implicit(
-                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population, batch_size=batch
+                score_fn, split, stage, full=full, placebo=placebo, device=device, users=population, batch_size=batch,
+                score_all=score_all if score_all_rows is not None else None,
             )
         else:
             sums = evaluate_explicit(score_fn, split, stage, device=device, users=population, batch_size=batch)

@@ -147,8 +147,10 @@ class PrivateTables:
         if d is not None:
             d.release()
 
-    def take(self, rows: torch.Tensor | None, which: Which = "current") -> PrivateState:
-        """Rows `rows` (None: all, by reference in RAM) of the current or kept best state."""
+    def take(self, rows: torch.Tensor | None, which: Which = "current", *, read_only: bool = False) -> PrivateState:
+        """Rows `rows` (None: all, by reference in RAM) of the current or kept
+        best state. `read_only` (a caller that never writes them, e.g. an
+        evaluation): consecutive rows in RAM come as a view, not a copy."""
         idx = self._index(which)
         buf = self._buffer(idx)
         if rows is None:
@@ -156,6 +158,10 @@ class PrivateTables:
                 return buf
             rows = torch.arange(self.n_rows)
         if self._folder is None:
+            n = int(rows.numel())
+            if read_only and n and int(rows[-1]) - int(rows[0]) == n - 1 and bool((rows.diff() == 1).all()):
+                lo = int(rows[0])
+                return {k: v[lo : lo + n] for k, v in buf.items()}
             return {k: v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
         out = {k: torch.empty((int(rows.numel()), *v.shape[1:]), dtype=v.dtype) for k, v in buf.items()}
         for s in range(0, int(rows.numel()), self._step(buf)):  # mapped pages released every step

@@ -47,3 +47,55 @@ def test_a_model_without_item_tables_gathers_nothing() -> None:
     assert model.gathered_tables() == ()
     with pytest.raises(NotImplementedError):
         model.score_gathered({}, {}, torch.zeros(1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("params", [{}, {"variant": "c_only"}, {"variant": "d_only"}, {"item_bias": True}])
+def test_scores_of_every_item_at_once_equal_score_bit_for_bit(params: dict) -> None:
+    """`score_all` (the full ranking's scores, D101's cheaper test) against
+    `score` at items 0..m-1; the scratch buffer reused across batches of
+    different sizes changes nothing, and rows taken read-only as a view
+    score the same as copied rows."""
+    n_users, m = 12, 40
+    model = build_model("fedrap", explicit=False, n_users=n_users, n_items=m, overrides=params)
+    assert isinstance(model, FedRAP)
+    k = model.k
+    gen = torch.Generator().manual_seed(1)
+    global_ = {k: v + torch.randn(v.shape, generator=gen) for k, v in model.init_global(gen).items()}
+    state = {"u": torch.randn(n_users, k, generator=gen), "b": torch.randn(n_users, generator=gen)}
+    if model.gathered_tables():
+        state["D"] = torch.randn(n_users, m, k, generator=gen)
+    tables = PrivateTables.in_memory(state, n_users)
+    scratch: dict[str, torch.Tensor] = {}
+    for rows in (torch.arange(0, 5), torch.arange(5, 12), torch.arange(0, 5)):
+        items = torch.arange(m).expand(len(rows), m)
+        want = model.score(global_, tables.take(rows), rows, items)
+        view = tables.take(rows, read_only=True)
+        assert all(v.data_ptr() == state[name][int(rows[0])].data_ptr() for name, v in view.items())  # no copy
+        got = model.score_all(global_, view, rows, scratch)
+        assert got is not None and torch.equal(got, want)
+
+
+def test_the_full_ranking_through_score_all_gives_the_same_sums() -> None:
+    """evaluate_implicit with `score_all` and without: the same sums exactly;
+    a model without a faster path (None) falls back to `score_fn`."""
+    from models.data.synthetic import synthetic
+    from models.data.entry import make_split
+    from models.evaluation import evaluate_implicit
+
+    split = make_split(synthetic(30, 50, seed=3), False, 0)
+    model = build_model("fedrap", explicit=False, n_users=split.n_users, n_items=split.n_items)
+    assert isinstance(model, FedRAP)
+    gen = torch.Generator().manual_seed(2)
+    global_ = model.init_global(gen)
+    state = {"u": torch.randn(split.n_users, model.k, generator=gen), "b": torch.zeros(split.n_users),
+             "D": torch.randn(split.n_users, split.n_items, model.k, generator=gen)}
+
+    def score_fn(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        return model.score(global_, {n: v[users] for n, v in state.items()}, users, items)
+
+    def score_all(users: torch.Tensor) -> torch.Tensor | None:
+        return model.score_all(global_, {n: v[users] for n, v in state.items()}, users)
+
+    plain = evaluate_implicit(score_fn, split, "test", batch_size=7)
+    assert evaluate_implicit(score_fn, split, "test", batch_size=7, score_all=score_all) == plain
+    assert evaluate_implicit(score_fn, split, "test", batch_size=7, score_all=lambda u: None) == plain
