@@ -39,6 +39,8 @@ class Side:
 
 def _as_keys(values: np.ndarray) -> np.ndarray:
     """Raw ids as int64 when every one is an integer ("007" == "7"), else as strings."""
+    if np.asarray(values).dtype.kind in "iu":  # already parsed as integers (a numeric CSV)
+        return np.asarray(values).astype(np.int64)
     arr = np.asarray(values, dtype=str)
     try:
         return arr.astype(np.int64)

@@ -291,6 +291,43 @@ def test_csv_malformed(tmp_path: Path, text: str, line: int, needle: str) -> Non
     assert ei.value.line == line and needle in str(ei.value) and "bad.csv" in str(ei.value)
 
 
+@pytest.mark.parametrize(
+    ("text", "fast"),
+    [
+        ("user,item,rating,timestamp\n7,12,4.5,20\n7,3,3,10\n2,12,1,5\n", True),
+        ("3,7,1\n1,7,2\n3,8,5", True),  # no header, no newline at the end
+        ("007,1,2\n7,2,3\n-4,1,1.5\n", True),  # "007" is user 7, as the csv path reads it
+        ("3,7,1\r\n1,7,2\r\n", True),
+        ("3,7,1\n1,7,2\n\n3,8,5\n", False),  # a blank line: the csv path keeps the line numbers
+        ("1,2,3,1\n1,3,4,1.5e9\n", False),  # a timestamp written as a float
+        ("u1,i9,4.5\n", False),  # ids that are not integers
+    ],
+)
+def test_a_numeric_csv_loads_as_the_csv_module_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          text: str, fast: bool) -> None:
+    """The fast numeric reader (numpy's) against the csv module's path: the
+    same interactions, field by field; it steps aside for anything else."""
+    import models.data.generic_csv as generic
+
+    p = write(tmp_path / "n.csv", text)
+    assert (generic._numeric_columns(p) is not None) == fast
+    got = load_csv(p)
+    monkeypatch.setattr(generic, "_numeric_columns", lambda _p: None)
+    want = load_csv(p)
+    check_invariants(got)
+    for field in ("user", "item", "rating", "timestamp", "raw_user_ids", "raw_item_ids"):
+        a, b = np.asarray(getattr(got, field)), np.asarray(getattr(want, field))
+        assert a.dtype == b.dtype and np.array_equal(a, b), field
+
+
+@pytest.mark.parametrize("text", ["1,2,3\n1,3,nan\n", "1,2,3\n1,3,4 # note\n"])
+def test_a_numeric_csv_with_a_bad_line_reports_it(tmp_path: Path, text: str) -> None:
+    p = write(tmp_path / "nan.csv", text)
+    with pytest.raises(DataFormatError) as ei:
+        load_csv(p)
+    assert ei.value.line == 2
+
+
 # ------------------------------------------------------------------ dispatch
 
 
