@@ -16,20 +16,26 @@ from models.registry import build_model
 from models.sim.private_tables import PrivateTables
 
 
+def _fedrap(params: dict, n_users: int, m: int, gen: torch.Generator) -> tuple[FedRAP, dict, dict]:
+    """A FedRAP variant with a random global state and random private rows (D where it has one)."""
+    model = build_model("fedrap", explicit=False, n_users=n_users, n_items=m, overrides=params)
+    assert isinstance(model, FedRAP)
+    k = model.k
+    global_ = {name: v + torch.randn(v.shape, generator=gen) for name, v in model.init_global(gen).items()}
+    state = {"u": torch.randn(n_users, k, generator=gen), "b": torch.randn(n_users, generator=gen)}
+    if model.gathered_tables():
+        state["D"] = torch.randn(n_users, m, k, generator=gen)
+    return model, global_, state
+
+
 @pytest.mark.parametrize("params", [{}, {"variant": "c_only"}, {"variant": "d_only"}, {"item_bias": True}])
 @pytest.mark.parametrize("disk", [False, True])
 def test_scores_from_gathered_rows_equal_scores_from_whole_rows(params: dict, disk: bool, tmp_path: Path) -> None:
     n_users, m = 12, 40
-    model = build_model("fedrap", explicit=False, n_users=n_users, n_items=m, overrides=params)
-    assert isinstance(model, FedRAP)
-    k = model.k
     gen = torch.Generator().manual_seed(0)
-    global_ = {k: v + torch.randn(v.shape, generator=gen) for k, v in model.init_global(gen).items()}
-    state = {"u": torch.randn(n_users, k, generator=gen), "b": torch.randn(n_users, generator=gen)}
-    if model.gathered_tables():
-        state["D"] = torch.randn(n_users, m, k, generator=gen)
+    model, global_, state = _fedrap(params, n_users, m, gen)
     if disk:
-        tables = PrivateTables.on_disk({k: v[:1] for k, v in state.items()}, n_users, tmp_path)
+        tables = PrivateTables.on_disk({name: v[:1] for name, v in state.items()}, n_users, tmp_path)
         tables.put(None, state)
     else:
         tables = PrivateTables.in_memory(state, n_users)
@@ -56,14 +62,7 @@ def test_scores_of_every_item_at_once_equal_score_bit_for_bit(params: dict) -> N
     different sizes changes nothing, and rows taken read-only as a view
     score the same as copied rows."""
     n_users, m = 12, 40
-    model = build_model("fedrap", explicit=False, n_users=n_users, n_items=m, overrides=params)
-    assert isinstance(model, FedRAP)
-    k = model.k
-    gen = torch.Generator().manual_seed(1)
-    global_ = {k: v + torch.randn(v.shape, generator=gen) for k, v in model.init_global(gen).items()}
-    state = {"u": torch.randn(n_users, k, generator=gen), "b": torch.randn(n_users, generator=gen)}
-    if model.gathered_tables():
-        state["D"] = torch.randn(n_users, m, k, generator=gen)
+    model, global_, state = _fedrap(params, n_users, m, torch.Generator().manual_seed(1))
     tables = PrivateTables.in_memory(state, n_users)
     scratch: dict[str, torch.Tensor] = {}
     for rows in (torch.arange(0, 5), torch.arange(5, 12), torch.arange(0, 5)):
