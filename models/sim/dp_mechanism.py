@@ -200,7 +200,9 @@ class DiscreteGaussianSum:
         if self.done + self.held + rows.shape[0] > self.devices:
             raise ValueError(f"more than the round's {self.devices} devices")
         if positions is not None:
-            rows = rows[torch.as_tensor(self._slice_index(positions, rows.shape[0]), device=rows.device)]
+            idx = self._slice_index(positions, rows.shape[0])
+            if not np.array_equal(idx, np.arange(len(idx))):  # not already in order: a reordered copy
+                rows = rows[torch.as_tensor(idx, device=rows.device)]
         self.device = rows.device
         source = rows.detach().to("cpu")
         at = 0
