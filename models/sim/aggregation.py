@@ -12,7 +12,7 @@ the cohort's (B, D) table is never held. The float Gaussian
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,10 +34,11 @@ class SecureAggregator:
     (keys, Shamir shares, pairwise and self masks) and the server states
     unmask only the sum. A cohort of 2G devices or more (G = `group_size`)
     is split into groups (`secagg.groups.partition`, D87), one instance
-    each (`secagg.grouped_round.run_grouped_round`), whose sums are added
-    and decoded once with the encoding of the whole cohort; a smaller cohort
-    is one group, run by `secagg.inprocess.run_round` exactly as before
-    groups existed. Configs are kept per (instance size, cohort size,
+    each, whose sums are added and decoded once with the encoding of the
+    whole cohort; a smaller cohort is one group. Every round goes through
+    `secagg.group_stream.GroupStream` (D100), fed a chunk at a time or the
+    whole table at once: the sums of `run_grouped_round`, or of `run_round`
+    for one group, bit for bit. Configs are kept per (instance size, cohort size,
     length, clip, group), reused across rounds (the round index is bound
     into every key)."""
 
@@ -103,69 +104,44 @@ class SecureAggregator:
             configs = [self.config(n, length, clip)]
         else:
             configs = [self.config(len(g), length, clip, cohort=n, group=j) for j, g in enumerate(groups)]
-        return GroupStream(groups=groups, configs=configs, vector_length=length, round_idx=round_idx,
-                           seed=self.seed * 1_000_003 + round_idx, wire=False)
-
-    def record(self, out: GroupedOutcome, configs: Sequence[SecAggConfig]) -> None:
-        """What `last` says of a finished round in groups, or of a streamed
-        round (results.json's round record)."""
-        self.last = {
-            "secagg_graph": "; ".join(sorted({c.describe() for c in configs})),
-            "secagg_groups": len(out.groups),
-            "secagg_counted": len(out.counted),
-            "secagg_exact": bool(out.exact),
-            "secagg_wall_s": float(out.wall_s),
-        }
-        if len(out.groups) > 1:
-            self.last["secagg_group_sizes"] = [len(g) for g in out.groups]
-
-    def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
-        """The decoded exact sum of the devices' encoded updates (all counted: no dropouts here)."""
-        n, length = updates.shape
-        groups = self.partition(n, round_idx)
-        x = updates.detach().to("cpu", torch.float32).numpy()
-        seed = self.seed * 1_000_003 + round_idx
         # wire=False: in one process the messages are handed over as objects instead of
         # being serialised and parsed; every cryptographic step of every device and of the
         # server still runs (serialisation is ~14 % of a 943-device round and is covered by
         # the secagg tests and `fedmask bench round`, which use the real wire format).
-        if len(groups) == 1:
-            total = self._one_group(x, round_idx=round_idx, clip=clip, seed=seed)
-        else:
-            total = self._groups(x, groups, round_idx=round_idx, clip=clip, seed=seed)
-        return torch.as_tensor(np.asarray(total, dtype=np.float32), device=updates.device)
+        return GroupStream(groups=groups, configs=configs, vector_length=length, round_idx=round_idx,
+                           seed=self.seed * 1_000_003 + round_idx, wire=False)
 
-    def _one_group(self, x: np.ndarray, *, round_idx: int, clip: float, seed: int) -> np.ndarray:
-        from secagg.inprocess import run_round
-
-        n, length = x.shape
-        cfg = self.config(n, length, clip)
-        out = run_round(x, config=cfg, round_idx=round_idx, seed=seed, wire=False)
-        if not out.ok or out.sum is None:
-            raise RuntimeError(f"secure aggregation aborted in round {round_idx}: {out.abort_reason} {out.abort_detail}")
-        self.last = {
-            "secagg_graph": cfg.describe(),
-            "secagg_groups": 1,
-            "secagg_counted": len(out.counted),
-            "secagg_exact": bool(out.exact),
-            "secagg_wall_s": float(out.wall_s),
-        }
-        return out.sum
-
-    def _groups(self, x: np.ndarray, groups: tuple[tuple[int, ...], ...], *, round_idx: int, clip: float,
-                seed: int) -> np.ndarray:
-        from secagg.grouped_round import run_grouped_round
-
-        n, length = x.shape
-        configs = [self.config(len(g), length, clip, cohort=n, group=j) for j, g in enumerate(groups)]
-        out = run_grouped_round(x, groups=groups, configs=configs, round_idx=round_idx, seed=seed, wire=False)
+    def finish(self, stream: GroupStream, round_idx: int) -> GroupedOutcome:
+        """A streamed round's outcome (every device's input added), its figures
+        in `last` (results.json's round record). RuntimeError when a group
+        aborted (no dropouts here: never for an honest in-process round)."""
+        out = stream.finish()
         failed = [j for j, o in enumerate(out.outcomes) if not o.ok]
-        if failed or out.sum is None:
+        if failed or out.encoded_sum is None:
             o = out.outcomes[failed[0]] if failed else out.outcomes[0]
             raise RuntimeError(f"secure aggregation aborted in round {round_idx}, group {failed[:1]}: "
                                f"{o.abort_reason} {o.abort_detail}")
-        self.record(out, configs)
-        return out.sum
+        self.last = {
+            "secagg_graph": "; ".join(sorted({c.describe() for c in stream.configs})),
+            "secagg_groups": len(out.groups),
+            "secagg_counted": len(out.counted),
+            "secagg_exact": bool(out.exact),
+            "secagg_wall_s": float(out.wall_s),
+            "secagg_rows_held_peak": stream.peak_rows_held,  # the most inputs waiting at once
+        }
+        if len(out.groups) > 1:
+            self.last["secagg_group_sizes"] = [len(g) for g in out.groups]
+        return out
+
+    def sum(self, updates: torch.Tensor, *, round_idx: int, clip: float) -> torch.Tensor:
+        """The decoded exact sum of the devices' encoded updates (all counted:
+        no dropouts here), the whole table fed to `stream` at once."""
+        n, length = updates.shape
+        stream = self.stream(n, length, round_idx=round_idx, clip=clip)
+        stream.add(np.arange(n), updates.detach().to("cpu", torch.float32).numpy())
+        out = self.finish(stream, round_idx)
+        assert out.sum is not None  # float inputs are decoded
+        return torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=updates.device)
 
 
 def streams_dp(config: SimulationConfig) -> bool:
@@ -239,16 +215,10 @@ class SecureStream:
         self.inner.add(positions.cpu().numpy(), x.numpy())
 
     def mean(self, rec: dict[str, Any]) -> torch.Tensor:
-        out = self.inner.finish()
-        failed = [j for j, o in enumerate(out.outcomes) if not o.ok]
-        if failed or out.sum is None:
-            o = out.outcomes[failed[0]] if failed else out.outcomes[0]
-            raise RuntimeError(f"secure aggregation aborted in round {self.round_idx}, group {failed[:1]}: "
-                               f"{o.abort_reason} {o.abort_detail}")
-        self.secure.record(out, self.inner.configs)
+        out = self.secure.finish(self.inner, self.round_idx)
+        assert out.sum is not None  # float inputs are decoded
         rec.update(self.secure.last)
         rec["secagg_clipped_fraction"] = self.clipped / max(self.devices * self.dim, 1)
-        rec["secagg_rows_held_peak"] = self.inner.peak_rows_held  # the most updates waiting at once
         total = torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=self.device)
         return total / self.devices
 

@@ -60,6 +60,7 @@ from models.sim.fast_quantize import quantize_rows
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
     from secagg.group_stream import GroupStream
+    from secagg.grouped_round import GroupedOutcome
 
 FIELD_BITS = 32  # the in-process secure sum's words
 ROW_CHUNK = 64  # rows rotated and rounded at once, at most
@@ -75,7 +76,11 @@ class SecureSum(Protocol):
     round's secure sum of n devices, fed a piece at a time (its groups are
     the round's partition, `SecureAggregator.partition`)."""
 
+    last: dict[str, Any]
+
     def stream(self, n: int, length: int, *, round_idx: int, clip: float) -> GroupStream: ...
+
+    def finish(self, stream: GroupStream, round_idx: int) -> GroupedOutcome: ...
 
 
 def rotation_seed(seed: int, round_idx: int) -> bytes:
@@ -264,9 +269,12 @@ class DiscreteGaussianSum:
                 noise = fast_sampler.group_noise(self.rng, len(g), mech.padded_dim, cfg.sigma2)
                 total = modular.wrap(total + noise, mech.bits)
         secured: dict[str, Any] = {}
-        if self.secure_sum is not None:
-            words, secured = finish_residue_sum(self.secure_sum, round_idx=self.round_idx)
-            total = modular.from_unsigned(words, mech.bits)
+        if self.secure_sum is not None and self.secure is not None:
+            out = self.secure.finish(self.secure_sum, self.round_idx)
+            if out.encoded_sum is None or not out.exact:
+                raise RuntimeError(f"the discrete Gaussian's residues were not summed exactly in round {self.round_idx}")
+            secured = dict(self.secure.last)
+            total = modular.from_unsigned(out.encoded_sum, mech.bits)
         decoded = decode_sum(total, mech, self.key)
         entry = privacy_entry(self.dp, self.groups, self.configs)
         entry["sum_noise_multiplier_measured"] = float(np.sqrt(np.mean((decoded - self.clipped_sum) ** 2))
@@ -296,17 +304,4 @@ def privacy_entry(dp: DPSettings, groups: Sequence[Sequence[int]],
     }
 
 
-def finish_residue_sum(stream: GroupStream, *, round_idx: int) -> tuple[np.ndarray, dict[str, Any]]:
-    """The devices' residues summed by the in-process SecAgg(+) round (in
-    groups when there are several): the exact sum mod 2^32 and what the
-    round did. RuntimeError when a group aborts or the sum is not exact."""
-    out = stream.finish()
-    ok = out.ok and len(out.committed) == len(out.groups)
-    if not ok or out.encoded_sum is None or not out.exact:
-        raise RuntimeError(f"secure aggregation of the discrete Gaussian's residues failed in round {round_idx}")
-    return out.encoded_sum, {"secagg_graph": "; ".join(sorted({c.describe() for c in stream.configs})),
-                             "secagg_groups": len(out.groups), "secagg_counted": len(out.counted),
-                             "secagg_exact": bool(out.exact), "secagg_wall_s": float(out.wall_s),
-                             "secagg_rows_held_peak": stream.peak_rows_held}
-
-__all__ = ["discrete_gaussian_round", "finish_residue_sum", "privacy_entry", "round_mechanisms", "rotation_seed"]
+__all__ = ["discrete_gaussian_round", "privacy_entry", "round_mechanisms", "rotation_seed"]
