@@ -79,6 +79,10 @@ class LocalRound:
     #: page faults of fresh outputs (D97); a model may ignore both.
     spare: PrivateState | None = None
     spare_updates: torch.Tensor | None = None
+    #: A float64 (update_dim,) sum, given only to a model whose `sums_updates()` is
+    #: true and only in a plain round (no DP, no SecAgg, one process): the model adds
+    #: its devices' updates into it and returns updates of shape (B, 0) (D102).
+    sum_into: torch.Tensor | None = None
 
 
 def diverged(state: dict[str, torch.Tensor]) -> bool:
@@ -202,13 +206,21 @@ class FederatedRecommender(ABC):
         so a summary should read only small tables (e.g. FedMMF's J)."""
         return {}
 
-    def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
+    def sums_updates(self) -> bool:
+        """Whether `local_update` honours `LocalRound.sum_into` (D102). Default: no."""
+        return False
+
+    def train_memory(self, private_bytes: int, max_history: int, *, in_place: bool = False,
+                     summed: bool = False) -> tuple[int, int]:
         """(fixed, per_device): an upper estimate of the bytes `local_update`
         holds at once for a cohort of B devices, fixed + B * per_device,
         counting its inputs (the cohort's private rows, `private_bytes` per
         device), outputs (new rows, the B x update_dim updates) and temporaries;
-        `max_history` is the longest training history of the cohort. The
-        simulator plans its memory with it (models/sim/memory.py). The default is
-        generic (four copies of the private rows, three of the update, 64 bytes
-        per history entry); a model with large temporaries overrides it."""
+        `max_history` is the longest training history of the cohort. `in_place`:
+        the whole population's rows are given by reference with themselves as
+        `LocalRound.spare`; `summed`: the updates go to `LocalRound.sum_into`. A
+        model that uses neither may ignore them. The simulator plans its memory
+        with it (models/sim/memory.py). The default is generic (four copies of
+        the private rows, three of the update, 64 bytes per history entry); a
+        model with large temporaries overrides it."""
         return 0, 4 * private_bytes + 12 * self.update_dim + 64 * max_history

@@ -91,7 +91,7 @@ from typing import ClassVar, Literal
 
 import torch
 
-from models import fedrap_compiled
+from models import fedrap_compiled, fedrap_sizing
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.batched import Flat, flatten, negative_counts, randn, reuse_or_empty, soft_threshold
 from models.fedrap_scores import all_item_scores, gathered_scores
@@ -101,7 +101,7 @@ Curriculum = Literal["tanh", "fixed", "sin", "square", "frac"]
 CURRICULA: tuple[str, ...] = ("tanh", "fixed", "sin", "square", "frac")
 VARIANTS: tuple[str, ...] = ("full", "c_only", "d_only")
 REGS: tuple[str, ...] = ("l1", "l2", "none")
-_CHUNKS_PER_DRAW = 16  # inner chunks whose negatives are drawn together (the sampler's setup is per draw)
+_CHUNKS_PER_DRAW = fedrap_sizing.CHUNKS_PER_DRAW
 _INIT_U, _INIT_D = 1, 2  # tags of the keyed initialisation (models/keyed_random.py)
 
 
@@ -156,8 +156,9 @@ class _RoundWork:
     u_all: torch.Tensor  # outputs: fresh copies of u and b, trained in place,
     b_all: torch.Tensor
     d_out: torch.Tensor  # the new D (B, m, k), (0,) without D,
-    upd: torch.Tensor  # and the updates (B, update_dim)
+    upd: torch.Tensor  # and the updates (B, update_dim), (B, 0) when they are summed into `total`
     chunk: int  # devices per inner chunk
+    total: torch.Tensor | None = None  # float64 (update_dim,): the updates' sum (LocalRound.sum_into)
 
 
 def _positives(r: _RoundWork, sl: slice) -> tuple[int, int]:
@@ -322,6 +323,10 @@ class FedRAP(FederatedRecommender):
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
         if self.kernel == "compiled" and dev_t.type != "cpu":
             raise ValueError(f"FedRAP's compiled kernel runs on the CPU only, not on {dev_t.type}: use kernel=torch")
+        summed = job.sum_into is not None and self.sums_updates()
+        if summed and (job.sum_into is None or job.sum_into.shape != (self.update_dim,)
+                       or job.sum_into.dtype != torch.float64):
+            raise ValueError(f"sum_into must be a float64 ({self.update_dim},) table")
         return _RoundWork(
             flat=flat,
             data=data,
@@ -348,11 +353,12 @@ class FedRAP(FederatedRecommender):
             # the outputs: written over the spare tables when the engine has them (D97)
             d_out=(reuse_or_empty(job.spare.get("D") if job.spare else None, (nb, m, k), dev_t) if self.has_d
                    else torch.empty(0)),  # (0,): no D
-            upd=(reuse_or_empty(job.spare_updates, (nb, self.update_dim), dev_t) if self.has_c
+            upd=(reuse_or_empty(job.spare_updates, (nb, self.update_dim), dev_t) if self.has_c and not summed
                  else torch.zeros(nb, 0, device=dev_t)),
             # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
             # chunk its free memory holds, so that a round is a few hundred kernel launches
             chunk=self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t),
+            total=job.sum_into if summed else None,
         )
 
     def _train_groups(self, r: _RoundWork) -> None:
@@ -367,20 +373,29 @@ class FedRAP(FederatedRecommender):
         workers = min(threads, len(starts)) if r.device.type == "cpu" else 1
         if workers <= 1:
             for g in starts:
-                self._train_group(r, g)
+                self._train_group(r, g, r.total)
             return
+        # summed updates: each worker adds its groups (fixed in advance: a run's sum does not
+        # depend on the threads' timing) into its own float64 table, added in worker order at the end
+        partials: list[torch.Tensor | None] = [None] * workers
+        if r.total is not None:
+            partials = [torch.zeros_like(r.total) for _ in range(workers)]
 
-        def run_single_threaded(g: int) -> None:
+        def run_single_threaded(w: int) -> None:
             torch.set_num_threads(1)
-            self._train_group(r, g)
+            for g in starts[w::workers]:
+                self._train_group(r, g, partials[w])
 
         try:
             with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(run_single_threaded, starts))
+                list(pool.map(run_single_threaded, range(workers)))
         finally:  # the setting can be process-wide: the caller's count comes back
             torch.set_num_threads(threads)
+        for part in partials:
+            if r.total is not None and part is not None:
+                r.total.add_(part)
 
-    def _train_group(self, r: _RoundWork, g: int) -> None:
+    def _train_group(self, r: _RoundWork, g: int, total: torch.Tensor | None) -> None:
         """Draw the negatives of the group of chunks starting at device g at once (keyed
         draws: the same as the whole cohort would draw for these devices), then train its chunks."""
         m, k, chunk = self.n_items, self.k, r.chunk
@@ -391,15 +406,17 @@ class FedRAP(FederatedRecommender):
         # the scratch: one (m, k) table a device (torch), or one for the whole chunk (compiled, device by device)
         acc = torch.empty(1 if self.kernel == "compiled" else min(chunk, members.numel()), m, k, device=r.device)
         for s in range(g, g + members.numel(), chunk):
-            self._train_chunk(r, s, negc[:, s - g : s - g + chunk], acc)
+            self._train_chunk(r, s, negc[:, s - g : s - g + chunk], acc, total)
 
-    def _train_chunk(self, r: _RoundWork, s: int, negc: torch.Tensor, acc: torch.Tensor) -> None:
+    def _train_chunk(self, r: _RoundWork, s: int, negc: torch.Tensor, acc: torch.Tensor,
+                     total: torch.Tensor | None) -> None:
         """Train devices s .. s + chunk - 1; negc: their negative counts (E, bc, m);
-        acc: a scratch (chunk, m, k) table."""
+        acc: a scratch (chunk, m, k) table; total: the float64 sum their updates are
+        added to (summed rounds, compiled kernel only)."""
         sl = slice(s, min(r.flat.n_devices, s + r.chunk))
         bc = sl.stop - sl.start
         if self.kernel == "compiled":
-            self._train_chunk_compiled(r, sl, negc, acc[0])
+            self._train_chunk_compiled(r, sl, negc, acc[0], total)
             return
         # A = sum_e g_e (x) u_e (u at the start of epoch e), nonzero on the sampled rows only.
         # Both item tables take every step, so after epoch e the device's W = D_i + (C_i - C)
@@ -409,7 +426,8 @@ class FedRAP(FederatedRecommender):
         cb_i = self._bce_epochs(r, sl, negc, A, D)
         self._split_step(r, sl, A, D, cb_i)
 
-    def _train_chunk_compiled(self, r: _RoundWork, sl: slice, negc: torch.Tensor, scratch: torch.Tensor) -> None:
+    def _train_chunk_compiled(self, r: _RoundWork, sl: slice, negc: torch.Tensor, scratch: torch.Tensor,
+                              total: torch.Tensor | None) -> None:
         """`_train_chunk` as one compiled loop (models/fedrap_compiled.py)."""
         p0, p1 = _positives(r, sl)
         fedrap_compiled.train_chunk(
@@ -417,7 +435,7 @@ class FedRAP(FederatedRecommender):
             negc=negc, u=r.u_all[sl], bias=r.b_all[sl], D=r.private["D"][sl] if self.has_d else None, C=r.C, cb=r.cb,
             d_out=r.d_out[sl] if self.has_d else None, upd=r.upd[sl], n_per=r.n_per[sl],
             rates=(r.lr_w, r.lr_u, r.lr_b, r.lr_i, r.lr_d, r.lam, r.t_c, r.t_d, self.weight_decay_u,
-                   self.weight_decay_d, self.update_scale), scratch=scratch)
+                   self.weight_decay_d, self.update_scale), scratch=scratch, total=total)
 
     def _bce_epochs(
         self, r: _RoundWork, sl: slice, negc: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None
@@ -498,43 +516,21 @@ class FedRAP(FederatedRecommender):
                 r.upd[sl, mk:] = cb_i.sub_(r.cb).div_(self.update_scale)
 
     def chunk_bytes(self, history: int) -> int:
-        """Scratch bytes one device of an inner chunk needs when devices hold
-        `history` training positives: the accumulator A, the regulariser temporary
-        and C_i - C (m*k floats each), its group's negative counts (E*m bytes) and
-        one epoch's sample tensors."""
-        m, k = self.n_items, self.k
-        samples = (1 + self.n_neg) * history * (3 * 4 * k + 64)
-        return 3 * 4 * m * k + self.local_epochs * m + 8 * m + samples
+        """Scratch bytes one device of an inner chunk needs (models/fedrap_sizing.py)."""
+        return fedrap_sizing.chunk_bytes(self, history)
 
     def accelerator_chunk(self, nb: int, positives: int, device: torch.device) -> int:
-        """Devices per inner chunk on an accelerator, for a cohort of `nb` devices with
-        `positives` training positives in all: as many as a quarter of its free memory
-        holds (sized at twice the mean history; at least `chunk` and 64, at most the
-        cohort). Each device's rows are its own, so the chunk changes the number of
-        kernel launches, not what is computed."""
-        floor = max(self.chunk, 64)
-        if device.type != "cuda":
-            return floor
-        free, _total = torch.cuda.mem_get_info(device)
-        history = 2 * -(-positives // max(1, nb))
-        fits = int(free // 4) // max(1, self.chunk_bytes(history))
-        return max(1, min(nb, max(floor, fits)))
+        """Devices per inner chunk on an accelerator (models/fedrap_sizing.py)."""
+        return fedrap_sizing.accelerator_chunk(self, nb, positives, device)
 
-    def train_memory(self, private_bytes: int, max_history: int) -> tuple[int, int]:
-        """local_update's tensors (see FederatedRecommender.train_memory): per
-        device the taken private rows, the new D_i and the update (m*k floats
-        each) and its positives; fixed, for each of the worker threads: a group's
-        negative counts (E*m bytes per device) and, for its chunk in training,
-        the accumulator A, the regulariser temporary and C_i - C when item biases
-        are on (m*k floats per device each) and one epoch's sample tensors."""
-        m, k, n_ep = self.n_items, self.k, self.local_epochs
-        table = 4 * m * k
-        per = private_bytes + (table if self.has_d else 0) + (table if self.has_c else 0)
-        per += 12 * m + 16 * (1 + self.n_neg) * max_history
-        samples = (1 + self.n_neg) * max_history * (3 * 4 * k + 64)
-        group = _CHUNKS_PER_DRAW * self.chunk * (n_ep * m + 8 * m)
-        fixed = max(1, torch.get_num_threads()) * (group + self.chunk * (3 * table + 24 * m + samples))
-        return fixed, per
+    def sums_updates(self) -> bool:
+        """The compiled kernel adds a plain round's updates into `sum_into` (D102)."""
+        return self.kernel == "compiled" and self.has_c
+
+    def train_memory(self, private_bytes: int, max_history: int, *, in_place: bool = False,
+                     summed: bool = False) -> tuple[int, int]:
+        """local_update's working set (models/fedrap_sizing.py; FederatedRecommender.train_memory)."""
+        return fedrap_sizing.train_memory(self, private_bytes, max_history, in_place=in_place, summed=summed)
 
     def apply_mean_update(
         self, global_: GlobalState, mean_update: torch.Tensor, round_idx: int

@@ -41,18 +41,20 @@ _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}  # no nnan / ninf: NaN and in
 def _train_devices(pos_item: npt.NDArray[np.int64], pos_ptr: npt.NDArray[np.int64], pos_w: F32,
                    negc: npt.NDArray[np.uint8], u: F32, bias: F32, D: F32, C: F32, cb: F32, d_out: F32, upd: F32,
                    n_per: F32, lr: F32, flags: npt.NDArray[np.bool_], A: F32, touched: npt.NDArray[np.bool_],
-                   cbi: F32, emb: F32, gu: F32) -> None:
+                   cbi: F32, emb: F32, gu: F32, total: npt.NDArray[np.float64]) -> None:
     """Train devices 0 .. bc - 1 of the chunk (rows of u, bias, D, d_out, upd, n_per).
 
     lr: [lr_w, lr_u, lr_b, lr_i, lr_d, lambda, t_c, t_d, weight_decay_u,
-    weight_decay_d, update_scale]; flags: [has_c, has_d, has_bias, has_weights].
+    weight_decay_d, update_scale]; flags: [has_c, has_d, has_bias, has_weights, summed].
     A (m, k) and touched (m,) come in zero and leave zero; cbi (m,), emb (k,),
-    gu (k,) are scratch."""
+    gu (k,) are scratch. summed: each device's update (the float32 value upd's row
+    would hold) is added in float64 to total (update_dim,), device by device, and upd
+    is not written."""
     bc, k = u.shape
     n_epochs, m = negc.shape[0], negc.shape[2]
     lr_w, lr_u, lr_b, lr_i, lr_d, lam, t_c, t_d, wd_u, wd_d, scale = (
         lr[0], lr[1], lr[2], lr[3], lr[4], lr[5], lr[6], lr[7], lr[8], lr[9], lr[10])
-    has_c, has_d, has_bias, has_w = flags[0], flags[1], flags[2], flags[3]
+    has_c, has_d, has_bias, has_w, summed = flags[0], flags[1], flags[2], flags[3], flags[4]
     one = np.float32(1.0)
     for i in range(bc):
         if has_bias:
@@ -124,13 +126,19 @@ def _train_devices(pos_item: npt.NDArray[np.int64], pos_ptr: npt.NDArray[np.int6
                         dn = dn / shrink
                     d_out[i, j, kk] = dn
                 if has_c:
-                    upd[i, j * k + kk] = dc / scale
+                    if summed:
+                        total[j * k + kk] += np.float64(dc / scale)
+                    else:
+                        upd[i, j * k + kk] = dc / scale
             if touched[j]:
                 A[j, :] = 0.0
                 touched[j] = False
         if has_bias:
             for j in range(m):
-                upd[i, m * k + j] = (cbi[j] - cb[j]) / scale
+                if summed:
+                    total[m * k + j] += np.float64((cbi[j] - cb[j]) / scale)
+                else:
+                    upd[i, m * k + j] = (cbi[j] - cb[j]) / scale
 
 
 @functools.cache
@@ -175,9 +183,12 @@ def _np(t: torch.Tensor | None, dtype: type, shape: tuple[int, ...] = (0,)) -> n
 def train_chunk(*, pos_item: torch.Tensor, pos_counts: torch.Tensor, pos_w: torch.Tensor | None,
                 negc: torch.Tensor, u: torch.Tensor, bias: torch.Tensor, D: torch.Tensor | None,
                 C: torch.Tensor | None, cb: torch.Tensor | None, d_out: torch.Tensor | None, upd: torch.Tensor,
-                n_per: torch.Tensor, rates: tuple[float, ...], scratch: torch.Tensor) -> None:
+                n_per: torch.Tensor, rates: tuple[float, ...], scratch: torch.Tensor,
+                total: torch.Tensor | None = None) -> None:
     """Train one chunk in place: u, bias (bc, k), (bc,), d_out (bc, m, k) and upd
     (bc, update_dim) are the chunk's rows of the round's outputs (written).
+    total: a float64 (update_dim,) CPU sum the devices' updates are added to, in
+    device order, instead of writing upd (then upd may have no columns).
 
     pos_item: the chunk's training positives, device-major; pos_counts (bc,): how
     many each device has; pos_w: their recency weights (None: off); negc (E, bc, m):
@@ -195,14 +206,17 @@ def train_chunk(*, pos_item: torch.Tensor, pos_counts: torch.Tensor, pos_w: torc
     a = scratch.numpy()
     a.fill(0.0)
     outs = (u.numpy(), bias.numpy(), upd.numpy())
+    if total is not None and (total.numpy().dtype != np.float64 or not total.is_contiguous()):
+        raise ValueError("the sum of the updates must be a contiguous float64 table")
     if not all(o.flags.c_contiguous for o in outs) or (d_out is not None and not d_out.is_contiguous()):
         raise ValueError("the chunk's output rows must be contiguous (they are written in place)")
     kernel(_np(pos_item, np.int64), ptr, _np(pos_w, np.float32), _np(negc, np.uint8), outs[0], outs[1],
             _np(D, np.float32, (0, m, k)), _np(C, np.float32, (0, k)), _np(cb, np.float32),
             d_out.numpy() if d_out is not None else np.zeros((0, m, k), np.float32), outs[2], _np(n_per, np.float32),
             np.asarray(rates, dtype=np.float32), np.array([C is not None, D is not None, cb is not None,
-                                                          pos_w is not None]),
-            a, np.zeros(m, np.bool_), np.zeros(m, np.float32), np.zeros(k, np.float32), np.zeros(k, np.float32))
+                                                          pos_w is not None, total is not None]),
+            a, np.zeros(m, np.bool_), np.zeros(m, np.float32), np.zeros(k, np.float32), np.zeros(k, np.float32),
+            total.numpy() if total is not None else np.zeros(0, np.float64))
 
 
 __all__ = ["KERNELS", "available", "check_kernel", "train_chunk"]

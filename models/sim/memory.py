@@ -59,6 +59,9 @@ class Footprint:
     keep_updates: bool  # the float Gaussian, a hybrid round, or SecAgg on a rank: the whole (cohort, update_dim) table is held
     secagg: bool
     baseline: int = BASELINE_BYTES  # resident before training (the engine measures it; data_bytes then 0)
+    # local_update's working set when the whole population trains at once with its private
+    # state in RAM, given by reference and written over (D97, D102); None: as a chunk's
+    whole_train: int | None = None
 
     def __post_init__(self) -> None:
         if self.population < 1 or not 1 <= self.cohort <= self.population:
@@ -87,12 +90,20 @@ class Footprint:
     def train(self, chunk: int) -> int:
         return self.train_fixed + chunk * self.train_per_device + self.updates_bytes()
 
+    def in_place(self, chunk: int, private_on_disk: bool) -> bool:
+        """Whether `chunk` trains the whole population at once over its state in RAM."""
+        return (self.whole_train is not None and not private_on_disk and chunk >= self.cohort
+                and self.cohort == self.population)
+
     def evaluation(self) -> int:
         return EVAL_BATCH * self.eval_per_device
 
     def ram(self, chunk: int, private_on_disk: bool) -> int:
         """Estimated peak resident bytes with `chunk` devices per local_update call
         (training and evaluation do not overlap)."""
+        if self.in_place(chunk, private_on_disk):
+            assert self.whole_train is not None
+            return self.static(False) + max(self.whole_train + self.updates_bytes(), self.evaluation())
         return self.static(private_on_disk) + max(self.train(chunk), self.evaluation())
 
     def disk(self, private_on_disk: bool) -> int:
@@ -164,12 +175,16 @@ def plan_memory(
         free = budget - fp.static(on_disk) - fp.train(0)
         return max(0, min(fp.cohort, free // fp.train_per_device))
 
-    if private == "auto":
+    whole = private != "disk" and (chunk is None or chunk >= fp.cohort) and fp.in_place(fp.cohort, False)
+    if whole and fp.ram(fp.cohort, False) <= budget:  # the whole population at once, over its own state
+        on_disk, fits = False, fp.cohort
+    elif private == "auto":
         wanted = min(fp.cohort, 64) if chunk is None else min(chunk, fp.cohort)
         on_disk = largest_chunk(False) < wanted
+        fits = largest_chunk(on_disk)
     else:
         on_disk = private == "disk"
-    fits = largest_chunk(on_disk)
+        fits = largest_chunk(on_disk)
     size = fits if chunk is None else min(chunk, fp.cohort)
     if size < 1 or fp.ram(size, on_disk) > budget:
         need_disk = fp.ram(1 if chunk is None else size, True)

@@ -92,6 +92,12 @@ class CohortRound:
     spare_updates: torch.Tensor | None = None  # last round's update table, to write into (D97)
     secure_stream: SecureStream | None = None
 
+    def sums_in_model(self, model: FederatedRecommender) -> bool:
+        """Whether the model adds this round's updates into one float64 sum itself
+        (`LocalRound.sum_into`, D102): a plain round of one process, no stream."""
+        return (model.sums_updates() and not self.keep_updates and not self.exact_sum and self.stream is None
+                and self.secure_stream is None)
+
     def running_sum(self, dim: int, device: torch.device) -> RunningSum:
         """The accumulator of a chunked round's plain sum."""
         from models.sim.exact_sum import FixedSum
@@ -132,8 +138,8 @@ class CohortRound:
         return False
 
     def local_round(self, private: PrivateState, data: CohortData, spare: PrivateState | None = None,
-                    spare_updates: torch.Tensor | None = None) -> LocalRound:
-        return LocalRound(self.global_, private, data, self.round_idx, self.seed, spare, spare_updates)
+                    spare_updates: torch.Tensor | None = None, sum_into: torch.Tensor | None = None) -> LocalRound:
+        return LocalRound(self.global_, private, data, self.round_idx, self.seed, spare, spare_updates, sum_into)
 
 
 def train_cohort(
@@ -141,26 +147,31 @@ def train_cohort(
 ) -> torch.Tensor | RunningSum | None:
     """Train the cohort chunk by chunk, writing the new private rows to `tables`.
     Returns the (B, update_dim) updates, or only their running sum when the round
-    is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg),
-    or None when every chunk's updates went to `job.stream` or `job.secure_stream`."""
+    is chunked and `job.keep_updates` is false (the plain mean: no DP, no SecAgg)
+    or the model sums them itself (`job.sums_in_model`, D102), or None when every
+    chunk's updates went to `job.stream` or `job.secure_stream`."""
     n, dim = job.size, model.update_dim
     parts = job.parts()  # one part: one local_update call (None: the whole population, by reference in RAM)
-    out: torch.Tensor | RunningSum | None = None
+    summed = job.running_sum(dim, job.cohorts.device) if job.sums_in_model(model) else None
+    out: torch.Tensor | RunningSum | None = summed
     done = 0
     for part, positions in zip(parts, job.positions(), strict=True):
         data = job.cohorts.get(part)
         # one call: the last round's update table can be written over; every row (part None): the state too (D97)
         job_part = job.local_round(tables.take(part), data, tables.spare() if part is None else None,
-                                   job.spare_updates if len(parts) == 1 else None)
+                                   job.spare_updates if len(parts) == 1 else None,
+                                   None if summed is None else summed.total)
         with torch.no_grad():
             new_priv, upd = model.local_update(job_part)
         del job_part
         b = int(data.users.shape[0])
-        if upd.shape != (b, dim):
+        if upd.shape != (b, 0 if summed is not None else dim):
             raise RuntimeError(f"{model.name}.local_update returned updates of shape {tuple(upd.shape)}")
         tables.put(part, new_priv)
         del new_priv
-        if job.feed(upd, positions):  # the table is never held
+        if summed is not None:  # the model added them into summed.total
+            summed.count += b
+        elif job.feed(upd, positions):  # the table is never held
             if len(parts) == 1:
                 return None
         elif len(parts) == 1:
@@ -168,7 +179,8 @@ def train_cohort(
         elif out is None:
             out = torch.empty(n, dim, device=upd.device) if job.keep_updates else job.running_sum(dim, upd.device)
         if isinstance(out, RunningSum):
-            out.add(upd)
+            if summed is None:
+                out.add(upd)
         elif out is not None:
             out[done : done + b] = upd
         done += b
@@ -202,8 +214,16 @@ def plan_cohort_memory(
     private_bytes = sum(v.element_size() * v[0].numel() for v in row.values())
     data = cohorts.all
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
-    fixed, per = model.train_memory(private_bytes, max_history)
-    fixed += stream_working_bytes(config, model.update_dim, cohort, ranked=ranked)  # a sum fed as the chunks train
+    # a plain round of one process: a model may sum the updates itself (D102)
+    summed = not (config.secagg or config.dp is not None or config.plaintext_j_bound is not None or ranked)
+    summed = summed and model.sums_updates()
+    fixed, per = model.train_memory(private_bytes, max_history, summed=summed)
+    stream = stream_working_bytes(config, model.update_dim, cohort, ranked=ranked)  # a sum fed as the chunks train
+    fixed += stream
+    whole = None  # the whole population at once, over its state in RAM (D97, D102)
+    if cohort == n_pop:
+        whole_fixed, whole_per = model.train_memory(private_bytes, max_history, in_place=True, summed=summed)
+        whole = whole_fixed + stream + cohort * whole_per
     fp = Footprint(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),  # measured: torch, the data, its padded table
         population=n_pop,
@@ -218,6 +238,7 @@ def plan_cohort_memory(
         keep_updates=((config.secagg or config.dp is not None) and not streams_dp(config)
                       and not streams_secure(config, ranked=ranked)),
         secagg=config.secagg,
+        whole_train=whole,
     )
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
     folder = mem.state_dir if mem.state_dir is not None else tempfile.gettempdir()

@@ -181,6 +181,37 @@ def test_plan_picks_the_largest_chunk_that_fits_and_disk_when_ram_cannot_hold_th
         plan_memory(fp(keep_updates=True, secagg=True), budget=8 * GIB, disk_free=100 * GIB)
 
 
+def test_the_whole_population_over_its_own_state_counts_it_once() -> None:
+    """D102: the whole population trained at once over its state in RAM (rows by
+    reference, new rows written over them) is planned with `whole_train`, not with a
+    chunk's copies; a partial cohort or the state on disk still plans chunks."""
+    whole = 10_000 * 20_000 + 400 * 1024**2  # no copies of the rows: small outputs a device
+    f = fp(whole_train=whole)
+    assert f.ram(f.cohort, False) == f.static(False) + max(whole + 8 * f.update_dim, f.evaluation())
+    budget = f.ram(f.cohort, False) + GIB
+    assert fp().ram(fp().cohort, False) > budget  # planned as chunks, the cohort at once would not fit
+    plan = plan_memory(f, budget=budget, disk_free=100 * GIB)
+    assert not plan.chunked and not plan.private_on_disk and plan.ram_estimate == f.ram(f.cohort, False)
+    assert plan_memory(f, budget=budget, chunk=1_000, disk_free=100 * GIB).chunk == 1_000  # asked for chunks
+    for other in (fp(whole_train=whole, cohort=5_000), f):
+        placed = plan_memory(other, budget=budget, private="disk" if other is f else "auto", disk_free=100 * GIB)
+        assert placed.ram_estimate == other.ram(placed.chunk, placed.private_on_disk)
+        assert not other.in_place(placed.chunk, placed.private_on_disk)
+
+
+def test_fedraps_plan_counts_the_rows_it_takes_unless_in_place() -> None:
+    from models.fedrap import FedRAP
+
+    m = FedRAP(100, 1_000, k=8, kernel="compiled")
+    table = 4 * 1_000 * 8
+    fixed, per = m.train_memory(table + 40, 20)
+    fixed_s, per_s = m.train_memory(table + 40, 20, summed=True)
+    _, per_w = m.train_memory(table + 40, 20, in_place=True, summed=True)
+    assert per - per_s == table and fixed_s > fixed  # the update row gone, a float64 partial per thread
+    assert per_s - per_w == 2 * table + 40  # neither the taken rows nor a new D_i
+    assert FedRAP(100, 1_000, k=8).train_memory(table, 20, summed=True) == FedRAP(100, 1_000, k=8).train_memory(table, 20)
+
+
 def test_disk_tables_copy_on_write_keeps_the_best_state(tmp_path: Path) -> None:
     row = {"D": torch.zeros(1, 3, 2), "b": torch.zeros(1)}
     t = PrivateTables.on_disk(row, 5, tmp_path)

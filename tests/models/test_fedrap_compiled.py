@@ -19,6 +19,7 @@ from models.data.splits import leave_one_out
 from models.data.synthetic import synthetic
 from models.fedrap import FedRAP
 from models.sim.aggregation import sum64
+from models.sim.config import MemorySettings
 from models.sim.engine import SimulationConfig, load_global_state, simulate
 from models.sim.private_tables import PrivateTables
 from models.sim.study import config_matches
@@ -126,9 +127,10 @@ def test_writing_over_spare_tables_changes_nothing(monkeypatch: pytest.MonkeyPat
                                         clients_per_round=cohort), interactions=x)
         runs.append((load_global_state(out), res))
         if spare:
-            assert sum(used) >= 5  # at least the update table of every round after the first
+            assert sum(used) >= 5  # the update table of every round after the first (D in every round when summed)
             if cohort is None and params.get("variant") != "c_only":
-                assert sum(used) >= 8  # and D in most rounds
+                # and D in most rounds; compiled, the updates are summed (D102): D in all 6, no table
+                assert sum(used) >= (6 if params.get("kernel") == "compiled" else 8)
     (g0, r0), (g1, r1) = runs
     assert all(np.array_equal(g0[k], g1[k]) for k in g0)
     assert r0["test"] == r1["test"] and [r["val"] for r in r0["rounds"]] == [r["val"] for r in r1["rounds"]]
@@ -164,3 +166,55 @@ def test_sum64_is_the_float64_sum() -> None:
     assert sum64(upd).dtype == torch.float64
     assert torch.equal((sum64(upd) / 500).float(), (upd.sum(0, dtype=torch.float64) / 500).float())
     assert torch.equal(sum64(upd[:1]), upd[0].double())
+
+
+@pytest.mark.parametrize("params", VARIANTS[:2] + VARIANTS[3:4], ids=["default", "c_only", "item_bias"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_summed_updates_are_the_tables_sum(split, params: dict, threads: int) -> None:
+    """With `sum_into` (D102) the compiled kernel returns no update table and adds the
+    updates into the float64 sum: equal to sum64 of the table it writes without it,
+    whatever the worker threads; the private outputs are the same bit for bit."""
+    rows = torch.arange(0, split.n_users, 2)
+    data = cohort_data(split, rows)
+    m = FedRAP(split.n_users, split.n_items, k=8, local_epochs=3, chunk=2, kernel="compiled", **params)
+    assert m.sums_updates()
+    g0 = m.init_global(torch.Generator().manual_seed(0))
+    g0["C"] = g0["C"] + 0.05
+    p0 = m.init_private(data, g0, 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        p_t, u_t = m.local_update(LocalRound(g0, p0, data, round_idx=6, seed=2))
+        total = torch.full((m.update_dim,), 0.25, dtype=torch.float64)  # it adds to what is there
+        p_s, u_s = m.local_update(LocalRound(g0, p0, data, round_idx=6, seed=2, sum_into=total))
+    finally:
+        torch.set_num_threads(before)
+    assert u_s.shape == (rows.numel(), 0) and u_t.shape == (rows.numel(), m.update_dim)
+    assert torch.allclose(total - 0.25, sum64(u_t), rtol=1e-12, atol=1e-12)
+    assert float(sum64(u_t).abs().max()) > 1e-3  # a real sum
+    assert all(torch.equal(p_t[k], p_s[k]) for k in p_t)
+    with pytest.raises(ValueError, match="float64"):
+        m.local_update(LocalRound(g0, p0, data, round_idx=6, seed=2, sum_into=torch.zeros(m.update_dim)))
+    assert not FedRAP(10, 20).sums_updates() and not FedRAP(10, 20, variant="d_only", kernel="compiled").sums_updates()
+
+
+@pytest.mark.parametrize("chunk", [None, 37], ids=["whole", "chunks-of-37"])
+def test_a_summed_run_is_the_run_with_tables(monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None:
+    """A whole compiled simulation with the updates summed in the kernel (D102) against the
+    same run with update tables: the same global model (within float64 rounding of the sum,
+    1e-6), the same best round and test figures; unchunked and in chunks."""
+    x = synthetic(120, 300, seed=5)
+    runs = []
+    for summed in (True, False):
+        if not summed:
+            monkeypatch.setattr(FedRAP, "sums_updates", lambda self: False)
+        out = Path(tempfile.mkdtemp()) / "g.npz"
+        res = simulate(SimulationConfig(model="fedrap", rounds=6, threads=2, params={"kernel": "compiled"},
+                                        save_global=str(out)), interactions=x,
+                       memory=MemorySettings(budget_gb=64, cohort_chunk=chunk, private="memory"))
+        runs.append((load_global_state(out), res))
+    (g0, r0), (g1, r1) = runs
+    assert float(np.abs(g0["C"] - g1["C"]).max()) < 1e-6
+    assert r0["best_round"] == r1["best_round"]
+    assert {k: round(v, 4) for k, v in r0["test"].items()} == {k: round(v, 4) for k, v in r1["test"].items()}
+    assert r0["memory"]["chunk"] == r1["memory"]["chunk"] == (chunk or 120)
