@@ -323,9 +323,8 @@ class FedRAP(FederatedRecommender):
         pos_start = torch.cumsum(flat.counts, 0) - flat.counts  # flat is device-major
         if self.kernel == "compiled" and dev_t.type != "cpu":
             raise ValueError(f"FedRAP's compiled kernel runs on the CPU only, not on {dev_t.type}: use kernel=torch")
-        summed = job.sum_into is not None and self.sums_updates()
-        if summed and (job.sum_into is None or job.sum_into.shape != (self.update_dim,)
-                       or job.sum_into.dtype != torch.float64):
+        total = job.sum_into if self.sums_updates() else None
+        if total is not None and (total.shape != (self.update_dim,) or total.dtype != torch.float64):
             raise ValueError(f"sum_into must be a float64 ({self.update_dim},) table")
         return _RoundWork(
             flat=flat,
@@ -353,12 +352,12 @@ class FedRAP(FederatedRecommender):
             # the outputs: written over the spare tables when the engine has them (D97)
             d_out=(reuse_or_empty(job.spare.get("D") if job.spare else None, (nb, m, k), dev_t) if self.has_d
                    else torch.empty(0)),  # (0,): no D
-            upd=(reuse_or_empty(job.spare_updates, (nb, self.update_dim), dev_t) if self.has_c and not summed
+            upd=(reuse_or_empty(job.spare_updates, (nb, self.update_dim), dev_t) if self.has_c and total is None
                  else torch.zeros(nb, 0, device=dev_t)),
             # CPU: small chunks stay in the processor's cache; an accelerator wants the largest
             # chunk its free memory holds, so that a round is a few hundred kernel launches
             chunk=self.chunk if dev_t.type == "cpu" else self.accelerator_chunk(nb, int(flat.item.shape[0]), dev_t),
-            total=job.sum_into if summed else None,
+            total=total,
         )
 
     def _train_groups(self, r: _RoundWork) -> None:

@@ -144,6 +144,12 @@ class SecureAggregator:
         return torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=updates.device)
 
 
+def plain_mean(config: SimulationConfig) -> bool:
+    """Whether a round's server needs only the plain sum of the updates: no DP,
+    no SecAgg, no hybrid round (else every update goes through the mechanism)."""
+    return not config.secagg and config.dp is None and config.plaintext_j_bound is None
+
+
 def streams_dp(config: SimulationConfig) -> bool:
     """Whether a round's updates go to the discrete-Gaussian sum as they are
     trained (`dp_stream`), not kept as the cohort's table: DP under the

@@ -79,7 +79,7 @@ from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
 from models.sim.aggregation import (SecureAggregator, SecureStream, aggregate_round, discrete_gaussian_mean,
-                                    dp_stream, secagg_clip, streams_dp, streams_secure)
+                                    dp_stream, plain_mean, secagg_clip, streams_dp, streams_secure)
 from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
@@ -319,7 +319,7 @@ def _round_context(s: _Setup, tables: PrivateTables | SparseTables, config: Simu
     device = s.cohorts.device
     secure = (SecureAggregator(seed=config.seed, neighbors=config.neighbors, group_size=config.secagg_group_size)
               if config.secagg else None)  # fmt: skip
-    keep_updates = secure is not None or config.dp is not None or config.plaintext_j_bound is not None
+    keep_updates = not plain_mean(config)
     agg = None if s.ranks is None else RankAggregator(s.ranks, config, secure, s.model.update_dim, device)
     # evaluation over the population (a rank: its shard) only
     population = s.local if s.ranks is not None else (None if config.users is None else s.population)

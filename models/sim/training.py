@@ -15,7 +15,8 @@ import torch
 from models.base import CohortData, FederatedRecommender, GlobalState, LocalRound, PrivateState, take_cohort
 from models.data.types import ExplicitSplit, ImplicitSplit
 from models.registry import ConfigError
-from models.sim.aggregation import RunningSum, SecureStream, stream_working_bytes, streams_dp, streams_secure
+from models.sim.aggregation import (RunningSum, SecureStream, plain_mean, stream_working_bytes, streams_dp,
+                                    streams_secure)
 from models.sim.config import MemorySettings, SimulationConfig
 from models.sim.events import SimulationEvents
 from models.sim.memory import (
@@ -215,8 +216,7 @@ def plan_cohort_memory(
     data = cohorts.all
     max_history = int(data.lengths.max()) if data.lengths.numel() else 0
     # a plain round of one process: a model may sum the updates itself (D102)
-    summed = not (config.secagg or config.dp is not None or config.plaintext_j_bound is not None or ranked)
-    summed = summed and model.sums_updates()
+    summed = plain_mean(config) and not ranked and model.sums_updates()
     fixed, per = model.train_memory(private_bytes, max_history, summed=summed)
     stream = stream_working_bytes(config, model.update_dim, cohort, ranked=ranked)  # a sum fed as the chunks train
     fixed += stream
