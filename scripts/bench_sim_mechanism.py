@@ -32,7 +32,7 @@ import numpy as np
 
 from dpmech.calibrate import calibrate
 from models.sim.dp_mechanism import FIELD_BITS, row_chunk
-from models.sim.fast_quantize import available, quantize_rows
+from models.sim.fast_quantize import Workspace, available, quantize_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,10 +43,12 @@ def measure(dim: int, repeats: int) -> dict[str, float]:
     rows = row_chunk(cfg.padded_dim)
     x = np.random.default_rng(dim).normal(size=(rows, dim)) * 0.01
     best = {False: float("inf"), True: float("inf")}
+    work = Workspace(rows, cfg.padded_dim)  # kept from chunk to chunk, as the simulator keeps it
     for rep in range(repeats + 1):
         for compiled in (False, True):
             start = time.perf_counter()
-            quantize_rows(x, cfg, b"bench", np.random.default_rng(rep), compiled=compiled)
+            quantize_rows(x, cfg, b"bench", np.random.default_rng(rep), compiled=compiled,
+                          work=work if compiled else None)
             if rep:  # the first is the warm-up (and numba's compile)
                 best[compiled] = min(best[compiled], (time.perf_counter() - start) / rows * 1e3)
     return {"dim": dim, "padded": cfg.padded_dim, "rows": rows, "numpy_ms": best[False], "compiled_ms": best[True],

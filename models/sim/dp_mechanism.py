@@ -55,7 +55,7 @@ from dpmech import field as modular
 from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
 from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho
 from dpmech.rotation import padded_dimension
-from models.sim.fast_quantize import quantize_rows
+from models.sim.fast_quantize import Workspace, quantize_rows
 
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
@@ -98,13 +98,13 @@ def row_chunk(padded_dim: int) -> int:
 
 def stream_bytes(dim: int) -> int:
     """What a `DiscreteGaussianSum` of D = `dim` holds besides the updates fed
-    to it: its buffer of rows and their clipped sum (float64), the total
-    (int64 over the padded length), and a buffer's quantizing arrays (the
-    rotated rows, their uniforms and rounded values: 8 bytes a padded
-    coordinate each)."""
+    to it: its buffer of rows, their products and their clipped sum
+    (float64), the total (int64 over the padded length), and a buffer's
+    quantizing arrays (`fast_quantize.Workspace`: the rotated rows, their
+    uniforms and rounded values, 8 bytes a padded coordinate each)."""
     padded = padded_dimension(dim)
     rows = row_chunk(padded)
-    return 8 * (rows * dim + dim + padded) + 3 * 8 * rows * padded
+    return 8 * (2 * rows * dim + dim + padded) + 3 * 8 * rows * padded
 
 
 def round_mechanisms(dp: DPSettings, dim: int, groups: Sequence[Sequence[int]]) -> tuple[MechanismConfig, ...]:
@@ -187,6 +187,8 @@ class DiscreteGaussianSum:
         self.norms = np.empty(devices, dtype=np.float64)
         self.clipped_sum = np.zeros(dim, dtype=np.float64)  # for the measured noise multiplier
         self.buffer = np.empty((row_chunk(self.mech.padded_dim), dim), dtype=np.float64)
+        self.products = np.empty_like(self.buffer)
+        self.work = Workspace(len(self.buffer), self.mech.padded_dim)  # the quantizing arrays, kept
         self.held = 0  # rows waiting in the buffer
         self.done = 0  # rows quantized
         self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
@@ -236,10 +238,12 @@ class DiscreteGaussianSum:
         """The buffered rows: their norms, clipped sum, rounding, and shares (or their sum)."""
         x, start, mech = self.buffer[:self.held], self.done, self.mech
         pos = self._order[start:start + len(x)]
-        norms = np.linalg.norm(x, axis=1)
+        products = self.products[:len(x)]  # kept memory for the rows' products (np.linalg.norm's own sums)
+        norms = np.sqrt(np.add.reduce(np.multiply(x, x, out=products), axis=1))
         self.norms[pos] = norms
-        self.clipped_sum += (x * np.minimum(1.0, self.dp.clip / np.maximum(norms, 1e-300))[:, None]).sum(axis=0)
-        rounded = quantize_rows(x, mech, self.key, self.rng, norms=norms)  # dpmech's, bit for bit
+        np.multiply(x, np.minimum(1.0, self.dp.clip / np.maximum(norms, 1e-300))[:, None], out=products)
+        self.clipped_sum += products.sum(axis=0)
+        rounded = quantize_rows(x, mech, self.key, self.rng, norms=norms, work=self.work)  # dpmech's, bit for bit
         self.done += self.held
         self.held = 0
         if self.one_draw:

@@ -40,11 +40,87 @@ I64 = npt.NDArray[np.int64]
 _BLOCK = 1 << 11  # stages h < _BLOCK run block by block (16 KB of float64: in L1)
 
 
+def _jit(f: Callable[..., None]) -> Callable[..., None]:
+    """A helper of the transform compiled by numba where it is installed (the
+    transform itself runs only compiled; see `_compiled`)."""
+    try:
+        import numba
+    except ImportError:
+        return f
+    try:
+        return numba.njit(cache=True, nogil=True)(f)  # type: ignore[no-any-return]
+    except RuntimeError:  # no writable cache location
+        return numba.njit(nogil=True)(f)  # type: ignore[no-any-return]
+
+
+# The butterflies. Each pass runs two or three consecutive stages on the
+# coordinates it loads (radix 4 and 8), which is the same sum and difference
+# of the same two numbers for every coordinate at every stage as one stage at
+# a time: the result is the same bit for bit, with a half or a third of the
+# passes over the row.
+
+@_jit
+def _radix2(row: F64, h: int, start: int, span: int) -> None:
+    """Stage h on row[start:start+span]: (a, b) -> (a + b, a - b) for pairs h apart."""
+    for base in range(start, start + span, 2 * h):
+        for j in range(base, base + h):
+            a = row[j]
+            b = row[j + h]
+            row[j] = a + b
+            row[j + h] = a - b
+
+
+@_jit
+def _radix4(row: F64, h: int, start: int, span: int) -> None:
+    """Stages h and 2h on row[start:start+span] in one pass."""
+    for base in range(start, start + span, 4 * h):
+        for j in range(base, base + h):
+            x0, x1, x2, x3 = row[j], row[j + h], row[j + 2 * h], row[j + 3 * h]
+            s0, d0, s1, d1 = x0 + x1, x0 - x1, x2 + x3, x2 - x3
+            row[j], row[j + 2 * h] = s0 + s1, s0 - s1
+            row[j + h], row[j + 3 * h] = d0 + d1, d0 - d1
+
+
+@_jit
+def _radix8(row: F64, h: int, start: int, span: int) -> None:
+    """Stages h, 2h and 4h on row[start:start+span] in one pass."""
+    for base in range(start, start + span, 8 * h):
+        for j in range(base, base + h):
+            a0, a1, a2, a3 = row[j], row[j + h], row[j + 2 * h], row[j + 3 * h]
+            a4, a5, a6, a7 = row[j + 4 * h], row[j + 5 * h], row[j + 6 * h], row[j + 7 * h]
+            b0, b1, b2, b3 = a0 + a1, a0 - a1, a2 + a3, a2 - a3  # stage h
+            b4, b5, b6, b7 = a4 + a5, a4 - a5, a6 + a7, a6 - a7
+            c0, c2, c1, c3 = b0 + b2, b0 - b2, b1 + b3, b1 - b3  # stage 2h
+            c4, c6, c5, c7 = b4 + b6, b4 - b6, b5 + b7, b5 - b7
+            row[j], row[j + 4 * h] = c0 + c4, c0 - c4  # stage 4h
+            row[j + h], row[j + 5 * h] = c1 + c5, c1 - c5
+            row[j + 2 * h], row[j + 6 * h] = c2 + c6, c2 - c6
+            row[j + 3 * h], row[j + 7 * h] = c3 + c7, c3 - c7
+
+
+@_jit
+def _stages(row: F64, lo: int, hi: int, start: int, span: int, widest: int) -> None:
+    """Stages h = lo, 2 lo, ..., hi/2 on row[start:start+span], in order,
+    `widest` (4 or 8) stages' radix at most per pass."""
+    h = lo
+    if widest == 8:
+        while 8 * h <= hi:
+            _radix8(row, h, start, span)
+            h *= 8
+    while 4 * h <= hi:
+        _radix4(row, h, start, span)
+        h *= 4
+    while h < hi:
+        _radix2(row, h, start, span)
+        h *= 2
+
+
 def _transform_rows(x: F64, factor: F64, signs: F64, root: float, scale: float, out: F64) -> None:
     """out[i] = ((pad(x[i] * factor[i]) * signs) H / root) * scale, root =
     sqrt(d'), with numpy's roundings (a division by root, then a product)."""
     n, d = x.shape
     dp = out.shape[1]
+    block = min(_BLOCK, dp)
     for i in range(n):
         row = out[i]
         f = factor[i]
@@ -52,19 +128,11 @@ def _transform_rows(x: F64, factor: F64, signs: F64, root: float, scale: float, 
             row[j] = (x[i, j] * f) * signs[j]
         for j in range(d, dp):
             row[j] = 0.0
-        block = min(_BLOCK, dp)
-        # stages h < block block by block (each in cache), then h >= block over the whole row
-        for lo, hi, span in ((1, block, block), (block, dp, dp)):
-            for start in range(0, dp, span):
-                h = lo
-                while h < hi:
-                    for base in range(start, start + span, 2 * h):
-                        for j in range(base, base + h):
-                            a = row[j]
-                            b = row[j + h]
-                            row[j] = a + b
-                            row[j + h] = a - b
-                    h *= 2
+        # stages h < block block by block (each in cache: radix 8 first, 3 stages a pass,
+        # then radix 4), then h >= block over the whole row (radix 8: fewer passes out of cache)
+        for start in range(0, dp, block):
+            _stages(row, 1, block, start, block, 8 if block >= 8 else 4)
+        _stages(row, block, dp, 0, dp, 8)
         for j in range(dp):
             row[j] = (row[j] / root) * scale
 
@@ -114,13 +182,41 @@ def available() -> bool:
     return _KERNELS is not None
 
 
+class Workspace:
+    """The arrays a chunk of up to `rows` rows of `padded_dim` coordinates is
+    quantized in (the rotated rows, their uniforms, the rounded values: 24
+    bytes a coordinate), kept from chunk to chunk: a round of thousands of
+    devices then touches its memory once instead of mapping fresh pages for
+    every chunk. Not shared between threads."""
+
+    def __init__(self, rows: int, padded_dim: int) -> None:
+        if rows < 1 or padded_dim < 1:
+            raise ValueError(f"a workspace needs rows and coordinates, got ({rows}, {padded_dim})")
+        self.z = np.empty((rows, padded_dim), dtype=np.float64)
+        self.u = np.empty((rows, padded_dim), dtype=np.float64)
+        self.out = np.empty((rows, padded_dim), dtype=np.int64)
+        self.sq = np.empty(rows, dtype=np.int64)
+        self._signs: tuple[bytes, F64] | None = None
+
+    def fits(self, rows: int, padded_dim: int) -> bool:
+        return rows <= self.z.shape[0] and padded_dim == self.z.shape[1]
+
+    def signs(self, rotation_seed: bytes) -> F64:
+        """The rotation's signs as float64 (kept for the last seed: a round's chunks share it)."""
+        if self._signs is None or self._signs[0] != rotation_seed:
+            self._signs = (rotation_seed, rotation_signs(rotation_seed, self.z.shape[1]).astype(np.float64))
+        return self._signs[1]
+
+
 def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rng: np.random.Generator, *,
-                  compiled: bool | None = None, norms: F64 | None = None) -> I64:
+                  compiled: bool | None = None, norms: F64 | None = None, work: Workspace | None = None) -> I64:
     """`dpmech.mechanism.quantize(update, config, rotation_seed, rng)` for a
     chunk of rows (n, dim), bit for bit, drawing the same numbers from rng.
     `compiled` None: the compiled path where numba is installed; False: numpy.
     `norms`: the rows' L2 norms as `np.linalg.norm(update, axis=1)` gives
-    them, when the caller has them already (else computed here)."""
+    them, when the caller has them already (else computed here).
+    `work`: arrays to quantize in (compiled path); the result is then a view
+    of `work`, valid until its next use."""
     kernels = _KERNELS if compiled is not False else None
     if kernels is None:
         if compiled:
@@ -130,17 +226,18 @@ def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rn
     x = np.ascontiguousarray(update, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != config.dim:
         raise ValueError(f"expected rows of length {config.dim}, got shape {x.shape}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("the update has a NaN or infinite coordinate")
     if norms is None:
         norms = np.linalg.norm(x, axis=1)
+    if not np.all(np.isfinite(norms)) and not np.all(np.isfinite(x)):  # only such rows have such norms
+        raise ValueError("the update has a NaN or infinite coordinate")
+    n = x.shape[0]
+    if work is None or not work.fits(n, config.padded_dim):
+        work = Workspace(max(n, 1), config.padded_dim)
     factor = np.minimum(1.0, config.clip / np.maximum(norms, np.finfo(np.float64).tiny))
-    signs = rotation_signs(rotation_seed, config.padded_dim).astype(np.float64)
-    z = np.empty((x.shape[0], config.padded_dim), dtype=np.float64)
-    transform_rows(x, np.ascontiguousarray(factor), signs, math.sqrt(config.padded_dim), float(config.scale), z)
-    u = rng.random(z.shape)
-    out = np.empty(z.shape, dtype=np.int64)
-    sq = np.empty(z.shape[0], dtype=np.int64)
+    z, u, out, sq = work.z[:n], work.u[:n], work.out[:n], work.sq[:n]
+    transform_rows(x, np.ascontiguousarray(factor), work.signs(rotation_seed), math.sqrt(config.padded_dim),
+                   float(config.scale), z)
+    rng.random(out=u)  # the draws rng.random(z.shape) would make, into kept memory
     if round_rows(z, u, out, sq, math.isqrt(np.iinfo(np.int64).max // config.padded_dim)):
         squares = [int(s) for s in sq]
     else:  # out of the compiled path's range: numpy's checks, errors and exact squares
@@ -153,4 +250,4 @@ def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rn
     return redraw_above_bound(z, out, squares, config.bound_sq, rng, MAX_TRIES)
 
 
-__all__ = ["available", "quantize_rows"]
+__all__ = ["Workspace", "available", "quantize_rows"]

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(not fast_quantize.available(),
                                 reason="numba is not installed (the `fast` extra; the dev extra has it)")
 
 
-@pytest.mark.parametrize("dim,rows", [(1, 3), (5, 4), (1000, 6), (4096, 3), (53_824, 2), (70_000, 2)])
+# the lengths take every pass of the transform: radix 2, 4 and 8 within a block, 1 to 6 stages above it
+@pytest.mark.parametrize("dim,rows", [(1, 3), (2, 2), (3, 3), (5, 4), (1000, 6), (4096, 3), (5000, 2), (9000, 2),
+                                      (53_824, 2), (70_000, 2)])
 def test_the_compiled_path_is_dpmechs_bit_for_bit(dim: int, rows: int) -> None:
     rng = np.random.default_rng(dim)
     x = rng.normal(size=(rows, dim)) * 0.05
@@ -32,6 +34,27 @@ def test_the_compiled_path_is_dpmechs_bit_for_bit(dim: int, rows: int) -> None:
     assert a.random() == b.random()  # the same draws were taken
     given = fast_quantize.quantize_rows(x, cfg, b"seed/3", np.random.default_rng(9), norms=np.linalg.norm(x, axis=1))
     assert np.array_equal(given, want)  # the caller's norms (the simulator has them) change nothing
+
+
+def test_a_kept_workspace_gives_what_fresh_arrays_give() -> None:
+    """The simulator quantizes chunk after chunk in one `Workspace`: a
+    smaller chunk after a larger one, and a new rotation seed, change
+    nothing; a workspace of the wrong length is not used."""
+    dim = 3000
+    cfg = calibrate(dim=dim, clip=0.1, noise_multiplier=1.0, devices=20, shares=20, bits=32)
+    x = np.random.default_rng(5).normal(size=(7, dim)) * 0.05
+    work = fast_quantize.Workspace(5, cfg.padded_dim)
+    a, b = np.random.default_rng(1), np.random.default_rng(1)
+    for rows, seed in ((slice(0, 5), b"r/0"), (slice(5, 7), b"r/0"), (slice(0, 3), b"r/1")):
+        want = quantize(x[rows], cfg, seed, a)
+        assert np.array_equal(fast_quantize.quantize_rows(x[rows], cfg, seed, b, work=work), want)
+    assert a.random() == b.random()
+    small = fast_quantize.Workspace(2, cfg.padded_dim)
+    assert not small.fits(3, cfg.padded_dim) and not small.fits(2, cfg.padded_dim * 2)
+    got = fast_quantize.quantize_rows(x[:3], cfg, b"r/2", np.random.default_rng(3), work=small)
+    assert np.array_equal(got, quantize(x[:3], cfg, b"r/2", np.random.default_rng(3)))
+    with pytest.raises(ValueError, match="needs rows"):
+        fast_quantize.Workspace(0, 8)
 
 
 def test_retries_under_a_tight_bound_draw_as_dpmech_does() -> None:
