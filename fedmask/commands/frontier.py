@@ -75,6 +75,10 @@ def frontier_command(
     data_dir: Annotated[Path | None, typer.Option("--data-dir", envvar="FEDMASK_DATA_DIR",
                                                   help="Folder holding the datasets (default: ./data).",
                                                   show_default=False)] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", "-p", help="A FedRAP option every run takes, baseline included, as KEY=VALUE (repeatable), e.g. "
+        "kernel=compiled: the same model in compiled loops, faster on a CPU. Not update_scale: it is tuned.",
+        show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """What privacy costs FedRAP: test HR@10 (sampled and full ranking) against epsilon.
@@ -92,9 +96,10 @@ def frontier_command(
             repeat_at=_floats(repeat_at, "--repeat-at"), update_scales=_floats(update_scales, "--update-scales"),
             clip=clip, delta=delta)
         FrontierSpec(dataset=dataset, population=2, update_dim=1, rounds=1, **spec_args)  # the options, before data
+        shared = shared_params(param or [])
         table = run_frontier(out=out, dataset=dataset, rounds=rounds, spec_args=spec_args, threads=threads,
                              jobs=jobs, data_dir=None if data_dir is None else str(data_dir), quiet=quiet,
-                             log=err.print, checkpoint_every=checkpoint_every)
+                             log=err.print, checkpoint_every=checkpoint_every, params=shared)
     except ValueError as e:  # ConfigError and PlanError are ValueErrors
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
@@ -102,10 +107,23 @@ def frontier_command(
     print(f"  {out / 'frontier.json'}\n  {out / 'frontier.md'}\n  {out / 'frontier.png'}")
 
 
+def shared_params(items: list[str]) -> dict[str, Any]:
+    """--param KEY=VALUE items as `fedmask simulate` reads them (ValueError
+    for a malformed one, an unknown FedRAP option, or update_scale, which the
+    frontier tunes itself)."""
+    from fedmask.commands.simulate import parse_params
+
+    params = parse_params(items)
+    if "update_scale" in params:
+        raise ValueError("--param update_scale: the frontier tunes it (--update-scales)")
+    return params
+
+
 def run_frontier(*, out: Path, dataset: str, rounds: int | None, spec_args: dict[str, Any], threads: int, jobs: int,
                  data_dir: str | None, quiet: bool, log: Callable[[str], None],
-                 checkpoint_every: int | None = None) -> str:
-    """Run (or reuse) every run of the grid, then write the summary; returns the markdown table."""
+                 checkpoint_every: int | None = None, params: dict[str, Any] | None = None) -> str:
+    """Run (or reuse) every run of the grid, then write the summary; returns the markdown table.
+    `params`: FedRAP options every run takes (`shared_params`)."""
     from models.data.entry import load_interactions
     from models.registry import build_model, default_rounds
     from models.sim.frontier import (FrontierRun, FrontierSpec, choose, markdown_table, noise_for, plot_frontier,
@@ -114,14 +132,14 @@ def run_frontier(*, out: Path, dataset: str, rounds: int | None, spec_args: dict
 
     data = load_interactions(dataset, data_dir, spec_args["seed"])
     model = build_model("fedrap", explicit=False, n_users=data.n_users, n_items=data.n_items,
-                        item_features=data.item_features)
+                        item_features=data.item_features, overrides=params or {})  # an unknown option fails here
     spec = FrontierSpec(dataset=dataset, population=data.n_users, update_dim=model.update_dim,
                         rounds=rounds or default_rounds("fedrap", False), **spec_args)
     noise = {e: noise_for(spec, e) for e in spec.epsilons}
     log(f"frontier of {dataset}: {spec.population} devices, {spec.rounds} rounds, delta {spec.run_delta:.3g}; "
         + ", ".join(f"epsilon {e:g}: z {z:.2f}" for e, z in noise.items()))
     runner = _Runner(out=out, dataset=dataset, data=data, spec=spec, noise=noise, threads=threads, jobs=jobs,
-                     data_dir=data_dir, quiet=quiet, log=log, checkpoint_every=checkpoint_every)
+                     data_dir=data_dir, quiet=quiet, log=log, checkpoint_every=checkpoint_every, params=params)
     runner.run_all(tuning_runs(spec))
     chosen = {e: choose({u: runner.done[FrontierRun(e, u, spec.seed)] for u in spec.update_scales})
               for e in spec.epsilons}
@@ -141,14 +159,16 @@ class _Runner:
 
     def __init__(self, *, out: Path, dataset: str, data: Interactions, spec: FrontierSpec, noise: dict[float, float],
                  threads: int, jobs: int, data_dir: str | None, quiet: bool, log: Callable[[str], None],
-                 checkpoint_every: int | None = None) -> None:
+                 checkpoint_every: int | None = None, params: dict[str, Any] | None = None) -> None:
         self.out, self.dataset, self.data, self.spec, self.noise = out, dataset, data, spec, noise
         self.threads, self.jobs, self.data_dir, self.quiet, self.log = threads, jobs, data_dir, quiet, log
         self.checkpoint_every = checkpoint_every
+        self.params = dict(params or {})
         self.done: dict[FrontierRun, dict[str, Any]] = {}
 
     def config(self, run: FrontierRun) -> SimulationConfig:
-        """The baseline: the defaults; a DP run: the epsilon's z, the clip, distributed noise, unmasked sum."""
+        """The baseline: the defaults (and the shared params); a DP run: the epsilon's z, the clip,
+        distributed noise, unmasked sum, and its update_scale."""
         from models.sim.engine import SimulationConfig
 
         dp = run.epsilon is not None and run.update_scale is not None
@@ -157,7 +177,8 @@ class _Runner:
             data_dir=self.data_dir, dp_noise=self.noise[run.epsilon] if run.epsilon is not None else None,
             dp_clip=self.spec.clip if dp else None, dp_delta=self.spec.run_delta if dp else 1e-5,
             dp_mode="distributed" if dp else "local", unmasked_sum=dp,
-            params={"update_scale": run.update_scale} if dp else {}, checkpoint_every=self.checkpoint_every,
+            params={**self.params, "update_scale": run.update_scale} if dp else dict(self.params),
+            checkpoint_every=self.checkpoint_every,
             checkpoint_dir=None if self.checkpoint_every is None else str(self.out / "runs" / run.folder / "checkpoints"))
 
     def _reused(self, run: FrontierRun) -> bool:

@@ -120,7 +120,7 @@ def simulate(
             model=model, out=out, dataset=dataset, seed=seed, rounds=rounds, platforms=platforms,
             beta=dirichlet_beta, ablate=tuple(ablate or ()), secagg=secagg, secagg_clip=secagg_clip,
             ldp_scale=ldp_scale, ldp_clip=ldp_clip, eval_every=eval_every, data_dir=data_dir,
-            params=_parse_params(param or []), quiet=quiet, save_global=save_global, device=device, unsupported={
+            params=parse_params(param or []), quiet=quiet, save_global=save_global, device=device, unsupported={
                 "--clients-per-round": clients_per_round, "--dp-noise": dp_noise, "--dp-clip": dp_clip,
                 "--users": users, "--secagg-neighbors": secagg_neighbors, "--group-size": group_size,
                 "--plaintext-j-bound": plaintext_j_bound, "--plan-only": True if plan_only else None,
@@ -137,7 +137,7 @@ def simulate(
             secagg=secagg, secagg_neighbors=_parse_neighbors(secagg_neighbors), secagg_clip=secagg_clip,
             secagg_group_size=group_size, dp_noise=dp_noise, dp_clip=dp_clip, dp_delta=dp_delta, dp_accountant=dp_accountant, dp_mode=dp_mode,
             dp_mechanism=dp_mechanism, unmasked_sum=unmasked_sum, device=device, explicit=explicit, eval_every=eval_every, full_val=full_val, threads=threads,
-            data_dir=_str_or_none(data_dir), params=_parse_params(param or []), users=population,
+            data_dir=_str_or_none(data_dir), params=parse_params(param or []), users=population,
             save_global=_str_or_none(save_global), plaintext_j_bound=plaintext_j_bound,
             checkpoint_every=checkpoint_every, checkpoint_dir=_str_or_none(checkpoint_dir),
         )  # fmt: skip
@@ -187,7 +187,7 @@ def _run_ranks(cfg: SimulationConfig, memory: MemorySettings, *, out: Path, quie
 # ---------------------------------------------------------------- parsing the options
 
 
-def _parse_params(items: list[str]) -> dict[str, object]:
+def parse_params(items: list[str]) -> dict[str, object]:
     """`--param key=value` pairs; values parsed as JSON when they can be (numbers, true/false)."""
     import json
 

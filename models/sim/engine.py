@@ -360,6 +360,7 @@ def _train_and_aggregate(
     if sstream is not None:
         return sstream.mean(rec)
     if stream is not None:
+        w.spare_updates = job.fed_table.pop() if job.fed_table else None  # written over next round (D97)
         return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
 
     def cohort_J() -> torch.Tensor:

@@ -5,7 +5,7 @@ local training of a cohort chunk by chunk."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -92,6 +92,9 @@ class CohortRound:
     stream: DiscreteGaussianSum | None = None
     spare_updates: torch.Tensor | None = None  # last round's update table, to write into (D97)
     secure_stream: SecureStream | None = None
+    # set by train_cohort: the whole cohort's table after the DP stream copied its rows, for
+    # the engine to keep as the next round's spare_updates (D97: no fresh pages every round)
+    fed_table: list[torch.Tensor] = field(default_factory=list)  # (frozen: a holder, filled once)
 
     def sums_in_model(self, model: FederatedRecommender) -> bool:
         """Whether the model adds this round's updates into one float64 sum itself
@@ -174,6 +177,8 @@ def train_cohort(
             summed.count += b
         elif job.feed(upd, positions):  # the table is never held
             if len(parts) == 1:
+                if job.secure_stream is None:  # the DP stream copies what it keeps
+                    job.fed_table.append(upd)
                 return None
         elif len(parts) == 1:
             return upd

@@ -150,3 +150,27 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_and_ends_as_an_uninterru
         assert a["test"] == b["test"] and a["best_val"] == b["best_val"] and a.get("epsilon") == b.get("epsilon")
     again = CliRunner().invoke(app, common + ["--out", str(out)])
     assert again.exit_code == 0 and again.output.count("reusing") == 2, again.output
+
+
+def test_shared_params_reach_every_run_and_bad_ones_are_refused(tmp_path: Path, command_app) -> None:
+    """--param KEY=VALUE goes into the baseline's and every DP run's config
+    (beside the tuned update_scale); update_scale itself, an unknown option
+    and a bad value are refused before anything runs."""
+    from fedmask.commands.privacy import register
+
+    app = command_app(register)
+    out = tmp_path / "fr"
+    common = ["privacy", "frontier", "--dataset", "synthetic", "--rounds", "1", "--epsilons", "8",
+              "--update-scales", "35", "-q"]
+    r = CliRunner().invoke(app, common + ["--out", str(out), "-p", "local_epochs=2"])
+    assert r.exit_code == 0, r.output
+    base = json.loads((out / "runs" / "no-dp" / "seed0" / "results.json").read_text())
+    dp = json.loads((out / "runs" / "eps8" / "us35" / "seed0" / "results.json").read_text())
+    assert base["config"]["params"] == {"local_epochs": 2} and base["model_config"]["local_epochs"] == 2
+    assert dp["config"]["params"] == {"local_epochs": 2, "update_scale": 35.0}
+    assert dp["model_config"]["local_epochs"] == 2
+    for bad, why in ((["-p", "update_scale=3"], "tunes it"), (["-p", "kernal=compiled"], "kernal"),
+                     (["-p", "kernel=fast"], "unknown FedRAP kernel"), (["-p", "kernel"], "KEY=VALUE")):
+        refused = CliRunner().invoke(app, common + ["--out", str(tmp_path / "bad"), *bad])
+        assert refused.exit_code == 2 and why in refused.output, refused.output
+        assert not (tmp_path / "bad" / "runs").exists()
