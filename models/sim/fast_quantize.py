@@ -48,9 +48,9 @@ def _jit(f: Callable[..., None]) -> Callable[..., None]:
     except ImportError:
         return f
     try:
-        return numba.njit(cache=True, nogil=True)(f)  # type: ignore[no-any-return]
+        return numba.njit(cache=True, nogil=True)(f)
     except RuntimeError:  # no writable cache location
-        return numba.njit(nogil=True)(f)  # type: ignore[no-any-return]
+        return numba.njit(nogil=True)(f)
 
 
 # The butterflies. Each pass runs two or three consecutive stages on the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,7 +112,8 @@ def test_writing_over_spare_tables_changes_nothing(monkeypatch: pytest.MonkeyPat
     state) give the same run bit for bit as rounds that allocate fresh ones, and they do use them;
     with DP the table the mechanism's stream has copied is the next round's spare."""
     params = dict(params)
-    dp = dict(dp_noise=2.0, dp_clip=0.1, dp_mode="distributed", unmasked_sum=True) if params.pop("dp", False) else {}
+    dp: dict[str, Any] = (dict(dp_noise=2.0, dp_clip=0.1, dp_mode="distributed", unmasked_sum=True)
+                          if params.pop("dp", False) else {})
     x = synthetic(120, 300, seed=5)
     used: list[bool] = []
     reuse = fedrap_mod.reuse_or_empty
