@@ -13,7 +13,9 @@ the one numpy does, in the same order:
   as (x * factor) * sign;
 - the transform is the Sylvester butterflies in stage order h = 1, 2, ...
   (each coordinate's sums are the same whatever the loop order within a
-  stage), then / sqrt(d') and * scale as two roundings;
+  stage), two or three stages a pass (radix 4 and 8: the same sums and
+  differences of the same numbers, with fewer passes over the row; D103),
+  then / sqrt(d') and * scale as two roundings;
 - the rounding's uniforms are drawn by numpy from the round's generator in
   the same order (the whole chunk, then each retry's pending rows), and the
   retries are `dpmech.quantize`'s own loop.
