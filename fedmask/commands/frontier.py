@@ -251,3 +251,37 @@ def simulate_into(config: dict[str, Any], folder: str, *, quiet: bool) -> float:
     if cfg.checkpoint_dir is not None:
         shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
     return time.monotonic() - start
+
+
+PLOT_EXAMPLE = """\b
+Example: two datasets' frontiers on one figure:
+  fedmask privacy frontier-plot runs/frontier-ml-latest-small/frontier.json runs/frontier-ml1m/frontier.json --out frontier.png
+"""
+
+
+def frontier_plot_command(
+    frontiers: Annotated[list[Path], typer.Argument(help="frontier.json files written by `fedmask privacy frontier`.",
+                                                    show_default=False)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="The PNG to write.")],
+) -> None:
+    """Several frontiers on one figure: test HR@10 (sampled and full ranking) against the ledger's epsilon, one colour
+    a dataset, its no-DP baseline dashed."""
+    from fedmask.commands.study import read_json_object
+    from fedmask.console import err as stderr_console
+    from models.sim.frontier import plot_frontier
+
+    err = stderr_console()
+    loaded = []
+    for path in frontiers:
+        data = read_json_object(path)
+        if data is None or not isinstance(data.get("rows"), list) or not isinstance(data.get("baseline"), dict):
+            err.print(f"[red]error:[/red] {path} is not a frontier.json of `fedmask privacy frontier`")
+            raise typer.Exit(2)
+        loaded.append(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        print(f"  {plot_frontier(loaded, out)}")
+    except (KeyError, TypeError) as e:  # a row without the fields the summary writes
+        err.print(f"[red]error:[/red] a frontier.json lacks a field of `fedmask privacy frontier`'s summary: {e}")
+        raise typer.Exit(2) from e
+

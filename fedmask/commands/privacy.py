@@ -27,11 +27,13 @@ Add --dropout 0.1 (10% of each group drops), --group-size 500 (groups, D87), --j
 
 
 def register(app: typer.Typer) -> None:
-    """Attach `fedmask privacy` (plan, frontier) to the root app."""
+    """Attach `fedmask privacy` (plan, frontier, frontier-plot) to the root app."""
     from fedmask.commands.frontier import EXAMPLE as frontier_example
-    from fedmask.commands.frontier import frontier_command
+    from fedmask.commands.frontier import PLOT_EXAMPLE as frontier_plot_example
+    from fedmask.commands.frontier import frontier_command, frontier_plot_command
 
     privacy_app.command("frontier", epilog=frontier_example)(frontier_command)
+    privacy_app.command("frontier-plot", epilog=frontier_plot_example)(frontier_plot_command)
     app.add_typer(privacy_app, name="privacy")
 
 

@@ -78,6 +78,27 @@ def test_the_summary_reads_the_runs_and_prices_the_loss_on_the_same_seeds(tmp_pa
     png = F.plot_frontier([fr], tmp_path / "f.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert math.isnan(F.metrics_of({})["test_hr@10"])
+    _check_frontier_plot_command(fr, tmp_path)
+
+
+def _check_frontier_plot_command(fr: dict[str, Any], tmp_path: Path) -> None:
+    """`fedmask privacy frontier-plot` draws several frontier.json files on one
+    figure, and refuses a file that is not one, saying which."""
+    from fedmask.cli import app
+
+    a, b, bad, broken = (tmp_path / n for n in ("a.json", "b.json", "bad.json", "broken.json"))
+    a.write_text(json.dumps(fr))
+    b.write_text(json.dumps({**fr, "dataset": "e", "population": 300}))
+    bad.write_text(json.dumps({"rows": 3}))
+    broken.write_text(json.dumps({**fr, "rows": [{"update_scale": 35}]}))
+    r = CliRunner().invoke(app, ["privacy", "frontier-plot", str(a), str(b), "--out", str(tmp_path / "p" / "two.png")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "p" / "two.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for wrong in (bad, broken, tmp_path / "missing.json"):
+        refused = CliRunner().invoke(app, ["privacy", "frontier-plot", str(a), str(wrong), "--out",
+                                           str(tmp_path / "x.png")])
+        assert refused.exit_code == 2 and not (tmp_path / "x.png").exists(), refused.output
+    assert str(bad) in CliRunner().invoke(app, ["privacy", "frontier-plot", str(bad), "--out", "x.png"]).output
 
 
 def test_the_command_runs_the_grid_resumes_and_refuses_bad_options(tmp_path: Path, command_app) -> None:
