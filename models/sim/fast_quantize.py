@@ -130,8 +130,8 @@ def _transform_rows(x: F64, factor: F64, signs: F64, root: float, scale: float, 
             row[j] = (x[i, j] * f) * signs[j]
         for j in range(d, dp):
             row[j] = 0.0
-        # stages h < block block by block (each in cache: radix 8 first, 3 stages a pass,
-        # then radix 4), then h >= block over the whole row (radix 8: fewer passes out of cache)
+        # stages h < block block by block (each in cache), then h >= block over the whole row;
+        # radix 8 while three stages remain, then 4 and 2 (fewer passes, above all out of cache)
         for start in range(0, dp, block):
             _stages(row, 1, block, start, block, 8 if block >= 8 else 4)
         _stages(row, block, dp, 0, dp, 8)
