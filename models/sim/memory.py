@@ -62,6 +62,9 @@ class Footprint:
     # local_update's working set when the whole population trains at once with its private
     # state in RAM, given by reference and written over (D97, D102); None: as a chunk's
     whole_train: int | None = None
+    # the update table a round that trains its cohort at once keeps for the next round to
+    # write over (D97, D103): held through evaluation too; 0 where the round keeps none
+    kept_table: int = 0
 
     def __post_init__(self) -> None:
         if self.population < 1 or not 1 <= self.cohort <= self.population:
@@ -95,16 +98,18 @@ class Footprint:
         return (self.whole_train is not None and not private_on_disk and chunk >= self.cohort
                 and self.cohort == self.population)
 
-    def evaluation(self) -> int:
-        return EVAL_BATCH * self.eval_per_device
+    def evaluation(self, chunk: int | None = None) -> int:
+        """Evaluation's working set, with the kept update table when `chunk` trains the cohort at once."""
+        kept = self.kept_table if chunk is not None and chunk >= self.cohort else 0
+        return EVAL_BATCH * self.eval_per_device + kept
 
     def ram(self, chunk: int, private_on_disk: bool) -> int:
         """Estimated peak resident bytes with `chunk` devices per local_update call
         (training and evaluation do not overlap)."""
         if self.in_place(chunk, private_on_disk):
             assert self.whole_train is not None
-            return self.static(False) + max(self.whole_train + self.updates_bytes(), self.evaluation())
-        return self.static(private_on_disk) + max(self.train(chunk), self.evaluation())
+            return self.static(False) + max(self.whole_train + self.updates_bytes(), self.evaluation(chunk))
+        return self.static(private_on_disk) + max(self.train(chunk), self.evaluation(chunk))
 
     def disk(self, private_on_disk: bool) -> int:
         return self.private_total if private_on_disk else 0
@@ -186,6 +191,8 @@ def plan_memory(
         on_disk = private == "disk"
         fits = largest_chunk(on_disk)
     size = fits if chunk is None else min(chunk, fp.cohort)
+    if chunk is None and size >= fp.cohort > 1 and fp.ram(size, on_disk) > budget:
+        size = fp.cohort - 1  # the cohort at once fits only without the update table it keeps
     if size < 1 or fp.ram(size, on_disk) > budget:
         need_disk = fp.ram(1 if chunk is None else size, True)
         hint = "" if on_disk else f"; with the private state on disk it needs {gib(need_disk)}"

@@ -244,6 +244,7 @@ def plan_cohort_memory(
                       and not streams_secure(config, ranked=ranked)),
         secagg=config.secagg,
         whole_train=whole,
+        kept_table=kept_table_bytes(config, model.update_dim, cohort, ranked=ranked, summed=summed),
     )
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
     folder = mem.state_dir if mem.state_dir is not None else tempfile.gettempdir()
@@ -255,6 +256,15 @@ def plan_cohort_memory(
     if plan.private_on_disk and device_is_cuda(cohorts.device):
         raise ConfigError("the private state on disk (memory-mapped) needs --device cpu")
     return plan
+
+
+def kept_table_bytes(config: SimulationConfig, update_dim: int, cohort: int, *, ranked: bool, summed: bool) -> int:
+    """The float32 update table a round that trains its cohort at once keeps for the
+    next round to write over (D97, D103): a plain round's, unless the model sums its
+    updates itself (`summed`, D102), or the one the DP stream copied; none on a rank."""
+    if ranked or not ((plain_mean(config) and not summed) or streams_dp(config)):
+        return 0
+    return 4 * cohort * update_dim
 
 
 def device_is_cuda(device: torch.device) -> bool:

@@ -199,6 +199,32 @@ def test_the_whole_population_over_its_own_state_counts_it_once() -> None:
         assert not other.in_place(placed.chunk, placed.private_on_disk)
 
 
+def test_the_update_table_a_whole_cohort_round_keeps_is_counted_through_evaluation() -> None:
+    """D97, D103: a round that trains its cohort at once keeps its update table for the
+    next round to write over, so evaluation runs beside it; a chunked round keeps none.
+    The plan sizes it for plain rounds (unless the model sums) and DP streams, not ranks."""
+    kept = 4 * 10_000 * 384_000
+    f = fp(kept_table=kept, train_per_device=1_000_000)  # the evaluation beside the table outweighs training
+    assert f.evaluation(f.cohort) == f.evaluation() + kept and f.evaluation(f.cohort - 1) == f.evaluation()
+    assert f.ram(f.cohort, False) == f.static(False) + f.evaluation() + kept > fp(train_per_device=1_000_000).ram(
+        f.cohort, False)
+    budget = f.ram(f.cohort, False) - 1  # the cohort at once fits only without the kept table
+    assert plan_memory(f, budget=budget, disk_free=100 * GIB).chunk == f.cohort - 1
+    from models.sim.training import kept_table_bytes
+
+    table = 4 * 100 * 64
+    plain, dp = SimulationConfig(model="fedrap"), SimulationConfig(model="fedrap", dp_noise=1.0, dp_clip=0.1,
+                                                                   dp_mode="distributed", unmasked_sum=True)
+    assert kept_table_bytes(plain, 64, 100, ranked=False, summed=False) == table
+    assert kept_table_bytes(plain, 64, 100, ranked=False, summed=True) == 0  # summed in the model (D102)
+    assert kept_table_bytes(dp, 64, 100, ranked=False, summed=False) == table  # the table the DP stream copied
+    assert kept_table_bytes(plain, 64, 100, ranked=True, summed=False) == 0  # a rank sums its own way
+    floats = SimulationConfig(model="fedrap", dp_noise=1.0, dp_clip=0.1, dp_mechanism="gaussian-float")
+    secure = SimulationConfig(model="fedrap", secagg=True)
+    assert kept_table_bytes(floats, 64, 100, ranked=False, summed=False) == 0  # its table is the round's own
+    assert kept_table_bytes(secure, 64, 100, ranked=False, summed=False) == 0  # fed to the secure sum
+
+
 def test_fedraps_plan_counts_the_rows_it_takes_unless_in_place() -> None:
     from models.fedrap import FedRAP
 
