@@ -206,6 +206,13 @@ class FederatedRecommender(ABC):
         so a summary should read only small tables (e.g. FedMMF's J)."""
         return {}
 
+    def zero_at_init(self) -> tuple[str, ...]:
+        """Private tables that `init_private` sets to +0.0 for every device. On
+        disk the simulator writes their rows only once a device has trained (its
+        files are sparse) and plans their disk for the devices that can train
+        (models/sim/private_tables.py). None by default."""
+        return ()
+
     def sums_updates(self) -> bool:
         """Whether `local_update` honours `LocalRound.sum_into` (D102). Default: no."""
         return False

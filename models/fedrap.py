@@ -280,11 +280,18 @@ class FedRAP(FederatedRecommender):
             state["c_bias"] = torch.zeros(self.n_items, device=state["C"].device)
         return state
 
+    def _std_d(self) -> float:
+        # D-only needs a random start (with D = 0 and no C every score is 0 and u gets no gradient).
+        return self.init_std_d if self.has_c or self.init_std_d > 0 else self.init_std_c
+
+    def zero_at_init(self) -> tuple[str, ...]:
+        """D_i starts at zero (the default init_std_d = 0 with C): a device's D is written once it trains."""
+        return ("D",) if self.has_d and self._std_d() == 0.0 else ()
+
     def init_private(self, data: CohortData, global_: GlobalState, seed: int) -> PrivateState:
         b = int(data.users.shape[0])
         check_seed(seed)
-        # D-only needs a random start (with D = 0 and no C every score is 0 and u gets no gradient).
-        std_d = self.init_std_d if self.has_c or self.init_std_d > 0 else self.init_std_c
+        std_d = self._std_d()
         state = {
             "u": user_normal(seed, _INIT_U, data.users, (self.k,), self.init_std_u),
             "b": torch.zeros(b, device=data.users.device),

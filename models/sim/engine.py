@@ -209,7 +209,7 @@ def _shard_setup(
                                   cohort=cohort, rounds=d.rounds, config=config, ranked=ranked)  # fmt: skip
     else:
         plan = plan_cohort_memory(d.model, cohorts, d.global_, mem, n_pop=n_local, n_items=d.split.n_items,
-                                  cohort=cohort, config=config, ranked=ranked)  # fmt: skip
+                                  cohort=cohort, config=config, ranked=ranked, rounds=d.rounds)  # fmt: skip
     return _Setup(**vars(d), shard=shard, cohorts=cohorts, plan=plan, sparse=sparse)
 
 

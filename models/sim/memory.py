@@ -65,6 +65,10 @@ class Footprint:
     # the update table a round that trains its cohort at once keeps for the next round to
     # write over (D97, D103): held through evaluation too; 0 where the round keeps none
     kept_table: int = 0
+    # on disk: bytes of a device's state that start at zero (`zero_at_init`), written only once
+    # it trains, and how many devices can train in the run (None: the population)
+    zero_init_per_device: int = 0
+    devices_trained: int | None = None
 
     def __post_init__(self) -> None:
         if self.population < 1 or not 1 <= self.cohort <= self.population:
@@ -112,7 +116,12 @@ class Footprint:
         return self.static(private_on_disk) + max(self.train(chunk), self.evaluation(chunk))
 
     def disk(self, private_on_disk: bool) -> int:
-        return self.private_total if private_on_disk else 0
+        """The memory-mapped files' bytes at most: every device's state, but the tables that
+        start at zero only for the devices that can train (sparse files, D104)."""
+        if not private_on_disk:
+            return 0
+        trained = self.population if self.devices_trained is None else min(self.population, self.devices_trained)
+        return self.private_total - (self.population - trained) * self.zero_init_per_device
 
 
 @dataclass(frozen=True)

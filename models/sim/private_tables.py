@@ -19,6 +19,14 @@ the kernel keeps written pages in its page cache and writes them back), so the
 resident memory of the process stays at the chunk's rows, however large the
 files are. The directory and its files are removed by `close`.
 
+On disk a row of a table that has never been written holds zeros (the file is
+sparse), so `put` does not write a row that is all zero where that table's row
+was never written, and `take` fills such rows with zeros without reading the
+file. A table that starts at zero for every device (FedRAP's D_i,
+`FederatedRecommender.zero_at_init`) thus takes disk only for the devices
+that have trained, and a device never trained costs no read: at ML-20M's
+size with 2,000 devices a round that is 10,000 rows in 5 rounds, not 138,493.
+
 Contract: rows passed to `take`/`put` are int64 tensors of distinct row numbers;
 `part` has the tables' names, trailing shapes and dtypes.
 """
@@ -41,6 +49,17 @@ Which = Literal["current", "best"]
 IO_STEP_BYTES = 128 * 1024**2  # mapped pages a disk access holds before releasing them
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _not_all_zero_bits(rows: torch.Tensor) -> torch.Tensor:
+    """Per row, whether any element has a bit set (-0.0 counts: it is not what a hole reads as)."""
+    flat = rows.reshape(int(rows.shape[0]), -1)
+    if flat.dtype == torch.bool:
+        return flat.any(dim=1)
+    return flat.view(_SAME_SIZE_INT[flat.element_size()]).ne(0).any(dim=1)
+
+
 class _DiskBuffer:
     """One buffer of mapped files (one per table)."""
 
@@ -48,6 +67,8 @@ class _DiskBuffer:
         folder.mkdir(parents=True, exist_ok=True)
         self.maps: list[mmap.mmap] = []
         self.tables: PrivateState = {}
+        # per table, the rows ever written (the others read as zeros: the file is sparse)
+        self.written: dict[str, torch.Tensor] = {name: torch.zeros(n_rows, dtype=torch.bool) for name in like}
         for name, row in like.items():
             arr = row.detach().cpu().numpy()
             nbytes = max(1, n_rows * arr.nbytes)
@@ -164,10 +185,18 @@ class PrivateTables:
                 return {k: v[lo : lo + n] for k, v in buf.items()}
             return {k: v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
         out = {k: torch.empty((int(rows.numel()), *v.shape[1:]), dtype=v.dtype) for k, v in buf.items()}
+        written = self._written(idx)
         for s in range(0, int(rows.numel()), self._step(buf)):  # mapped pages released every step
             part = rows[s : s + self._step(buf)].cpu()
             for k, v in buf.items():
-                torch.index_select(v, 0, part, out=out[k][s : s + part.numel()])
+                dst = out[k][s : s + part.numel()]
+                seen = written[k][part]
+                if bool(seen.all()):
+                    torch.index_select(v, 0, part, out=dst)
+                else:  # rows never written are zeros: not read
+                    dst.zero_()
+                    if bool(seen.any()):
+                        dst[seen] = v.index_select(0, part[seen])
             self._release(idx)
         return out
 
@@ -179,10 +208,27 @@ class PrivateTables:
         m rows a device (models.base.FederatedRecommender.gathered_tables)."""
         idx = self._index(which)
         buf = self._buffer(idx)
-        out = {k: v[rows.to(v.device).unsqueeze(1), items.to(v.device)] if k in tables
-               else v.index_select(0, rows.to(v.device)) for k, v in buf.items()}
+        written = self._written(idx) if self._folder is not None else None
+        out: PrivateState = {}
+        for k, v in buf.items():
+            r, it = rows.to(v.device), items.to(v.device)
+            seen = None if written is None else written[k][rows.cpu()]
+            if seen is None or bool(seen.all()):
+                out[k] = v[r.unsqueeze(1), it] if k in tables else v.index_select(0, r)
+                continue
+            shape = (*it.shape, *v.shape[2:]) if k in tables else (int(r.numel()), *v.shape[1:])
+            out[k] = torch.zeros(shape, dtype=v.dtype)  # rows never written are zeros: not read
+            if bool(seen.any()):
+                out[k][seen] = v[r[seen].unsqueeze(1), it[seen]] if k in tables else v.index_select(0, r[seen])
         self._release(idx)
         return out
+
+    def _written(self, idx: int) -> dict[str, torch.Tensor]:
+        """Per table of a disk buffer, the rows ever written."""
+        d = self._disk[idx]
+        if d is None:
+            raise RuntimeError("private tables: no disk buffer")
+        return d.written
 
     def _step(self, buf: PrivateState) -> int:
         """Rows per step of a disk access: about IO_STEP_BYTES of mapped pages."""
@@ -221,10 +267,15 @@ class PrivateTables:
             return
         dst = self._buffer(other)
         step = self._step(src)
+        seen, into = self._written(self.current), self._written(other)
         for s in range(0, self.n_rows, step):
             for k, v in src.items():
-                dst[k][s : s + step].copy_(v[s : s + step])
+                part = torch.arange(s, min(s + step, self.n_rows))
+                part = part[seen[k][part] | into[k][part]]  # the rest are zeros on both sides
+                dst[k].index_copy_(0, part, v.index_select(0, part))
             self.release()
+        for k in into:
+            into[k] |= seen[k]
 
     def put(self, rows: torch.Tensor | None, part: PrivateState) -> None:
         """Write the trained rows (None: all rows; in RAM `part` is adopted as the buffer)."""
@@ -243,10 +294,18 @@ class PrivateTables:
                 dst[k].index_copy_(0, rows.to(dst[k].device), v.to(dst[k].device))
             return
         step = self._step(dst)
+        written = self._written(self._write)
         for s in range(0, int(rows.numel()), step):  # mapped pages released every step
             r = rows[s : s + step].cpu()
             for k, v in part.items():
-                dst[k].index_copy_(0, r, v[s : s + step].cpu())
+                rows_k = v[s : s + step].cpu()
+                # an all-zero row where nothing was written reads as zeros already: not written
+                keep = written[k][r] | _not_all_zero_bits(rows_k)
+                if bool(keep.all()):
+                    dst[k].index_copy_(0, r, rows_k)
+                elif bool(keep.any()):
+                    dst[k].index_copy_(0, r[keep], rows_k[keep])
+                written[k][r[keep]] = True
             self._release(self._write)
 
     def spare(self) -> PrivateState | None:

@@ -206,11 +206,13 @@ def plan_cohort_memory(
     cohort: int,
     config: SimulationConfig,
     ranked: bool = False,
+    rounds: int | None = None,
 ) -> MemoryPlan:
     """Measure the sizes (one device's private state, the data table) and plan
     (models/sim/memory.py); MemoryBudgetError when the budget cannot be met.
     `ranked`: this process is one of several ranks (D93), whose secure sum
-    takes the rank's whole table (no stream)."""
+    takes the rank's whole table (no stream). `rounds`: the run's rounds (the
+    disk of tables that start at zero is planned for cohort x rounds devices)."""
     import shutil
     import tempfile
 
@@ -245,6 +247,8 @@ def plan_cohort_memory(
         secagg=config.secagg,
         whole_train=whole,
         kept_table=kept_table_bytes(config, model.update_dim, cohort, ranked=ranked, summed=summed),
+        zero_init_per_device=sum(row[k].element_size() * row[k][0].numel() for k in model.zero_at_init()),
+        devices_trained=None if rounds is None else cohort * rounds,
     )
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)
     folder = mem.state_dir if mem.state_dir is not None else tempfile.gettempdir()

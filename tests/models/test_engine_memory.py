@@ -81,6 +81,55 @@ def test_partial_cohorts_chunked_on_disk_match_unchunked(x, tmp_path: Path) -> N
     assert res1["test"]["hr@10"] == pytest.approx(res0["test"]["hr@10"], abs=0.02)
 
 
+def test_a_table_that_starts_at_zero_takes_disk_only_for_the_devices_that_trained(x, tmp_path: Path) -> None:
+    """D104: FedRAP's D_i starts at zero, so on disk its rows are written only once a
+    device trains (the files are sparse) and a device never trained is read as zeros,
+    not from the file. One round of 10 of 90 devices: the same model and figures as in
+    RAM (every row evaluated, trained or not), D's disk for about those 10, and the plan
+    sizes D's disk for cohort x rounds devices."""
+    kw = {"clients_per_round": 10, "params": {"k": 8}, "rounds": 1}
+    res0, g0 = run(x, tmp_path, "z0", MemorySettings(budget_gb=64, cohort_chunk=4, private="memory"), **kw)
+    res1, g1 = run(x, tmp_path, "z1", MemorySettings(budget_gb=64, cohort_chunk=4, private="disk"), **kw)
+    assert max_diff(g1, g0) == 0.0 and res1["test"] == res0["test"] and res1["rounds"][0]["val"] == res0["rounds"][0][
+        "val"]
+    d_row = 4 * x.n_items * 8
+    small = x.n_users * 4 * (8 + 1)  # u and b: every device's, written at init
+    mem = res1["memory"]
+    assert mem["disk_estimate"] == small + 10 * d_row  # D for the cohort x rounds devices only
+    assert mem["disk_bytes_peak"] < small + 10 * d_row + 64 * 4096  # a few blocks of slack, never 90 rows of D
+    assert 10 * d_row <= mem["disk_bytes_peak"]
+    assert res1["memory"]["private_bytes"] == mem["private_bytes"]
+
+
+def test_rows_never_written_read_as_zeros_and_zero_rows_are_not_written(tmp_path: Path) -> None:
+    """PrivateTables on disk: an all-zero row (+0.0 bits) is not written where nothing was;
+    -0.0 is written (it is not what a hole reads as); `take`, `take_items` and the copy of a
+    kept best state see zeros in the rows never written."""
+    row = {"D": torch.zeros(1, 6, 2), "u": torch.zeros(1, 2)}
+    t = PrivateTables.on_disk(row, 8, tmp_path)
+    t.begin_round(covers_all=True)
+    d = torch.zeros(8, 6, 2)
+    d[3] = 1.5
+    d[5, 0, 0] = -0.0
+    t.put(None, {"D": d, "u": torch.ones(8, 2)})
+    t.end_round()
+    written = t._written(t.current)
+    assert written["D"].tolist() == [False, False, False, True, False, True, False, False]
+    assert bool(written["u"].all())
+    got = t.take(torch.tensor([5, 0, 3]))
+    assert torch.equal(got["D"], d[[5, 0, 3]]) and str(got["D"][0, 0, 0].item()) == "-0.0"
+    items = torch.tensor([[1, 4], [0, 5], [2, 2]])
+    gathered = t.take_items(torch.tensor([5, 0, 3]), items, ("D",))
+    assert torch.equal(gathered["D"], d[[5, 0, 3]][torch.arange(3).unsqueeze(1), items])
+    t.keep_best()  # the next round writes the other buffer, copying the written rows only
+    t.begin_round(covers_all=False)
+    t.put(torch.tensor([0]), {"D": torch.full((1, 6, 2), 2.0), "u": torch.zeros(1, 2)})
+    t.end_round()
+    now, best = t.take(torch.arange(8)), t.take(torch.arange(8), "best")
+    assert torch.equal(best["D"], d) and torch.equal(now["D"][1:], d[1:]) and bool((now["D"][0] == 2.0).all())
+    t.close()
+
+
 @pytest.mark.parametrize("group_size", [None, 4])
 def test_chunked_secagg_and_dp_reach_the_same_model_one_group_held(x, tmp_path: Path, group_size: int | None) -> None:
     """The discrete Gaussian through SecAgg, chunked (D100): the chunks are
