@@ -279,6 +279,11 @@ def _plan_text(plan: MemoryPlan | SparsePlan) -> str:
     if isinstance(plan, SparsePlan):
         return plan.describe() + "\n" + plan.table()
     one = plan.private_bytes
+    if plan.state_after(0) != one and plan.rounds:  # on disk, tables that start at zero (D104)
+        by_round = ", ".join(f"{plan.state_after(r):,d} bytes ({gib(plan.state_after(r))}) after round {r}"
+                             for r in sorted({1, plan.rounds}))
+        return (plan.describe() + f"\nprivate state (dense tables on disk): at most {by_round}; the tables that "
+                f"start at zero take disk only for the devices that trained (D104; dense: {gib(one)})")
     return (
         plan.describe() + f"\nprivate state (dense tables): {one:,d} bytes ({gib(one)}) in every round, written in "
         "place (the best validation round is tested when reached, not kept: D101)"

@@ -135,10 +135,21 @@ class MemoryPlan:
     unchunked_estimate: int  # bytes, the whole cohort at once with private state in RAM
     baseline: int  # bytes resident when the plan was made
     private_bytes: int = 0  # the population's private state, one buffer
+    population: int = 0
+    zero_init_per_device: int = 0  # a device's bytes in tables that start at zero (D104)
+    rounds: int | None = None  # the run's rounds, when the plan was told
 
     @property
     def chunked(self) -> bool:
         return self.chunk < self.cohort
+
+    def state_after(self, rounds: int) -> int:
+        """The private state's bytes after `rounds` rounds, at most: on disk the tables
+        that start at zero hold rows only for the devices trained so far (D104)."""
+        if not self.private_on_disk or not self.zero_init_per_device:
+            return self.private_bytes
+        untrained = max(0, self.population - self.cohort * rounds)
+        return self.private_bytes - untrained * self.zero_init_per_device
 
     def describe(self) -> str:
         """One line for the log."""
@@ -229,6 +240,9 @@ def plan_memory(
         unchunked_estimate=unchunked,
         baseline=fp.baseline,
         private_bytes=fp.private_total,
+        population=fp.population,
+        zero_init_per_device=fp.zero_init_per_device,
+        rounds=None if fp.devices_trained is None else fp.devices_trained // fp.cohort,
     )
 
 
