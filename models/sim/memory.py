@@ -120,8 +120,15 @@ class Footprint:
         start at zero only for the devices that can train (sparse files, D104)."""
         if not private_on_disk:
             return 0
-        trained = self.population if self.devices_trained is None else min(self.population, self.devices_trained)
-        return self.private_total - (self.population - trained) * self.zero_init_per_device
+        trained = self.population if self.devices_trained is None else self.devices_trained
+        return sparse_state_bytes(self.private_total, self.population, self.zero_init_per_device, trained)
+
+
+def sparse_state_bytes(dense: int, population: int, zero_init_per_device: int, devices_trained: int) -> int:
+    """The private state's bytes on disk, at most, once `devices_trained` devices have
+    trained: the `dense` bytes less the tables that start at zero of the devices not
+    trained yet, whose rows the sparse files never hold (D104)."""
+    return dense - max(0, population - devices_trained) * zero_init_per_device
 
 
 @dataclass(frozen=True)
@@ -146,10 +153,10 @@ class MemoryPlan:
     def state_after(self, rounds: int) -> int:
         """The private state's bytes after `rounds` rounds, at most: on disk the tables
         that start at zero hold rows only for the devices trained so far (D104)."""
-        if not self.private_on_disk or not self.zero_init_per_device:
+        if not self.private_on_disk:
             return self.private_bytes
-        untrained = max(0, self.population - self.cohort * rounds)
-        return self.private_bytes - untrained * self.zero_init_per_device
+        return sparse_state_bytes(self.private_bytes, self.population, self.zero_init_per_device,
+                                  self.cohort * rounds)
 
     def describe(self) -> str:
         """One line for the log."""

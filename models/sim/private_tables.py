@@ -269,9 +269,9 @@ class PrivateTables:
         step = self._step(src)
         seen, into = self._written(self.current), self._written(other)
         for s in range(0, self.n_rows, step):
+            block = torch.arange(s, min(s + step, self.n_rows))
             for k, v in src.items():
-                part = torch.arange(s, min(s + step, self.n_rows))
-                part = part[seen[k][part] | into[k][part]]  # the rest are zeros on both sides
+                part = block[seen[k][block] | into[k][block]]  # the rest are zeros on both sides
                 dst[k].index_copy_(0, part, v.index_select(0, part))
             self.release()
         for k in into:
