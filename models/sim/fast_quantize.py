@@ -27,8 +27,10 @@ docs/performance.md ("The DP mechanism in the simulator").
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -39,20 +41,22 @@ from dpmech.rotation import rotation_signs
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Fn = TypeVar("Fn", bound=Callable[..., Any])
 _BLOCK = 1 << 11  # stages h < _BLOCK run block by block (16 KB of float64: in L1)
 
 
-def _jit(f: Callable[..., None]) -> Callable[..., None]:
-    """A helper of the transform compiled by numba where it is installed (the
-    transform itself runs only compiled; see `_compiled`)."""
+def _jit(f: Fn) -> Fn:
+    """`f` compiled by numba where it is installed (cached on disk beside the
+    module, or in NUMBA_CACHE_DIR; compiled afresh in each process where no
+    cache location is writable), else `f` itself."""
     try:
         import numba
     except ImportError:
         return f
     try:
-        return numba.njit(cache=True, nogil=True)(f)
-    except RuntimeError:  # no writable cache location
-        return numba.njit(nogil=True)(f)
+        return numba.njit(cache=True, nogil=True)(f)  # type: ignore[return-value]
+    except RuntimeError:  # no writable cache location (a read-only install)
+        return numba.njit(nogil=True)(f)  # type: ignore[return-value]
 
 
 # The butterflies. Each pass runs two or three consecutive stages on the
@@ -166,14 +170,9 @@ def _round_rows(z: F64, u: F64, out: I64, sq: I64, limit: int) -> bool:
 def _compiled() -> tuple[Callable[..., None], Callable[..., bool]] | None:
     """The two loops compiled by numba (on first call, cached on disk), or
     None where numba is not installed (the `fast` extra is optional)."""
-    try:
-        import numba
-    except ImportError:
+    if importlib.util.find_spec("numba") is None:
         return None
-    try:  # cached on disk beside the module, or in the user's cache (NUMBA_CACHE_DIR)
-        return numba.njit(cache=True, nogil=True)(_transform_rows), numba.njit(cache=True, nogil=True)(_round_rows)
-    except RuntimeError:  # no writable cache location (a read-only install): compiled afresh in each process
-        return numba.njit(nogil=True)(_transform_rows), numba.njit(nogil=True)(_round_rows)
+    return _jit(_transform_rows), _jit(_round_rows)
 
 
 _KERNELS = _compiled()

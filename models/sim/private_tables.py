@@ -209,10 +209,11 @@ class PrivateTables:
         idx = self._index(which)
         buf = self._buffer(idx)
         written = self._written(idx) if self._folder is not None else None
+        on_cpu = rows.cpu()
         out: PrivateState = {}
         for k, v in buf.items():
-            r, it = rows.to(v.device), items.to(v.device)
-            seen = None if written is None else written[k][rows.cpu()]
+            r, it = rows.to(v.device), items.to(v.device)  # no copy where they are already there
+            seen = None if written is None else written[k][on_cpu]
             if seen is None or bool(seen.all()):
                 out[k] = v[r.unsqueeze(1), it] if k in tables else v.index_select(0, r)
                 continue
