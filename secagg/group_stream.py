@@ -18,6 +18,11 @@ Contract:
 - One group: it equals `secagg.inprocess.run_round` over the whole
   cohort's rows in position order with `seed` (the in-process round of a
   cohort too small to split, as the simulator ran it before groups).
+- A part of a larger cohort (`cohort_positions` given: a simulation rank's
+  devices, D93): `run_grouped_round(..., positions=cohort_positions,
+  first_group=first_group)` over the part's rows, bit for bit, one group
+  included: the rounding keys are (seed, cohort position) and group j's
+  seed is that of the cohort's group `first_group + j`.
 - Inputs are floats (encoded by each device with the round's one encoding)
   or uint32 residues already encoded; all pieces of a round are one kind.
 - Held at once: the rows of the groups not yet complete. A caller that
@@ -48,13 +53,20 @@ class GroupStream:
     """One round in groups, its inputs fed in pieces (see the module doc)."""
 
     def __init__(self, *, groups: Sequence[Sequence[int]], configs: Sequence[SecAggConfig], vector_length: int,
-                 round_idx: int = 0, seed: int = 0, wire: bool = True) -> None:
+                 round_idx: int = 0, seed: int = 0, wire: bool = True,
+                 cohort_positions: Sequence[int] | None = None, first_group: int = 0) -> None:  # fmt: skip
         self.groups = tuple(tuple(int(p) for p in g) for g in groups)
         self.n = sum(len(g) for g in self.groups)
         self.configs = tuple(configs)
         self.length = int(vector_length)
         self.encoding: FixedPointEncoding = check_groups(self.n, self.length, self.groups, self.configs)
-        if len(self.groups) == 1:  # the whole cohort, its rows in position order (run_round's device ids)
+        # a part of a cohort keys its rounding by cohort position and runs every group as run_grouped_round does
+        self.part = cohort_positions is not None
+        self.keys = list(range(self.n)) if cohort_positions is None else [int(p) for p in cohort_positions]
+        if len(self.keys) != self.n:
+            raise ValueError(f"{len(self.keys)} cohort positions for {self.n} devices")
+        self.first_group = int(first_group)
+        if len(self.groups) == 1 and not self.part:  # the whole cohort, its rows in position order (run_round's ids)
             self.groups = (tuple(range(self.n)),)
         self.round_idx, self.seed, self.wire = round_idx, seed, wire
         self.group_of = np.empty(self.n, dtype=np.int64)
@@ -112,11 +124,12 @@ class GroupStream:
         members = self.groups[j]
         buf = self._buffers.pop(j)
         self.rows_held -= len(members)
-        if len(self.groups) == 1:  # the whole cohort: run_round's own seed and rounding keys
+        if len(self.groups) == 1 and not self.part:  # the whole cohort: run_round's own seed and rounding keys
             out = run_round(buf, config=self.configs[0], round_idx=self.round_idx, seed=self.seed, wire=self.wire)
         else:
-            out = run_round(buf, config=self.configs[j], round_idx=self.round_idx, seed=group_seed(self.seed, j),
-                            wire=self.wire, rounding_keys=[(self.seed, p) for p in members])  # fmt: skip
+            out = run_round(buf, config=self.configs[j], round_idx=self.round_idx,
+                            seed=group_seed(self.seed, self.first_group + j), wire=self.wire,
+                            rounding_keys=[(self.seed, self.keys[p]) for p in members])  # fmt: skip
         del buf
         # keep the sums and counts, not the server's state (its per-device records)
         self._outcomes[j] = dataclasses.replace(out, server_state=None)

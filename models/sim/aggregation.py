@@ -7,7 +7,8 @@ mechanism's own encoding, noise and decoding, through SecAgg(+) with
 --secagg. Its updates are fed to it as the chunks train (`dp_stream`), and
 so are SecAgg's without DP (`SecureStream`, D100): the chunks are cut group
 by group and each group's secure sum runs once its last update came, so
-the cohort's (B, D) table is never held. The float Gaussian
+the cohort's (B, D) table is never held; a simulation rank feeds its own
+devices' groups the same way (`models.sim.rank_round`). The float Gaussian
 (`gaussian-float`) and the hybrid round still take the whole table."""
 
 from __future__ import annotations
@@ -159,19 +160,20 @@ def streams_dp(config: SimulationConfig) -> bool:
     return dp is not None and dp.mechanism == "discrete-gaussian" and config.plaintext_j_bound is None
 
 
-def streams_secure(config: SimulationConfig, *, ranked: bool = False) -> bool:
+def streams_secure(config: SimulationConfig) -> bool:
     """Whether a round's updates go to the secure sum as they are trained
     (`SecureStream`, D100), not kept as the cohort's table: SecAgg without
-    DP or a hybrid round, in one process (a rank's secure sum, D93, takes
-    the rank's table)."""
-    return config.secagg and config.dp is None and config.plaintext_j_bound is None and not ranked
+    DP or a hybrid round, in one process or on a rank (its own devices'
+    groups, D93)."""
+    return config.secagg and config.dp is None and config.plaintext_j_bound is None
 
 
 def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int, *, ranked: bool = False) -> int:
     """What the memory plans add for a round's stream: a `dp_stream`'s working
     set (`models.sim.dp_mechanism.stream_bytes`), or a `SecureStream`'s (the
     largest group's rows, with the in-process round's encodings and masks);
-    0 when the round keeps no such sum or has nothing to send."""
+    0 when the round keeps no such sum or has nothing to send. `ranked`:
+    `cohort` bounds a simulation rank's share of the cohort (D93)."""
     if update_dim <= 0:
         return 0
     from models.sim.memory import SECAGG_BYTES_PER_COORD
@@ -182,16 +184,21 @@ def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int,
 
         held = _largest_group(config, cohort) * padded_dimension(update_dim) if config.secagg else 0
         return stream_bytes(update_dim) + held * (4 + SECAGG_BYTES_PER_COORD)  # its residues, with SecAgg
-    if streams_secure(config, ranked=ranked):
-        return _largest_group(config, cohort) * update_dim * (4 + SECAGG_BYTES_PER_COORD)
+    if streams_secure(config):
+        return _largest_group(config, cohort, ranked=ranked) * update_dim * (4 + SECAGG_BYTES_PER_COORD)
     return 0
 
 
-def _largest_group(config: SimulationConfig, cohort: int) -> int:
-    """The most devices in one of a round's secure-aggregation groups (`secagg.groups.partition`)."""
+def _largest_group(config: SimulationConfig, cohort: int, *, ranked: bool = False) -> int:
+    """The most devices in one of a round's secure-aggregation groups (`secagg.groups.partition`).
+    `ranked`: `cohort` bounds a rank's share, which changes from round to round; a share of
+    k < 2G devices is one group of k, and groups of larger shares hold fewer than 1.5G, so
+    the bound over every share up to `cohort` is min(cohort, 2G - 1)."""
     from secagg.groups import DEFAULT_GROUP_SIZE, group_count
 
     g = DEFAULT_GROUP_SIZE if config.secagg_group_size is None else config.secagg_group_size
+    if ranked:
+        return min(cohort, 2 * g - 1)
     return -(-cohort // group_count(cohort, g)) if cohort >= 2 else cohort
 
 
@@ -203,9 +210,12 @@ class SecureStream:
     `mean` is what `SecureAggregator.mean` gives for the whole table, bit
     for bit."""
 
-    def __init__(self, secure: SecureAggregator, devices: int, dim: int, *, round_idx: int, clip: float) -> None:
+    def __init__(self, secure: SecureAggregator, devices: int, dim: int, *, round_idx: int, clip: float,
+                 inner: GroupStream | None = None) -> None:  # fmt: skip
+        """`inner`: the groups to feed (default: the whole cohort's, `SecureAggregator.stream`;
+        a simulation rank passes its own devices' groups, `models.sim.rank_round`)."""
         self.secure, self.devices, self.dim, self.clip, self.round_idx = secure, devices, dim, clip, round_idx
-        self.inner = secure.stream(devices, dim, round_idx=round_idx, clip=clip)
+        self.inner = secure.stream(devices, dim, round_idx=round_idx, clip=clip) if inner is None else inner
         self.clipped = 0  # coordinates beyond the encoding's range (it clips them)
         self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
 

@@ -342,6 +342,8 @@ def _train_and_aggregate(
     stream = dp_stream(config, w.secure, share.count, s.model.update_dim, r) if one and streams_dp(config) else None
     sstream = (SecureStream(w.secure, share.count, s.model.update_dim, round_idx=r, clip=secagg_clip(config))
                if one and w.secure is not None and streams_secure(config) else None)  # fmt: skip
+    if w.agg is not None and streams_secure(config):  # a rank's own groups (None: it holds no device)
+        sstream = w.agg.secure_stream(share, r)
     spare, w.spare_updates = w.spare_updates, None
     job = CohortRound(global_, s.cohorts, rows, s.plan.chunk, r, config.seed, w.ev, w.keep_updates,
                       exact_sum=w.agg is not None, stream=stream, spare_updates=spare, secure_stream=sstream)
@@ -349,7 +351,7 @@ def _train_and_aggregate(
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
         if sstream is not None:
-            return sstream.mean(rec)
+            return sstream.mean(rec) if w.agg is None else w.agg.mean(sstream, share, r, rec)
         if stream is not None:
             return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
         if w.agg is not None:
@@ -363,7 +365,7 @@ def _train_and_aggregate(
     tables.begin_round(covers_all=s.full_cohort)
     upd = train_cohort(s.model, tables, job) if share.count else None
     if sstream is not None:
-        return sstream.mean(rec)
+        return sstream.mean(rec) if w.agg is None else w.agg.mean(sstream, share, r, rec)
     if stream is not None:
         w.spare_updates = job.fed_table.pop() if job.fed_table else None  # written over next round (D97)
         return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)

@@ -12,8 +12,11 @@ every rank then applies (the same tensor on every rank):
   same function of the devices' updates for any split into ranks (a
   device's own float32 update may still depend on its batch, D93).
 - SecAgg: the rank runs the secure sum in groups over its own devices
-  (`secagg.grouped_round.run_grouped_round` with their cohort positions as
-  rounding keys and its groups numbered after the lower ranks'), every
+  (`secagg.group_stream.GroupStream`, equal to
+  `secagg.grouped_round.run_grouped_round` with their cohort positions as
+  rounding keys and its groups numbered after the lower ranks'), fed as the
+  rank's chunks train, group by group (`secure_stream`, D100), so that the
+  rank holds one group's updates, never its share's table; every
   group config carrying the ONE encoding of the round, sized for the whole
   cohort (D87). The ranks' committed sums (uint32 words of Z_{2^w}), their
   plaintext checks and counts go in ONE int64 all_reduce; the total is
@@ -36,7 +39,7 @@ import torch
 
 from models.base import GlobalState, PrivateState
 from models.registry import ConfigError
-from models.sim.aggregation import RunningSum, SecureAggregator, secagg_clip
+from models.sim.aggregation import RunningSum, SecureAggregator, SecureStream, secagg_clip
 from models.sim.config import SimulationConfig
 from models.sim.exact_sum import RANGE, FixedSum, mean_of
 from models.sim.ranks import Ranks
@@ -47,7 +50,8 @@ if TYPE_CHECKING:
     from secagg.encoding import FixedPointEncoding
 
 #: what one rank's training of its part of a round produced (None: it held no device of the cohort)
-RankUpdates = torch.Tensor | RunningSum | SparseUpdates | None
+#: (a SecureStream: its chunks already fed the rank's secure sum, `RankAggregator.secure_stream`)
+RankUpdates = torch.Tensor | RunningSum | SparseUpdates | SecureStream | None
 
 
 def check_rank_settings(config: SimulationConfig, world: int) -> None:
@@ -77,7 +81,8 @@ class RankAggregator:
         if self.dim == 0:
             return torch.zeros(0, device=self.device)
         if self.secure is not None:
-            return self._secure_mean(self._table(upd), share, round_idx, rec)
+            stream = upd if isinstance(upd, SecureStream) else self._fed_whole(upd, share, round_idx)
+            return self._secure_mean(stream, share, round_idx, rec)
         hi, lo, count, peak, bad = self._local_sum(upd)
         flags = torch.tensor([count, bad + int(peak * share.cohort >= RANGE)], dtype=torch.int64)
         red = self.ranks.sum_i64(torch.cat([hi.cpu(), lo.cpu(), flags]))
@@ -97,43 +102,74 @@ class RankAggregator:
             return zero, zero, 0, 0.0, 0
         if isinstance(upd, FixedSum):
             return upd.hi, upd.lo, upd.count, upd.peak, upd.nonfinite
-        if isinstance(upd, RunningSum):
-            raise RuntimeError("a distributed round sums on the fixed-point grid (FixedSum)")
+        if isinstance(upd, RunningSum | SecureStream):
+            raise RuntimeError("a distributed plain round sums on the fixed-point grid (FixedSum)")
         if isinstance(upd, SparseUpdates):
             upd = upd.dense()
         exact = FixedSum(self.dim, upd.device)  # in bounded steps: the whole table's limbs would be 4 times its size
         exact.add(upd)
         return exact.hi, exact.lo, exact.count, exact.peak, exact.nonfinite
 
-    def _table(self, upd: RankUpdates) -> np.ndarray:
-        """This rank's (B_local, dim) float32 updates (the secure sum needs every one)."""
-        if upd is None:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        if isinstance(upd, RunningSum):
+    def secure_stream(self, share: CohortShare, round_idx: int) -> SecureStream | None:
+        """Round `round_idx`'s secure sum of this rank's devices, to be fed as
+        their chunks train (`models.sim.training.CohortRound`): the rank's
+        groups (a partition of its share, numbered after the lower ranks'),
+        each run when its last update arrives, so that fed in `order()` the
+        rank holds one group's updates. None without --secagg, with nothing
+        to send, or when the rank holds no device of the cohort (it still
+        joins `mean`'s all_reduce). ConfigError, on every rank alike, when
+        some rank holds a single device of the cohort."""
+        from secagg.group_stream import GroupStream
+        from secagg.groups import group_count, partition, partition_seed
+
+        secure = self.secure
+        if secure is None or self.dim == 0:
+            return None
+        short = [r for r, c in enumerate(share.counts) if c == 1]
+        if short:
+            raise ConfigError(f"round {round_idx}: rank {short[0]} holds 1 device of the cohort, and a secure sum "
+                              "needs at least 2 per group; use fewer ranks or a larger --clients-per-round")
+        if not share.count:
+            return None
+        first = sum(group_count(k, secure.group_size) for k in share.counts[: self.ranks.rank] if k)
+        tag = secure.session_id + f"/rank-{self.ranks.rank}".encode()
+        groups = partition(range(share.count), group_size=secure.group_size, seed=partition_seed(tag, round_idx))
+        clip = secagg_clip(self.config)
+        configs = [secure.config(len(g), self.dim, clip, cohort=share.cohort, group=first + j)
+                   for j, g in enumerate(groups)]  # fmt: skip
+        self.graph = "; ".join(sorted({cfg.describe() for cfg in configs}))
+        inner = GroupStream(groups=groups, configs=configs, vector_length=self.dim, round_idx=round_idx,
+                            seed=secure.seed * 1_000_003 + round_idx, wire=False,
+                            cohort_positions=share.positions.tolist(), first_group=first)  # fmt: skip
+        return SecureStream(secure, share.count, self.dim, round_idx=round_idx, clip=clip, inner=inner)
+
+    def _fed_whole(self, upd: RankUpdates, share: CohortShare, round_idx: int) -> SecureStream | None:
+        """This rank's secure sum fed its whole (B_local, dim) table at once (a round not trained into a stream)."""
+        stream = self.secure_stream(share, round_idx)
+        if stream is None:
+            return None
+        if upd is None or isinstance(upd, RunningSum | SecureStream):
             raise RuntimeError("a secure round keeps every update, not only their sum")
         t = upd.dense() if isinstance(upd, SparseUpdates) else upd
-        return t.detach().to("cpu", torch.float32).numpy()
+        stream.add(t.detach().to("cpu", torch.float32), torch.arange(share.count))
+        return stream
 
-    def _secure_mean(self, x: np.ndarray, share: CohortShare, round_idx: int, rec: dict[str, Any]) -> torch.Tensor:
+    def _secure_mean(self, stream: SecureStream | None, share: CohortShare, round_idx: int,
+                     rec: dict[str, Any]) -> torch.Tensor:  # fmt: skip
         from secagg.encoding import FixedPointEncoding
         from secagg.groups import group_count
 
         secure = self.secure
         assert secure is not None
-        short = [r for r, c in enumerate(share.counts) if c == 1]
-        if short:
-            raise ConfigError(f"round {round_idx}: rank {short[0]} holds 1 device of the cohort, and a secure sum "
-                              "needs at least 2 per group; use fewer ranks or a larger --clients-per-round")
-        c = secagg_clip(self.config)
-        encoding = FixedPointEncoding.for_cohort(share.cohort, clip=c)
+        encoding = FixedPointEncoding.for_cohort(share.cohort, clip=secagg_clip(self.config))
         n_groups = [group_count(k, secure.group_size) if k else 0 for k in share.counts]
         words = np.zeros(self.dim, dtype=np.int64)
         expected = np.zeros(self.dim, dtype=np.int64)
-        counted = 0
-        if share.count:
-            words, expected, counted = self._rank_groups(x, share, round_idx, c, encoding,
-                                                         first_group=sum(n_groups[: self.ranks.rank]))  # fmt: skip
-        clipped = int((np.abs(x) > c).sum())
+        counted = clipped = 0
+        if stream is not None:
+            words, expected, counted = self._rank_sum(stream, encoding, round_idx)
+            clipped = stream.clipped
+            rec["secagg_rows_held_peak"] = stream.inner.peak_rows_held  # this rank's
         red = self.ranks.sum_i64(torch.from_numpy(np.concatenate([words, expected, [counted, clipped]])))
         total, exp = red[: self.dim].numpy(), red[self.dim : 2 * self.dim].numpy()
         n, n_clipped = int(red[-2]), int(red[-1])
@@ -148,30 +184,19 @@ class RankAggregator:
         # as SecureAggregator.mean: the float32 sum over the cohort's size
         return torch.as_tensor(np.asarray(decoded, dtype=np.float32), device=self.device) / share.cohort
 
-    def _rank_groups(self, x: np.ndarray, share: CohortShare, round_idx: int, clip: float,
-                     encoding: FixedPointEncoding, *, first_group: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """This rank's groups: their committed sum (words of Z_{2^w}), its plaintext check and the count."""
-        from secagg.grouped_round import run_grouped_round
-        from secagg.groups import partition, partition_seed
-
-        secure = self.secure
-        assert secure is not None
-        tag = secure.session_id + f"/rank-{self.ranks.rank}".encode()
-        groups = partition(range(share.count), group_size=secure.group_size, seed=partition_seed(tag, round_idx))
-        configs = [secure.config(len(g), self.dim, clip, cohort=share.cohort, group=first_group + j)
-                   for j, g in enumerate(groups)]  # fmt: skip
-        self.graph = "; ".join(sorted({cfg.describe() for cfg in configs}))
-        e = configs[0].encoding
+    def _rank_sum(self, stream: SecureStream, encoding: FixedPointEncoding,
+                  round_idx: int) -> tuple[np.ndarray, np.ndarray, int]:  # fmt: skip
+        """This rank's groups, every update fed: their committed sum (words of Z_{2^w}), its plaintext check and the count."""
+        out = stream.inner.finish()
+        e = out.encoding
         if (e.clip, e.modulus_bits, e.max_level) != (encoding.clip, encoding.modulus_bits, encoding.max_level):
             raise RuntimeError("the groups' encoding is not the cohort's")
-        out = run_grouped_round(x, groups=groups, configs=configs, round_idx=round_idx,
-                                seed=secure.seed * 1_000_003 + round_idx, wire=False,
-                                positions=share.positions.tolist(), first_group=first_group)  # fmt: skip
         failed = [j for j, o in enumerate(out.outcomes) if not o.ok]
         if failed or out.encoded_sum is None or out.expected_encoded_sum is None:
             o = out.outcomes[failed[0]] if failed else out.outcomes[0]
+            first = int(stream.inner.first_group)
             raise RuntimeError(f"secure aggregation aborted in round {round_idx}, rank {self.ranks.rank}, group "
-                               f"{first_group + (failed or [0])[0]}: {o.abort_reason} {o.abort_detail}")
+                               f"{first + (failed or [0])[0]}: {o.abort_reason} {o.abort_detail}")
         return (out.encoded_sum.astype(np.int64), out.expected_encoded_sum.astype(np.int64), len(out.counted))
 
 

@@ -65,7 +65,7 @@ def plan_sparse_memory(
         row_bytes=8 + 4 * width, base_bytes=base_bytes,
     )  # fmt: skip
     row_width = update_dim // n_items if n_items else 0
-    streamed = streams_dp(config) or streams_secure(config, ranked=ranked)
+    streamed = streams_dp(config) or streams_secure(config)
     work = SparseWork(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),
         stream_bytes=stream_working_bytes(config, update_dim, cohort, ranked=ranked),
@@ -77,7 +77,7 @@ def plan_sparse_memory(
         update_rows_per_device=float(touched.mean()) * (8 + 4 * row_width) if n else 0.0,
         eval_per_device=64 * n_items,  # per item: its id, score, row slot and masks of a full ranking
         keep_updates=((config.secagg or config.dp is not None) and not streams_dp(config)
-                      and not streams_secure(config, ranked=ranked)),
+                      and not streams_secure(config)),
         secagg=config.secagg,
     )  # fmt: skip
     budget = default_budget() if mem.budget_gb is None else int(mem.budget_gb * 1024**3)

@@ -210,8 +210,8 @@ def plan_cohort_memory(
 ) -> MemoryPlan:
     """Measure the sizes (one device's private state, the data table) and plan
     (models/sim/memory.py); MemoryBudgetError when the budget cannot be met.
-    `ranked`: this process is one of several ranks (D93), whose secure sum
-    takes the rank's whole table (no stream). `rounds`: the run's rounds (the
+    `ranked`: this process is one of several ranks (D93): its plain sum is the
+    exact fixed-point one, and its share of the cohort changes from round to round. `rounds`: the run's rounds (the
     disk of tables that start at zero is planned for cohort x rounds devices)."""
     import shutil
     import tempfile
@@ -243,7 +243,7 @@ def plan_cohort_memory(
         data_bytes=0,  # the padded data table is inside the measured baseline
         eval_per_device=3 * private_bytes + 16 * n_items + 8 * model.update_dim,
         keep_updates=((config.secagg or config.dp is not None) and not streams_dp(config)
-                      and not streams_secure(config, ranked=ranked)),
+                      and not streams_secure(config)),
         secagg=config.secagg,
         whole_train=whole,
         kept_table=kept_table_bytes(config, model.update_dim, cohort, ranked=ranked, summed=summed),

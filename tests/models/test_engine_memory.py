@@ -6,6 +6,7 @@ the same global model as the unchunked run: max |difference| <= 1e-5."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -172,6 +173,35 @@ def test_chunked_secagg_feeds_the_secure_sum_group_by_group(x, tmp_path: Path, m
     assert [r["secagg_exact"] for r in res0["rounds"]] == [True, True]
 
 
+@pytest.mark.parametrize("model", ["fedrap", "fedmf"])
+def test_a_ranks_secure_sum_is_fed_group_by_group(x, tmp_path: Path, model: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank (D93; here the only one, in this process) feeds its own groups as
+    its chunks train, holding one group's rows, never its share's table; its
+    model is the single-process secure run's (the decoded sums are equal bit
+    for bit, rank or not; only the float32 order inside a chunk may differ)."""
+    from models.sim.rank_round import RankAggregator
+    from models.sim.ranks import Ranks
+
+    def no_table(*args: object) -> None:
+        raise AssertionError("the rank's share was summed from a whole table")
+
+    monkeypatch.setattr(RankAggregator, "_fed_whole", no_table)
+
+    kw: dict[str, Any] = {"model": model, "clients_per_round": 40, "secagg": True, "secagg_group_size": 8,
+                          "params": {"k": 4}, "rounds": 2}  # fmt: skip
+    one, g_one = run(x, tmp_path, f"{model}-one", MemorySettings(budget_gb=64), **kw)
+    path = tmp_path / f"{model}-rank.npz"
+    ranked = simulate(SimulationConfig(**kw, save_global=str(path), threads=1), interactions=x,
+                      memory=MemorySettings(budget_gb=64, cohort_chunk=7), ranks=Ranks(0, 1))  # fmt: skip
+    assert ranked["memory"]["chunk"] == 7
+    assert max_diff(load_global_state(path), g_one) <= 1e-5
+    for rec in ranked["rounds"]:
+        assert rec["secagg_exact"] and rec["secagg_counted"] == 40 and rec["secagg_groups"] == 5
+        assert 0 < rec["secagg_rows_held_peak"] <= 9  # one group of 8 or 9, never the 40 of the share
+    assert [r["val"]["hr@10"] for r in ranked["rounds"]] == pytest.approx([r["val"]["hr@10"] for r in one["rounds"]])
+
+
 def test_the_plan_counts_one_group_not_the_cohort_table_for_secagg(x) -> None:
     """The memory plan of a streamed secure sum counts its largest group's
     rows; with DP under the float Gaussian (not streamed) the whole table."""
@@ -180,7 +210,9 @@ def test_the_plan_counts_one_group_not_the_cohort_table_for_secagg(x) -> None:
 
     cfg = SimulationConfig(model="fedrap", secagg=True, secagg_group_size=100)
     assert stream_working_bytes(cfg, 1000, 1050) == 105 * 1000 * (4 + SECAGG_BYTES_PER_COORD)  # 10 groups, 105 each
-    assert stream_working_bytes(cfg, 1000, 1050, ranked=True) == 0  # a rank's secure sum takes its table
+    # a rank's share changes from round to round: any share below 2G is one group
+    assert stream_working_bytes(cfg, 1000, 1050, ranked=True) == 199 * 1000 * (4 + SECAGG_BYTES_PER_COORD)
+    assert stream_working_bytes(cfg, 1000, 150, ranked=True) == 150 * 1000 * (4 + SECAGG_BYTES_PER_COORD)
     floats = SimulationConfig(model="fedrap", secagg=True, dp_noise=0.5, dp_clip=1.0, dp_mechanism="gaussian-float")
     assert stream_working_bytes(floats, 1000, 1050) == 0
 

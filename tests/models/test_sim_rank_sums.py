@@ -2,7 +2,8 @@
 that exchange their vectors through a barrier, so any split of a cohort can
 be checked against an independent oracle.
 
-- --secagg: each rank's SecAgg+ groups over its own devices, the group sums
+- --secagg: each rank's SecAgg+ groups over its own devices (its table
+  handed over at once, or fed to its stream in chunks), the group sums
   added as integers mod 2^w and decoded once, equal bit for bit the
   single-process secure sum (`SecureAggregator.sum`) and the oracle: every
   device's input encoded on its own with the cohort's one encoding and its
@@ -93,7 +94,11 @@ CONFIG = SimulationConfig(model="fedmf", secagg=True, secagg_group_size=4, secag
 
 @pytest.mark.parametrize("bounds", [(0, 40), (0, 17, 40), (0, 9, 12, 31, 40)], ids=["1", "2", "4"])
 @pytest.mark.parametrize("cohort", [None, "partial"])
-def test_rank_secure_sums_are_the_single_process_sum_bit_for_bit(bounds: tuple[int, ...], cohort: str | None) -> None:
+@pytest.mark.parametrize("fed", ["table", "chunks"])
+def test_rank_secure_sums_are_the_single_process_sum_bit_for_bit(bounds: tuple[int, ...], cohort: str | None,
+                                                                 fed: str) -> None:
+    """`fed`: each rank's updates handed over as its table, or fed to its stream
+    in chunks of 3 in the stream's order (as a chunked round trains them)."""
     rng = np.random.default_rng(len(bounds))
     n_pop, dim, round_idx = 40, 23, 3
     pop_updates = rng.normal(0, 0.7, (n_pop, dim)).astype(np.float32)
@@ -108,7 +113,16 @@ def test_rank_secure_sums_are_the_single_process_sum_bit_for_bit(bounds: tuple[i
         share = shard.share(rows)
         local = torch.from_numpy(x[share.positions]) if share.count else None
         rec: dict[str, Any] = {}
-        return agg.mean(local, share, round_idx, rec), rec
+        if fed == "table":
+            return agg.mean(local, share, round_idx, rec), rec
+        stream = agg.secure_stream(share, round_idx)
+        if stream is not None:
+            assert local is not None
+            order = torch.as_tensor(stream.order())
+            for a in range(0, share.count, 3):
+                stream.add(local[order[a : a + 3]], order[a : a + 3])
+            assert stream.inner.peak_rows_held <= 7  # groups of 4 to 7 (of a share up to 23): one at a time
+        return agg.mean(stream, share, round_idx, rec), rec
 
     # no rank holds a single device of the cohort (refused: tested below)
     assert 1 not in Shard(0, len(bounds) - 1, bounds).share(rows).counts

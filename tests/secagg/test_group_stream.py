@@ -5,7 +5,9 @@ into pieces (any order), the streamed round's committed sum equals, bit for
 bit, (a) an independent oracle, the plain integer sum over every position p
 of encode(x_p) rounded with the generator (seed, p), and (b) the round run
 over the whole table at once (`run_grouped_round`, or `run_round` for one
-group); every position is counted once. Fed group by group (`order()`), it
+group); every position is counted once. A part of a cohort (a simulation
+rank's devices at their cohort positions) equals its `run_grouped_round`
+and the oracle keyed by cohort position. Fed group by group (`order()`), it
 never holds more than one group's rows.
 """
 
@@ -73,6 +75,47 @@ def test_a_streamed_round_equals_the_round_over_the_whole_table(n: int, group_si
     assert whole.encoded_sum is not None and whole.sum is not None
     assert np.array_equal(got.encoded_sum, whole.encoded_sum)
     assert np.array_equal(got.sum, whole.sum)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(2, 16), extra=st.integers(0, 30), group_size=st.integers(2, 6), length=st.integers(1, 4),
+       first_group=st.integers(0, 9), seed=st.integers(0, 2**31), data=st.data())
+def test_a_part_of_a_cohort_equals_its_grouped_round(n: int, extra: int, group_size: int, length: int,
+                                                     first_group: int, seed: int, data: st.DataObject) -> None:
+    """A rank's devices (D93): n of a cohort of n + extra, at any cohort positions;
+    every group, a lone one too, keyed as `run_grouped_round` keys it."""
+    cohort = n + extra
+    positions = sorted(data.draw(st.lists(st.integers(0, cohort - 1), min_size=n, max_size=n, unique=True)))
+    groups = partition(range(n), group_size=group_size, seed=partition_seed(b"part", seed))
+    configs = tuple(SecAggConfig.create(num_clients=len(g), vector_length=length, session_id=b"part-%d" % j,
+                                        clip=2.0, neighbors="all", encoding_clients=cohort)
+                    for j, g in enumerate(groups))  # fmt: skip
+    x = np.random.default_rng(seed).uniform(-3.0, 3.0, size=(n, length)).astype(np.float32)
+    stream = GroupStream(groups=groups, configs=configs, vector_length=length, round_idx=5, seed=seed, wire=False,
+                         cohort_positions=positions, first_group=first_group)
+    order = stream.order()
+    for a in range(0, n, 3):
+        stream.add(order[a:a + 3], x[order[a:a + 3]])
+    got = stream.finish()
+    whole = run_grouped_round(x, groups=groups, configs=configs, round_idx=5, seed=seed, wire=False,
+                              positions=positions, first_group=first_group)
+    enc = configs[0].encoding
+    oracle = np.zeros(length, dtype=np.uint64)
+    for p in range(n):  # each device alone, rounded with (seed, its cohort position)
+        oracle += enc.encode(x[p], np.random.default_rng((seed, positions[p])))
+    assert got.ok and got.exact and got.counted == tuple(range(n))
+    assert got.encoded_sum is not None and whole.encoded_sum is not None
+    assert got.expected_encoded_sum is not None and whole.expected_encoded_sum is not None
+    assert np.array_equal(got.encoded_sum, oracle.astype(np.uint32))
+    assert np.array_equal(got.encoded_sum, whole.encoded_sum)
+    assert np.array_equal(got.expected_encoded_sum, whole.expected_encoded_sum)
+    assert stream.peak_rows_held <= max(len(g) for g in groups) + 2
+
+
+def test_cohort_positions_must_match_the_devices() -> None:
+    groups, configs = _round(6, 3, 2, 0)
+    with pytest.raises(ValueError, match="5 cohort positions for 6"):
+        GroupStream(groups=groups, configs=configs, vector_length=2, wire=False, cohort_positions=range(5))
 
 
 @pytest.mark.parametrize("n,group_size", [(30, 5), (9, 5)])
