@@ -8,13 +8,15 @@ mechanism's own encoding, noise and decoding, through SecAgg(+) with
 so are SecAgg's without DP (`SecureStream`, D100): the chunks are cut group
 by group and each group's secure sum runs once its last update came, so
 the cohort's (B, D) table is never held; a simulation rank feeds its own
-devices' groups the same way (`models.sim.rank_round`). The float Gaussian
-(`gaussian-float`) and the hybrid round still take the whole table."""
+devices' groups the same way (`models.sim.rank_round`), and the float
+Gaussian (`gaussian-float`) its own stream (`models.sim.float_dp_stream`,
+D106), and FedMMF's hybrid round its split (`models.sim.hybrid_stream`,
+D107)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -24,6 +26,13 @@ from models.sim.config import SimulationConfig
 
 if TYPE_CHECKING:
     from models.sim.dp_mechanism import DiscreteGaussianSum
+    from models.sim.float_dp_stream import FloatGaussianSum
+    from models.sim.hybrid_stream import HybridSplit
+
+    #: a round's DP sum fed as the chunks train (`round_streams`)
+    DPStream = DiscreteGaussianSum | FloatGaussianSum
+    #: a round's secure sum or FedMMF's hybrid split, fed as the chunks train without DP
+    RowStream: TypeAlias = "SecureStream | HybridSplit"
     from secagg.config import Neighbors, SecAggConfig
     from secagg.group_stream import GroupStream
     from secagg.grouped_round import GroupedOutcome
@@ -152,20 +161,18 @@ def plain_mean(config: SimulationConfig) -> bool:
 
 
 def streams_dp(config: SimulationConfig) -> bool:
-    """Whether a round's updates go to the discrete-Gaussian sum as they are
-    trained (`dp_stream`), not kept as the cohort's table: DP under the
-    discrete Gaussian, through the secure sum or not (D100), unless the
-    round is a hybrid one (that takes every update at once)."""
-    dp = config.dp
-    return dp is not None and dp.mechanism == "discrete-gaussian" and config.plaintext_j_bound is None
+    """Whether a round's updates go to a DP sum as they are trained
+    (`round_streams`), not kept as the cohort's table: DP under either
+    mechanism (D100, D106), through the secure sum or not, FedMMF's hybrid
+    round included (its float-Gaussian rows handed on to the split, D107)."""
+    return config.dp is not None
 
 
 def streams_secure(config: SimulationConfig) -> bool:
-    """Whether a round's updates go to the secure sum as they are trained
-    (`SecureStream`, D100), not kept as the cohort's table: SecAgg without
-    DP or a hybrid round, in one process or on a rank (its own devices'
-    groups, D93)."""
-    return config.secagg and config.dp is None and config.plaintext_j_bound is None
+    """Whether a round without DP feeds its updates as they are trained to
+    the secure sum (`SecureStream`, D100; on a rank its own devices' groups,
+    D105) or to FedMMF's hybrid split (D107), not kept as the cohort's table."""
+    return config.dp is None and (config.secagg or config.plaintext_j_bound is not None)
 
 
 def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int, *, ranked: bool = False) -> int:
@@ -178,6 +185,13 @@ def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int,
         return 0
     from models.sim.memory import SECAGG_BYTES_PER_COORD
 
+    hybrid = config.plaintext_j_bound is not None  # a float64 sum, and the secure devices' groups (any count)
+    ranked = ranked or (hybrid and config.secagg)
+    extra = 8 * update_dim if hybrid else 0
+    if streams_dp(config) and config.dp is not None and config.dp.mechanism == "gaussian-float":
+        # two float64 running sums, and with SecAgg the secure stream's group (its noisy float rows)
+        held = _largest_group(config, cohort, ranked=ranked) * update_dim if config.secagg else 0
+        return extra + 16 * update_dim + held * (4 + SECAGG_BYTES_PER_COORD)
     if streams_dp(config):
         from dpmech.rotation import padded_dimension
         from models.sim.dp_mechanism import stream_bytes
@@ -185,7 +199,8 @@ def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int,
         held = _largest_group(config, cohort) * padded_dimension(update_dim) if config.secagg else 0
         return stream_bytes(update_dim) + held * (4 + SECAGG_BYTES_PER_COORD)  # its residues, with SecAgg
     if streams_secure(config):
-        return _largest_group(config, cohort, ranked=ranked) * update_dim * (4 + SECAGG_BYTES_PER_COORD)
+        held = _largest_group(config, cohort, ranked=ranked) if config.secagg else 0
+        return extra + held * update_dim * (4 + SECAGG_BYTES_PER_COORD)
     return 0
 
 
@@ -230,48 +245,101 @@ class SecureStream:
             self.clipped += int((x[a:a + 64].abs() > self.clip).sum())
         self.inner.add(positions.cpu().numpy(), x.numpy())
 
-    def mean(self, rec: dict[str, Any]) -> torch.Tensor:
+    @property
+    def counted(self) -> int:
+        """The devices its sum counts: all (no dropouts in a simulated round)."""
+        return self.devices
+
+    def total(self, rec: dict[str, Any]) -> np.ndarray:
+        """Once every device's update came: the decoded sum (float64), the
+        round's figures recorded in `rec`."""
         out = self.secure.finish(self.inner, self.round_idx)
         assert out.sum is not None  # float inputs are decoded
         rec.update(self.secure.last)
         rec["secagg_clipped_fraction"] = self.clipped / max(self.devices * self.dim, 1)
-        total = torch.as_tensor(np.asarray(out.sum, dtype=np.float32), device=self.device)
+        return np.asarray(out.sum, dtype=np.float64)
+
+    def mean(self, rec: dict[str, Any]) -> torch.Tensor:
+        total = torch.as_tensor(self.total(rec).astype(np.float32), device=self.device)
         return total / self.devices
 
 
+def round_streams(config: SimulationConfig, secure: SecureAggregator | None, devices: int, dim: int,
+                  round_idx: int, generator: torch.Generator,
+                  cohort_J: Callable[[], torch.Tensor]) -> tuple[DPStream | None, RowStream | None]:  # fmt: skip
+    """What one process feeds a round's updates to as its chunks train: (the
+    DP sum, or the secure sum or FedMMF's hybrid split without DP); (None,
+    None) for a plain round. `cohort_J`: the cohort's privacy indicators
+    (a hybrid round's split is known before it trains: J is fixed at
+    init_private)."""
+    split = None
+    if config.plaintext_j_bound is not None:
+        split = hybrid_split(config, secure, cohort_J(), dim, round_idx)
+    if config.dp is not None:
+        return dp_stream(config, secure, devices, dim, round_idx, generator, split=split), None
+    if split is not None:
+        return None, split
+    if secure is not None:
+        return None, SecureStream(secure, devices, dim, round_idx=round_idx, clip=secagg_clip(config))
+    return None, None
+
+
+def hybrid_split(config: SimulationConfig, secure: SecureAggregator | None, J: torch.Tensor, dim: int,
+                 round_idx: int) -> HybridSplit:  # fmt: skip
+    """FedMMF's hybrid round (D64, D107): devices with J <= the bound add their
+    update in the clear, the others through the secure sum over their own
+    devices (the in-process SecAgg with --secagg, else the plain sum), when
+    at least `models.sim.hybrid.SECURE_FLOOR` chose it."""
+    from models.sim.hybrid import SECURE_FLOOR, plaintext_choice
+    from models.sim.hybrid_stream import HybridSplit
+
+    plain = plaintext_choice(J, config.plaintext_j_bound).cpu().numpy()
+    n_secure = int((~plain).sum())
+    rows = (SecureStream(secure, n_secure, dim, round_idx=round_idx, clip=secagg_clip(config))
+            if secure is not None and n_secure >= SECURE_FLOOR else None)  # fmt: skip
+    return HybridSplit(plain, dim, secure=rows, count_secure=n_secure >= SECURE_FLOOR)
+
+
 def dp_stream(config: SimulationConfig, secure: SecureAggregator | None, devices: int, dim: int,
-              round_idx: int) -> DiscreteGaussianSum:
-    """The round's discrete-Gaussian sum (`models.sim.dp_mechanism`), to be
-    fed the cohort's updates: the devices' shares calibrated to the secure
-    sum's groups (one group without a secure sum)."""
+              round_idx: int, generator: torch.Generator, *, split: HybridSplit | None = None) -> DPStream:
+    """The round's DP sum, to be fed the cohort's updates: the discrete
+    Gaussian's (`models.sim.dp_mechanism`, D88) or the float Gaussian's
+    (`models.sim.float_dp_stream`, D106; its noise from `generator`), the
+    devices' shares calibrated to the secure sum's groups (one group
+    without a secure sum). A hybrid round (`split`) runs the float
+    Gaussian over one group in the split's order and hands it the rows."""
     from models.sim.dp_mechanism import DiscreteGaussianSum
+    from models.sim.float_dp_stream import FloatGaussianSum
 
     assert config.dp is not None
+    if split is not None:
+        return FloatGaussianSum(devices, dim, dp=config.dp, groups=(tuple(split.order().tolist()),),
+                                generator=generator, secure=split)  # fmt: skip
     groups: tuple[tuple[int, ...], ...] = (tuple(range(devices)),)
     if secure is not None and devices >= 2:
         groups = secure.partition(devices, round_idx)
+    if config.dp.mechanism == "gaussian-float":
+        rows = (SecureStream(secure, devices, dim, round_idx=round_idx, clip=secagg_clip(config))
+                if secure is not None else None)  # fmt: skip
+        return FloatGaussianSum(devices, dim, dp=config.dp, groups=groups, generator=generator, secure=rows)
     return DiscreteGaussianSum(devices, dim, dp=config.dp, groups=groups, seed=config.seed, round_idx=round_idx,
                                secure=secure, one_draw_per_group=config.unmasked_sum)
 
 
-def discrete_gaussian_mean(upd: torch.Tensor | DiscreteGaussianSum, *, config: SimulationConfig,
-                           secure: SecureAggregator | None, round_idx: int, rec: dict[str, Any]) -> torch.Tensor:
-    """The mean the server applies under the discrete Gaussian: the decoded
-    sum over the cohort's size, from the (B, D) updates or a `dp_stream`
-    already fed every device's update (a round trained in chunks)."""
+def dp_mean(stream: DPStream, *, config: SimulationConfig, rec: dict[str, Any]) -> torch.Tensor | None:
+    """The mean the server applies under DP (either mechanism), from a
+    `dp_stream` fed every device's update: the sum over the devices it
+    counts (None when none is, a hybrid round's only)."""
     dp = config.dp
     assert dp is not None
-    if isinstance(upd, torch.Tensor):
-        stream = dp_stream(config, secure, int(upd.shape[0]), int(upd.shape[1]), round_idx)
-        stream.add(upd, np.arange(int(upd.shape[0])))
-    else:
-        stream = upd
     total, norms64, rec["dp"], secured = stream.finish()
     rec.update(secured)
     norms = norms64.to(torch.float32)
     rec["update_norm_mean"] = float(norms.mean())
     rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
-    return total.to(device=stream.device, dtype=torch.float32) / stream.devices
+    if not stream.counted:
+        return None
+    return total.to(device=stream.device, dtype=torch.float32) / stream.counted
 
 
 def sum64(rows: torch.Tensor) -> torch.Tensor:
@@ -319,38 +387,6 @@ def secagg_clip(config: SimulationConfig) -> float:
     return SECAGG_DEFAULT_CLIP
 
 
-def hybrid_mean(
-    upd: torch.Tensor,
-    J: torch.Tensor,
-    config: SimulationConfig,
-    secure: SecureAggregator | None,
-    round_idx: int,
-    rec: dict[str, Any],
-) -> torch.Tensor | None:
-    """FedMMF's hybrid round (D64): devices with J <= the bound add their
-    update in the clear, the others through the secure sum (the in-process
-    SecAgg with --secagg, else the plain sum); the mean over the counted
-    devices, or None when none is counted. Records how many took each path."""
-    from models.sim.hybrid import hybrid_sum, plaintext_choice
-
-    plain = plaintext_choice(J.to(upd.device), config.plaintext_j_bound)
-
-    def secure_sum(rows: torch.Tensor) -> torch.Tensor:
-        if secure is None:
-            return rows.sum(0)
-        c = secagg_clip(config)
-        out = secure.sum(rows, round_idx=round_idx, clip=c)
-        rec.update(secure.last)
-        rec["secagg_clipped_fraction"] = float((rows.abs() > c).sum()) / rows.numel()
-        return out
-
-    h = hybrid_sum(upd, plain, secure_sum)
-    rec["plaintext_devices"] = h.plaintext
-    rec["secure_devices_chosen"] = h.secure_chosen
-    rec["secure_devices_counted"] = h.secure_counted
-    return h.mean()
-
-
 def aggregate_round(
     upd: torch.Tensor | RunningSum,
     *,
@@ -362,41 +398,23 @@ def aggregate_round(
     rec: dict[str, Any],
 ) -> torch.Tensor | None:
     """The mean update the server applies in round `round_idx`, from the
-    cohort's (B, update_dim) updates or a chunked plain round's running sum:
-    with DP every update is clipped and noised first (in distributed mode
-    each device's share calibrated to its secure-aggregation group, D87;
-    `models.sim.dp_groups`), and the round's privacy entry goes to
-    rec["dp"]; then FedMMF's hybrid round when `config.plaintext_j_bound` is
-    set (`cohort_J`: the cohort's privacy indicators), else the SecAgg mean
-    with `secure`, else the plain mean. None when no device is counted (a
-    hybrid round with too few of either kind). Records what it did in `rec`
-    (results.json's round record)."""
+    cohort's (B, update_dim) updates at once or a chunked plain round's
+    running sum: the table is fed to the round's streams (`round_streams`:
+    DP, the secure sum, FedMMF's hybrid split), the same result bit for bit
+    as a round that fed them chunk by chunk in their order; else the plain
+    mean. None when no device is counted (a hybrid round). Records what it
+    did in `rec` (results.json's round record)."""
     if isinstance(upd, RunningSum):  # plain mean of a chunked round: only the sum was kept
         return upd.mean()
-    dp = config.dp
-    if dp is not None and dp.mechanism == "discrete-gaussian" and upd.shape[1] > 0:  # D88
-        return discrete_gaussian_mean(upd, config=config, secure=secure, round_idx=round_idx, rec=rec)
-    if dp is not None and upd.shape[1] > 0:
-        from models.sim.dp_groups import privatize_in_groups
-
-        B = upd.shape[0]
-        # the groups the secure sum will use (the same pure partition); a hybrid round's
-        # secure part is grouped later, over its own devices: its noise is local (one device's)
-        groups: tuple[tuple[int, ...], ...] = (tuple(range(B)),)
-        if secure is not None and config.plaintext_j_bound is None and B >= 2:
-            groups = secure.partition(B, round_idx)
-        upd, norms, rec["dp"] = privatize_in_groups(upd, dp=dp, groups=groups, generator=dp_generator)
-        rec["update_norm_mean"] = float(norms.mean())
-        rec["clipped_fraction"] = float((norms > dp.clip).float().mean())
     if upd.shape[1] == 0:
         return upd.new_zeros(0)
-    if config.plaintext_j_bound is not None:  # J is fixed at init_private: any buffer has it
-        return hybrid_mean(upd, cohort_J(), config, secure, round_idx, rec)
-    if secure is not None:
-        c = secagg_clip(config)
-        mean = secure.mean(upd, round_idx=round_idx, clip=c)
-        rec.update(secure.last)
-        rec["secagg_clipped_fraction"] = float((upd.abs() > c).sum()) / upd.numel()
-        return mean
+    B = int(upd.shape[0])
+    stream, rows = round_streams(config, secure, B, int(upd.shape[1]), round_idx, dp_generator, cohort_J)
+    if stream is not None:
+        stream.add(upd, np.arange(B))
+        return dp_mean(stream, config=config, rec=rec)
+    if rows is not None:
+        rows.add(upd, torch.arange(B))
+        return rows.mean(rec)
     # summed in float64 like a chunked round's RunningSum: the mean does not depend on the order or chunking
-    return (sum64(upd) / max(int(upd.shape[0]), 1)).to(upd.dtype)
+    return (sum64(upd) / max(B, 1)).to(upd.dtype)

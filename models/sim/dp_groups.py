@@ -41,11 +41,46 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from models import privacy
 from models.privacy import Composition, distributed_noise_multiplier
 from models.sim.config import DPSettings
+
+
+def device_multipliers(dp: DPSettings, groups: Sequence[Sequence[int]], devices: int) -> np.ndarray:
+    """Each device's noise multiplier (see the module doc): z with local noise
+    (or one group of all B, z / sqrt(B) distributed), else z / sqrt(|g|) for
+    a device in group g. ValueError unless `groups` cover 0..devices-1 once."""
+    if sorted(r for g in groups for r in g) != list(range(devices)):
+        raise ValueError(f"the groups must cover the {devices} rows exactly once")
+    out = np.full(devices, float(dp.noise))
+    if dp.mode == "distributed":
+        for g in groups:
+            out[list(g)] = dp.noise / math.sqrt(len(g))
+    return out
+
+
+def privatize_rows(rows: torch.Tensor, multipliers: Sequence[float] | np.ndarray, *, clip: float,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Each row clipped to `clip` and noised on its own, in row order: row i
+    takes the generator's next D normals at `multipliers[i]`
+    (`models.privacy.privatize` of that row). The same rows in the same
+    order give the same draws however they are cut into calls, which is
+    what lets a chunked round and the whole table agree bit for bit.
+    Returns (private rows, pre-clipping norms)."""
+    noisy = torch.empty_like(rows)
+    norms = rows.new_empty(rows.shape[0])
+    for i in range(rows.shape[0]):
+        noisy[i : i + 1], norms[i : i + 1] = privacy.privatize(
+            rows[i : i + 1], clip=clip, noise_multiplier=float(multipliers[i]), generator=generator)
+    return noisy, norms
+
+
+def group_order(groups: Sequence[Sequence[int]]) -> np.ndarray:
+    """The rows group after group: the order the devices draw their noise in."""
+    return np.fromiter((p for g in groups for p in g), dtype=np.int64, count=sum(len(g) for g in groups))
 
 
 def privatize_in_groups(
@@ -57,37 +92,36 @@ def privatize_in_groups(
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """Clip every row of the (B, D) updates to tau and add each device's
     noise (see the module doc); `groups` lists the rows of each group and
-    covers 0..B-1. Returns (private updates, pre-clipping norms, the round's
-    ledger entry). With one group, or in local mode, this is one call of
-    `models.privacy.privatize`, as before groups existed."""
+    covers 0..B-1. The rows draw in `group_order`, one at a time
+    (`privatize_rows`): the draws of `FloatGaussianSum` fed the same rows.
+    Returns (private updates, pre-clipping norms, the round's ledger entry)."""
     B = updates.shape[0]
-    if sorted(r for g in groups for r in g) != list(range(B)):
-        raise ValueError(f"the groups must cover the {B} rows exactly once")
-    z = dp.noise
-    if dp.mode == "local" or len(groups) == 1:
-        per_device = z if dp.mode == "local" else z / math.sqrt(B)
-        noisy, norms = privacy.privatize(updates, clip=dp.clip, noise_multiplier=per_device, generator=generator)
-    else:
-        noisy = torch.empty_like(updates)
-        norms = updates.new_empty(B)
-        for g in groups:
-            rows = torch.as_tensor(list(g), dtype=torch.long, device=updates.device)
-            noisy[rows], norms[rows] = privacy.privatize(
-                updates[rows], clip=dp.clip, noise_multiplier=z / math.sqrt(len(g)), generator=generator
-            )
+    mult = device_multipliers(dp, groups, B)
+    order = torch.as_tensor(group_order(groups), device=updates.device)
+    noisy = torch.empty_like(updates)
+    norms = updates.new_empty(B)
+    noisy[order], norms[order] = privatize_rows(updates[order], mult[order.cpu().numpy()], clip=dp.clip,
+                                                generator=generator)  # fmt: skip
+    entry = round_entry(dp, groups)
+    entry["sum_noise_multiplier_measured"] = _sum_noise(updates, noisy, norms, dp.clip)
+    return noisy, norms, entry
+
+
+def round_entry(dp: DPSettings, groups: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """The round's ledger entry under the float Gaussian, every device counted
+    (the measured multiplier is the caller's to add)."""
+    z, B = dp.noise, sum(len(g) for g in groups)
     if dp.mode == "local":
         carried, expected = [z] * len(groups), z * math.sqrt(B)
     else:
         carried = [distributed_noise_multiplier(z, planned=len(g), counted=len(g)) for g in groups]
         expected = z * math.sqrt(len(groups))
-    entry: dict[str, Any] = {
+    return {
         "mode": dp.mode,
         "groups": [{"size": len(g), "counted": len(g), "noise_multiplier": c} for g, c in zip(groups, carried, strict=True)],
         "noise_multiplier": min(carried),
         "sum_noise_multiplier_expected": expected,
-        "sum_noise_multiplier_measured": _sum_noise(updates, noisy, norms, dp.clip),
     }
-    return noisy, norms, entry
 
 
 def _sum_noise(updates: torch.Tensor, noisy: torch.Tensor, norms: torch.Tensor, clip: float) -> float:
@@ -153,4 +187,4 @@ class PrivacyLedger:
         return Composition(rounds, delta=self.dp.delta, accountant=self.dp.accountant).epsilon()
 
 
-__all__ = ["PrivacyLedger", "privatize_in_groups"]
+__all__ = ["PrivacyLedger", "device_multipliers", "group_order", "privatize_in_groups", "privatize_rows", "round_entry"]

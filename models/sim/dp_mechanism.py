@@ -198,6 +198,11 @@ class DiscreteGaussianSum:
         """The order the rows come in: the groups' rows, group after group."""
         return self._order.copy()
 
+    @property
+    def counted(self) -> int:
+        """The devices the sum counts: all (no dropouts in a simulated round)."""
+        return self.devices
+
     def add(self, rows: torch.Tensor, positions: torch.Tensor | np.ndarray | None = None) -> None:
         """The next b rows (b, D) of the cohort in `order()`. With
         `positions` (the rows' cohort positions) the rows may come in any

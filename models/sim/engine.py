@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -78,8 +78,8 @@ from models.base import (
 from models.data.entry import load_interactions, make_split
 from models.data.types import ExplicitSplit, ImplicitSplit, Interactions
 from models.registry import ConfigError, build_model, default_rounds, model_is_explicit
-from models.sim.aggregation import (SecureAggregator, SecureStream, aggregate_round, discrete_gaussian_mean,
-                                    dp_stream, plain_mean, secagg_clip, streams_dp, streams_secure)
+from models.sim.aggregation import (SecureAggregator, aggregate_round, dp_mean, plain_mean, round_streams,
+                                    streams_secure)
 from models.sim.checkpoint import Checkpoints, fingerprint, restore_tables
 from models.sim.config import DPSettings, MemorySettings, SimulationConfig
 from models.sim.evaluate import evaluate_state
@@ -110,6 +110,7 @@ from models.sparse import SparseTraining
 
 if TYPE_CHECKING:
     from models.evaluation import EvalSplit
+    from models.sim.aggregation import SecureStream
     from models.sim.dp_groups import PrivacyLedger
 
 #: the simulator's name for the catalogue's one configuration error (the same class)
@@ -339,9 +340,12 @@ def _train_and_aggregate(
     """Round r's local training of this process's part of the cohort and the mean update."""
     s, tables, config, rows = w.s, w.tables, w.config, share.rows
     one = s.model.update_dim > 0 and share.count > 0 and w.agg is None  # one process sums the cohort
-    stream = dp_stream(config, w.secure, share.count, s.model.update_dim, r) if one and streams_dp(config) else None
-    sstream = (SecureStream(w.secure, share.count, s.model.update_dim, round_idx=r, clip=secagg_clip(config))
-               if one and w.secure is not None and streams_secure(config) else None)  # fmt: skip
+
+    def cohort_J() -> torch.Tensor:  # FedMMF's privacy indicators: fixed at init_private, any buffer has them
+        return tables.take(rows)["J"]
+
+    stream, sstream = (round_streams(config, w.secure, share.count, s.model.update_dim, r, w.gens["dp"], cohort_J)
+                       if one else (None, None))  # fmt: skip
     if w.agg is not None and streams_secure(config):  # a rank's own groups (None: it holds no device)
         sstream = w.agg.secure_stream(share, r)
     spare, w.spare_updates = w.spare_updates, None
@@ -351,9 +355,9 @@ def _train_and_aggregate(
     if isinstance(tables, SparseTables) and s.sparse is not None and isinstance(s.plan, SparsePlan):
         upd_s = train_sparse(s.sparse, s.model.update_dim, s.split.n_items, tables, job) if share.count else None
         if sstream is not None:
-            return sstream.mean(rec) if w.agg is None else w.agg.mean(sstream, share, r, rec)
+            return sstream.mean(rec) if w.agg is None else w.agg.mean(cast("SecureStream", sstream), share, r, rec)
         if stream is not None:
-            return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
+            return dp_mean(stream, config=config, rec=rec)
         if w.agg is not None:
             return w.agg.mean(upd_s, share, r, rec)
         if isinstance(upd_s, SparseUpdates):
@@ -365,13 +369,10 @@ def _train_and_aggregate(
     tables.begin_round(covers_all=s.full_cohort)
     upd = train_cohort(s.model, tables, job) if share.count else None
     if sstream is not None:
-        return sstream.mean(rec) if w.agg is None else w.agg.mean(sstream, share, r, rec)
+        return sstream.mean(rec) if w.agg is None else w.agg.mean(cast("SecureStream", sstream), share, r, rec)
     if stream is not None:
         w.spare_updates = job.fed_table.pop() if job.fed_table else None  # written over next round (D97)
-        return discrete_gaussian_mean(stream, config=config, secure=w.secure, round_idx=r, rec=rec)
-
-    def cohort_J() -> torch.Tensor:
-        return tables.take(rows)["J"]
+        return dp_mean(stream, config=config, rec=rec)
 
     mean: torch.Tensor | None
     if w.agg is not None:

@@ -16,14 +16,13 @@ per-device leaves a device in the clear" (docs/decisions.md D64-D66).
   secure devices sit the round out (their updates never leave them) and
   the round counts the plaintext devices alone. The coordinator applies the
   round's Shamir threshold instead (coordinator/hybrid.py).
-- `HybridSum`: the total of a round and how many devices took each path.
+
+The round's sum, fed as the chunks train, is `models.sim.hybrid_stream`'s (D107).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -46,48 +45,4 @@ def plaintext_choice(J: torch.Tensor, bound: float | None) -> torch.Tensor:
     return J <= bound  # NaN compares False: a device without a valid J stays secure
 
 
-@dataclass(frozen=True)
-class HybridSum:
-    """A hybrid round's total over the counted devices.
-
-    `total` is the plaintext updates' sum plus the secure sum (float, (D,));
-    `counted` = plaintext + secure_counted devices; `secure_counted` is 0 when
-    the secure part did not run (fewer than the floor chose it)."""
-
-    total: torch.Tensor
-    plaintext: int
-    secure_chosen: int
-    secure_counted: int
-
-    @property
-    def counted(self) -> int:
-        return self.plaintext + self.secure_counted
-
-    def mean(self) -> torch.Tensor | None:
-        """The mean over the counted devices (None when none is counted)."""
-        return self.total / self.counted if self.counted else None
-
-
-def hybrid_sum(
-    updates: torch.Tensor,
-    plaintext: torch.Tensor,
-    secure_sum: Callable[[torch.Tensor], torch.Tensor],
-    *,
-    floor: int = SECURE_FLOOR,
-) -> HybridSum:
-    """Sum a round's updates (B, D): the rows with `plaintext` True in the
-    clear, the others through `secure_sum` (a function of the secure rows that
-    returns their sum; it is not called with fewer than `floor` rows)."""
-    if plaintext.shape != updates.shape[:1]:
-        raise ValueError(f"plaintext choice of shape {tuple(plaintext.shape)} for {updates.shape[0]} updates")
-    n_plain = int(plaintext.sum())
-    total = updates[plaintext].sum(0)
-    n_sec = updates.shape[0] - n_plain
-    counted_sec = 0
-    if n_sec >= floor:
-        total = total + secure_sum(updates[~plaintext])
-        counted_sec = n_sec
-    return HybridSum(total=total, plaintext=n_plain, secure_chosen=n_sec, secure_counted=counted_sec)
-
-
-__all__ = ["SECURE_FLOOR", "HybridSum", "check_bound", "hybrid_sum", "plaintext_choice"]
+__all__ = ["SECURE_FLOOR", "check_bound", "plaintext_choice"]

@@ -31,7 +31,7 @@ from models.sim.memory import (
 from models.sim.private_tables import PrivateTables
 
 if TYPE_CHECKING:
-    from models.sim.dp_mechanism import DiscreteGaussianSum
+    from models.sim.aggregation import DPStream, RowStream
 
 
 class Cohorts:
@@ -75,10 +75,11 @@ class CohortRound:
     all) trained `chunk` devices at a time from the round's global state.
     `keep_updates`: every device's update is kept (DP, SecAgg), not only their sum;
     `exact_sum`: the sum is the order-free fixed-point one (`models/sim/exact_sum.py`, ranks);
-    `stream`: every chunk's updates go to this discrete-Gaussian sum instead
-    (`models.sim.aggregation.dp_stream`: DP under the discrete Gaussian), never kept whole;
+    `stream`: every chunk's updates go to this DP sum instead
+    (`models.sim.aggregation.dp_stream`: DP under either mechanism), never kept whole;
     `secure_stream`: every chunk's updates go to this secure sum instead (SecAgg
-    without DP, D100), the chunks cut group by group so that it holds one group."""
+    without DP, D100), the chunks cut group by group so that it holds one group,
+    or to FedMMF's hybrid split (D107)."""
 
     global_: GlobalState
     cohorts: Cohorts
@@ -89,9 +90,9 @@ class CohortRound:
     ev: SimulationEvents
     keep_updates: bool
     exact_sum: bool = False
-    stream: DiscreteGaussianSum | None = None
+    stream: DPStream | None = None
     spare_updates: torch.Tensor | None = None  # last round's update table, to write into (D97)
-    secure_stream: SecureStream | None = None
+    secure_stream: RowStream | None = None
     # set by train_cohort: the whole cohort's table after the DP stream copied its rows, for
     # the engine to keep as the next round's spare_updates (D97: no fresh pages every round)
     fed_table: list[torch.Tensor] = field(default_factory=list)  # (frozen: a holder, filled once)

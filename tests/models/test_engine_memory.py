@@ -204,7 +204,7 @@ def test_a_ranks_secure_sum_is_fed_group_by_group(x, tmp_path: Path, model: str,
 
 def test_the_plan_counts_one_group_not_the_cohort_table_for_secagg(x) -> None:
     """The memory plan of a streamed secure sum counts its largest group's
-    rows; with DP under the float Gaussian (not streamed) the whole table."""
+    rows, with DP under the float Gaussian too (streamed since D106)."""
     from models.sim.aggregation import stream_working_bytes
     from models.sim.memory import SECAGG_BYTES_PER_COORD
 
@@ -213,8 +213,10 @@ def test_the_plan_counts_one_group_not_the_cohort_table_for_secagg(x) -> None:
     # a rank's share changes from round to round: any share below 2G is one group
     assert stream_working_bytes(cfg, 1000, 1050, ranked=True) == 199 * 1000 * (4 + SECAGG_BYTES_PER_COORD)
     assert stream_working_bytes(cfg, 1000, 150, ranked=True) == 150 * 1000 * (4 + SECAGG_BYTES_PER_COORD)
-    floats = SimulationConfig(model="fedrap", secagg=True, dp_noise=0.5, dp_clip=1.0, dp_mechanism="gaussian-float")
-    assert stream_working_bytes(floats, 1000, 1050) == 0
+    floats = SimulationConfig(model="fedrap", secagg=True, secagg_group_size=100, dp_noise=0.5, dp_clip=1.0,
+                              dp_mechanism="gaussian-float")
+    # the float Gaussian's stream (D106): two float64 sums and the secure stream's group
+    assert stream_working_bytes(floats, 1000, 1050) == 16 * 1000 + 105 * 1000 * (4 + SECAGG_BYTES_PER_COORD)
 
 
 def test_one_buffer_of_private_state_on_disk(x, tmp_path: Path) -> None:
@@ -308,7 +310,7 @@ def test_the_update_table_a_whole_cohort_round_keeps_is_counted_through_evaluati
     assert kept_table_bytes(plain, 64, 100, ranked=True, summed=False) == 0  # a rank sums its own way
     floats = SimulationConfig(model="fedrap", dp_noise=1.0, dp_clip=0.1, dp_mechanism="gaussian-float")
     secure = SimulationConfig(model="fedrap", secagg=True)
-    assert kept_table_bytes(floats, 64, 100, ranked=False, summed=False) == 0  # its table is the round's own
+    assert kept_table_bytes(floats, 64, 100, ranked=False, summed=False) == table  # its stream copies too (D106)
     assert kept_table_bytes(secure, 64, 100, ranked=False, summed=False) == 0  # fed to the secure sum
 
 
@@ -364,6 +366,90 @@ def test_cli_prints_the_plan_and_refuses_a_budget_it_cannot_meet(tmp_path: Path,
     assert '"private_on_disk": true' in res
 
 
+@pytest.mark.parametrize("model,secagg", [("fedrap", False), ("fedrap", True), ("fedmf", True)])
+def test_chunked_float_gaussian_rounds_stream_the_updates(x, tmp_path: Path, model: str, secagg: bool,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The float Gaussian (D106) feeds each chunk's updates to its stream,
+    group by group with --secagg, each device noised on its own in the
+    stream's order, while no round keeps the table and a secure sum holds
+    one group. Without --secagg the chunks are the table path's: the same
+    run bit for bit. With it they are cut group by group, so the devices'
+    float32 updates may differ in the last bit (not the draws: the noise
+    does not depend on the values)."""
+    import models.sim.engine as engine
+    import models.sim.sparse_training as sparse_training
+    import models.sim.training as training
+
+    kw: dict[str, Any] = {"model": model, "dp_noise": 0.5, "dp_clip": 1.0,
+                          "dp_mode": "distributed" if secagg else "local", "dp_mechanism": "gaussian-float", "secagg": secagg, "params": {"k": 4}, "rounds": 2,
+                          "clients_per_round": 40}  # fmt: skip
+    if secagg:
+        kw["secagg_group_size"] = 8
+    mem = MemorySettings(budget_gb=64, cohort_chunk=7)
+    res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
+    # the table path: the engine feeds no stream while training, aggregate_round feeds the table at once
+    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
+    for module in (training, sparse_training):
+        monkeypatch.setattr(module, "streams_dp", lambda config: False)
+    res0, g0 = run(x, tmp_path, "table", mem, **kw)
+    assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) <= (1e-5 if secagg else 0.0)
+    assert res1["epsilon"] == res0["epsilon"]
+    for a, b in zip(res1["rounds"], res0["rounds"], strict=True):
+        measured = "sum_noise_multiplier_measured"
+        assert a["dp"][measured] == pytest.approx(b["dp"][measured], rel=0 if not secagg else 1e-4)
+        assert {k: v for k, v in a["dp"].items() if k != measured} == {k: v for k, v in b["dp"].items() if k != measured}
+        if secagg:
+            assert a["secagg_exact"] and a["secagg_groups"] == 5 and a["secagg_rows_held_peak"] <= 9
+        else:
+            assert a["val"] == b["val"]
+
+
+@pytest.mark.parametrize("secagg,dp", [(False, False), (True, False), (True, True)])
+def test_chunked_hybrid_rounds_feed_the_split(x, tmp_path: Path, secagg: bool, dp: bool,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """FedMMF's hybrid round (D107) feeds each chunk to its split, plaintext
+    devices first and then the secure ones group by group (behind the float
+    Gaussian with DP): the table path's model within 1e-5 (the chunks are cut
+    in another order, so float32 updates may differ in the last bit), the
+    same paths taken, and a secure sum that holds one group."""
+    import models.sim.engine as engine
+    import models.sim.sparse_training as sparse_training
+    import models.sim.training as training
+
+    kw: dict[str, Any] = {"model": "fedmmf", "params": {"order": "one"}, "rounds": 2, "clients_per_round": 60}
+    base, _ = run(x, tmp_path, "base", MemorySettings(budget_gb=64), **kw)
+    kw["plaintext_j_bound"] = base["summary"]["privacy_J_median"]
+    if secagg:
+        kw.update(secagg=True, secagg_group_size=8)
+    if dp:
+        kw.update(dp_noise=0.5, dp_clip=1.0, dp_mode="local", dp_mechanism="gaussian-float")
+    mem = MemorySettings(budget_gb=64, cohort_chunk=7)
+    kept: list[object] = []
+    real_train = engine.train_cohort
+
+    def train(*args: Any) -> Any:
+        kept.append(out := real_train(*args))
+        return out
+
+    monkeypatch.setattr(engine, "train_cohort", train)
+    res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
+    assert kept == [None, None]  # every chunk went to the split: no round kept the cohort's table
+    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
+    for module in (training, sparse_training):
+        monkeypatch.setattr(module, "streams_dp", lambda config: False)
+        monkeypatch.setattr(module, "streams_secure", lambda config: False)
+    res0, g0 = run(x, tmp_path, "table", mem, **kw)
+    assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) <= 1e-5
+    for a, b in zip(res1["rounds"], res0["rounds"], strict=True):
+        paths = ("plaintext_devices", "secure_devices_chosen", "secure_devices_counted")
+        assert [a[k] for k in paths] == [b[k] for k in paths] and 0 < a["plaintext_devices"] < 60
+        assert a["secure_devices_counted"] == 60 - a["plaintext_devices"]
+        if secagg:
+            assert a["secagg_exact"] and 0 < a["secagg_rows_held_peak"] <= 15  # one group (< 2G), not the 60
+        if dp:
+            assert a["dp"]["noise_multiplier"] == b["dp"]["noise_multiplier"] == 0.5
+
+
 @pytest.mark.parametrize("model,mode", [("fedrap", "distributed"), ("fedrap", "local"), ("fedmf", "distributed")])
 def test_chunked_dp_without_a_secure_sum_streams_the_updates(x, tmp_path: Path, model: str, mode: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
@@ -381,7 +467,9 @@ def test_chunked_dp_without_a_secure_sum_streams_the_updates(x, tmp_path: Path, 
           "params": {"k": 4}, "rounds": 2}  # fmt: skip
     mem = MemorySettings(budget_gb=64, cohort_chunk=7)
     res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
-    for module in (engine, training, sparse_training):
+    # the table path: the engine feeds no stream while training, aggregate_round feeds the table at once
+    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
+    for module in (training, sparse_training):
         monkeypatch.setattr(module, "streams_dp", lambda config: False)
     res0, g0 = run(x, tmp_path, "table", mem, **kw)
     assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) == 0.0

@@ -1,15 +1,18 @@
 """FedMMF hybrid rounds in the simulator (models/sim/hybrid.py, the engine's
---plaintext-j-bound): the path choice and the plaintext + secure sum."""
+--plaintext-j-bound): the path choice, and the plaintext + secure sum fed
+in pieces (models/sim/hybrid_stream.py, D107)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from models.sim.engine import SimulationConfig, SimulationConfigError, simulate
-from models.sim.hybrid import SECURE_FLOOR, hybrid_sum, plaintext_choice
+from models.sim.hybrid import SECURE_FLOOR, plaintext_choice
+from models.sim.hybrid_stream import HybridSplit
 
 
 def test_path_choice_is_j_at_most_the_bound_and_nan_stays_secure():
@@ -22,32 +25,64 @@ def test_path_choice_is_j_at_most_the_bound_and_nan_stays_secure():
         plaintext_choice(J, math.inf)
 
 
-def test_hybrid_sum_adds_the_plaintext_rows_to_the_secure_sum():
-    g = torch.Generator().manual_seed(0)
-    upd = torch.randn(7, 5, generator=g)
-    plain = torch.tensor([True, False, True, False, False, False, True])
-    seen = []
+class SecureSpy:
+    """A stand-in secure sum over n devices: its order reversed, the rows it got, their float64 sum."""
 
-    def secure(rows):
-        seen.append(rows.shape[0])
-        return rows.sum(0) + 0.0
+    def __init__(self, n: int) -> None:
+        self.n, self.sum = n, np.zeros(0)
+        self.got: list[int] = []
 
-    h = hybrid_sum(upd, plain, secure)
-    assert seen == [4] and (h.plaintext, h.secure_chosen, h.secure_counted, h.counted) == (3, 4, 4, 7)
-    assert torch.allclose(h.total, upd.sum(0), atol=1e-6)
-    mean = h.mean()
-    assert mean is not None and torch.allclose(mean, upd.mean(0), atol=1e-6)
+    def order(self) -> np.ndarray:
+        return np.arange(self.n)[::-1].copy()
+
+    def add(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        self.got.extend(positions.tolist())
+        part = rows.double().sum(0).numpy()
+        self.sum = part if not len(self.sum) else self.sum + part
+
+    def total(self, rec: dict) -> np.ndarray:
+        rec["secure_spy"] = True
+        return self.sum
+
+    @property
+    def counted(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [2, 5], [1, 2, 3, 4, 5, 6]])
+def test_the_split_adds_the_plaintext_rows_to_the_secure_sum(cuts: list[int]) -> None:
+    """Fed in any pieces of its order: plaintext devices first, then the secure
+    ones in the secure sum's order, numbered among the secure devices."""
+    upd = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    plain = np.array([True, False, True, False, False, False, True])
+    spy = SecureSpy(4)
+    split = HybridSplit(plain, 5, secure=spy, count_secure=True)
+    order = split.order()
+    assert order.tolist() == [0, 2, 6, 5, 4, 3, 1]  # the secure devices 1, 3, 4, 5 are numbered 0..3
+    for a, b in zip([0, *cuts], [*cuts, 7], strict=True):
+        split.add(upd[torch.as_tensor(order[a:b])], order[a:b])
+    rec: dict = {}
+    mean = split.mean(rec)
+    assert spy.got == [3, 2, 1, 0] and rec["secure_spy"]
+    assert (rec["plaintext_devices"], rec["secure_devices_chosen"], rec["secure_devices_counted"]) == (3, 4, 4)
+    assert split.counted == 7 and mean is not None and torch.allclose(mean, upd.mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="round's order"):
+        HybridSplit(plain, 5, secure=SecureSpy(4), count_secure=True).add(upd[:2], np.array([0, 1]))
 
 
 def test_fewer_secure_devices_than_the_floor_sit_out():
     upd = torch.arange(12.0).reshape(4, 3)
-    plain = torch.tensor([True, True, False, False])  # 2 secure < SECURE_FLOOR
+    plain = np.array([True, True, False, False])  # 2 secure < SECURE_FLOOR
     assert SECURE_FLOOR == 3
-    h = hybrid_sum(upd, plain, lambda rows: pytest.fail("the secure part must not run"))
-    assert (h.plaintext, h.secure_counted, h.counted) == (2, 0, 2)
-    assert torch.equal(h.total, upd[:2].sum(0))
-    none = hybrid_sum(upd[2:], torch.tensor([False, False]), lambda rows: rows.sum(0))
-    assert none.counted == 0 and none.mean() is None
+    split = HybridSplit(plain, 3, secure=None, count_secure=False)
+    split.add(upd[torch.as_tensor(split.order())], split.order())
+    rec: dict = {}
+    mean = split.mean(rec)
+    assert (rec["plaintext_devices"], rec["secure_devices_counted"], split.counted) == (2, 0, 2)
+    assert mean is not None and torch.equal(mean, upd[:2].mean(0))  # the secure devices' updates never count
+    none = HybridSplit(np.array([False, False]), 3, secure=None, count_secure=False)
+    none.add(upd[2:], np.array([0, 1]))
+    assert none.counted == 0 and none.mean({}) is None
 
 
 def test_the_bound_is_refused_for_other_models_and_distributed_noise():

@@ -61,8 +61,9 @@ def test_distributed_noise_is_sized_for_the_group_and_the_ledger_keeps_each_grou
     monkeypatch.setattr(privacy, "privatize", spy)
     dp = {"dp_noise": 1.0, "dp_clip": 0.1, "dp_mode": "distributed", "secagg": True, "dp_mechanism": "gaussian-float"}
     grouped = run(x, secagg_group_size=6, **dp)
-    assert [n for n, _ in seen[:4]] == [6] * 4  # round 0: a share per group of 6
-    assert [z for _, z in seen[:4]] == pytest.approx([1 / math.sqrt(6)] * 4)
+    # round 0: each device noised on its own (D106), its share sized for its group of 6
+    assert [n for n, _ in seen[:24]] == [1] * 24
+    assert [z for _, z in seen[:24]] == pytest.approx([1 / math.sqrt(6)] * 24)
     for rec in grouped["rounds"]:
         entry = rec["dp"]
         assert [g["size"] for g in entry["groups"]] == [6, 6, 6, 6]
@@ -76,7 +77,7 @@ def test_distributed_noise_is_sized_for_the_group_and_the_ledger_keeps_each_grou
     assert grouped["epsilon_poisson_amplified"] == epsilon(noise_multiplier=1.0, sampling_rate=0.2, rounds=2)
     seen.clear()
     single = run(x, **dp)
-    assert seen[0][0] == 24 and seen[0][1] == pytest.approx(1 / math.sqrt(24))
+    assert seen[0][0] == 1 and [z for _, z in seen[:24]] == pytest.approx([1 / math.sqrt(24)] * 24)
     assert single["rounds"][0]["dp"]["sum_noise_multiplier_measured"] == pytest.approx(1.0, rel=0.1)
     assert single["epsilon"] == grouped["epsilon"]  # the same epsilon, the noise of 4 sums
 
