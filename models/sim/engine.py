@@ -205,12 +205,13 @@ def _shard_setup(
     n_local, cohort = len(local), min(d.cohort_size, len(local))
     sparse = sparse_model(d.model, mem)
     plan: MemoryPlan | SparsePlan
+    varies = ranked and d.cohort_size < len(d.population)  # a rank's share of a partial cohort changes
     if sparse is not None:
         plan = plan_sparse_memory(sparse, d.model.update_dim, cohorts, d.global_, mem, n_items=d.split.n_items,
-                                  cohort=cohort, rounds=d.rounds, config=config, ranked=ranked)  # fmt: skip
+                                  cohort=cohort, rounds=d.rounds, config=config, ranked=ranked, varies=varies)
     else:
         plan = plan_cohort_memory(d.model, cohorts, d.global_, mem, n_pop=n_local, n_items=d.split.n_items,
-                                  cohort=cohort, config=config, ranked=ranked, rounds=d.rounds)  # fmt: skip
+                                  cohort=cohort, config=config, ranked=ranked, rounds=d.rounds, varies=varies)
     return _Setup(**vars(d), shard=shard, cohorts=cohorts, plan=plan, sparse=sparse)
 
 

@@ -48,9 +48,10 @@ def plan_sparse_memory(
     rounds: int,
     config: SimulationConfig,
     ranked: bool = False,
+    varies: bool | None = None,
 ) -> SparsePlan:
     """Measure the sizes and plan (models/sim/sparse_plan.py); ConfigError when
-    the budget cannot be met. `ranked`: as for `plan_cohort_memory`."""
+    the budget cannot be met. `ranked`, `varies`: as for `plan_cohort_memory`."""
     one = cohorts.get(torch.zeros(1, dtype=torch.int64, device=cohorts.device))
     with torch.no_grad():
         row = model.init_dense(one, global_, config.seed)
@@ -68,7 +69,7 @@ def plan_sparse_memory(
     streamed = streams_dp(config) or streams_secure(config)
     work = SparseWork(
         baseline=max(resident_bytes(), BASELINE_BYTES // 2),
-        stream_bytes=stream_working_bytes(config, update_dim, cohort, ranked=ranked),
+        stream_bytes=stream_working_bytes(config, update_dim, cohort, ranked=ranked if varies is None else varies),
         global_bytes=sum(v.numel() * v.element_size() for v in global_.values()),
         update_dim=update_dim,
         # a stream takes each chunk's updates in their dense form (4 bytes a coordinate)

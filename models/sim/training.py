@@ -208,11 +208,14 @@ def plan_cohort_memory(
     config: SimulationConfig,
     ranked: bool = False,
     rounds: int | None = None,
+    varies: bool | None = None,
 ) -> MemoryPlan:
     """Measure the sizes (one device's private state, the data table) and plan
     (models/sim/memory.py); MemoryBudgetError when the budget cannot be met.
     `ranked`: this process is one of several ranks (D93): its plain sum is the
-    exact fixed-point one, and its share of the cohort changes from round to round. `rounds`: the run's rounds (the
+    exact fixed-point one. `varies`: its share of the cohort changes from round
+    to round (a rank's share of a partial cohort; None: whenever `ranked`), so
+    its secure sum's largest group is bounded over every share up to `cohort`. `rounds`: the run's rounds (the
     disk of tables that start at zero is planned for cohort x rounds devices)."""
     import shutil
     import tempfile
@@ -226,7 +229,8 @@ def plan_cohort_memory(
     # a plain round of one process: a model may sum the updates itself (D102)
     summed = plain_mean(config) and not ranked and model.sums_updates()
     fixed, per = model.train_memory(private_bytes, max_history, summed=summed)
-    stream = stream_working_bytes(config, model.update_dim, cohort, ranked=ranked)  # a sum fed as the chunks train
+    stream = stream_working_bytes(config, model.update_dim, cohort,  # a sum fed as the chunks train
+                                  ranked=ranked if varies is None else varies)  # fmt: skip
     fixed += stream
     whole = None  # the whole population at once, over its state in RAM (D97, D102)
     if cohort == n_pop:
