@@ -56,7 +56,7 @@ from dpmech import field as modular
 from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
 from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho
 from dpmech.rotation import padded_dimension
-from models.sim.fast_quantize import Workspace, quantize_rows
+from models.sim.fast_quantize import Workspace, quantize_rows, row_stats
 
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
@@ -99,10 +99,12 @@ def row_chunk(padded_dim: int) -> int:
 
 def stream_bytes(dim: int) -> int:
     """What a `DiscreteGaussianSum` of D = `dim` holds besides the updates fed
-    to it: its buffer of rows, their products and their clipped sum
-    (float64), the total (int64 over the padded length), and a buffer's
-    quantizing arrays (`fast_quantize.Workspace`: the rotated rows, their
-    uniforms and rounded values, 8 bytes a padded coordinate each)."""
+    to it: its buffer of rows (at most float64) and, without numba, a float64
+    copy of them and their products (`fast_quantize.row_stats`; with it, a
+    chunk sum of D floats instead), the clipped sum (float64), the total
+    (int64 over the padded length), and a buffer's quantizing arrays
+    (`fast_quantize.Workspace`: the rotated rows, their uniforms and rounded
+    values, 8 bytes a padded coordinate each)."""
     padded = padded_dimension(dim)
     rows = row_chunk(padded)
     return 8 * (2 * rows * dim + dim + padded) + 3 * 8 * rows * padded
@@ -187,9 +189,13 @@ class DiscreteGaussianSum:
         self.total = np.zeros(self.mech.padded_dim, dtype=np.int64)
         self.norms = np.empty(devices, dtype=np.float64)
         self.clipped_sum = np.zeros(dim, dtype=np.float64)  # for the measured noise multiplier
-        self.buffer = np.empty((row_chunk(self.mech.padded_dim), dim), dtype=np.float64)
-        self.products = np.empty_like(self.buffer)
-        self.work = Workspace(len(self.buffer), self.mech.padded_dim)  # the quantizing arrays, kept
+        # the rows waiting to be quantized, as they came (float32, or float64 for anything else; made at the
+        # first rows), the chunk's norms and its clipped sum's scratch (fast_quantize.row_stats)
+        self.buffer: np.ndarray | None = None
+        self.rows_at_once = row_chunk(self.mech.padded_dim)
+        self.chunk_norms = np.empty(self.rows_at_once, dtype=np.float64)
+        self.chunk_sum = np.empty(dim, dtype=np.float64)
+        self.work = Workspace(self.rows_at_once, self.mech.padded_dim)  # the quantizing arrays, kept
         self.held = 0  # rows waiting in the buffer
         self.done = 0  # rows quantized
         self.device = torch.device("cpu")  # where the rows came from (the mean goes back there)
@@ -218,10 +224,16 @@ class DiscreteGaussianSum:
                 rows = rows[torch.as_tensor(idx, device=rows.device)]
         self.device = rows.device
         source = rows.detach().to("cpu")
+        if source.dtype != torch.float32:  # float32 rows are kept as they are: exact in float64
+            source = source.to(torch.float64)
+        if self.buffer is None:
+            self.buffer = np.empty((self.rows_at_once, self.dim), dtype=source.numpy().dtype)
+        elif self.buffer.dtype != source.numpy().dtype:
+            raise ValueError(f"rows of {source.dtype} after rows of {self.buffer.dtype}: a round's rows are one kind")
         at = 0
         while at < source.shape[0]:
             take = min(source.shape[0] - at, len(self.buffer) - self.held)
-            self.buffer[self.held:self.held + take] = source[at:at + take].to(torch.float64).numpy()
+            self.buffer[self.held:self.held + take] = source[at:at + take].numpy()
             self.held += take
             at += take
             if self.held == len(self.buffer):
@@ -242,13 +254,12 @@ class DiscreteGaussianSum:
 
     def _quantize(self) -> None:
         """The buffered rows: their norms, clipped sum, rounding, and shares (or their sum)."""
+        assert self.buffer is not None
         x, start, mech = self.buffer[:self.held], self.done, self.mech
         pos = self._order[start:start + len(x)]
-        products = self.products[:len(x)]  # kept memory for the rows' products (np.linalg.norm's own sums)
-        norms = np.sqrt(np.add.reduce(np.multiply(x, x, out=products), axis=1))
+        norms = self.chunk_norms[:len(x)]  # np.linalg.norm's, and the clipped rows' sum, in one pass
+        row_stats(x, self.dp.clip, norms, self.chunk_sum, self.clipped_sum)
         self.norms[pos] = norms
-        np.multiply(x, np.minimum(1.0, self.dp.clip / np.maximum(norms, 1e-300))[:, None], out=products)
-        self.clipped_sum += products.sum(axis=0)
         rounded = quantize_rows(x, mech, self.key, self.rng, norms=norms, work=self.work)  # dpmech's, bit for bit
         self.done += self.held
         self.held = 0

@@ -167,15 +167,130 @@ def _round_rows(z: F64, u: F64, out: I64, sq: I64, limit: int) -> bool:
     return True
 
 
-def _compiled() -> tuple[Callable[..., None], Callable[..., bool]] | None:
-    """The two loops compiled by numba (on first call, cached on disk), or
+@_jit
+def _block_squares(row: Any, lo: int, n: int) -> float:
+    """A leaf of numpy's pairwise summation, over row[lo:lo+n]'s float64
+    squares: fewer than 8 added one by one; up to 128 in 8 running sums
+    combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the rest one by one."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            v = np.float64(row[lo + i])
+            res += v * v
+        return res
+    a, b = np.float64(row[lo]), np.float64(row[lo + 1])
+    c, d = np.float64(row[lo + 2]), np.float64(row[lo + 3])
+    e, f = np.float64(row[lo + 4]), np.float64(row[lo + 5])
+    g, h = np.float64(row[lo + 6]), np.float64(row[lo + 7])
+    r0, r1, r2, r3, r4, r5, r6, r7 = a * a, b * b, c * c, d * d, e * e, f * f, g * g, h * h
+    i = 8
+    end = n - n % 8
+    while i < end:
+        a, b = np.float64(row[lo + i]), np.float64(row[lo + i + 1])
+        c, d = np.float64(row[lo + i + 2]), np.float64(row[lo + i + 3])
+        e, f = np.float64(row[lo + i + 4]), np.float64(row[lo + i + 5])
+        g, h = np.float64(row[lo + i + 6]), np.float64(row[lo + i + 7])
+        r0 += a * a
+        r1 += b * b
+        r2 += c * c
+        r3 += d * d
+        r4 += e * e
+        r5 += f * f
+        r6 += g * g
+        r7 += h * h
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        v = np.float64(row[lo + i])
+        res += v * v
+        i += 1
+    return res
+
+
+@_jit
+def _pairwise_squares(row: Any, n: int, spans: I64, sums: F64) -> float:
+    """The sum of row[:n]'s float64 squares as numpy's pairwise summation adds
+    them (`np.add.reduce` over a contiguous float64 row): a span of more than
+    128 is the sum of its two halves, the first cut to a multiple of 8, and
+    smaller spans are `_block_squares`. Walked with explicit stacks instead of
+    recursion (numba's on-disk cache cannot load a recursive function):
+    `spans` (3, 64) holds each pending span's start, length and state, `sums`
+    (64) the halves summed so far; a+b = b+a, so only the tree matters."""
+    top = 0
+    spans[0, 0], spans[1, 0], spans[2, 0] = 0, n, 0
+    depth = 0  # values on `sums`
+    while top >= 0:
+        lo, m, state = spans[0, top], spans[1, top], spans[2, top]
+        if m <= 128:
+            sums[depth] = _block_squares(row, lo, m)
+            depth += 1
+            top -= 1
+        elif state == 0:  # split: the first half, then the second, then their sum
+            half = m // 2
+            half -= half % 8
+            spans[2, top] = 1
+            spans[0, top + 1], spans[1, top + 1], spans[2, top + 1] = lo + half, m - half, 0
+            spans[0, top + 2], spans[1, top + 2], spans[2, top + 2] = lo, half, 0
+            top += 2
+        else:  # both halves done
+            depth -= 1
+            sums[depth - 1] = sums[depth - 1] + sums[depth]
+            top -= 1
+    return sums[0]
+
+
+def _row_stats(x: Any, clip: float, norms: F64, chunk: F64, total: F64) -> None:
+    """norms[i] = the float64 L2 norm of row i as `np.linalg.norm` gives it,
+    and total += the rows scaled to clip summed as numpy's `sum(axis=0)`
+    adds them (the first row, then each next one), each row scaled by
+    min(1, clip / max(norm, 1e-300)) (NaN for a NaN norm). `chunk` (d) is
+    scratch for that sum. x may be float32: its values are exact in float64."""
+    n, d = x.shape
+    spans = np.empty((3, 64), dtype=np.int64)
+    sums = np.empty(64)
+    for i in range(n):
+        norm = math.sqrt(_pairwise_squares(x[i], d, spans, sums))
+        norms[i] = norm
+        if norm != norm:
+            f = norm
+        else:
+            q = clip / (norm if norm > 1e-300 else 1e-300)
+            f = q if q < 1.0 else 1.0
+        if i == 0:
+            for j in range(d):
+                chunk[j] = np.float64(x[i, j]) * f
+        else:
+            for j in range(d):
+                chunk[j] += np.float64(x[i, j]) * f
+    if n:
+        for j in range(d):
+            total[j] += chunk[j]
+
+
+def _compiled() -> tuple[Callable[..., None], Callable[..., bool], Callable[..., None]] | None:
+    """The loops compiled by numba (on first call, cached on disk), or
     None where numba is not installed (the `fast` extra is optional)."""
     if importlib.util.find_spec("numba") is None:
         return None
-    return _jit(_transform_rows), _jit(_round_rows)
+    return _jit(_transform_rows), _jit(_round_rows), _jit(_row_stats)
 
 
 _KERNELS = _compiled()
+
+
+def row_stats(x: npt.NDArray[np.floating[Any]], clip: float, norms: F64, chunk: F64, total: F64) -> None:
+    """The rows' float64 L2 norms into `norms` (`np.linalg.norm(x, axis=1)`
+    of the float64 rows, bit for bit), and `total` += the rows clipped to
+    `clip` summed as `np.multiply(x, factor[:, None]).sum(axis=0)` adds them,
+    factor = min(1, clip / max(norm, 1e-300)); `chunk` (len d) is scratch.
+    One compiled pass over float32 or float64 rows where numba is installed
+    (no float64 copy of the rows), numpy's own operations elsewhere."""
+    if _KERNELS is not None and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous:
+        _KERNELS[2](x, float(clip), norms, chunk, total)
+        return
+    x64 = np.asarray(x, dtype=np.float64)
+    norms[:] = np.sqrt(np.add.reduce(x64 * x64, axis=1))
+    total += (x64 * np.minimum(1.0, clip / np.maximum(norms, 1e-300))[:, None]).sum(axis=0)
 
 
 def available() -> bool:
@@ -209,7 +324,7 @@ class Workspace:
         return self._signs[1]
 
 
-def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rng: np.random.Generator, *,
+def quantize_rows(update: npt.NDArray[np.floating[Any]], config: MechanismConfig, rotation_seed: bytes, rng: np.random.Generator, *,
                   compiled: bool | None = None, norms: F64 | None = None, work: Workspace | None = None) -> I64:
     """`dpmech.mechanism.quantize(update, config, rotation_seed, rng)` for a
     chunk of rows (n, dim), bit for bit, drawing the same numbers from rng.
@@ -222,13 +337,15 @@ def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rn
     if kernels is None:
         if compiled:
             raise RuntimeError("the compiled path needs numba (pip install 'fedmask[fast]')")
-        return quantize(update, config, rotation_seed, rng)
-    transform_rows, round_rows = kernels
-    x = np.ascontiguousarray(update, dtype=np.float64)
+        return quantize(np.asarray(update, dtype=np.float64), config, rotation_seed, rng)
+    transform_rows, round_rows, _ = kernels
+    # float32 rows are read as they are (their values are exact in float64); anything else as float64
+    keep = update.dtype in (np.float32, np.float64)
+    x = np.ascontiguousarray(update) if keep else np.ascontiguousarray(update, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != config.dim:
         raise ValueError(f"expected rows of length {config.dim}, got shape {x.shape}")
     if norms is None:
-        norms = np.linalg.norm(x, axis=1)
+        norms = np.linalg.norm(np.asarray(x, dtype=np.float64), axis=1)
     if not np.all(np.isfinite(norms)) and not np.all(np.isfinite(x)):  # only such rows have such norms
         raise ValueError("the update has a NaN or infinite coordinate")
     n = x.shape[0]
@@ -251,4 +368,4 @@ def quantize_rows(update: F64, config: MechanismConfig, rotation_seed: bytes, rn
     return redraw_above_bound(z, out, squares, config.bound_sq, rng, MAX_TRIES)
 
 
-__all__ = ["Workspace", "available", "quantize_rows"]
+__all__ = ["Workspace", "available", "quantize_rows", "row_stats"]

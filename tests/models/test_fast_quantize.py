@@ -88,11 +88,39 @@ def test_rows_out_of_the_compiled_range_are_rounded_by_numpy(monkeypatch: pytest
     assert not fast_quantize._round_rows(np.array([[11.0, 0.0]]), np.zeros((1, 2)), np.empty((1, 2), np.int64),
                                          np.empty(1, np.int64), 10)
     assert fast_quantize._KERNELS is not None
-    transform, _ = fast_quantize._KERNELS
-    monkeypatch.setattr(fast_quantize, "_KERNELS", (transform, lambda *args: False))
+    transform, _, stats = fast_quantize._KERNELS
+    monkeypatch.setattr(fast_quantize, "_KERNELS", (transform, lambda *args: False, stats))
     rng = np.random.default_rng(3)
     x = rng.normal(size=(5, 700))
     cfg = calibrate(dim=700, clip=0.5, noise_multiplier=1.0, devices=5, shares=5, bits=32)
     a, b = np.random.default_rng(2), np.random.default_rng(2)
     assert np.array_equal(fast_quantize.quantize_rows(x, cfg, b"k", b), quantize(x, cfg, b"k", a))
     assert a.random() == b.random()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_row_stats_are_numpys_norms_and_clipped_sum(dtype: type, compiled: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused pass (numba) gives `np.linalg.norm` of the float64 rows and
+    numpy's clipped sum (`sum(axis=0)` of the scaled rows, added to the
+    running total) bit for bit, float32 rows included: every row length up
+    to 300 (numpy's pairwise summation changes shape at 8 and 128) and the
+    simulator's large ones, rows of very different norms and zeros."""
+    if compiled and not fast_quantize.available():
+        pytest.skip("numba is not installed (the fast extra)")
+    if not compiled:
+        monkeypatch.setattr(fast_quantize, "_KERNELS", None)
+    rng = np.random.default_rng(11)
+    for d in [*range(1, 300, 7), 128, 129, 136, 8192, 8193, 118_592, 131_071]:
+        n = int(rng.integers(1, 5))
+        x: np.ndarray = (rng.standard_normal((n, d)) * rng.uniform(1e-5, 20.0, size=(n, 1))).astype(dtype)
+        x[0, : min(d, 3)] = 0.0
+        x64 = x.astype(np.float64)
+        want = np.linalg.norm(x64, axis=1)
+        start = rng.standard_normal(d)
+        want_total = start + (x64 * np.minimum(1.0, 0.1 / np.maximum(want, 1e-300))[:, None]).sum(axis=0)
+        norms, total = np.empty(n), start.copy()
+        fast_quantize.row_stats(x, 0.1, norms, np.empty(d), total)
+        assert np.array_equal(norms, want), d
+        assert np.array_equal(total, want_total), d
