@@ -57,6 +57,7 @@ from dpmech.calibrate import calibrate, noise_multiplier_of, with_shares
 from dpmech.mechanism import MechanismConfig, decode_sum, privacy_rho
 from dpmech.rotation import padded_dimension
 from models.sim.fast_quantize import Workspace, quantize_rows, row_stats
+from models.sim.row_order import next_slice
 
 if TYPE_CHECKING:
     from models.sim.config import DPSettings
@@ -216,12 +217,7 @@ class DiscreteGaussianSum:
         order); other positions are refused (ValueError)."""
         if rows.ndim != 2 or rows.shape[1] != self.dim:
             raise ValueError(f"expected rows of length {self.dim}, got shape {tuple(rows.shape)}")
-        if self.done + self.held + rows.shape[0] > self.devices:
-            raise ValueError(f"more than the round's {self.devices} devices")
-        if positions is not None:
-            idx = self._slice_index(positions, rows.shape[0])
-            if not np.array_equal(idx, np.arange(len(idx))):  # not already in order: a reordered copy
-                rows = rows[torch.as_tensor(idx, device=rows.device)]
+        rows, _ = next_slice(self._order, self.done + self.held, rows, positions)
         self.device = rows.device
         source = rows.detach().to("cpu")
         if source.dtype != torch.float32:  # float32 rows are kept as they are: exact in float64
@@ -238,19 +234,6 @@ class DiscreteGaussianSum:
             at += take
             if self.held == len(self.buffer):
                 self._quantize()
-
-    def _slice_index(self, positions: torch.Tensor | np.ndarray, b: int) -> np.ndarray:
-        """Which of b rows at `positions` is each next position of `order()`."""
-        pos = np.asarray(positions.cpu() if isinstance(positions, torch.Tensor) else positions).reshape(-1)
-        start = self.done + self.held
-        want = self._order[start:start + b]
-        if len(pos) != b:
-            raise ValueError(f"{len(pos)} positions for {b} rows")
-        k = np.argsort(pos, kind="stable")
-        at = np.searchsorted(pos[k], want).clip(0, max(b - 1, 0))
-        if b and not np.array_equal(pos[k][at], want):
-            raise ValueError("rows must come in the round's order (its groups' rows, group after group)")
-        return k[at]
 
     def _quantize(self) -> None:
         """The buffered rows: their norms, clipped sum, rounding, and shares (or their sum)."""

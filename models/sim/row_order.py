@@ -44,11 +44,15 @@ def next_slice(order: np.ndarray, done: int, rows: torch.Tensor,
     if positions is None:
         return rows, want
     pos = np.asarray(positions.cpu() if isinstance(positions, torch.Tensor) else positions).reshape(-1)
-    if len(pos) != b or not np.array_equal(np.sort(pos), np.sort(want)):
+    if len(pos) != b:
+        raise ValueError(f"{len(pos)} positions for {b} rows")
+    k = np.argsort(pos, kind="stable")  # which row holds each wanted position
+    at = np.searchsorted(pos[k], want).clip(0, max(b - 1, 0))
+    if b and not np.array_equal(pos[k][at], want):
         raise ValueError("rows must come in the round's order (its groups' rows, group after group)")
-    if not np.array_equal(pos, want):  # the slice's rows in the order's sequence
-        where = {int(p): i for i, p in enumerate(pos.tolist())}
-        rows = rows[torch.as_tensor([where[int(p)] for p in want.tolist()], device=rows.device)]
+    idx = k[at]
+    if not np.array_equal(idx, np.arange(b)):  # not already in order: a reordered copy
+        rows = rows[torch.as_tensor(idx, device=rows.device)]
     return rows, want
 
 
