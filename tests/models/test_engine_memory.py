@@ -366,6 +366,20 @@ def test_cli_prints_the_plan_and_refuses_a_budget_it_cannot_meet(tmp_path: Path,
     assert '"private_on_disk": true' in res
 
 
+def take_the_table_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on a round trains without feeding any stream and keeps the
+    cohort's table (the plan counts it), and `aggregate_round` feeds the
+    table to the round's streams at once: the path a streamed round must equal."""
+    import models.sim.engine as engine
+    import models.sim.sparse_training as sparse_training
+    import models.sim.training as training
+
+    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
+    for module in (training, sparse_training):
+        monkeypatch.setattr(module, "streams_dp", lambda config: False)
+        monkeypatch.setattr(module, "streams_secure", lambda config: False)
+
+
 @pytest.mark.parametrize("model,secagg", [("fedrap", False), ("fedrap", True), ("fedmf", True)])
 def test_chunked_float_gaussian_rounds_stream_the_updates(x, tmp_path: Path, model: str, secagg: bool,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,21 +390,14 @@ def test_chunked_float_gaussian_rounds_stream_the_updates(x, tmp_path: Path, mod
     run bit for bit. With it they are cut group by group, so the devices'
     float32 updates may differ in the last bit (not the draws: the noise
     does not depend on the values)."""
-    import models.sim.engine as engine
-    import models.sim.sparse_training as sparse_training
-    import models.sim.training as training
-
     kw: dict[str, Any] = {"model": model, "dp_noise": 0.5, "dp_clip": 1.0,
-                          "dp_mode": "distributed" if secagg else "local", "dp_mechanism": "gaussian-float", "secagg": secagg, "params": {"k": 4}, "rounds": 2,
-                          "clients_per_round": 40}  # fmt: skip
+                          "dp_mode": "distributed" if secagg else "local", "dp_mechanism": "gaussian-float",
+                          "secagg": secagg, "params": {"k": 4}, "rounds": 2, "clients_per_round": 40}  # fmt: skip
     if secagg:
         kw["secagg_group_size"] = 8
     mem = MemorySettings(budget_gb=64, cohort_chunk=7)
     res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
-    # the table path: the engine feeds no stream while training, aggregate_round feeds the table at once
-    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
-    for module in (training, sparse_training):
-        monkeypatch.setattr(module, "streams_dp", lambda config: False)
+    take_the_table_path(monkeypatch)
     res0, g0 = run(x, tmp_path, "table", mem, **kw)
     assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) <= (1e-5 if secagg else 0.0)
     assert res1["epsilon"] == res0["epsilon"]
@@ -413,8 +420,6 @@ def test_chunked_hybrid_rounds_feed_the_split(x, tmp_path: Path, secagg: bool, d
     in another order, so float32 updates may differ in the last bit), the
     same paths taken, and a secure sum that holds one group."""
     import models.sim.engine as engine
-    import models.sim.sparse_training as sparse_training
-    import models.sim.training as training
 
     kw: dict[str, Any] = {"model": "fedmmf", "params": {"order": "one"}, "rounds": 2, "clients_per_round": 60}
     base, _ = run(x, tmp_path, "base", MemorySettings(budget_gb=64), **kw)
@@ -434,10 +439,7 @@ def test_chunked_hybrid_rounds_feed_the_split(x, tmp_path: Path, secagg: bool, d
     monkeypatch.setattr(engine, "train_cohort", train)
     res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
     assert kept == [None, None]  # every chunk went to the split: no round kept the cohort's table
-    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
-    for module in (training, sparse_training):
-        monkeypatch.setattr(module, "streams_dp", lambda config: False)
-        monkeypatch.setattr(module, "streams_secure", lambda config: False)
+    take_the_table_path(monkeypatch)
     res0, g0 = run(x, tmp_path, "table", mem, **kw)
     assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) <= 1e-5
     for a, b in zip(res1["rounds"], res0["rounds"], strict=True):
@@ -459,18 +461,12 @@ def test_chunked_dp_without_a_secure_sum_streams_the_updates(x, tmp_path: Path, 
     cohort's table: the same run bit for bit as with the table. (Against an
     unchunked run a chunked DP run is not bit for bit: float32 updates that
     differ in the last bit can change a rounding retry, hence every later draw.)"""
-    import models.sim.engine as engine
-    import models.sim.sparse_training as sparse_training
-    import models.sim.training as training
 
     kw = {"model": model, "dp_noise": 0.5, "dp_clip": 1.0, "dp_mode": mode, "unmasked_sum": mode == "distributed",
           "params": {"k": 4}, "rounds": 2}  # fmt: skip
     mem = MemorySettings(budget_gb=64, cohort_chunk=7)
     res1, g1 = run(x, tmp_path, "streamed", mem, **kw)
-    # the table path: the engine feeds no stream while training, aggregate_round feeds the table at once
-    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
-    for module in (training, sparse_training):
-        monkeypatch.setattr(module, "streams_dp", lambda config: False)
+    take_the_table_path(monkeypatch)
     res0, g0 = run(x, tmp_path, "table", mem, **kw)
     assert res1["memory"]["chunk"] == 7 and max_diff(g1, g0) == 0.0
     assert res1["epsilon"] == res0["epsilon"] and res1["rounds"][-1]["dp"] == res0["rounds"][-1]["dp"]
