@@ -167,16 +167,15 @@ def test_tolerance_covers_the_worst_quantisation_error(tmp_path: Path, monkeypat
 
     import models.sim.engine as engine
 
-    def shifted_mean(self, updates, *, round_idx, clip):  # noqa: ANN001, ANN202
+    def shifted_mean(updates, *, round_idx, **kw):  # noqa: ANN001, ANN003, ANN202
         g = torch.Generator().manual_seed(100 + round_idx)
         sign = torch.randint(0, 2, (updates.shape[1],), generator=g) * 2 - 1
         return updates.mean(0) + 2 * quantisation_step() * sign
 
     exact = _simulate_in_process(tmp_path, "exact", secagg=False)
-    monkeypatch.setattr(engine.SecureAggregator, "mean", shifted_mean)
-    # through the whole-table path (`SecureAggregator.mean`), not the streamed one (D100),
-    # whose sum is the same bit for bit (tests/secagg/test_group_stream.py)
-    monkeypatch.setattr(engine, "streams_secure", lambda *a, **k: False)
+    # the round keeps its table (no stream, D100) and its mean is the exact one moved by two steps
+    monkeypatch.setattr(engine, "round_streams", lambda *args: (None, None))
+    monkeypatch.setattr(engine, "aggregate_round", shifted_mean)
     shifted = _simulate_in_process(tmp_path, "shifted")
     diff = float(np.abs(shifted - exact).max())
     delta = 2 * SERVER_LR * UPDATE_SCALE * quantisation_step()
