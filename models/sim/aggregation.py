@@ -188,7 +188,7 @@ def stream_working_bytes(config: SimulationConfig, update_dim: int, cohort: int,
     hybrid = config.plaintext_j_bound is not None  # a float64 sum, and the secure devices' groups (any count)
     ranked = ranked or (hybrid and config.secagg)
     extra = 8 * update_dim if hybrid else 0
-    if streams_dp(config) and config.dp is not None and config.dp.mechanism == "gaussian-float":
+    if config.dp is not None and config.dp.mechanism == "gaussian-float":  # streams_dp: any DP
         # two float64 running sums, and with SecAgg the secure stream's group (its noisy float rows)
         held = _largest_group(config, cohort, ranked=ranked) * update_dim if config.secagg else 0
         return extra + 16 * update_dim + held * (4 + SECAGG_BYTES_PER_COORD)
