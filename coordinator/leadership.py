@@ -1,7 +1,12 @@
 """Leading the federation under a lease (D90): take the store's leader
 lease, keep renewing it, and say at once when it is lost.
 
-`LeaseKeeper` is the only caller of the store's lease methods. Contract:
+`LeaseKeeper` is the only caller of the store's lease methods: by default
+the store's `acquire_lease` / `release_lease`, or the pair of callables it
+is given with the same contract (`acquire_lease(holder, seconds)` -> the
+granted or renewed `Lease`, None while another holder's runs;
+`release_lease(lease)` ends that term if it is still current), so that any
+lease row with those semantics is kept by the same rule. Contract:
 - `acquire(wait_s)` returns once this replica holds the lease. A replica
   whose lease is held by another waits (a standby), logging who leads;
   with `wait_s`, it gives up after that long (`LeaseHeld`): the answer of a
@@ -80,8 +85,15 @@ class LeaseKeeper:
     """Holds the leader lease for one replica (see the module doc)."""
 
     def __init__(self, store: Store, holder: str, lease_s: float, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 acquire_lease: Callable[[str, float], Lease | None] | None = None,
+                 release_lease: Callable[[Lease], None] | None = None) -> None:
+        """`acquire_lease` / `release_lease`: the lease's calls (see the
+        module doc), the store's own when not given; `store.current_lease`
+        only names the holder a standby waits for."""
         self._store, self.holder, self.lease_s, self._clock = store, holder, lease_s, clock
+        self._acquire_lease = acquire_lease if acquire_lease is not None else store.acquire_lease
+        self._release_lease = release_lease if release_lease is not None else store.release_lease
         self._term: Term | None = None
 
     def fence(self) -> Lease:
@@ -92,7 +104,7 @@ class LeaseKeeper:
 
     async def _try(self) -> Lease | None:
         asked_at = self._clock()
-        lease = await asyncio.to_thread(self._store.acquire_lease, self.holder, self.lease_s)
+        lease = await asyncio.to_thread(self._acquire_lease, self.holder, self.lease_s)
         if lease is not None:
             self._term = Term(lease, asked_at)  # count from the question: never later than the store's clock
         return lease
@@ -142,13 +154,13 @@ class LeaseKeeper:
             if lease is None:
                 return "another replica holds the lease"
             if lease.token != term.lease.token:  # it expired and this replica took a NEW term: step down
-                self._store.release_lease(lease)
+                self._release_lease(lease)
                 return "the lease expired before it was renewed"
             self._term = Term(lease, asked_at)
         return None
 
     def _renew_before(self, deadline: float) -> Lease | None:
-        """The store's `acquire_lease`, waited for until `deadline` (this
+        """The lease's `acquire_lease`, waited for until `deadline` (this
         process's clock) and no longer: raises TimeoutError then. The call
         runs on a daemon thread of its own, so a store that never answers (a
         network that drops packets: no error, no reset, a read that waits on
@@ -159,7 +171,7 @@ class LeaseKeeper:
 
         def call() -> None:
             try:
-                answer.set_result(self._store.acquire_lease(self.holder, self.lease_s))
+                answer.set_result(self._acquire_lease(self.holder, self.lease_s))
             except BaseException as exc:  # handed to the keeper, which re-raises it
                 answer.set_exception(exc)
 
@@ -174,7 +186,7 @@ class LeaseKeeper:
         lease = None if answer.exception() is not None else answer.result()
         if lease is not None:
             try:
-                self._store.release_lease(lease)
+                self._release_lease(lease)
             except StoreError as exc:
                 log_event("lease_release_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])
 
@@ -201,6 +213,6 @@ class LeaseKeeper:
     async def release(self) -> None:
         if self._term is not None:
             try:
-                await asyncio.to_thread(self._store.release_lease, self._term.lease)
+                await asyncio.to_thread(self._release_lease, self._term.lease)
             except StoreError as exc:
                 log_event("lease_release_failed", logging.WARNING, replica=self.holder, error=str(exc)[:200])

@@ -67,6 +67,69 @@ def test_a_replica_whose_lease_lapsed_steps_down_even_if_nobody_took_it() -> Non
     asyncio.run(scenario())
 
 
+class LeaselessStore(InMemoryStore):
+    """A store whose own leader lease must not be touched."""
+
+    def acquire_lease(self, holder: str, seconds: float) -> Lease | None:
+        raise AssertionError("the store's lease was asked for")
+
+    def release_lease(self, lease: Lease) -> None:
+        raise AssertionError("the store's lease was released")
+
+
+def test_a_keeper_given_its_own_lease_calls_keeps_that_lease_by_the_same_rule() -> None:
+    """Injected acquire / release callables (here another store's lease row,
+    as a replica's own row would be) replace the store's lease methods in
+    every path: the first grant, a renewal, a loss to another holder and the
+    release; the store's own lease is never asked for."""
+    clock, a_clock = Clock(), Clock()  # the row's (and b's) clock; a's own
+    row = InMemoryStore(lease_clock=clock)
+    asked: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def acquire(holder: str, seconds: float) -> Lease | None:
+        asked.append(("acquire", holder))
+        lease = row.acquire_lease(holder, seconds)
+        stop.set()  # one renewal per keep() below
+        return lease
+
+    def release(lease: Lease) -> None:
+        asked.append(("release", lease.holder))
+        row.release_lease(lease)
+
+    store = LeaselessStore()
+    a = LeaseKeeper(store, "a", 10.0, clock=a_clock, acquire_lease=acquire, release_lease=release)
+
+    async def scenario() -> None:
+        first = await a.acquire()
+        assert (first.holder, first.token) == ("a", 1) and a.fence() == first
+        held = row.current_lease()
+        assert held is not None and held.holder == "a"
+        assert store.current_lease() is None  # the store's own lease stays free
+
+        clock.now = a_clock.now = 4.0  # past a third of the lease: a renews through `acquire`, same term
+        stop.clear()
+        assert a.keep(stop) is None
+        assert asked == [("acquire", "a"), ("acquire", "a")] and a.fence().token == 1
+        renewed = row.current_lease()
+        assert renewed is not None and renewed.remaining_s == pytest.approx(10.0)
+
+        await a.release()
+        assert asked[-1] == ("release", "a") and row.current_lease() is None
+
+        clock.now = a_clock.now = 20.0
+        again = await a.acquire()  # a new term in the row
+        assert again.token == 2
+        clock.now = 31.0  # a's term ran out in the row; b takes it
+        taken = row.acquire_lease("b", 10.0)
+        assert taken is not None and taken.token == 3
+        a_clock.now = 24.0  # a thinks its lease still runs: its renewal finds b's
+        stop.clear()
+        assert a.keep(stop) == "another replica holds the lease"
+
+    asyncio.run(scenario())
+
+
 def test_clients_take_a_list_of_replica_addresses_and_try_them_in_turn() -> None:
     cfg = TransportConfig(target="10.0.0.1:50051, coordinator-b:50051")
     assert cfg.targets == ("10.0.0.1:50051", "coordinator-b:50051")
