@@ -48,7 +48,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -412,4 +412,21 @@ PHASE_ORDER: dict[RoundState, int] = {s: i for i, s in enumerate(RoundState)}
 AnyRound = RoundMachine | GroupedRoundMachine
 
 
-__all__ = ["AnyRound", "GroupedRoundMachine", "GroupsShape", "PHASE_ORDER"]
+@runtime_checkable
+class Grouped(Protocol):
+    """A round in groups as its task fan-out and its privacy charge read it
+    (`GroupedRoundMachine`, or any view of one with the same members): a
+    round is in groups exactly when it has these; a round of one instance
+    is its own only group."""
+
+    @property
+    def machines(self) -> Sequence[RoundMachine]:
+        """Every group's instance, in group order."""
+        ...
+
+    def released(self) -> Sequence[RoundMachine]:
+        """The groups whose sums were reconstructed (their `result` is set)."""
+        ...
+
+
+__all__ = ["AnyRound", "Grouped", "GroupedRoundMachine", "GroupsShape", "PHASE_ORDER"]

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine
+from coordinator.grouped_rounds import AnyRound, Grouped
 from coordinator.round_report import PrivacyLedger
 from coordinator.store import GroupCharge, PrivacyEntry, RoundRecord, RoundState
 
@@ -119,7 +119,7 @@ def abort_charge(ledger: PrivacyLedger, r: AnyRound, history: Sequence[PrivacyEn
     if not ledger.enabled:
         return None
     groups: list[GroupCharge] = []
-    for m in r.machines if isinstance(r, GroupedRoundMachine) else (r,):
+    for m in r.machines if isinstance(r, Grouped) else (r,):
         survivors = m.survivors()
         counted = learnable_count(
             reconstructed=len(m.result.counted) if m.result is not None else None,
@@ -131,7 +131,7 @@ def abort_charge(ledger: PrivacyLedger, r: AnyRound, history: Sequence[PrivacyEn
     if not groups:
         return None
     z = min(g.noise_multiplier for g in groups)
-    return ledger.charge(r.number, z, history, tuple(groups) if isinstance(r, GroupedRoundMachine) else ())
+    return ledger.charge(r.number, z, history, tuple(groups) if isinstance(r, Grouped) else ())
 
 
 class InterruptedCharge:

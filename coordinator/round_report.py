@@ -28,7 +28,7 @@ from coordinator.debug import debug_metrics
 from coordinator.logs import log_event
 from coordinator.metric_rules import metric_violation
 from coordinator.model_host import SYNTHETIC
-from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine, GroupsShape
+from coordinator.grouped_rounds import AnyRound, Grouped, GroupsShape
 from coordinator.settings import DebugSettings, DpSettings
 from coordinator.store import GroupCharge, PrivacyEntry, RoundRecord, RoundState, Store
 from wire.round_metrics import MetricRangeError
@@ -201,7 +201,7 @@ class PrivacyLedger:
         if not self.enabled:
             return None
         assert r.result is not None
-        if isinstance(r, GroupedRoundMachine):  # each released group's sum at the noise its devices split (D99)
+        if isinstance(r, Grouped):  # each released group's sum at the noise its devices split (D99)
             groups = tuple(
                 GroupCharge(size=len(m.cohort), counted=len(m.result.counted),
                             noise_multiplier=self.round_multiplier(cohort=len(m.cohort), counted=len(m.result.counted),

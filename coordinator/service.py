@@ -52,7 +52,7 @@ from coordinator.model_host import ServerModel
 from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import ReportPolicy, credential
 from coordinator.report_ledger import ReportLedger
-from coordinator.grouped_rounds import AnyRound, GroupedRoundMachine
+from coordinator.grouped_rounds import AnyRound, Grouped
 from coordinator.interrupted_charge import InterruptedCharge
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
 from coordinator.recovery import recover
@@ -558,7 +558,7 @@ class Coordinator:
 
     def _send_tasks(self, r: AnyRound, deadlines: dict[str, float], fields: tuple[TaskFields, ...]) -> None:
         """Each group's tasks (a round of one instance: one group) to the streams hosting its devices."""
-        for m, f in zip(r.machines if isinstance(r, GroupedRoundMachine) else (r,), fields, strict=True):
+        for m, f in zip(r.machines if isinstance(r, Grouped) else (r,), fields, strict=True):
             self.delivery.send_tasks(m.cohort, functools.partial(f.task, m, deadlines=deadlines),
                                      gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
 
