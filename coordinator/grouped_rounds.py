@@ -24,7 +24,8 @@ nobody; its devices get its AbortNotice and the other groups go on. When no
 group is collecting any more, the round is AGGREGATING if the groups that
 reached aggregation count at least `minimum` devices together, its result
 the sum of their unmasked sums mod 2^w, decoded once with the round's
-encoding (`counted` the union of their counted sets, disjoint); otherwise
+encoding (`counted` the union of their counted sets, disjoint):
+`combine_group_sums`, a pure function of the groups' sums; otherwise
 the round aborts and those groups' devices are told. `committed` tells
 every counted group's devices (each with its own session id).
 
@@ -148,10 +149,7 @@ class GroupedRoundMachine:
             raise ValueError("every group's discrete Gaussian must have the round's scale, field and length")
         if not 1 <= self.minimum <= len(self.cohort):
             raise ValueError(f"minimum {self.minimum} outside 1..{len(self.cohort)}")
-        encoding = FixedPointEncoding(first.clip, len(self.cohort), first.modulus_bits, first.max_level)
-        # decoding reads only the encoding and the vector length; the graph fields just have to be valid
-        self.whole = dataclasses.replace(self.configs[0], num_clients=len(self.cohort), degree=len(self.cohort) - 1,
-                                         threshold=len(self.cohort), encoding=encoding)
+        self.whole = cohort_config(self.configs[0], len(self.cohort))
         self.machines = tuple(
             RoundMachine(number=self.number, config=c, cohort=list(g), deadlines=self.deadlines,
                          identity_keys=self.identity_keys, metrics=self.metrics, mechanism=mech,
@@ -374,18 +372,12 @@ class GroupedRoundMachine:
             for j, m in done:
                 actions += self._from_group(j, m.cancel(reason, detail, now))
             return actions + self._end_aborted(reason, detail)
-        total = np.zeros(self.whole.vector_length, dtype=np.uint64)
-        members: list[int] = []
-        for _, m in done:
-            assert m.result is not None
-            total += m.result.encoded_sum
-            members.extend(m.result.counted)
-        words = (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-        self.result = aggregate_result(self.whole, self.metrics, words, tuple(sorted(members)), self.mechanisms[0],
-                                       self.rotation_key)
+        self.result = combine_group_sums(self.whole, [m.result for _, m in done if m.result is not None],
+                                         metrics=self.metrics, mechanism=self.mechanisms[0],
+                                         rotation_key=self.rotation_key)
         self.phase = RoundState.AGGREGATING
         return [PhaseChanged(self.phase), AggregateReady(self.result),
-                self._log("aggregate_ready", counted=len(members), groups=len(done))]
+                self._log("aggregate_ready", counted=len(self.result.counted), groups=len(done))]
 
     def _end_aborted(self, reason: codec.ProtoAbortReason, detail: str) -> list[Action]:
         self.phase = RoundState.ABORTED
@@ -393,6 +385,57 @@ class GroupedRoundMachine:
         self.abort_detail = detail
         return [PhaseChanged(self.phase), RoundEnded(False, reason, detail),
                 self._log("round_aborted", reason=reason_name(reason), detail=detail)]
+
+
+class GroupSum(Protocol):
+    """One group's unmasked sum as `combine_group_sums` adds it: a group
+    machine's `AggregateResult`, or the same two fields read back."""
+
+    @property
+    def encoded_sum(self) -> np.ndarray:
+        """uint32 (L + M,): the group's unmasked sum mod 2^w, metric limbs included."""
+        ...
+
+    @property
+    def counted(self) -> Sequence[int]:
+        """The device ids whose inputs are in it."""
+        ...
+
+
+def cohort_config(group: SecAggConfig, cohort: int) -> SecAggConfig:
+    """The cohort-level config a round in groups decodes its sum with: group
+    `group`'s (every group has the round's one encoding) with the encoding
+    sized for all `cohort` devices. Decoding reads only the encoding and
+    the vector length; the graph fields just have to be valid."""
+    e = group.encoding
+    encoding = FixedPointEncoding(e.clip, cohort, e.modulus_bits, e.max_level)
+    return dataclasses.replace(group, num_clients=cohort, degree=cohort - 1, threshold=cohort, encoding=encoding)
+
+
+def combine_group_sums(whole: SecAggConfig, sums: Iterable[GroupSum], *, metrics: MetricLayout = EMPTY_LAYOUT,
+                       mechanism: MechanismConfig | None = None, rotation_key: bytes = b"") -> AggregateResult:
+    """The round's result over the given groups' sums (pure): their sum mod
+    2^32, reduced mod 2^w and decoded ONCE by `aggregate_result` with
+    `whole` (`cohort_config`: the round's encoding, sized for the cohort, so
+    no sum over a subset of its devices wraps, D87), the round's metric
+    layout and, with the discrete Gaussian, the round's `mechanism` and
+    `rotation_key`; `counted` is the union of the groups' counted sets,
+    sorted. Which groups to add (those that reached aggregation, counting
+    at least the round's minimum) is the caller's. ValueError for no sums
+    or a device counted in two of them (a round's groups are disjoint)."""
+    total = np.zeros(whole.vector_length, dtype=np.uint64)
+    members: list[int] = []
+    given = 0
+    for s in sums:
+        total += s.encoded_sum
+        members.extend(s.counted)
+        given += 1
+    if not given:
+        raise ValueError("no group sum to combine")
+    if len(set(members)) != len(members):
+        raise ValueError("a device is counted in two group sums")
+    words = (total & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return aggregate_result(whole, metrics, words, tuple(sorted(members)), mechanism, rotation_key)
 
 
 def _longest(per_group: Iterable[Mapping[str, float]]) -> dict[str, float]:
@@ -429,4 +472,5 @@ class Grouped(Protocol):
         ...
 
 
-__all__ = ["AnyRound", "Grouped", "GroupedRoundMachine", "GroupsShape", "PHASE_ORDER"]
+__all__ = ["AnyRound", "GroupSum", "Grouped", "GroupedRoundMachine", "GroupsShape", "PHASE_ORDER", "cohort_config",
+           "combine_group_sums"]

@@ -6,19 +6,24 @@ devices' encoded inputs, bit for bit, under every dropout pattern drawn."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coordinator.grouped_rounds import GroupedRoundMachine
+from coordinator.grouped_rounds import Grouped, GroupedRoundMachine, cohort_config, combine_group_sums
 from coordinator.round_groups import groups_by_host
 from coordinator.rounds import AggregateReady, Broadcast, LogEvent, PhaseChanged, RoundEnded, Send
 from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2
 from secagg.config import SecAggConfig
+from secagg.grouped_round import combine_groups, group_configs, run_grouped_round
 from secagg.groups import group_session_id, partition_seed
+from secagg.inprocess import DropoutPlan
 from wire import RoundIds, build_round_task, parse_round_task
 from wire.round_metrics import MetricLayout
 
@@ -231,3 +236,94 @@ def test_an_aborting_round_in_groups_is_charged_group_by_group() -> None:
     assert entry is not None
     assert sorted((g.size, g.counted) for g in entry.groups) == [(10, 9), (10, 10), (10, 10)]
     assert entry.noise_multiplier == pytest.approx(0.9 ** 0.5)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(8, 30), group_size=st.integers(4, 10), data=st.data())
+def test_the_groups_sums_combine_to_the_rounds_result_and_any_of_them_to_their_plaintext_sum(
+        n: int, group_size: int, data: st.DataObject) -> None:
+    """Property: `combine_group_sums` over the groups the round added gives
+    the machine's own result bit for bit; over any subset of the groups
+    whose sums were reconstructed, the plaintext sum of exactly their
+    counted devices' encoded inputs, decoded once (within one quantization
+    step of the devices' mean update)."""
+    cohort = [10 + 7 * i for i in range(n)]
+    silent = data.draw(st.dictionaries(st.sampled_from(cohort), st.sampled_from(STAGES), max_size=n // 3))
+    d = GroupDriver(n=n, group_size=group_size, silent=silent, neighbors=4)
+    d.run()
+    assert isinstance(d.m, Grouped) and not any(isinstance(m, Grouped) for m in d.m.machines)
+    released = [m.result for m in d.m.released() if m.result is not None]
+    if d.m.result is not None:
+        own = combine_group_sums(d.m.whole, released, metrics=d.layout)
+        assert own.counted == d.m.result.counted
+        for field in ("encoded_sum", "decoded_sum", "decoded_mean", "metric_sums"):
+            assert np.array_equal(getattr(own, field), getattr(d.m.result, field)), field
+    if not released:
+        return
+    chosen = data.draw(st.lists(st.sampled_from(range(len(released))), min_size=1, unique=True))
+    part = combine_group_sums(d.m.whole, [released[i] for i in chosen], metrics=d.layout)
+    counted = sorted(x for i in chosen for x in released[i].counted)
+    assert part.counted == tuple(counted)
+    expected = d.oracle(counted)
+    assert np.array_equal(part.encoded_sum, expected)
+    length = d.m.whole.vector_length - d.layout.coordinates
+    assert np.array_equal(part.metric_sums, expected[length:])
+    mean = np.mean([d.devices[x].update for x in counted], axis=0)
+    assert np.allclose(part.decoded_mean, mean, rtol=0.0, atol=d.m.whole.encoding.step)
+
+
+@dataclass(frozen=True)
+class PositionSum:
+    """A group's sum from secagg's in-process round, its counted devices named by cohort position."""
+
+    encoded_sum: np.ndarray
+    counted: Sequence[int]
+
+
+def test_combining_any_groups_sums_matches_secaggs_in_process_round_in_groups() -> None:
+    """Independent oracle: secagg's own round in groups (`run_grouped_round`,
+    real instances, one per group). Over every subset of the groups that
+    committed, `combine_group_sums` equals `secagg.grouped_round.combine_groups`
+    over the same groups bit for bit (sum, decoding, counted set), and a
+    part of the cohort run on its own (`positions`, `first_group`, as a rank
+    of a distributed round runs its groups) adds to the same sum."""
+    n, length = 16, 6
+    groups = ((0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15))
+    configs = group_configs(groups, session_id=SESSION, vector_length=length, clip=0.5)
+    inputs = np.random.default_rng(11).uniform(-0.6, 0.6, (n, length))  # some coordinates clip
+    plan = DropoutPlan(advertise_keys=frozenset({0, 1, 2}), masked_input=frozenset({9}))  # group 0 aborts
+    out = run_grouped_round(inputs, groups=groups, configs=configs, dropouts=plan, seed=7)
+    whole = cohort_config(configs[0], n)
+    sums = {j: PositionSum(o.encoded_sum, tuple(groups[j][i] for i in o.counted))
+            for j, o in enumerate(out.outcomes) if o.ok and o.encoded_sum is not None}
+    assert sorted(sums) == [1, 2, 3] and 9 not in sums[2].counted
+    for k in range(1, len(sums) + 1):
+        for subset in itertools.combinations(sorted(sums), k):
+            got = combine_group_sums(whole, [sums[j] for j in subset])
+            want = combine_groups(out.encoding, tuple(groups[j] for j in subset),
+                                  tuple(out.outcomes[j] for j in subset), {})
+            assert want.exact and want.encoded_sum is not None and want.sum is not None and want.mean is not None
+            assert got.counted == want.counted
+            assert np.array_equal(got.encoded_sum, want.encoded_sum)
+            assert np.array_equal(got.decoded_sum, want.sum)
+            assert np.array_equal(got.decoded_mean, want.mean)
+
+    rows = [p for g in groups[2:] for p in g]  # groups 2 and 3 as a part of the cohort
+    local = tuple(tuple(rows.index(p) for p in g) for g in groups[2:])
+    part_plan = DropoutPlan(masked_input=frozenset({rows.index(9)}))
+    part = run_grouped_round(inputs[rows], groups=local, configs=configs[2:], dropouts=part_plan, seed=7,
+                             positions=rows, first_group=2)
+    assert part.ok and part.encoded_sum is not None and part.sum is not None
+    both = combine_group_sums(whole, [sums[2], sums[3]])
+    assert both.counted == tuple(sorted(rows[i] for i in part.counted))
+    assert np.array_equal(both.encoded_sum, part.encoded_sum)
+    assert np.array_equal(both.decoded_sum, part.sum)
+
+
+def test_combining_refuses_no_sums_and_a_device_counted_twice() -> None:
+    whole = cohort_config(SecAggConfig.create(num_clients=2, vector_length=3, session_id=b"g", encoding_clients=4), 4)
+    one = PositionSum(np.ones(3, np.uint32), (1, 2))
+    with pytest.raises(ValueError, match="no group sum"):
+        combine_group_sums(whole, [])
+    with pytest.raises(ValueError, match="counted in two"):
+        combine_group_sums(whole, [one, PositionSum(np.ones(3, np.uint32), (2, 3))])
