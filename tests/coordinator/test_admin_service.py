@@ -244,14 +244,21 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
             hello = S.ClientMessage(hello=S.Hello(client_name="c", protocol_version=PROTOCOL_VERSION,
                                                   available_device_ids=[1]))
 
-            async def first_reply(channel: grpc.aio.Channel) -> S.ServerMessage:
+            async def first_reply(channel: grpc.aio.Channel, *, write: bool = True) -> S.ServerMessage:
+                # write=False sends nothing until the server has answered: a stream the guard refuses
+                # at once then ends with the guard's status. A write racing that refusal can make
+                # grpc.aio report INTERNAL ("Failed execute_batch") instead (grpc/grpc issue 36066).
                 async def requests() -> AsyncIterator[S.ClientMessage]:
+                    if not write:
+                        await asyncio.sleep(30)
                     yield hello
                     await asyncio.sleep(5)
 
                 call = coordinator_service_pb2_grpc.CoordinatorServiceStub(channel).Session(requests())
-                reply = await call.read()
-                call.cancel()
+                try:
+                    reply = await asyncio.wait_for(call.read(), 10)
+                finally:
+                    call.cancel()
                 assert isinstance(reply, S.ServerMessage), reply
                 return reply
 
@@ -263,7 +270,7 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
                 assert first.WhichOneof("message") == "challenge"  # possession proof asked for (D32)
             async with grpc.aio.secure_channel(target, creds(admin_cert, admin_key), options=opts) as ch:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await first_reply(ch)
+                    await first_reply(ch, write=False)
                 assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
 
     asyncio.run(main())
