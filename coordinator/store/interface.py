@@ -41,11 +41,15 @@ from coordinator.store.records import (
     RoundRecord,
 )
 from coordinator.store.lease_records import Lease
+from coordinator.store.replica_interface import ReplicaStore
 from coordinator.store.report_records import Quarantine, ShareReport
 
 
 @runtime_checkable
-class Store(Protocol):
+class Store(ReplicaStore, Protocol):
+    """Everything the coordinator persists; the replica tier's methods
+    (membership, stream ownership) are those of `ReplicaStore`."""
+
     # ------------------------------------------------------------ devices
     def enroll_devices(
         self, devices: Sequence[tuple[bytes, str]], *, client_id: str | None = None

@@ -24,6 +24,7 @@ from coordinator.store.errors import (
 )
 from coordinator.store.lease_records import Lease
 from coordinator.store.memory_lease import InMemoryLeaderLease
+from coordinator.store.memory_replicas import InMemoryReplicas
 from coordinator.store.memory_reports import InMemoryShareReports
 from coordinator.store.records import (
     COORDINATOR_RESTART,
@@ -72,15 +73,17 @@ class _State:
         )
 
 
-class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
+class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas):
     """A Store held in process memory; lost when the process ends (share
     reports and quarantines: the InMemoryShareReports mixin; the leader
-    lease: InMemoryLeaderLease)."""
+    lease: InMemoryLeaderLease; replica membership and stream ownership:
+    InMemoryReplicas, on the lease's clock)."""
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now,
                  lease_clock: Callable[[], float] = time.monotonic) -> None:
         InMemoryShareReports.__init__(self)
         InMemoryLeaderLease.__init__(self, lease_clock)
+        InMemoryReplicas.__init__(self, lease_clock)
         self._clock = clock
         self._lock = threading.RLock()
         self._state = _State({}, {}, {}, {})
@@ -127,6 +130,11 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease):
         self, identity_public_key: bytes, *, local_id: str = "", client_id: str | None = None
     ) -> tuple[DeviceRecord, bool]:
         return self.enroll_devices([(identity_public_key, local_id)], client_id=client_id)[0]
+
+    def _enrolled_devices(self, device_ids: Iterable[int]) -> set[int]:
+        """Those of `device_ids` that are enrolled (for InMemoryReplicas)."""
+        with self._lock:
+            return {d for d in device_ids if d in self._state.devices}
 
     def get_device(self, device_id: int) -> DeviceRecord | None:
         with self._lock:

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Double,
@@ -209,3 +210,56 @@ class LeaderLeaseRow(Base):
     holder: Mapped[str | None] = mapped_column(String(255))
     token: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[float] = mapped_column(Double)
+
+
+class ReplicaRow(Base):
+    """A coordinator replica's membership of the tier (migration 0007): a
+    lease per name, `expires_at` and `joined_at` in seconds since the epoch
+    by the database's clock, `token` growing on every new term (0: never
+    joined). `streams_version` is the fleet version of its last publish
+    that changed a stream row. `state` and `state_at` are reserved for a
+    status document of the replica; nothing writes them yet (NULL)."""
+
+    __tablename__ = "replicas"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    token: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Double)
+    joined_at: Mapped[float] = mapped_column(Double)
+    settings_digest: Mapped[str] = mapped_column(String(64))
+    device_address: Mapped[str | None] = mapped_column(String(255))
+    admin_address: Mapped[str | None] = mapped_column(String(255))
+    streams_version: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
+    state_at: Mapped[float | None] = mapped_column(Double)
+
+
+class DeviceStreamRow(Base):
+    """Which replica (and term, `replica_token`) holds a device's stream
+    (migration 0007); `claim` is the fleet version of the publish that
+    wrote the claim, `updated_at` the database's epoch seconds of the last
+    write. Only rows of a running term count."""
+
+    __tablename__ = "device_streams"
+
+    device_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("devices.id"), primary_key=True,
+                                           autoincrement=False)
+    replica: Mapped[str] = mapped_column(String(255), index=True)
+    replica_token: Mapped[int] = mapped_column(BigInteger)
+    session_key: Mapped[int] = mapped_column(BigInteger)
+    available: Mapped[bool] = mapped_column(Boolean)
+    claim: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class FleetCounterRow(Base):
+    """One row (id = COUNTER_ID, migration 0007): the fleet version, which
+    every change of the replica tier's rows makes grow."""
+
+    __tablename__ = "fleet_counter"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    COUNTER_ID = 1
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger)

@@ -74,6 +74,7 @@ from coordinator.store.records import (
 from coordinator.store.retry import RetryPolicy, run_with_retries
 from coordinator.store.lease_records import Lease
 from coordinator.store.sql_lease import SqlLeaderLease, check_fence
+from coordinator.store.sql_replicas import SqlReplicas
 from coordinator.store.sql_reports import SqlShareReports
 from coordinator.store.summaries import (
     check_audit_details,
@@ -95,10 +96,11 @@ log = logging.getLogger("fedmask.coordinator.store")
 RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
 
 
-class SqlStore(SqlShareReports, SqlLeaderLease):
+class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas):
     """A Store on an Engine from coordinator.store.engine.create_store_engine
     (share reports and quarantines: the SqlShareReports mixin; the leader
-    lease: SqlLeaderLease).
+    lease: SqlLeaderLease; replica membership and stream ownership:
+    SqlReplicas).
 
     The schema must be at head (coordinator.store.migrate.upgrade_to_head);
     `coordinator.store.open_store` does both.

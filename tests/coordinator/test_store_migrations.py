@@ -15,14 +15,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, insert, text
 from sqlalchemy.exc import IntegrityError
 
-from coordinator.store import StoreError, open_store
+from coordinator.store import StoreError, StreamClaim, StreamOwner, open_store
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from coordinator.store.engine import create_store_engine, normalize_url
 from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
 TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "audit_log", "share_reports",
-          "quarantines", "leader_lease", "alembic_version"}
+          "quarantines", "leader_lease", "replicas", "device_streams", "fleet_counter", "alembic_version"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
@@ -104,6 +104,42 @@ def test_handle_migration_renames_duplicate_local_ids(sql_url: str) -> None:
         assert store.get_device_by_local_id("user-1") == store.get_device(1)
     finally:
         store.close()
+
+
+def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
+    """0007 adds the replica tier's tables to a database of 0006 (its devices
+    kept, the fleet counter at 0) and its downgrade drops them again, rows
+    and all, leaving the rest as it was."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0006_ledger_groups")
+            conn.execute(text("INSERT INTO devices (local_id, identity_public_key, enrolled_at, status)"
+                              " VALUES ('user-1', :key, '2025-01-01 00:00:00', 'active')"), {"key": b"A" * 32})
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"}
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0007_replica_streams")
+            assert conn.execute(text("SELECT id, version FROM fleet_counter")).all() == [(1, 0)]
+        store = open_store(sql_url, migrate=False)
+        try:
+            member = store.join_tier("replica-a", 30.0, settings_digest="")
+            assert member is not None
+            store.publish_streams(member, claims=[StreamClaim(1, 7, True)])
+            assert store.stream_owner(1) == StreamOwner("replica-a", 7, True) and store.fleet_version() == 2
+        finally:
+            store.close()
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0006_ledger_groups")
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"}
+        assert current_revision(engine) == "0006_ledger_groups"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT local_id FROM devices")).scalars().all() == ["user-1"]
+        upgrade_to_head(engine)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM device_streams")).scalar() == 0
+            assert conn.execute(text("SELECT version FROM fleet_counter")).scalar() == 0
+    finally:
+        engine.dispose()
 
 
 def test_foreign_keys_are_enforced(sql_url: str) -> None:
