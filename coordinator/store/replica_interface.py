@@ -11,8 +11,8 @@ name as `holder` and its term's token.
 
 Locking on PostgreSQL (all writers take the locks in this order, so they
 never deadlock each other): the replica's membership row FOR UPDATE, then
-the one-row fleet counter FOR UPDATE (joins and leaves only when they
-start or end a term), then device stream rows. Every publish takes the
+the one-row fleet counter FOR UPDATE (a join only when it starts a term,
+a leave whenever it names the current term), then device stream rows. Every publish takes the
 counter, so publishes of the whole tier are serialised: "last claim wins"
 is commit order, and each publish reads the stream rows as the previous
 one left them.

@@ -17,7 +17,7 @@ never fail on the unique key.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, delete, select, update
@@ -42,6 +42,9 @@ from coordinator.store.replica_records import (
 from coordinator.store.sql_lease import database_now
 
 T = TypeVar("T")
+#: Rows per statement: far below the bound-parameter limits of PostgreSQL
+#: (65535) and SQLite (32766), with 7 parameters per claimed row.
+_CHUNK = 1000
 
 
 def _insert(session: Session) -> Callable[[Any], Any]:
@@ -111,11 +114,12 @@ class SqlReplicas:
             if row is None or row.token != lease.token:
                 return
             ran = row.expires_at > database_now(s)
+            counter = _counter(s)  # before the stream rows: the lock order of every writer
             row.expires_at = 0.0
             gone = s.execute(delete(DeviceStreamRow).where(DeviceStreamRow.replica == lease.holder,
                                                            DeviceStreamRow.replica_token == lease.token))
             if ran or cast(CursorResult[Any], gone).rowcount:
-                _bump(s)
+                counter.version += 1
 
         self._write(body)
 
@@ -139,11 +143,13 @@ class SqlReplicas:
                 raise FencedOut(f"{member.holder} is not a member under token {member.token} (the row: {current})")
             counter = _counter(s)  # serialises publishes (see replica_interface)
             claimed = sorted({c.device_id for c in request.claims})
-            enrolled = set(s.scalars(select(DeviceRow.id).where(DeviceRow.id.in_(claimed)))) if claimed else set()
+            enrolled = {d for part in _chunks(claimed) for d in s.scalars(select(DeviceRow.id).where(
+                DeviceRow.id.in_(part)))}
             if missing := [d for d in claimed if d not in enrolled]:
                 raise NotFoundError(f"devices {missing} are not enrolled")
             stored = {r.device_id: StreamRow(r.replica, r.replica_token, r.session_key, r.available)
-                      for r in s.scalars(select(DeviceStreamRow).where(DeviceStreamRow.device_id.in_(request.devices)))}
+                      for part in _chunks(request.devices)
+                      for r in s.scalars(select(DeviceStreamRow).where(DeviceStreamRow.device_id.in_(part)))}
             plan = plan_publish(member, request, stored)
             if plan.changes:
                 counter.version += 1
@@ -181,22 +187,28 @@ class SqlReplicas:
         return self._read(lambda s: int(s.execute(query).scalar_one()))
 
 
+def _chunks(ids: Sequence[T]) -> Iterator[Sequence[T]]:
+    """`ids` in slices of at most `_CHUNK` (one statement's bound parameters each)."""
+    return (ids[i:i + _CHUNK] for i in range(0, len(ids), _CHUNK))
+
+
 def _apply(s: Session, member: Lease, plan: PublishPlan, version: int, now: float) -> None:
-    """Write `plan` (ascending device ids, so concurrent writers lock rows in one order)."""
-    if plan.claims:
+    """Write `plan` (by ascending device ids within each kind of write; the
+    fleet counter, already locked, serialises publishes)."""
+    for claims in _chunks(plan.claims):
         stmt = _insert(s)(DeviceStreamRow).values([
             dict(device_id=c.device_id, replica=member.holder, replica_token=member.token,
                  session_key=c.session_key, available=c.available, claim=version, updated_at=now)
-            for c in plan.claims])
+            for c in claims])
         s.execute(stmt.on_conflict_do_update(index_elements=[DeviceStreamRow.device_id], set_={
             name: stmt.excluded[name]
             for name in ("replica", "replica_token", "session_key", "available", "claim", "updated_at")}))
     for value in (False, True):
-        chosen = sorted(d for d, v in plan.availability.items() if v is value)
-        if chosen:  # the plan only lists rows of this term; the WHERE says so again
+        # the plan only lists rows of this term; the WHERE says so again
+        for chosen in _chunks(sorted(d for d, v in plan.availability.items() if v is value)):
             s.execute(update(DeviceStreamRow).where(
                 DeviceStreamRow.device_id.in_(chosen), DeviceStreamRow.replica == member.holder,
                 DeviceStreamRow.replica_token == member.token).values(available=value, updated_at=now))
-    if plan.released:
-        s.execute(delete(DeviceStreamRow).where(DeviceStreamRow.device_id.in_(sorted(plan.released)),
+    for part in _chunks(sorted(plan.released)):
+        s.execute(delete(DeviceStreamRow).where(DeviceStreamRow.device_id.in_(part),
                                                 DeviceStreamRow.replica == member.holder))

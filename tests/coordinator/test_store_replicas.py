@@ -26,6 +26,7 @@ from coordinator.store import (
     StreamOwner,
     open_store,
 )
+from coordinator.store import sql_replicas
 
 Backend = Any  # the `backend` fixture of conftest.py
 
@@ -244,6 +245,28 @@ def test_a_refused_publish_writes_nothing(backend: Backend) -> None:
         with pytest.raises(InvalidRecordError):
             s.publish_streams(a, **bad)
     assert s.stream_owner(d1) is None and s.fleet_version() == version
+
+
+def test_a_publish_larger_than_one_statement(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SQL store writes a publish in statements of a bounded number of
+    rows (here 3): a publish of more rows is the same one transaction."""
+    monkeypatch.setattr(sql_replicas, "_CHUNK", 3)
+    s = backend.store
+    ids = devices(s, 10)
+    a = join(s, "replica-a")
+    b = join(s, "replica-b")
+    s.publish_streams(b, claims=[StreamClaim(d, 2, True) for d in ids[:4]])
+    s.publish_streams(a, claims=[StreamClaim(d, 1, d % 2 == 0) for d in ids[4:]])
+    version = s.fleet_version()
+    sync = s.publish_streams(a, claims=[StreamClaim(ids[0], 3, True)],
+                             availability={d: True for d in ids[1:8]}, released=ids[8:])
+    assert sync.displaced == set(ids[1:4]) and s.fleet_version() == version + 1
+    assert s.available_by_replica() == {"replica-a": [(ids[0], 3), *((d, 1) for d in ids[4:8])],
+                                        "replica-b": [(d, 2) for d in ids[1:4]]}
+    assert all(s.stream_owner(d) is None for d in ids[8:])
+    with pytest.raises(NotFoundError):  # the unknown device is in the last slice
+        s.publish_streams(a, claims=[StreamClaim(d, 4, True) for d in [*ids[:7], ids[-1] + 1]])
+    assert s.stream_owner(ids[1]) == StreamOwner("replica-b", 2, True) and s.fleet_version() == version + 1
 
 
 def test_requests_no_membership_can_have_are_refused() -> None:
