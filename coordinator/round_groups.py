@@ -26,16 +26,29 @@ devices, as `partition` does. The seed is public (`partition_seed`): it
 makes the grouping reproducible, not secret; a malicious coordinator
 chooses groups whatever the rule, and a device's defence is its own floor
 on the group it is asked into (D34, D87).
+
+Over a tier of replicas (`replica_groups`, contract in its docstring) a
+group is formed from devices whose streams one replica holds, so no
+secure-aggregation message crosses replicas: the round's target cohort is
+shared among the replicas that hold at least G eligible devices, and each
+replica cuts its share with `groups_by_host`. A one-replica tier groups
+exactly as `round_groups` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import hashlib
+import hmac
+import random
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coordinator.selection import select_cohort
 from secagg.errors import SecAggConfigError
 from secagg.graph import random_permutation
 from secagg.groups import group_count, partition_seed
+from secagg.keys import SEED_BYTES
 
 if TYPE_CHECKING:
     from coordinator.registry import ClientSession
@@ -100,4 +113,119 @@ def groups_refusal(*, group_size: int, selected: int, plaintext: bool, hybrid: b
             f"instance) or above {selected // 2}")
 
 
-__all__ = ["groups_by_host", "groups_refusal", "round_groups"]
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """A round's groups over a tier of replicas (`replica_groups`).
+
+    `groups`: each group's replica and members (ascending), ordered by
+    (replica, smallest device); empty when no round runs.
+    `left_out_replicas`: the replicas that hold no group, by name.
+    `devices_left_out`: the eligible devices of those replicas."""
+
+    groups: tuple[tuple[str, tuple[int, ...]], ...]
+    left_out_replicas: tuple[str, ...]
+    devices_left_out: int
+
+    @property
+    def cohort(self) -> tuple[int, ...]:
+        """Every selected device, ascending (empty: no round)."""
+        return tuple(sorted(d for _, members in self.groups for d in members))
+
+
+def replica_groups(eligible_by_replica: Mapping[str, Sequence[int]], hosts: Mapping[int, Hashable], *,
+                   group_size: int, target: int, minimum: int, seed: bytes, rng: random.Random) -> ReplicaPlan:
+    """A round's cohort and groups over a tier of replicas, each group
+    inside one replica (pure; deterministic for the inputs, `seed` and the
+    state of `rng`, whatever the mappings' order).
+
+    `eligible_by_replica`: each replica's eligible devices (the devices
+    whose streams it holds; duplicates count once). `hosts`: each device's
+    stream; a device's host is (its replica, hosts[device]), a device
+    without one is a host alone. `target`: the cohort to select, over-
+    selection included. `seed`: the round's public partition seed (32
+    bytes, `partition_seed`). G = `group_size`.
+
+    - Replicas are ranked by eligible devices, most first; ties in a keyed
+      order from `seed` (HMAC-SHA256(seed, name), not the names' order).
+    - One instance when G < 2 (groups off), target < 2G, or no replica holds
+      G eligible devices: one group on the first-ranked replica, of
+      min(target, its eligible) devices; every other replica is left out.
+    - Otherwise the replicas under G are left out, and the target is shared
+      among the rest in proportion to their eligible devices (largest
+      remainders, ties in rank order): each share is the floor or the ceil
+      of its exact proportion, at most the replica's eligible, and the
+      shares sum to min(target, the kept replicas' eligible total). While a
+      share is under G, the last-ranked kept replica is left out and the
+      split redone; one kept replica takes min(target, its eligible) >= G.
+    - Each share is drawn by `select_cohort` from its replica's eligible
+      devices (replicas in name order, one draw each from `rng`), then cut
+      by `groups_by_host` with `seed` (one group under 2G): every group has
+      at least G devices, except in the one-instance case, and a stream's
+      selected devices are in one group. The draw is of devices, so the
+      cohort has exactly the shares' sum whatever the hosts; hosts shape the
+      groups only (a host of 2G or more makes its group that large).
+    - No round (a plan with no groups, every replica left out) when the
+      kept replicas hold fewer than `minimum` eligible devices, as
+      `select_cohort` returns None. (So a replica left out for its share
+      can cost the round when `minimum` exceeds the largest replica.)
+
+    `devices_left_out` counts the eligible devices of the left-out
+    replicas; a kept replica's devices outside its share are not counted.
+    ValueError for a target or minimum under 1, a seed that is not 32 bytes
+    or a device eligible on two replicas."""
+    if target < 1 or minimum < 1:
+        raise ValueError("target and minimum must be >= 1")
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"the seed must be {SEED_BYTES} bytes, got {len(seed)}")
+    pools = {name: sorted(set(devices)) for name, devices in eligible_by_replica.items()}
+    seen: dict[int, str] = {}
+    for name in sorted(pools):
+        for d in pools[name]:
+            if seen.setdefault(d, name) != name:
+                raise ValueError(f"device {d} is eligible on two replicas ({seen[d]!r} and {name!r})")
+    ranked = sorted(pools, key=lambda name: (-len(pools[name]), _tie_key(seed, name)))
+    grouped = group_size >= 2 and target >= 2 * group_size and bool(ranked) and len(pools[ranked[0]]) >= group_size
+    if grouped:
+        shares = _shares({r: len(pools[r]) for r in ranked if len(pools[r]) >= group_size}, target, group_size)
+    else:
+        shares = {r: min(target, len(pools[r])) for r in ranked[:1]}
+    if sum(len(pools[r]) for r in shares) < minimum:
+        return ReplicaPlan((), tuple(sorted(pools)), sum(map(len, pools.values())))
+    groups: list[tuple[str, tuple[int, ...]]] = []
+    for name in sorted(shares):
+        chosen = select_cohort(pools[name], target=shares[name], minimum=1, rng=rng)
+        assert chosen is not None  # every share is >= 1 and at most the replica's eligible
+        if not grouped or len(chosen) < 2 * group_size:
+            groups.append((name, tuple(chosen)))
+            continue
+        interned: dict[Hashable, int] = {}
+        host_of = {d: interned.setdefault(hosts[d], len(interned)) for d in chosen if d in hosts}
+        groups.extend((name, g) for g in groups_by_host(chosen, host_of, group_size=group_size, seed=seed))
+    left_out = tuple(sorted(set(pools) - set(shares)))
+    return ReplicaPlan(tuple(groups), left_out, sum(len(pools[r]) for r in left_out))
+
+
+def _tie_key(seed: bytes, name: str) -> bytes:
+    """A replica's place among replicas of one size: keyed by the seed."""
+    return hmac.new(seed, name.encode(), hashlib.sha256).digest()
+
+
+def _shares(eligible: Mapping[str, int], target: int, group_size: int) -> dict[str, int]:
+    """The target shared among `eligible` (replica: eligible devices, in
+    rank order, each >= G) in proportion (largest remainders, ties in rank
+    order); the last-ranked replica is dropped while a share is under G."""
+    kept = list(eligible)
+    while True:
+        total = sum(eligible[r] for r in kept)
+        want = min(target, total)
+        shares = {r: want * eligible[r] // total for r in kept}
+        rest = want - sum(shares.values())
+        by_remainder = sorted(range(len(kept)), key=lambda i: (-(want * eligible[kept[i]] % total), i))
+        for i in by_remainder[:rest]:
+            shares[kept[i]] += 1
+        if len(kept) == 1 or min(shares.values()) >= group_size:
+            return shares
+        kept.pop()
+
+
+__all__ = ["ReplicaPlan", "groups_by_host", "groups_refusal", "replica_groups", "round_groups"]
