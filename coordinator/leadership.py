@@ -6,7 +6,9 @@ the store's `acquire_lease` / `release_lease`, or the pair of callables it
 is given with the same contract (`acquire_lease(holder, seconds)` -> the
 granted or renewed `Lease`, None while another holder's runs;
 `release_lease(lease)` ends that term if it is still current), so that any
-lease row with those semantics is kept by the same rule. Contract:
+lease row with those semantics is kept by the same rule (a replica's
+membership term, coordinator/membership.py); `holder_of` and `labels` then
+say who holds that lease and how the logs name it. Contract:
 - `acquire(wait_s)` returns once this replica holds the lease. A replica
   whose lease is held by another waits (a standby), logging who leads;
   with `wait_s`, it gives up after that long (`LeaseHeld`): the answer of a
@@ -53,6 +55,24 @@ class LeaseHeld(Exception):
     """Another live process holds the lease (and kept it for `wait_s`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseLabels:
+    """How the keeper's logs and reasons name the lease it keeps: the lease
+    itself (`lease`), the events of a grant and of waiting for another
+    holder (`granted`, `waiting`, whose field `holder_field` names that
+    holder), and the reason given when another holder took it (`taken`).
+    The defaults are the leader lease's (D90)."""
+
+    lease: str = "the store's leader lease"
+    granted: str = "leader_elected"
+    waiting: str = "standby"
+    holder_field: str = "leader"
+    taken: str = "another replica holds the lease"
+
+
+LEADER_LABELS = LeaseLabels()
+
+
 def default_replica_id() -> str:
     """HOSTNAME-PID: unique among live replicas."""
     return f"{socket.gethostname()}-{os.getpid()}"[:255]
@@ -87,14 +107,23 @@ class LeaseKeeper:
     def __init__(self, store: Store, holder: str, lease_s: float, *,
                  clock: Callable[[], float] = time.monotonic,
                  acquire_lease: Callable[[str, float], Lease | None] | None = None,
-                 release_lease: Callable[[Lease], None] | None = None) -> None:
+                 release_lease: Callable[[Lease], None] | None = None,
+                 holder_of: Callable[[], str | None] | None = None,
+                 labels: LeaseLabels = LEADER_LABELS) -> None:
         """`acquire_lease` / `release_lease`: the lease's calls (see the
-        module doc), the store's own when not given; `store.current_lease`
-        only names the holder a standby waits for."""
+        module doc), the store's own when not given. `holder_of` only names,
+        for the logs, who holds the lease while this replica waits (None:
+        nobody it can name); by default the store's `current_lease`."""
         self._store, self.holder, self.lease_s, self._clock = store, holder, lease_s, clock
         self._acquire_lease = acquire_lease if acquire_lease is not None else store.acquire_lease
         self._release_lease = release_lease if release_lease is not None else store.release_lease
+        self._holder_of = holder_of if holder_of is not None else self._leader
+        self.labels = labels
         self._term: Term | None = None
+
+    def _leader(self) -> str | None:
+        held = self._store.current_lease()
+        return None if held is None else f"{held.holder} ({held.remaining_s:.1f} s left)"
 
     def fence(self) -> Lease:
         """The last lease this replica held (the fence of its writes)."""
@@ -116,14 +145,13 @@ class LeaseKeeper:
         while True:
             lease = await self._try()
             if lease is not None:
-                log_event("leader_elected", replica=self.holder, token=lease.token, lease_s=self.lease_s)
+                log_event(self.labels.granted, replica=self.holder, token=lease.token, lease_s=self.lease_s)
                 return lease
-            held = await asyncio.to_thread(self._store.current_lease)
-            who = "another replica" if held is None else f"{held.holder} ({held.remaining_s:.1f} s left)"
+            who = await asyncio.to_thread(self._holder_of) or "another replica"
             if deadline is not None and self._clock() >= deadline:
-                raise LeaseHeld(f"the store's leader lease is held by {who}")
+                raise LeaseHeld(f"{self.labels.lease} is held by {who}")
             if self._clock() - logged >= 30.0:
-                log_event("standby", replica=self.holder, leader=who)
+                log_event(self.labels.waiting, replica=self.holder, **{self.labels.holder_field: who})
                 logged = self._clock()
             await asyncio.sleep(poll)
 
@@ -152,7 +180,7 @@ class LeaseKeeper:
                 stop.wait(min(1.0, self.lease_s / 10.0))
                 continue
             if lease is None:
-                return "another replica holds the lease"
+                return self.labels.taken
             if lease.token != term.lease.token:  # it expired and this replica took a NEW term: step down
                 self._release_lease(lease)
                 return "the lease expired before it was renewed"

@@ -12,6 +12,8 @@ and which open Session stream hosts which device:
     await registry.admit(session, announced, proofs)  CheckIn -> DeviceAdmission
     registry.close(session, why)                   the stream ended
     registry.owner(device_id) / available(model)   for the round loop and the relay
+    registry.watch_streams(listener)               every change of a device's hosting stream
+    registry.release_remote(ids, why=)             devices another replica took
 
 Proof of possession (fedmask.v1.1, D32): an Enroll is accepted only with
 every device's signature over a challenge this coordinator issued
@@ -23,6 +25,14 @@ older one (which is ended once it hosts nothing). Devices
 that leave (displaced, unannounced, stream closed) are reported through
 `on_device_left(device_id, why)` so the running round counts them as
 dropouts; any change of availability calls `on_changed()`.
+
+Stream listeners (`watch_streams`, the replica's stream publisher) hear
+every change of which stream hosts a device, as it happens:
+`listener(device_id, sid, available)` says stream `sid` hosts the device,
+available or not, and `listener(device_id, sid, None)` that stream `sid`
+no longer hosts it (closed, displaced, revoked). A device that another
+replica took (`release_remote`) is released here the way a local
+displacement releases it.
 
 Runs on the coordinator's event loop; store calls go to worker threads.
 Raises `coordinator.errors` exceptions (InvalidArgument, PermissionDenied,
@@ -62,6 +72,8 @@ COORDINATOR_VERSION = "0.1.0"
 _URGENT = frozenset({"welcome", "device_request"})
 DEFAULT_LOOKUP_INTERVAL_S = 1.0
 DEFAULT_MAX_LOOKUPS = 256
+#: A device's hosting changed: (device_id, the stream's sid, available; None: that stream no longer hosts it).
+StreamListener = Callable[[int, int, bool | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,12 +188,23 @@ class DeviceRegistry:
         self._lookups = Throttle(lookup_interval_s, clock)
         self._max_lookups = max_lookups
         self.challenges = challenges or EnrollChallenges(clock=clock)
+        self._stream_listeners: list[StreamListener] = []
 
     # ------------------------------------------------------------------ queries
 
     def owner(self, device_id: int) -> ClientSession | None:
         """The open stream hosting the device, if any."""
         return self._owner.get(device_id)
+
+    def watch_streams(self, listener: StreamListener) -> None:
+        """Call `listener` on every change of a device's hosting stream from
+        now on (see the module doc); it runs on the event loop, inside the
+        registry's change, and must not raise."""
+        self._stream_listeners.append(listener)
+
+    def _hosting(self, device_id: int, sid: int, available: bool | None) -> None:
+        for listener in self._stream_listeners:
+            listener(device_id, sid, available)
 
     def is_revoked(self, device_id: int) -> bool:
         rec = self.devices.get(device_id)
@@ -350,18 +373,17 @@ class DeviceRegistry:
                 accepted.append(d)
         for d in accepted:
             old = self._owner.get(d)
-            if old is not None and old is not session:
-                self._release(old, d, "displaced by a newer session")
-                if not old.devices:
-                    old.end(grpc.StatusCode.ABORTED, "displaced: every device reconnected on a newer session")
-                    self._forget(old)
-                    log_event("session_displaced", session=old.sid, by=session.sid)
+            if old is not None and old is not session and self._displace(
+                    old, d, "displaced by a newer session", "every device reconnected on a newer session"):
+                log_event("session_displaced", session=old.sid, by=session.sid)
             self._owner[d] = session
             session.devices.add(d)
         newly_unavailable = session.available - set(accepted)
         session.available = set(accepted)
         for d in newly_unavailable:
             self._on_device_left(d, "became unavailable")
+        for d in [*accepted, *newly_unavailable]:
+            self._hosting(d, session.sid, d in session.available)
         admission.accepted_device_ids.extend(accepted)
         if accepted:
             await asyncio.to_thread(self._store.mark_devices_seen, accepted)
@@ -375,6 +397,25 @@ class DeviceRegistry:
         session.closed = True
         self._forget(session)
         return True
+
+    def release_remote(self, device_ids: Iterable[int], *, why: str) -> list[int]:
+        """Devices whose streams another replica took over (they reconnected
+        there): each leaves the stream hosting it here exactly as a local
+        displacement does (out of any round as `why`; a stream left hosting
+        nothing is ended ABORTED and forgotten). Ids no stream hosts here
+        are skipped. Returns the ids released."""
+        released: list[int] = []
+        for d in device_ids:
+            old = self._owner.get(d)
+            if old is None:
+                continue
+            released.append(d)
+            if self._displace(old, d, why, f"every device {why}"):
+                log_event("session_displaced", session=old.sid, by="another replica")
+        if released:
+            log_event("devices_displaced_remotely", devices=len(released), why=why)
+            self._on_changed()
+        return released
 
     def silent_sessions(self, limit_s: float) -> list[ClientSession]:
         """Open sessions with no message for more than `limit_s` seconds."""
@@ -401,11 +442,23 @@ class DeviceRegistry:
             self.devices[rec.id] = rec
         self.lookups += 1
 
+    def _displace(self, old: ClientSession, device_id: int, why: str, ended: str) -> bool:
+        """Release `device_id` from `old`, which hosts it, because it
+        reconnected elsewhere; a stream left hosting nothing is ended
+        ABORTED ("displaced: " + `ended`) and forgotten (True)."""
+        self._release(old, device_id, why)
+        if old.devices:
+            return False
+        old.end(grpc.StatusCode.ABORTED, f"displaced: {ended}")
+        self._forget(old)
+        return True
+
     def _release(self, session: ClientSession, device_id: int, why: str) -> None:
         session.devices.discard(device_id)
         session.available.discard(device_id)
         if self._owner.get(device_id) is session:
             del self._owner[device_id]
+            self._hosting(device_id, session.sid, None)
         self._on_device_left(device_id, why)
 
     def _forget(self, session: ClientSession) -> None:
@@ -420,6 +473,7 @@ __all__ = [
     "ClientSession",
     "DeviceRegistry",
     "StreamEnd",
+    "StreamListener",
     "check_enroll_request",
     "now_timestamp",
 ]
