@@ -28,6 +28,12 @@ it reconstructed the sum but did not commit it (a rollback during the
 round, a store failure at commit), or when it holds at least t unmasking
 answers (a round cancelled or stopped during unmasking).
 
+A round whose groups replicas ran (a round with a plan, the store's
+group_interface) is charged by its group rows rather than its record: when
+any group may have released its sum (in `unmasking` or `done`, or lost in
+`unmasking`), group by group at the noise its own members split
+(`InterruptedCharge.group_charges`).
+
 Not charged: a round whose record never reached `unmasking` (nobody was
 asked), and a round that aborts at unmasking with fewer than t answers (no
 sum can be reconstructed from fewer than t shares).

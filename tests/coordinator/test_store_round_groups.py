@@ -209,7 +209,7 @@ def test_records_refuse_what_no_group_can_hold() -> None:
     with pytest.raises(InvalidRecordError):  # more metric limbs than coordinates
         EncodedSum(total.encoded_sum[:1], total.metric_limbs, 1, 2)
     with pytest.raises(InvalidRecordError):
-        EncodedSum(total.encoded_sum.astype(np.int64), total.metric_limbs, 9, 2)  # type: ignore[arg-type]
+        EncodedSum(total.encoded_sum.astype(np.int64), total.metric_limbs, 9, 2)
     with pytest.raises(InvalidRecordError):  # done without counted devices
         GroupResult(round_number=1, index=0, state=GroupState.DONE, sum=total)
     with pytest.raises(InvalidRecordError):  # failed with a sum
@@ -431,7 +431,8 @@ def test_a_close_and_an_unmasking_save_never_both_win(backend: Backend) -> None:
     finally:
         leader_store.close()
         replica_store.close()
-    assert sum(wins.values()) == RACES
+    assert sum(wins.values()) == RACES, wins
+    print("D94 race wins:", wins)
 
 
 def test_the_read_only_role_cannot_read_the_group_sums(postgresql_url: str, postgresql_server: Any,
