@@ -28,6 +28,12 @@ it reconstructed the sum but did not commit it (a rollback during the
 round, a store failure at commit), or when it holds at least t unmasking
 answers (a round cancelled or stopped during unmasking).
 
+A round whose groups replicas ran (a round with a plan, the store's
+group_interface) is charged by its group rows rather than its record: when
+any group may have released its sum (in `unmasking` or `done`, or lost in
+`unmasking`), group by group at the noise its own members split
+(`InterruptedCharge.group_charges`).
+
 Not charged: a round whose record never reached `unmasking` (nobody was
 asked), and a round that aborts at unmasking with fewer than t answers (no
 sum can be reconstructed from fewer than t shares).
@@ -40,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.grouped_rounds import AnyRound, Grouped
 from coordinator.round_report import PrivacyLedger
-from coordinator.store import GroupCharge, PrivacyEntry, RoundRecord, RoundState
+from coordinator.store import GroupCharge, GroupRow, PrivacyEntry, RoundRecord, RoundState
 
 if TYPE_CHECKING:
     from dpmech.mechanism import MechanismConfig
@@ -170,10 +176,46 @@ class InterruptedCharge:
             if self._ledger.enabled and asked_to_unmask(found):
                 self._ledger.charge(found.number, self.multiplier(found), ledger)
 
-    def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
-        if not self._ledger.enabled or not asked_to_unmask(found):
+    def group_charges(self, groups: Sequence[GroupRow]) -> tuple[GroupCharge, ...]:
+        """A round run in groups by replicas (its group rows, as sealed):
+        one charge per group whose devices may have been asked to unmask
+        (`GroupRow.may_have_asked`: in `unmasking` or `done`, or lost in
+        `unmasking`), priced at the noise its own members split and the
+        devices its sum counted: the `counted` of a done group, else the
+        group's masked-input survivors as saved, else 1 (fewer never price
+        lower)."""
+        cohort = sum(len(g.assignment.members) for g in groups)
+        out = []
+        for g in groups:
+            if not g.may_have_asked:
+                continue
+            size = len(g.assignment.members)
+            counted = len(g.counted or g.survivors.get(COUNTED_AT, ())) or 1
+            key = cohort, size, counted
+            if key not in self._multipliers:
+                self._multipliers[key] = self._ledger.round_multiplier(
+                    cohort=size, counted=counted, mechanism=self._mechanism_for(cohort, size))
+            out.append(GroupCharge(size=size, counted=counted, noise_multiplier=self._multipliers[key]))
+        return tuple(out)
+
+    def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry],
+                 groups: Sequence[GroupRow] = ()) -> PrivacyEntry | None:
+        """The charge of `found` (see the module doc). With `groups` (a
+        round whose groups replicas ran), the groups decide: charged when
+        any group may have released its sum (`group_charges`), at the least
+        noise of those groups; without, the record decides as always."""
+        if not self._ledger.enabled:
             return None
-        entry = self._ledger.charge(found.number, self.multiplier(found), ledger)
+        if groups:
+            charges = self.group_charges(groups)
+            if not charges:
+                return None
+            z = min(c.noise_multiplier for c in charges)
+            entry = self._ledger.charge(found.number, z, ledger, charges)
+        elif asked_to_unmask(found):
+            entry = self._ledger.charge(found.number, self.multiplier(found), ledger)
+        else:
+            return None
         if entry is not None:
             self.charged[found.number] = entry
         return entry

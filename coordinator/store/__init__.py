@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from coordinator.store import errors, lease_records, records, replica_records, report_records
+from coordinator.store import errors, group_records, lease_records, records, replica_records, report_records
 from coordinator.store.errors import *  # errors.__all__
+from coordinator.store.group_records import *  # group_records.__all__
 from coordinator.store.interface import Store
 from coordinator.store.memory import InMemoryStore
 from coordinator.store.lease_records import *  # lease_records.__all__
@@ -30,6 +31,7 @@ __all__ += records.__all__
 __all__ += report_records.__all__
 __all__ += lease_records.__all__
 __all__ += replica_records.__all__
+__all__ += group_records.__all__
 
 
 def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] = utc_now) -> Store:

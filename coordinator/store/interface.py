@@ -29,7 +29,6 @@ from typing import Any, Protocol, runtime_checkable
 
 from coordinator.store.records import (
     AuditRecord,
-    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -41,14 +40,17 @@ from coordinator.store.records import (
     RoundRecord,
 )
 from coordinator.store.lease_records import Lease
+from coordinator.store.group_interface import GroupStore
+from coordinator.store.group_records import ChargeRule
 from coordinator.store.replica_interface import ReplicaStore
 from coordinator.store.report_records import Quarantine, ShareReport
 
 
 @runtime_checkable
-class Store(ReplicaStore, Protocol):
+class Store(ReplicaStore, GroupStore, Protocol):
     """Everything the coordinator persists; the replica tier's methods
-    (membership, stream ownership) are those of `ReplicaStore`."""
+    (membership, stream ownership) are those of `ReplicaStore`, its rounds
+    in groups (plans, group rows, sums, sealing) those of `GroupStore`."""
 
     # ------------------------------------------------------------ devices
     def enroll_devices(
@@ -150,7 +152,9 @@ class Store(ReplicaStore, Protocol):
     ) -> ModelVersionSummary:
         """In ONE transaction: write the round in state COMMITTED (insert or
         update), store the model version it produced (round_number set) and
-        its privacy-ledger entry (None when DP is off). All or nothing.
+        its privacy-ledger entry (None when DP is off), and seal its groups
+        (group_interface: open groups lost, sums deleted, the plan's
+        new_model_version set). All or nothing.
         With `fence` (a replicated coordinator's lease), the same transaction
         first checks that the lease still names that holder and token.
         Raises InvalidRecordError (state not COMMITTED, entry for another
@@ -160,7 +164,8 @@ class Store(ReplicaStore, Protocol):
 
     def abort_round(self, round_record: RoundRecord, *, fence: Lease | None = None,
                     privacy_entry: PrivacyEntry | None = None) -> None:
-        """Write the round in state ABORTED (insert or update), with
+        """Write the round in state ABORTED (insert or update) and seal its
+        groups (group_interface), with
         `privacy_entry` (a round whose sum its coordinator may have learned
         although it aborts, D94) in the same transaction.
         Raises InvalidRecordError, ConflictError, FencedOut as commit_round."""
@@ -173,11 +178,19 @@ class Store(ReplicaStore, Protocol):
         'coordinator_restart' and ended_at `at` (default: store clock).
         Returns their numbers, ascending.
 
+        A round with a plan (group_interface) is sealed as by abort_round,
+        and the devices its groups may have asked to unmask (the `asked` of
+        groups in `unmasking` or `done`, or lost in `unmasking`) are added to
+        the stored record's `survivors["unmasking"]`, so the spent-device
+        rules count them.
+
         With `charge`, in the SAME transaction, for each of those rounds in
-        ascending order: `charge(found, ledger)`, where `found` is the round
-        as stored before this call (its non-terminal state) and `ledger` the
-        privacy ledger as it stands (ascending; the entries this call added
-        for earlier rounds included), returns the round's privacy-ledger
+        ascending order: `charge(found, ledger, groups)`, where `found` is
+        the round as stored before this call (its non-terminal state),
+        `ledger` the privacy ledger as it stands (ascending; the entries
+        this call added for earlier rounds included) and `groups` the
+        round's group rows after the seal (by index; empty for a round
+        without a plan), returns the round's privacy-ledger
         entry (a release its dead coordinator may have learned, D94) or
         None; each entry is stored with its round, all or nothing. A rule
         that raises leaves the store unchanged. May run more than once per

@@ -23,13 +23,14 @@ from coordinator.store.errors import (
     NotFoundError,
 )
 from coordinator.store.lease_records import Lease
+from coordinator.store.group_records import ChargeRule, merged_unmasking
+from coordinator.store.memory_groups import InMemoryRoundGroups
 from coordinator.store.memory_lease import InMemoryLeaderLease
 from coordinator.store.memory_replicas import InMemoryReplicas
 from coordinator.store.memory_reports import InMemoryShareReports
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     AuditRecord,
-    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     ModelVersion,
@@ -73,17 +74,19 @@ class _State:
         )
 
 
-class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas):
+class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas, InMemoryRoundGroups):
     """A Store held in process memory; lost when the process ends (share
     reports and quarantines: the InMemoryShareReports mixin; the leader
     lease: InMemoryLeaderLease; replica membership and stream ownership:
-    InMemoryReplicas, on the lease's clock)."""
+    InMemoryReplicas, on the lease's clock; round plans and groups:
+    InMemoryRoundGroups, which the terminal writes seal)."""
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now,
                  lease_clock: Callable[[], float] = time.monotonic) -> None:
         InMemoryShareReports.__init__(self)
         InMemoryLeaderLease.__init__(self, lease_clock)
         InMemoryReplicas.__init__(self, lease_clock)
+        InMemoryRoundGroups.__init__(self)
         self._clock = clock
         self._lock = threading.RLock()
         self._state = _State({}, {}, {}, {})
@@ -228,6 +231,24 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas)
         if stored is not None and stored.state.is_terminal:
             raise ConflictError(f"round {record.number} is already {stored.state}")
 
+    def _stored_round(self, number: int) -> RoundRecord | None:
+        """The stored round (for InMemoryRoundGroups; the caller holds the lock)."""
+        return self._state.rounds.get(number)
+
+    def _models(self) -> Mapping[int, ModelVersion]:
+        return self._state.models
+
+    def _stage_round(self, record: RoundRecord) -> Callable[[], None]:
+        """Check `record` writable (ConflictError) and return what publishes it."""
+        self._check_writable(record)
+        staged = self._state.copy()
+        staged.rounds[record.number] = _copy_round(record)
+
+        def publish() -> None:
+            self._state = staged
+
+        return publish
+
     def save_round_progress(self, record: RoundRecord) -> None:
         if record.state.is_terminal:
             raise InvalidRecordError(f"save_round_progress got terminal state {record.state}")
@@ -256,7 +277,9 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas)
             model = self._new_model(staged, new_model_version, round_record.number)
             if privacy_entry is not None:
                 self._insert_privacy_entry(staged, privacy_entry)
-            self._state = staged  # publish: the only visible write
+            tables, _ = self._sealing({round_record.number: model.id})
+            self._state = staged  # publish: the only visible writes
+            self._publish_groups(tables)
             return model.summary()
 
     @staticmethod
@@ -275,7 +298,9 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas)
             staged.rounds[round_record.number] = _copy_round(round_record)
             if entry is not None:
                 self._insert_privacy_entry(staged, entry)
+            tables, _ = self._sealing({round_record.number: None})
             self._state = staged
+            self._publish_groups(tables)
 
     def mark_interrupted_rounds_aborted(self, *, at: datetime | None = None, charge: ChargeRule | None = None,
                                         fence: Lease | None = None) -> list[int]:
@@ -284,16 +309,18 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas)
             self._check_fence(fence)
             staged = self._state.copy()
             numbers = sorted(n for n, r in staged.rounds.items() if not r.state.is_terminal)
+            tables, groups = self._sealing(dict.fromkeys(numbers))
             for n in numbers:
                 found = staged.rounds[n]
                 staged.rounds[n] = replace(found, state=RoundState.ABORTED, abort_reason=COORDINATOR_RESTART,
-                                           ended_at=when)
+                                           ended_at=when, survivors=merged_unmasking(found.survivors, groups[n]))
                 if charge is not None:
                     ledger = [e for _, e in sorted(staged.ledger.items())]
-                    charged = check_charge(charge(_copy_round(found), ledger), n, staged.ledger)
+                    charged = check_charge(charge(_copy_round(found), ledger, groups[n]), n, staged.ledger)
                     if charged is not None:
                         self._insert_privacy_entry(staged, charged)
             self._state = staged
+            self._publish_groups(tables)
             return numbers
 
     def get_round(self, number: int) -> RoundRecord | None:

@@ -24,6 +24,7 @@ from sqlalchemy import (
     DateTime,
     Double,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
@@ -263,3 +264,81 @@ class FleetCounterRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(BigInteger)
+
+
+class RoundPlanRow(Base):
+    """A round in groups as its leader planned it (migration 0008): see
+    group_records.RoundPlan. `new_model_version` is set when it commits."""
+
+    __tablename__ = "round_plans"
+
+    round_number: Mapped[int] = mapped_column(BigInteger, ForeignKey("rounds.number"), primary_key=True,
+                                              autoincrement=False)
+    lease_token: Mapped[int] = mapped_column(BigInteger)
+    nonce: Mapped[bytes]
+    model_name: Mapped[str] = mapped_column(String(255))
+    model_version: Mapped[int] = mapped_column(BigInteger)
+    step: Mapped[int] = mapped_column(Integer)
+    hyperparameters: Mapped[dict[str, Any]]
+    metric_names: Mapped[list[str]] = mapped_column(JsonDoc)
+    cohort_size: Mapped[int] = mapped_column(Integer)
+    minimum: Mapped[int] = mapped_column(Integer)
+    rotation_key: Mapped[bytes]
+    deadlines: Mapped[dict[str, Any]]
+    task_deadlines: Mapped[dict[str, Any]]
+    opened_at: Mapped[datetime]
+    closes_at: Mapped[datetime]
+    devices_left_out: Mapped[int] = mapped_column(Integer)
+    left_out: Mapped[dict[str, Any]]
+    new_model_version: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class RoundGroupRow(Base):
+    """One group of a planned round (migration 0008): the replica and term
+    running it, its members and settings, its state (`lost_in`: the state a
+    lost group was in) and what its replica last saved; `updated_at` is the
+    database's epoch seconds of the last write. See group_records.GroupRow."""
+
+    __tablename__ = "round_groups"
+
+    round_number: Mapped[int] = mapped_column(BigInteger, ForeignKey("round_plans.round_number"),
+                                              primary_key=True, autoincrement=False)
+    group_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    replica: Mapped[str] = mapped_column(String(255))
+    replica_token: Mapped[int] = mapped_column(BigInteger)
+    members: Mapped[list[int]] = mapped_column(JsonDoc)
+    secagg_settings: Mapped[bytes]
+    session_id: Mapped[bytes]
+    dp_settings: Mapped[bytes | None]
+    state: Mapped[str] = mapped_column(String(16))
+    lost_in: Mapped[str | None] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(String(32))
+    asked: Mapped[list[int] | None] = mapped_column(JsonDoc)
+    survivors: Mapped[dict[str, Any]]
+    dropouts: Mapped[dict[str, Any]]
+    timings: Mapped[dict[str, Any]]
+    completion: Mapped[dict[str, Any]]
+    counted: Mapped[list[int] | None] = mapped_column(JsonDoc)
+    share_reports: Mapped[list[Any]] = mapped_column(JsonDoc)
+    share_check_survivors: Mapped[list[int]] = mapped_column(JsonDoc)
+    fail_reason: Mapped[str | None] = mapped_column(String(64))
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class RoundGroupSumRow(Base):
+    """A done group's unmasked sum while its round runs (migration 0008;
+    deleted when the round is sealed): little-endian uint32 coordinates,
+    sha256 of both blobs. The read-only role never reads this table."""
+
+    __tablename__ = "round_group_sums"
+    __table_args__ = (ForeignKeyConstraint(["round_number", "group_index"],
+                                           ["round_groups.round_number", "round_groups.group_index"],
+                                           name="fk_round_group_sums_group"),)
+
+    round_number: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    group_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    encoded_sum: Mapped[bytes]
+    metric_limbs: Mapped[bytes]
+    vector_length: Mapped[int] = mapped_column(Integer)
+    metric_coordinates: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))

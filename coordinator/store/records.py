@@ -14,7 +14,7 @@ import copy
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -272,9 +272,6 @@ class PrivacySummary:
     epsilon_sum: float
 
 
-#: `Store.mark_interrupted_rounds_aborted`'s charge rule: (the round as
-#: found, the ledger so far) -> the round's privacy entry, or None (D94).
-ChargeRule = Callable[[RoundRecord, Sequence[PrivacyEntry]], PrivacyEntry | None]
 
 
 #: Longest operator name / action name / outcome an audit entry keeps.
@@ -327,7 +324,7 @@ class Page(Generic[T]):
 #: What the store's users import (coordinator.store re-exports it); the
 #: implementations also use the checks and helpers above.
 __all__ = [
-    "COORDINATOR_RESTART", "AuditRecord", "ChargeRule",
+    "COORDINATOR_RESTART", "AuditRecord",
     "DeviceRecord", "DeviceStatus", "GroupCharge", "ModelVersion", "ModelVersionSummary",
     "NewModelVersion", "Page", "PrivacyEntry", "PrivacySummary", "RoundRecord", "RoundState", "utc_now",
 ]

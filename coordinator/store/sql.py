@@ -55,7 +55,6 @@ from coordinator.store.orm import AuditRow, DeviceRow, ModelVersionRow, PrivacyL
 from coordinator.store.records import (
     COORDINATOR_RESTART,
     AuditRecord,
-    ChargeRule,
     DeviceRecord,
     DeviceStatus,
     GroupCharge,
@@ -73,6 +72,8 @@ from coordinator.store.records import (
 )
 from coordinator.store.retry import RetryPolicy, run_with_retries
 from coordinator.store.lease_records import Lease
+from coordinator.store.group_records import ChargeRule, merged_unmasking
+from coordinator.store.sql_groups import SqlRoundGroups, seal_round
 from coordinator.store.sql_lease import SqlLeaderLease, check_fence
 from coordinator.store.sql_replicas import SqlReplicas
 from coordinator.store.sql_reports import SqlShareReports
@@ -96,11 +97,12 @@ log = logging.getLogger("fedmask.coordinator.store")
 RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
 
 
-class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas):
+class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas, SqlRoundGroups):
     """A Store on an Engine from coordinator.store.engine.create_store_engine
     (share reports and quarantines: the SqlShareReports mixin; the leader
     lease: SqlLeaderLease; replica membership and stream ownership:
-    SqlReplicas).
+    SqlReplicas; round plans and groups: SqlRoundGroups, whose `seal_round`
+    the terminal writes call in their transactions).
 
     The schema must be at head (coordinator.store.migrate.upgrade_to_head);
     `coordinator.store.open_store` does both.
@@ -388,6 +390,7 @@ class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas):
             check_fence(s, fence)
             self._write_round(s, round_record)
             model = self._insert_model(s, new_model_version, round_record.number)
+            seal_round(s, round_record.number, model.id)
             if privacy_entry is not None:
                 s.add(_ledger_row(privacy_entry))
                 s.flush()
@@ -404,6 +407,7 @@ class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas):
         def body(s: Session) -> None:
             check_fence(s, fence)
             self._write_round(s, round_record)
+            seal_round(s, round_record.number, None)
             entry = check_charge(privacy_entry, round_record.number,
                                  {e.round_number for e in _ledger(s)} if privacy_entry is not None else ())
             if entry is not None:
@@ -423,12 +427,14 @@ class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas):
             ).all()
             for row in rows:
                 found = _round(row)
+                groups = seal_round(s, row.number, None)  # the charge rule sees the sealed rows
+                row.survivors = merged_unmasking(row.survivors, groups)
                 row.state = RoundState.ABORTED.value
                 row.abort_reason = COORDINATOR_RESTART
                 row.ended_at = when
                 if charge is not None:
                     ledger = _ledger(s)
-                    entry = check_charge(charge(found, ledger), row.number, {e.round_number for e in ledger})
+                    entry = check_charge(charge(found, ledger, groups), row.number, {e.round_number for e in ledger})
                     if entry is not None:
                         s.add(_ledger_row(entry))
                 s.flush()

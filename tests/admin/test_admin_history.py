@@ -143,7 +143,7 @@ def test_a_round_charged_as_released_is_labelled_in_the_ledger_and_listed() -> N
                                           survivors={"selected": list(range(1, 11)), "masked_input": [1, 2, 3, 4, 5]}))
     before = store.privacy_ledger()[-1].cumulative_epsilon
 
-    def charge(found: RoundRecord, ledger: object) -> PrivacyEntry:
+    def charge(found: RoundRecord, ledger: object, groups: object) -> PrivacyEntry:
         return PrivacyEntry(round_number=found.number, epsilon=2.0, delta=1e-5, noise_multiplier=0.7,
                             sampling_rate=1.0, cumulative_epsilon=before + 2.0)
 

@@ -14,6 +14,7 @@ import pytest
 from coordinator.store import (
     COORDINATOR_RESTART,
     FencedOut,
+    GroupRow,
     InvalidRecordError,
     NewModelVersion,
     PrivacyEntry,
@@ -47,7 +48,9 @@ class SumRule:
     def __init__(self) -> None:
         self.seen: list[tuple[RoundRecord, list[int], float]] = []
 
-    def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+    def __call__(self, found: RoundRecord, ledger: Sequence[PrivacyEntry],
+                 groups: Sequence[GroupRow] = ()) -> PrivacyEntry | None:
+        assert list(groups) == []  # rounds without a plan have no group rows
         self.seen.append((found, [e.round_number for e in ledger], sum(e.epsilon for e in ledger)))
         if found.state is not RoundState.UNMASKING:
             return None
@@ -89,7 +92,7 @@ def test_a_refused_charge_leaves_the_store_unchanged(backend: Backend, bad: str)
     setup_rounds(s)
     before = ([s.get_round(n) for n in (1, 2, 3, 4)], s.privacy_ledger())
 
-    def rule(found: RoundRecord, ledger: Sequence[PrivacyEntry]) -> PrivacyEntry | None:
+    def rule(found: RoundRecord, ledger: Sequence[PrivacyEntry], groups: Sequence[GroupRow]) -> PrivacyEntry | None:
         if found.number < 4:
             return SumRule()(found, ledger)
         if bad == "raises":

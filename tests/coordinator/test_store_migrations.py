@@ -3,6 +3,7 @@ real PostgreSQL (`sql_url` fixture), plus the parameter-blob format."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from typing import Any
@@ -15,14 +16,26 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, insert, text
 from sqlalchemy.exc import IntegrityError
 
-from coordinator.store import StoreError, StreamClaim, StreamOwner, open_store
+from coordinator.store import (
+    GroupAssignment,
+    GroupState,
+    RoundPlan,
+    RoundRecord,
+    RoundState,
+    StoreError,
+    StreamClaim,
+    StreamOwner,
+    open_store,
+)
 from coordinator.store.blobs import pack_parameters, unpack_parameters
 from coordinator.store.engine import create_store_engine, normalize_url
 from coordinator.store.migrate import alembic_config, current_revision, head_revision, upgrade_to_head
 from coordinator.store.orm import Base, PrivacyLedgerRow
 
 TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "audit_log", "share_reports",
-          "quarantines", "leader_lease", "replicas", "device_streams", "fleet_counter", "alembic_version"}
+          "quarantines", "leader_lease", "replicas", "device_streams", "fleet_counter", "round_plans", "round_groups",
+          "round_group_sums", "alembic_version"}
+GROUP_TABLES = {"round_plans", "round_groups", "round_group_sums"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
@@ -116,7 +129,7 @@ def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
             command.upgrade(alembic_config(conn), "0006_ledger_groups")
             conn.execute(text("INSERT INTO devices (local_id, identity_public_key, enrolled_at, status)"
                               " VALUES ('user-1', :key, '2025-01-01 00:00:00', 'active')"), {"key": b"A" * 32})
-        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"}
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "0007_replica_streams")
             assert conn.execute(text("SELECT id, version FROM fleet_counter")).all() == [(1, 0)]
@@ -130,7 +143,7 @@ def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
             store.close()
         with engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0006_ledger_groups")
-        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"}
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES
         assert current_revision(engine) == "0006_ledger_groups"
         with engine.connect() as conn:
             assert conn.execute(text("SELECT local_id FROM devices")).scalars().all() == ["user-1"]
@@ -138,6 +151,51 @@ def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM device_streams")).scalar() == 0
             assert conn.execute(text("SELECT version FROM fleet_counter")).scalar() == 0
+    finally:
+        engine.dispose()
+
+
+def test_round_groups_migration_upgrades_and_downgrades(sql_url: str) -> None:
+    """0008 adds the tables of rounds in groups to a database of 0007 (its
+    rounds kept) and its downgrade drops them again, rows and all, leaving
+    the rest as it was."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0007_replica_streams")
+            conn.execute(text(
+                "INSERT INTO rounds (number, state, started_at, cohort_size, survivors, dropouts, timings, metrics)"
+                " VALUES (3, 'committed', '2025-01-01 00:00:00', 3, '{}', '{}', '{}', '{}')"))
+        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0008_round_groups")
+        store = open_store(sql_url, migrate=False)
+        try:
+            leader = store.acquire_lease("leader", 30.0)
+            member = store.join_tier("replica-a", 30.0, settings_digest="")
+            assert leader is not None and member is not None
+            n = store.next_round_number()
+            assert n == 4
+            start = datetime(2025, 1, 2, tzinfo=UTC)
+            store.open_planned_round(
+                RoundRecord(number=n, state=RoundState.TRAINING, started_at=start, cohort_size=2),
+                RoundPlan(round_number=n, lease_token=leader.token, nonce=b"n", model_name="m", model_version=1,
+                          step=0, hyperparameters={}, metric_names=(), cohort_size=2, minimum=2, rotation_key=b"k",
+                          deadlines={}, task_deadlines={}, opened_at=start, closes_at=start),
+                [GroupAssignment(round_number=n, index=0, replica="replica-a", replica_token=member.token,
+                                 members=(1, 2), secagg_settings=b"s", session_id=b"i")], fence=leader)
+            assert [g.state for g in store.round_groups(n)] == [GroupState.ASSIGNED]
+        finally:
+            store.close()
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0007_replica_streams")
+        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES
+        assert current_revision(engine) == "0007_replica_streams"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT number FROM rounds ORDER BY number")).scalars().all() == [3, 4]
+        upgrade_to_head(engine)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM round_groups")).scalar() == 0
     finally:
         engine.dispose()
 

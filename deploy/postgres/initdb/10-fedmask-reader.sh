@@ -3,7 +3,8 @@
 # official image and deploy/postgres/ both run /docker-entrypoint-initdb.d/*.sh
 # with POSTGRES_USER, POSTGRES_DB and PGPASSWORD set): creates fedmask_reader,
 # the admin service's role, which may read every table the coordinator
-# (POSTGRES_USER, the schema's owner) creates and write none. Its password
+# (POSTGRES_USER, the schema's owner) creates but round_group_sums (the groups'
+# unmasked sums while their round runs), and write none. Its password
 # comes from the file FEDMASK_READER_PASSWORD_FILE; without it, nothing is done.
 # An external database (Kubernetes production overlay) runs the same SQL by
 # hand: deploy/README.md, "Kubernetes".
@@ -23,6 +24,15 @@ GRANT CONNECT ON DATABASE :"db" TO fedmask_reader;
 GRANT USAGE ON SCHEMA public TO fedmask_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO fedmask_reader;
 ALTER DEFAULT PRIVILEGES FOR ROLE :"owner" IN SCHEMA public GRANT SELECT ON TABLES TO fedmask_reader;
+-- except the groups' unmasked sums of running rounds (migration 0008 revokes
+-- it too when it creates the table after this script)
+DO $$
+BEGIN
+    IF to_regclass('public.round_group_sums') IS NOT NULL THEN
+        REVOKE ALL ON TABLE public.round_group_sums FROM fedmask_reader;
+    END IF;
+END
+$$;
 SQL
 unset reader_password
 echo "10-fedmask-reader: created the SELECT-only role fedmask_reader in $db" >&2
