@@ -1,7 +1,9 @@
 """The Store contract of `mark_interrupted_rounds_aborted(charge=...)` (D94):
 a round a dead coordinator left after asking for unmasking is charged in
 the privacy ledger in the same transaction that aborts it. Run against
-every backend: memory, sqlite, postgresql (the `backend` fixture)."""
+every backend: memory, sqlite, postgresql (the `backend` fixture), with
+rule stubs, and with the real rule (`InterruptedCharge`) for a round whose
+groups replicas ran."""
 
 from __future__ import annotations
 
@@ -141,3 +143,90 @@ def test_a_live_abort_is_charged_in_its_own_transaction(backend: Backend) -> Non
     assert r4 is not None and r4.state is RoundState.UNMASKING  # the refused write left it as it was
     s.abort_round(record(4, RoundState.ABORTED, ended_at=T0, abort_reason="commit_failed"))  # no entry: nothing charged
     assert [e.round_number for e in s.privacy_ledger()] == [1, 2]
+
+
+def test_recovery_charges_a_planned_round_by_its_group_rows(backend: Backend) -> None:
+    """A planned round (its groups run by replicas) is handed to the real
+    charge rule (`InterruptedCharge`) with its rows as sealed: its entry
+    lists exactly the groups that may have released their sums (done, and
+    those the seal found in `unmasking`), each at its own figures, the
+    round at the least of them; a planned round none of whose groups
+    reached unmasking costs nothing whatever its record's state; a round
+    without a plan is charged by its record, composed after it. The stored
+    record lists every device a group may have asked in `unmasking`."""
+    import dataclasses
+
+    from test_interrupted_charge import assert_entry, charge_rule, multiplier, oracle_groups, settings
+    from test_store_round_groups import Tier, assignment, encoded, plan, progress
+
+    from coordinator.store import GroupResult, GroupState
+    from models.privacy import composed_epsilon
+
+    s = backend.store
+    t = Tier(s)
+    members = [(1, 2, 3), (4, 5, 6, 7), (8, 9), (10, 11), (12, 13)]
+
+    def open_round(state: RoundState) -> int:
+        n = s.next_round_number()
+        groups = [assignment(n, i, (t.a, t.b)[i % 2], m) for i, m in enumerate(members)]
+        s.open_planned_round(RoundRecord(number=n, state=RoundState.TRAINING, started_at=T0, cohort_size=13),
+                             dataclasses.replace(plan(n, t.leader.token), cohort_size=13), groups, fence=t.leader)
+        s.save_round_progress(RoundRecord(number=n, state=state, started_at=T0, cohort_size=13))
+        return n
+
+    def unmasking(n: int, i: int, asked: tuple[int, ...], masked: list[int] | None) -> None:
+        member = (t.a, t.b)[i % 2]
+        s.start_group(member, n, i)
+        s.save_group_progress(member, progress(n, i, GroupState.UNMASKING, asked=asked,
+                                               survivors={} if masked is None else {"masked_input": masked}))
+
+    def fail(n: int, i: int) -> None:
+        member = (t.a, t.b)[i % 2]
+        s.start_group(member, n, i)
+        s.finish_group(member, GroupResult(round_number=n, index=i, state=GroupState.FAILED, fail_reason="dropped"))
+
+    quiet = open_round(RoundState.UNMASKING)  # its record says unmasking; no group got there
+    s.start_group(t.a, quiet, 0)
+    s.start_group(t.a, quiet, 2)
+    fail(quiet, 3)
+
+    n = open_round(RoundState.UNMASKING)
+    unmasking(n, 0, (1, 2, 3), [1, 2, 3])  # done, 2 counted (not its 3 masked-input survivors)
+    s.finish_group(t.a, GroupResult(round_number=n, index=0, state=GroupState.DONE, sum=encoded(5), counted=(1, 2),
+                                    survivors={"masked_input": [1, 2, 3]}))
+    unmasking(n, 1, (4, 5, 6, 7), [4, 5, 6])  # lost in unmasking by the seal: its 3 masked-input survivors
+    unmasking(n, 2, (8,), None)  # lost in unmasking, nothing saved: 1
+    s.start_group(t.b, n, 3)  # lost while running
+    fail(n, 4)
+
+    plain = s.next_round_number()
+    s.save_round_progress(record(plain, RoundState.UNMASKING, survivors={"masked_input": [1, 2, 3]}))
+
+    dp = settings("gaussian-float")
+    rule = charge_rule(dp)
+    assert s.mark_interrupted_rounds_aborted(charge=rule, fence=t.leader) == [quiet, n, plain]
+
+    sealed = s.round_groups(n)
+    assert [(g.state, g.lost_in) for g in sealed] == [
+        (GroupState.DONE, None), (GroupState.LOST, GroupState.UNMASKING), (GroupState.LOST, GroupState.UNMASKING),
+        (GroupState.LOST, GroupState.RUNNING), (GroupState.FAILED, None)]
+    expected = oracle_groups(dp, sealed)
+    assert [(g.size, g.counted) for g in expected] == [(3, 2), (4, 3), (2, 1)]
+    assert oracle_groups(dp, s.round_groups(quiet)) == ()
+
+    ledger = s.privacy_ledger()
+    assert [e.round_number for e in ledger] == [n, plain]
+    assert_entry(dp, ledger[0], expected, [], number=n)
+    assert ledger[0] == rule.charged[n]
+    # the round without a plan: its record's price (3 counted of its 4), composed after round n's entry
+    z = multiplier(dp, cohort=4, counted=3)
+    assert ledger[1].groups == () and ledger[1].noise_multiplier == pytest.approx(z, rel=1e-9)
+    assert ledger[1].cumulative_epsilon == pytest.approx(
+        composed_epsilon([(ledger[0].noise_multiplier, 1.0), (z, 1.0)], delta=dp.dp.delta), rel=1e-6)
+    for number in (quiet, n, plain):
+        r = s.get_round(number)
+        assert r is not None and r.state is RoundState.ABORTED and r.abort_reason == COORDINATOR_RESTART
+    stored = s.get_round(n)
+    assert stored is not None and stored.survivors["unmasking"] == [1, 2, 3, 4, 5, 6, 7, 8]  # not 10-13: never asked
+    quiet_stored = s.get_round(quiet)
+    assert quiet_stored is not None and "unmasking" not in quiet_stored.survivors
