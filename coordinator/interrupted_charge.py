@@ -179,8 +179,8 @@ class InterruptedCharge:
     def group_charges(self, groups: Sequence[GroupRow]) -> tuple[GroupCharge, ...]:
         """A round run in groups by replicas (its group rows, as sealed):
         one charge per group whose devices may have been asked to unmask
-        (`GroupRow.may_have_asked`: in `unmasking` or `done`, or lost in
-        `unmasking`), priced at the noise its own members split and the
+        (`GroupRow.may_have_asked`: in `unmasking` or `done`, lost in
+        `unmasking`, or failed after its asked devices were saved), priced at the noise its own members split and the
         devices its sum counted: the `counted` of a done group, else the
         group's masked-input survivors as saved, else 1 (fewer never price
         lower)."""

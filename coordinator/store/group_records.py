@@ -16,7 +16,9 @@ and a group is in `unmasking` only with the devices asked to unmask saved
 (`asked`), before any of them is asked (D94). `lost` is written by the
 leader (`close_groups`, or the sealing of a terminal round) and keeps the
 state the group was in (`lost_in`): a group lost in `unmasking` may have
-released its sum, and its asked devices may have spent their contribution.
+released its sum, and its asked devices may have spent their contribution;
+so may a group that failed after its asked devices were saved (its row does
+not say whether it held enough answers).
 
 A group's sum (the encoded unmasked sum, metric limbs included, and the
 metric limbs apart) is what the server learns of the group (D34/D87/D99);
@@ -417,8 +419,12 @@ class GroupRow:
     @property
     def may_have_asked(self) -> bool:
         """Whether devices of this group may have been asked to unmask (and
-        so may have spent their contribution, and its sum may be known)."""
-        return self.state in ASKED_STATES or self.lost_in is GroupState.UNMASKING
+        so may have spent their contribution, and its sum may be known): in
+        `unmasking` or `done`, lost in `unmasking`, or any group whose asked
+        devices were saved, a failed one included (a group that failed after
+        asking may have held enough answers; its row does not say, so it
+        counts as released)."""
+        return self.state in ASKED_STATES or self.lost_in is GroupState.UNMASKING or bool(self.asked)
 
 
 @dataclass(frozen=True, slots=True)

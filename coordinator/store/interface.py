@@ -180,7 +180,8 @@ class Store(ReplicaStore, GroupStore, Protocol):
 
         A round with a plan (group_interface) is sealed as by abort_round,
         and the devices its groups may have asked to unmask (the `asked` of
-        groups in `unmasking` or `done`, or lost in `unmasking`) are added to
+        groups in `unmasking` or `done`, lost in `unmasking`, or failed
+        after asking: `GroupRow.may_have_asked`) are added to
         the stored record's `survivors["unmasking"]`, so the spent-device
         rules count them.
 

@@ -229,11 +229,12 @@ def test_a_round_in_groups_interrupted_after_unmasking_is_charged_at_its_weakest
 #       the ledger before it.
 
 def group_row(index: int, size: int, state: GroupState, *, lost_in: GroupState | None = None,
-              masked: int | None = None, counted: int | None = None) -> GroupRow:
+              masked: int | None = None, counted: int | None = None, asked: bool = False) -> GroupRow:
     """Group `index` of round 7 with `size` devices (10 index + 1, ...), driven through the
     store's own transition rules to `state` (through `lost_in` when lost):
     `masked` of its members saved as masked-input survivors, `counted` of
-    them counted by a done group; a group in unmasking asked all its members."""
+    them counted by a done group; a group in unmasking asked all its members,
+    and so did a failed one with `asked` (it failed after asking)."""
     from coordinator.store.group_records import finished, lost, new_group_row, progressed
 
     members = tuple(range(10 * index + 1, 10 * index + 1 + size))
@@ -245,7 +246,7 @@ def group_row(index: int, size: int, state: GroupState, *, lost_in: GroupState |
     if reached is not GroupState.ASSIGNED:
         row = progressed(row, GroupProgress(round_number=7, index=index, state=GroupState.RUNNING,
                                             phase="running"), 1.0)
-    if reached in (GroupState.UNMASKING, GroupState.DONE):
+    if reached in (GroupState.UNMASKING, GroupState.DONE) or (reached is GroupState.FAILED and asked):
         row = progressed(row, GroupProgress(round_number=7, index=index, state=GroupState.UNMASKING, phase="unmasking",
                                             asked=members, survivors=survivors), 2.0)
     if reached is GroupState.DONE:
@@ -272,7 +273,8 @@ def oracle_groups(s: CoordinatorSettings, rows: list[GroupRow]) -> tuple[GroupCh
     out = []
     for g in rows:
         if not (g.state in (GroupState.UNMASKING, GroupState.DONE)
-                or (g.state is GroupState.LOST and g.lost_in is GroupState.UNMASKING)):
+                or (g.state is GroupState.LOST and g.lost_in is GroupState.UNMASKING)
+                or (g.state is GroupState.FAILED and g.asked)):  # failed after asking: it may have held t answers
             continue
         size = len(g.assignment.members)
         if g.state is GroupState.DONE:
@@ -373,8 +375,9 @@ def test_one_group_in_unmasking_is_charged_at_its_own_size_and_survivors(mechani
 
 @pytest.mark.parametrize("mechanism", ["discrete-gaussian", "gaussian-float"])
 def test_mixed_groups_list_exactly_the_possibly_released_ones_at_the_least_multiplier(mechanism: str) -> None:
-    """Done, unmasking, lost in unmasking, failed, lost while running: the
-    entry lists exactly the done, unmasking and lost-in-unmasking groups,
+    """Done, unmasking, lost in unmasking, failed (before and after asking),
+    lost while running: the entry lists exactly the done, unmasking,
+    lost-in-unmasking and failed-after-asking groups,
     each at its own size and count (a done group's counted devices, not its
     masked-input survivors), the round at the least of their multipliers."""
     s = settings(mechanism)
@@ -382,11 +385,12 @@ def test_mixed_groups_list_exactly_the_possibly_released_ones_at_the_least_multi
               group_row(1, 3, GroupState.FAILED, masked=3),
               group_row(2, 3, GroupState.UNMASKING, masked=3),
               group_row(3, 4, GroupState.LOST, lost_in=GroupState.UNMASKING, masked=2),
-              group_row(4, 2, GroupState.LOST, lost_in=GroupState.RUNNING, masked=1)]
+              group_row(4, 2, GroupState.LOST, lost_in=GroupState.RUNNING, masked=1),
+              group_row(5, 5, GroupState.FAILED, masked=4, asked=True)]
     expected = oracle_groups(s, groups)
-    assert [(g.size, g.counted) for g in expected] == [(4, 3), (3, 3), (4, 2)]
+    assert [(g.size, g.counted) for g in expected] == [(4, 3), (3, 3), (4, 2), (5, 4)]
     for g in expected:
-        assert g.noise_multiplier == pytest.approx(group_multiplier(s, cohort=16, size=g.size, counted=g.counted),
+        assert g.noise_multiplier == pytest.approx(group_multiplier(s, cohort=21, size=g.size, counted=g.counted),
                                                    rel=1e-9)
     least = min(expected, key=lambda g: g.noise_multiplier)
     assert (least.size, least.counted) == (4, 2)  # the lost group: the figures are not all alike
