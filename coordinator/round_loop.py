@@ -260,7 +260,8 @@ class InProcessRounds(ABC):
                     continue
                 actions = r.tick(self._clock())
                 if opens_unmasking(actions) and r.phase is RoundState.UNMASKING:  # who is asked to unmask is saved before anyone is asked (D94)
-                    await save_then_ask(self.store, self._record(r, r.phase), actions, self._apply)
+                    await save_then_ask(functools.partial(self.store.save_round_progress, self._record(r, r.phase)),
+                                        actions, self._apply)
                     saved_phase = r.phase
                 else:
                     self._apply(actions)

@@ -8,7 +8,8 @@ consistency check in active mode; `spent_devices.unmasking_responders`).
 So the stage change that opens UNMASKING is held until that record is
 saved: `opens_unmasking(actions)` tells the round loop that the actions of
 a stage close carry the unmasking requests, and `save_then_ask` writes the
-record and only then delivers them. A coordinator killed at any point after
+record (the save is the caller's: a round's record, or a replica's groups
+in the store, group by group) and only then delivers them. A coordinator killed at any point after
 that leaves a record that counts every device asked; one killed before
 leaves devices that were asked nothing.
 
@@ -24,7 +25,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
 from coordinator.rounds import Action, Broadcast, PhaseChanged, Send
-from coordinator.store import RoundRecord, RoundState, Store
+from coordinator.store import RoundState
 
 #: The ServerMessage field of an unmasking request (wire.secagg_codec.SERVER_FIELDS).
 UNMASKING_REQUEST = "unmasking_request"
@@ -44,13 +45,15 @@ def without_requests(actions: Iterable[Action]) -> list[Action]:
     return [a for a in actions if not _asks_to_unmask(a)]
 
 
-async def save_then_ask(store: Store, record: RoundRecord, actions: Sequence[Action],
+async def save_then_ask(save: Callable[[], object], actions: Sequence[Action],
                         apply: Callable[[Iterable[Action]], None]) -> None:
-    """Save `record` (the round now in UNMASKING, its masked-input survivors
-    listed), then `apply(actions)`. If the save raises, apply the actions
-    without the unmasking requests and re-raise."""
+    """Run `save` (blocking, in a worker thread: it records who is asked,
+    e.g. `store.save_round_progress` of the round now in UNMASKING, or a
+    replica's `save_group_progress` of its groups in `unmasking`), then
+    `apply(actions)`. If the save raises, apply the actions without the
+    unmasking requests and re-raise."""
     try:
-        await asyncio.to_thread(store.save_round_progress, record)
+        await asyncio.to_thread(save)
     except BaseException:
         apply(without_requests(actions))
         raise
