@@ -16,8 +16,9 @@ and which open Session stream hosts which device:
     registry.release_remote(ids, why=)             devices another replica took
 
 Proof of possession (fedmask.v1.1, D32): an Enroll is accepted only with
-every device's signature over a challenge this coordinator issued
-(`coordinator.possession`), and a stream admits a device only once it
+every device's signature over a challenge this coordinator issued (a
+replica of a tier: any replica of its tier, whose secret the Coordinator
+gives `challenges` at start; `coordinator.possession`), and a stream admits a device only once it
 signed the stream's nonce with the enrolled identity key; an unproven claim
 is rejected NOT_PROVEN and changes nothing else. A device is hosted by at
 most one stream: a newer stream that announces AND proves it displaces the

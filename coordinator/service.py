@@ -53,6 +53,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import ServerModel
 from coordinator.operator_actions import OperatorActions
 from coordinator.peer_reports import ReportPolicy, credential
+from coordinator.possession import EnrollChallenges
 from coordinator.report_ledger import ReportLedger
 from coordinator.interrupted_charge import InterruptedCharge
 from coordinator.registry import ClientSession, DeviceRegistry, StreamEnd, now_timestamp
@@ -69,6 +70,7 @@ from coordinator.spent_devices import SpentDevices
 from coordinator.version_skip import VersionSkip
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Store, utc_now
+from coordinator.store.url import serves_replicas
 from fedmask_proto.v1 import admin_service_pb2, common_pb2, enrollment_pb2, secagg_pb2, session_pb2
 from wire.possession import SESSION_NONCE_BYTES
 from wire.protocol import CLIENT_MESSAGE_STAGE
@@ -140,6 +142,11 @@ class Coordinator(InProcessRounds):
         self.paused = await recover(self.store, charge)  # unfinished rounds aborted (and charged, D94); a pause holds
         self.ledger.reload()
         await self.current.load(self.settings.seed or 0)
+        if serves_replicas(self.settings.database_url):
+            # a store several replicas share: its tier secret MACs the enrolment
+            # challenges, on the wall clock, so any replica verifies them (D109)
+            secret = await asyncio.to_thread(self.store.tier_secret)
+            self.registry.challenges = EnrollChallenges(clock=lambda: self._wall().timestamp(), tier_secret=secret)
         await self.registry.load()
         await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
         self._started = True

@@ -1,5 +1,6 @@
 """The replica tier in the in-memory store: membership rows, stream
-ownership and the fleet counter. A mixin of `InMemoryStore`; the contracts
+ownership, the fleet counter and the tier's secret (drawn when the store
+is created). A mixin of `InMemoryStore`; the contracts
 are those of coordinator/store/replica_interface.py. As for the leader
 lease (memory_lease.py), the "database clock" is a parameter (the
 process's monotonic clock by default, so tests can move it). Every method
@@ -9,6 +10,7 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -52,6 +54,7 @@ class InMemoryReplicas:
         self._members: dict[str, ReplicaRecord] = {}
         self._streams: dict[int, _Stream] = {}
         self._fleet_version = 0
+        self._tier_secret = secrets.token_bytes(32)
 
     def join_tier(self, replica: str, seconds: float, *, settings_digest: str, device_address: str | None = None,
                   admin_address: str | None = None, renewing: Lease | None = None) -> Lease | None:
@@ -141,3 +144,7 @@ class InMemoryReplicas:
     def fleet_version(self) -> int:
         with self._replicas_lock:
             return self._fleet_version
+
+    def tier_secret(self) -> bytes:
+        with self._replicas_lock:
+            return self._tier_secret

@@ -342,3 +342,17 @@ class RoundGroupSumRow(Base):
     vector_length: Mapped[int] = mapped_column(Integer)
     metric_coordinates: Mapped[int] = mapped_column(Integer)
     sha256: Mapped[str] = mapped_column(String(64))
+
+
+class TierSecretRow(Base):
+    """One row (id = SECRET_ID, migration 0009, which draws it): the replica
+    tier's 32-byte secret (Store.tier_secret). The read-only role never
+    reads this table."""
+
+    __tablename__ = "tier_secret"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    SECRET_ID = 1
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    secret: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,6 +1,7 @@
 """The replica tier's part of the Store interface: membership of the
 coordinator replicas and the ownership of device streams (records and the
-rule: coordinator/store/replica_records.py). `Store` extends it; the
+rule: coordinator/store/replica_records.py) and the tier's shared
+secret. `Store` extends it; the
 general contract of coordinator/store/interface.py holds (every method one
 transaction, thread- and process-safe, store errors only).
 
@@ -100,4 +101,16 @@ class ReplicaStore(Protocol):
         term starts, or a leave ends a term or deletes rows (0 on a new
         store). An expiry writes nothing, so it does not move the counter:
         a poller also watches the terms' `expires_at`."""
+        ...
+
+    def tier_secret(self) -> bytes:
+        """The tier's secret: 32 bytes, the same for every call and every
+        store object on the same database (so every replica of the tier
+        reads the same), drawn at random once per database (SQL: by
+        migration 0009; memory: when the store is created, so two stores
+        differ). Replicas MAC what any of them must verify with it
+        (coordinator/possession.py: enrolment challenges). Never for the
+        admin service: its read-only role cannot read it. Raises
+        NotFoundError when a SQL database lacks the row (migrated by
+        hand and the row deleted)."""
         ...

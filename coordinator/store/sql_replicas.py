@@ -1,5 +1,6 @@
 """The replica tier on SQL: membership rows (`replicas`), stream ownership
-(`device_streams`) and the fleet counter (`fleet_counter`), migration 0007.
+(`device_streams`) and the fleet counter (`fleet_counter`), migration 0007;
+the tier's secret (`tier_secret`), migration 0009.
 A mixin of `SqlStore` (coordinator/store/sql.py); the contracts, and the
 order in which writers lock rows, are those of
 coordinator/store/replica_interface.py.
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from coordinator.store.errors import NotFoundError
 from coordinator.store.lease_records import FencedOut, Lease
-from coordinator.store.orm import DeviceRow, DeviceStreamRow, FleetCounterRow, ReplicaRow
+from coordinator.store.orm import DeviceRow, DeviceStreamRow, FleetCounterRow, ReplicaRow, TierSecretRow
 from coordinator.store.replica_records import (
     PublishPlan,
     ReplicaRecord,
@@ -185,6 +186,13 @@ class SqlReplicas:
     def fleet_version(self) -> int:
         query = select(FleetCounterRow.version).where(FleetCounterRow.id == FleetCounterRow.COUNTER_ID)
         return self._read(lambda s: int(s.execute(query).scalar_one()))
+
+    def tier_secret(self) -> bytes:
+        query = select(TierSecretRow.secret).where(TierSecretRow.id == TierSecretRow.SECRET_ID)
+        found = self._read(lambda s: s.execute(query).scalar_one_or_none())
+        if found is None:
+            raise NotFoundError("the tier_secret row is missing (migration 0009 draws it)")
+        return bytes(found)
 
 
 def _chunks(ids: Sequence[T]) -> Iterator[Sequence[T]]:

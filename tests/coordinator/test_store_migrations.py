@@ -34,8 +34,9 @@ from coordinator.store.orm import Base, PrivacyLedgerRow
 
 TABLES = {"devices", "rounds", "round_counter", "model_versions", "privacy_ledger", "audit_log", "share_reports",
           "quarantines", "leader_lease", "replicas", "device_streams", "fleet_counter", "round_plans", "round_groups",
-          "round_group_sums", "alembic_version"}
+          "round_group_sums", "tier_secret", "alembic_version"}
 GROUP_TABLES = {"round_plans", "round_groups", "round_group_sums"}
+SECRET_TABLES = {"tier_secret"}
 
 
 def test_upgrade_creates_the_schema_and_is_idempotent(sql_url: str) -> None:
@@ -129,7 +130,7 @@ def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
             command.upgrade(alembic_config(conn), "0006_ledger_groups")
             conn.execute(text("INSERT INTO devices (local_id, identity_public_key, enrolled_at, status)"
                               " VALUES ('user-1', :key, '2025-01-01 00:00:00', 'active')"), {"key": b"A" * 32})
-        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES - SECRET_TABLES
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "0007_replica_streams")
             assert conn.execute(text("SELECT id, version FROM fleet_counter")).all() == [(1, 0)]
@@ -143,7 +144,7 @@ def test_replica_tier_migration_upgrades_and_downgrades(sql_url: str) -> None:
             store.close()
         with engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0006_ledger_groups")
-        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES
+        assert set(inspect(engine).get_table_names()) == TABLES - {"replicas", "device_streams", "fleet_counter"} - GROUP_TABLES - SECRET_TABLES
         assert current_revision(engine) == "0006_ledger_groups"
         with engine.connect() as conn:
             assert conn.execute(text("SELECT local_id FROM devices")).scalars().all() == ["user-1"]
@@ -166,7 +167,7 @@ def test_round_groups_migration_upgrades_and_downgrades(sql_url: str) -> None:
             conn.execute(text(
                 "INSERT INTO rounds (number, state, started_at, cohort_size, survivors, dropouts, timings, metrics)"
                 " VALUES (3, 'committed', '2025-01-01 00:00:00', 3, '{}', '{}', '{}', '{}')"))
-        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES
+        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES - SECRET_TABLES
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "0008_round_groups")
         store = open_store(sql_url, migrate=False)
@@ -189,13 +190,52 @@ def test_round_groups_migration_upgrades_and_downgrades(sql_url: str) -> None:
             store.close()
         with engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0007_replica_streams")
-        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES
+        assert set(inspect(engine).get_table_names()) == TABLES - GROUP_TABLES - SECRET_TABLES
         assert current_revision(engine) == "0007_replica_streams"
         with engine.connect() as conn:
             assert conn.execute(text("SELECT number FROM rounds ORDER BY number")).scalars().all() == [3, 4]
         upgrade_to_head(engine)
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM round_groups")).scalar() == 0
+    finally:
+        engine.dispose()
+
+
+def test_tier_secret_migration_upgrades_and_downgrades(sql_url: str) -> None:
+    """0009 adds the one-row tier secret, 32 random bytes drawn at upgrade
+    (so two databases differ), to a database of 0008 (its devices kept);
+    its downgrade drops it, leaving the rest as it was, and the next
+    upgrade draws a new one."""
+    engine = create_store_engine(sql_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0008_round_groups")
+            conn.execute(text("INSERT INTO devices (local_id, identity_public_key, enrolled_at, status)"
+                              " VALUES ('user-1', :key, '2025-01-01 00:00:00', 'active')"), {"key": b"A" * 32})
+        assert set(inspect(engine).get_table_names()) == TABLES - SECRET_TABLES
+        with engine.begin() as conn:
+            command.upgrade(alembic_config(conn), "0009_tier_secret")
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT id, secret FROM tier_secret")).all()
+        assert [r[0] for r in rows] == [1] and len(bytes(rows[0][1])) == 32
+        first = bytes(rows[0][1])
+        store = open_store(sql_url, migrate=False)
+        try:
+            assert store.tier_secret() == first
+        finally:
+            store.close()
+        with engine.begin() as conn, pytest.raises(IntegrityError):
+            conn.execute(text("INSERT INTO tier_secret (id, secret) VALUES (2, :s)"), {"s": b"x" * 32})
+        with engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0008_round_groups")
+        assert set(inspect(engine).get_table_names()) == TABLES - SECRET_TABLES
+        assert current_revision(engine) == "0008_round_groups"
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT local_id FROM devices")).scalars().all() == ["user-1"]
+        upgrade_to_head(engine)
+        with engine.connect() as conn:
+            again = bytes(conn.execute(text("SELECT secret FROM tier_secret")).scalar_one())
+        assert len(again) == 32 and again != first
     finally:
         engine.dispose()
 

@@ -4,7 +4,8 @@
 # with POSTGRES_USER, POSTGRES_DB and PGPASSWORD set): creates fedmask_reader,
 # the admin service's role, which may read every table the coordinator
 # (POSTGRES_USER, the schema's owner) creates but round_group_sums (the groups'
-# unmasked sums while their round runs), and write none. Its password
+# unmasked sums while their round runs) and tier_secret (the replicas' shared
+# secret), and write none. Its password
 # comes from the file FEDMASK_READER_PASSWORD_FILE; without it, nothing is done.
 # An external database (Kubernetes production overlay) runs the same SQL by
 # hand: deploy/README.md, "Kubernetes".
@@ -24,12 +25,16 @@ GRANT CONNECT ON DATABASE :"db" TO fedmask_reader;
 GRANT USAGE ON SCHEMA public TO fedmask_reader;
 GRANT SELECT ON ALL TABLES IN SCHEMA public TO fedmask_reader;
 ALTER DEFAULT PRIVILEGES FOR ROLE :"owner" IN SCHEMA public GRANT SELECT ON TABLES TO fedmask_reader;
--- except the groups' unmasked sums of running rounds (migration 0008 revokes
--- it too when it creates the table after this script)
+-- except the groups' unmasked sums of running rounds and the replicas' shared
+-- secret (migrations 0008 and 0009 revoke them too when they create the
+-- tables after this script)
 DO $$
 BEGIN
     IF to_regclass('public.round_group_sums') IS NOT NULL THEN
         REVOKE ALL ON TABLE public.round_group_sums FROM fedmask_reader;
+    END IF;
+    IF to_regclass('public.tier_secret') IS NOT NULL THEN
+        REVOKE ALL ON TABLE public.tier_secret FROM fedmask_reader;
     END IF;
 END
 $$;
