@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import random
 import secrets
 from collections.abc import AsyncIterator
@@ -28,7 +29,7 @@ from coordinator.remote_round import RemoteRound
 from coordinator.round_planner import RoundPlanner
 from coordinator.server import build_server, set_serving
 from coordinator.service import Coordinator
-from coordinator.store import FencedOut, GroupState, InMemoryStore, RoundState
+from coordinator.store import FencedOut, GroupState, InMemoryStore, Lease, RoundState
 from coordinator.store.blobs import unpack_parameters
 from coordinator.stream_publisher import StreamPublisher
 
@@ -36,6 +37,14 @@ from test_grpc_end_to_end import SHORT, _clients, _until, make_settings
 from test_group_runner import _encoded_sum, open_round, runner_for
 
 NAMES = ("replica-a", "replica-b", "replica-c")
+
+
+def _same(member: Lease) -> Lease:
+    return member
+
+
+def _ignore(why: str) -> None:
+    del why
 
 
 @contextlib.asynccontextmanager
@@ -59,8 +68,8 @@ async def tier(settings: Any, store: InMemoryStore, sizes: dict[str, tuple[int, 
             await set_serving(health, True)
             member = store.join_tier(name, 60.0, settings_digest=digest)
             assert member is not None
-            publisher = StreamPublisher(store, coord.registry, lambda m=member: m, on_lost=lambda why: None,
-                                        publish_interval_s=0.05)
+            publisher = StreamPublisher(store, coord.registry, functools.partial(_same, member),
+                                        on_lost=_ignore, publish_interval_s=0.05)
             runner = runner_for(coord, store, member)
             tasks = [asyncio.create_task(publisher.run()), asyncio.create_task(runner.run())]
 
@@ -94,7 +103,25 @@ async def tier(settings: Any, store: InMemoryStore, sizes: dict[str, tuple[int, 
         yield SimpleNamespace(replicas=replicas, planner=planner, holder=holder, store=store, lead=lead)
 
 
-def _oracle_params(r: RemoteRound, devices: list[Any], counted: set[int]) -> np.ndarray:
+def _rec(store: InMemoryStore, number: int) -> Any:
+    rec = store.get_round(number)
+    assert rec is not None
+    return rec
+
+
+def _latest(store: InMemoryStore) -> Any:
+    v = store.latest_model_version("synthetic")
+    assert v is not None
+    return v
+
+
+def _plan_left(store: InMemoryStore, number: int) -> int:
+    plan = store.round_plan(number)
+    assert plan is not None
+    return plan.devices_left_out
+
+
+def _oracle_params(r: RemoteRound, devices: list[Any], counted: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """The committed parameters the plaintext sum of the counted devices'
     encoded inputs gives, decoded with the round's encoding (the synthetic
     model's step stores the mean as float32)."""
@@ -113,7 +140,7 @@ def test_a_round_over_three_replicas_commits_the_exact_sum_and_leaves_out_a_smal
             before = t.lead.current.version
             r = await asyncio.wait_for(t.planner.run_round(), 30)
             assert r is not None and r.phase is RoundState.COMMITTED
-            rec = store.get_round(r.number)
+            rec = _rec(store, r.number)
             assert rec.state is RoundState.COMMITTED
             devices = [d for rep in t.replicas.values() for d in rep.devices]
             counted = set(rec.survivors["masked_input"])
@@ -121,7 +148,7 @@ def test_a_round_over_three_replicas_commits_the_exact_sum_and_leaves_out_a_smal
             # replica-c holds 3 < G devices: it contributes nobody, and its devices are counted left out
             small = {d.device_id for d in t.replicas["replica-c"].devices}
             assert not small & set(r.cohort)
-            assert rec.metrics["devices_left_out"] == 3 and store.round_plan(r.number).devices_left_out == 3
+            assert rec.metrics["devices_left_out"] == 3 and _plan_left(store, r.number) == 3
             assert rec.metrics["replica_groups.replica-a"] == 2 and rec.metrics["replica_groups.replica-b"] == 2
             assert "replica_groups.replica-c" not in rec.metrics
             # every group's members are on its replica, and a stream's devices in one group
@@ -134,7 +161,7 @@ def test_a_round_over_three_replicas_commits_the_exact_sum_and_leaves_out_a_smal
                     assert not on or on <= set(g.assignment.members) or not on & set(g.assignment.members)
             # the committed update is the plaintext sum of the counted devices' inputs, decoded: bit for bit
             want, total = _oracle_params(r, devices, counted)
-            latest = store.latest_model_version("synthetic")
+            latest = _latest(store)
             assert latest.id == r.new_model_version == t.lead.current.version and latest.id != before
             got = unpack_parameters(latest.parameters)["mean"]
             assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
@@ -161,10 +188,10 @@ def test_counted_under_the_minimum_aborts_and_charges_every_released_group() -> 
         sizes = {"replica-a": (8, 4), "replica-b": (8, 4)}
         silent = {name: {0: "masked_input", 4: "masked_input"} for name in sizes}  # client 0's two devices
         async with tier(settings, store, sizes, silent=silent) as t:
-            before = store.latest_model_version("synthetic").id
+            before = _latest(store).id
             r = await asyncio.wait_for(t.planner.run_round(), 30)
             assert r is not None and r.phase is RoundState.ABORTED
-            rec = store.get_round(r.number)
+            rec = _rec(store, r.number)
             assert rec.state is RoundState.ABORTED and rec.abort_reason == "too_few_survivors"
             rows = store.round_groups(r.number)
             assert sorted(g.state for g in rows) == [GroupState.DONE] * 2 + [GroupState.FAILED] * 2
@@ -175,7 +202,7 @@ def test_counted_under_the_minimum_aborts_and_charges_every_released_group() -> 
             # every device a group asked to unmask is spent on the version: listed in the record
             asked = {d for g in rows if g.may_have_asked for d in g.asked or ()}
             assert len(asked) == 8 and asked <= set(rec.survivors["unmasking"])
-            assert store.latest_model_version("synthetic").id == before
+            assert _latest(store).id == before
 
     asyncio.run(main())
 
@@ -186,7 +213,7 @@ def test_a_leader_whose_lease_moved_can_neither_open_nor_commit() -> None:
         store = InMemoryStore()
         sizes = {"replica-a": (4, 2), "replica-b": (4, 2)}
         async with tier(settings, store, sizes, lease_s=1.0) as t:
-            before = store.latest_model_version("synthetic").id
+            before = _latest(store).id
             chosen = await t.planner.select()
             assert chosen is not None
             r = await t.planner.open_round(chosen)  # opened under the lease
@@ -198,14 +225,14 @@ def test_a_leader_whose_lease_moved_can_neither_open_nor_commit() -> None:
                                                       for g in store.round_groups(r.number))), 20)
             with pytest.raises(FencedOut):
                 await t.planner.finish(r)
-            assert store.get_round(r.number).state is not RoundState.COMMITTED
+            assert _rec(store, r.number).state is not RoundState.COMMITTED
             chosen = await t.planner.select()
             assert chosen is not None
             numbers = store.next_round_number()
             with pytest.raises(FencedOut):
                 await t.planner.open_round(chosen)
             assert store.round_plan(numbers + 1) is None
-            assert store.latest_model_version("synthetic").id == before == t.lead.current.version
+            assert _latest(store).id == before == t.lead.current.version
 
     asyncio.run(main())
 
