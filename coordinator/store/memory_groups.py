@@ -23,20 +23,16 @@ from coordinator.store.errors import ConflictError, InvalidRecordError, NotFound
 from coordinator.store.group_records import (
     GroupAssignment,
     GroupClosed,
-    GroupProgress,
-    GroupResult,
     GroupRow,
     GroupState,
     RoundOutcome,
     RoundPlan,
-    check_member_ids,
     check_round_groups,
     check_write,
-    finished,
     lost,
     new_group_row,
-    progressed,
 )
+from coordinator.store.group_writes import ReplicaGroupWrites
 from coordinator.store.lease_records import FencedOut, Lease
 from coordinator.store.records import ModelVersion, RoundRecord, RoundState
 from coordinator.store.replica_records import ReplicaRecord
@@ -64,7 +60,7 @@ def _without_sum(row: GroupRow) -> GroupRow:
     return GroupRow(**{**{n: getattr(row, n) for n in GroupRow.__dataclass_fields__}, "sum": None})
 
 
-class InMemoryRoundGroups:
+class InMemoryRoundGroups(ReplicaGroupWrites):
     """Round plans, group rows and sums in process memory (see the module doc)."""
 
     if TYPE_CHECKING:  # provided by InMemoryStore and its other mixins
@@ -137,29 +133,6 @@ class InMemoryRoundGroups:
             staged.groups[(number, index)] = after
             self._tables = staged
             return _without_sum(after)
-
-    def start_group(self, member: Lease, number: int, index: int) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            if row.state is GroupState.RUNNING:
-                return row
-            return progressed(row, GroupProgress(round_number=number, index=index, state=GroupState.RUNNING,
-                                                 phase=GroupState.RUNNING.value), now)
-
-        return self._replica_write(member, number, index, GroupState.RUNNING, change)
-
-    def save_group_progress(self, member: Lease, progress: GroupProgress) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            check_member_ids(row, progress)
-            return progressed(row, progress, now)
-
-        return self._replica_write(member, progress.round_number, progress.index, progress.state, change)
-
-    def finish_group(self, member: Lease, result: GroupResult) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            check_member_ids(row, result)
-            return finished(row, result, now)
-
-        return self._replica_write(member, result.round_number, result.index, result.state, change)
 
     def round_groups(self, number: int, *, sums: bool = False) -> list[GroupRow]:
         with self._lock:

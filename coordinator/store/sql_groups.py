@@ -27,21 +27,17 @@ from coordinator.store.group_records import (
     EncodedSum,
     GroupAssignment,
     GroupClosed,
-    GroupProgress,
-    GroupResult,
     GroupRow,
     GroupState,
     RoundOutcome,
     RoundPlan,
-    check_member_ids,
     check_round_groups,
     check_write,
-    finished,
     lost,
     new_group_row,
-    progressed,
     sum_digest,
 )
+from coordinator.store.group_writes import ReplicaGroupWrites
 from coordinator.store.lease_records import FencedOut, Lease
 from coordinator.store.orm import ModelVersionRow, ReplicaRow, RoundGroupRow, RoundGroupSumRow, RoundPlanRow, RoundRow
 from coordinator.store.records import RoundRecord, RoundState
@@ -51,7 +47,7 @@ T = TypeVar("T")
 _TERMINAL = (RoundState.COMMITTED.value, RoundState.ABORTED.value)
 
 
-class SqlRoundGroups:
+class SqlRoundGroups(ReplicaGroupWrites):
     """Round plans, group rows and group sums on SQL (see the module doc)."""
 
     if TYPE_CHECKING:  # provided by SqlStore
@@ -126,29 +122,6 @@ class SqlRoundGroups:
             return after if after.sum is None else finished_without_sum(after)
 
         return self._write(body)
-
-    def start_group(self, member: Lease, number: int, index: int) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            if row.state is GroupState.RUNNING:
-                return row
-            return progressed(row, GroupProgress(round_number=number, index=index, state=GroupState.RUNNING,
-                                                 phase=GroupState.RUNNING.value), now)
-
-        return self._replica_write(member, number, index, GroupState.RUNNING, change)
-
-    def save_group_progress(self, member: Lease, progress: GroupProgress) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            check_member_ids(row, progress)
-            return progressed(row, progress, now)
-
-        return self._replica_write(member, progress.round_number, progress.index, progress.state, change)
-
-    def finish_group(self, member: Lease, result: GroupResult) -> GroupRow:
-        def change(row: GroupRow, now: float) -> GroupRow:
-            check_member_ids(row, result)
-            return finished(row, result, now)
-
-        return self._replica_write(member, result.round_number, result.index, result.state, change)
 
     def round_groups(self, number: int, *, sums: bool = False) -> list[GroupRow]:
         def body(s: Session) -> list[GroupRow]:
