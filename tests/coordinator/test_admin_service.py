@@ -247,7 +247,7 @@ def test_mtls_admin_role_certificates(tmp_path: Path) -> None:
             async def first_reply(channel: grpc.aio.Channel, *, write: bool = True) -> S.ServerMessage:
                 # write=False sends nothing until the server has answered: a stream the guard refuses
                 # at once then ends with the guard's status. A write racing that refusal can make
-                # grpc.aio report INTERNAL ("Failed execute_batch") instead (grpc/grpc issue 36066).
+                # grpc.aio report INTERNAL ("Failed execute_batch") instead: a failed write overwrites the status.
                 async def requests() -> AsyncIterator[S.ClientMessage]:
                     if not write:
                         await asyncio.sleep(30)
