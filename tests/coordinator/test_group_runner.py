@@ -214,8 +214,10 @@ def test_an_abort_during_masked_input_tells_the_devices_and_no_unmasking_request
             runner = runner_for(coord, store, a)
             task = asyncio.create_task(runner.run())
             try:
-                await asyncio.wait_for(_until(lambda: runner.round is not None
-                                              and runner.round.phase is RoundState.MASKED_INPUT), 10)
+                # the stage as SAVED, not only the machine's phase: an abort that lands before that save
+                # is refused at the save itself, and every device (the silent one too) is then cancelled
+                await asyncio.wait_for(_until(lambda: all(g.phase == RoundState.MASKED_INPUT.value
+                                                          for g in store.round_groups(number))), 10)
                 store.abort_round(RoundRecord(number=number, state=RoundState.ABORTED, started_at=plan.opened_at,
                                               ended_at=utc_now(), cohort_size=plan.cohort_size,
                                               abort_reason="cancelled"), fence=leader)
