@@ -33,7 +33,7 @@ def _serialise_ast_parse() -> None:
         with lock:
             return parse(*args, **kwargs)
 
-    ast.parse = locked  # type: ignore[assignment]
+    ast.parse = locked
 
 
 _serialise_ast_parse()
