@@ -9,9 +9,13 @@ library and dp_accounting (`accounting` only); nothing of fedmask's.
 - `quantize`      L2 clip, randomised rounding under the conditional norm bound
 - `exact_sampler` N_Z(0, sigma^2) with integer arithmetic from a CSPRNG
 - `fast_sampler`  the same law from a seeded numpy Generator (simulator)
-- `random_source` exact uniform integers from os.urandom (or a Generator)
+- `random_source` exact uniform integers from os.urandom (or a Generator,
+                  or SHAKE-256 from a seed)
 - `field`         centred arithmetic mod 2^w and the bound on a sum wrapping
 - `accounting`    the sum's Renyi DP / zCDP bound, epsilon via dp_accounting
+- `removable_noise` Dordis's shares for the worst tolerated dropout, the
+                  surplus regenerated from seeds, the bound for shares of
+                  different variances (pure; not wired into the protocol)
 - `divergence`    exact laws and Renyi divergences over the integers (checks)
 - `speed`         `python -m dpmech.speed`: the exact sampler's time per draw
 - `plan`          the planner: the noise a target epsilon needs, and what it

@@ -11,10 +11,14 @@ residue. The bytes come from a `ByteSource`:
   system call of its own. This is what a device uses.
 - `GeneratorBytes` reads a seeded numpy `Generator`: reproducible, NOT
   secure; for tests that must replay a draw.
+- `XofBytes` expands a secret 32-byte seed with SHAKE-256: reproducible by
+  whoever holds the seed, pseudorandom to whoever does not (the noise
+  components a server regenerates and removes, `dpmech.removable_noise`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Protocol
 
@@ -70,6 +74,43 @@ class GeneratorBytes:
 
     def take(self, n: int) -> U8:
         return np.frombuffer(self._rng.bytes(n), dtype=np.uint8)
+
+
+class XofBytes:
+    """The stream SHAKE-256(domain || seed || i), i = 0, 1, ... (8-byte
+    big-endian block index), each block `BLOCK` bytes: the same seed and
+    domain give the same bytes, in the same order, on every machine."""
+
+    BLOCK = 1 << 16
+    SEED_BYTES = 32
+
+    def __init__(self, seed: bytes, domain: bytes) -> None:
+        if len(seed) != self.SEED_BYTES:
+            raise ValueError(f"the seed must be {self.SEED_BYTES} bytes, got {len(seed)}")
+        self._prefix = len(domain).to_bytes(2, "big") + domain + seed  # length-prefixed: no domain is another's prefix
+        self._block = 0
+        self._buffer: U8 = np.empty(0, dtype=np.uint8)
+        self._next = 0
+
+    def _refill(self) -> U8:
+        data = hashlib.shake_256(self._prefix + self._block.to_bytes(8, "big")).digest(self.BLOCK)
+        self._block += 1
+        return np.frombuffer(data, dtype=np.uint8)
+
+    def take(self, n: int) -> U8:
+        if n < 0:
+            raise ValueError(f"cannot take {n} bytes")
+        parts: list[U8] = []
+        while n > 0:
+            if self._next == self._buffer.size:
+                self._buffer, self._next = self._refill(), 0
+            part = self._buffer[self._next:self._next + n]
+            self._next += part.size
+            n -= part.size
+            parts.append(part)
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint8)
 
 
 def _lane(modulus: int) -> type[np.unsignedinteger]:
