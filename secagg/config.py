@@ -42,6 +42,10 @@ class SecAggConfig:
     threshold: int  # t of every closure N[v] (t of n for the complete graph)
     encoding: FixedPointEncoding
     active_adversary: bool = False
+    # Removable noise (Dordis's way): each device secret-shares n - t seeds of
+    # noise components beside b_v and s_v^SK; at unmasking the survivors'
+    # components k > n - |U3| are rebuilt and taken out of the sum.
+    removable_noise: bool = False
 
     def __post_init__(self) -> None:
         n = self.num_clients
@@ -64,6 +68,11 @@ class SecAggConfig:
             raise SecAggConfigError("encoding must be a FixedPointEncoding for this cohort size")
         if not isinstance(self.active_adversary, bool):
             raise SecAggConfigError("active_adversary must be a bool")
+        if not isinstance(self.removable_noise, bool):
+            raise SecAggConfigError("removable_noise must be a bool")
+        if self.removable_noise and k != n - 1:
+            # a neighbourhood's survivors are not the sum's: n - |U3| would not say how many shares it lost
+            raise SecAggConfigError("removable_noise needs the complete graph (one threshold for the whole sum)")
 
     @classmethod
     def create(
@@ -83,6 +92,7 @@ class SecAggConfig:
         security_bits: int = 40,
         active_adversary: bool = False,
         encoding_clients: int | None = None,
+        removable_noise: bool = False,
     ) -> SecAggConfig:
         """Resolve the policy into concrete settings.
 
@@ -132,7 +142,19 @@ class SecAggConfig:
         encoding = FixedPointEncoding.for_cohort(
             encoding_clients, clip=clip, modulus_bits=modulus_bits, precision=precision
         ).for_group(n)
-        return cls(n, vector_length, session_id, k, threshold, encoding, active_adversary)
+        return cls(n, vector_length, session_id, k, threshold, encoding, active_adversary, removable_noise)
+
+    @property
+    def removable_components(self) -> int:
+        """m = n - t seeded noise components per device (0 without removable noise)."""
+        return self.num_clients - self.threshold if self.removable_noise else 0
+
+    def removed_components(self, survivors: int) -> range:
+        """The components k (1..m) of each survivor taken out of a sum of
+        `survivors` devices: those above j = n - survivors. Each survivor then
+        keeps components 0..j."""
+        m = self.removable_components
+        return range(min(m, self.num_clients - survivors) + 1, m + 1)
 
     @property
     def is_complete_graph(self) -> bool:

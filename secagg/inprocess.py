@@ -66,6 +66,7 @@ from secagg.messages import (
     UnmaskingRequest,
     decode_message,
 )
+from secagg.keys import SEED_BYTES
 from secagg.randomness import DeterministicRandom
 from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, ServerState
 from secagg.stages import STAGES, Stage
@@ -162,6 +163,9 @@ class RoundOutcome:
     mean: np.ndarray | None = None  # decoded float64 mean
     counted: tuple[int, ...] = ()
     expected_encoded_sum: np.ndarray | None = None  # plaintext sum of counted inputs (check)
+    # removable noise: the seeds each device was given (components 1..m), and those the server rebuilt
+    component_seeds: dict[int, tuple[bytes, ...]] = field(default_factory=dict)
+    removed_seeds: dict[int, dict[int, bytes]] = field(default_factory=dict)
     exact: bool | None = None  # encoded_sum == expected_encoded_sum, bit for bit
     survivors: dict[str, tuple[int, ...]] = field(default_factory=dict)
     server_dropped: dict[int, tuple[str, DropReason]] = field(default_factory=dict)
@@ -285,6 +289,7 @@ class _Round:
         self.silent: set[int] = set()  # devices that dropped out
         self.clients: dict[int, ClientState[Any]] = {}
         self.server: ServerState[Any]
+        self.component_seeds: dict[int, tuple[bytes, ...]] = {}
 
     def _charge(self, party: int, stage: str, seconds: float) -> None:
         """Add `seconds` to device `party`, or to the server's `stage` when
@@ -315,6 +320,8 @@ class _Round:
         id_priv, id_pub = _identities(config.num_clients, seed, config.active_adversary)
         starting: dict[int, ClientAdvertiseKeys] = {}
         for i in range(config.num_clients):
+            components = DeterministicRandom(seed, f"device-{i}-round-{round_idx}-component-seeds")
+            self.component_seeds[i] = tuple(components(SEED_BYTES) for _ in range(config.removable_components))
             t0 = self.clock()
             starting[i] = ClientAdvertiseKeys(
                 config,
@@ -324,6 +331,7 @@ class _Round:
                 rand=DeterministicRandom(seed, f"device-{i}-round-{round_idx}"),
                 identity_key=id_priv[i],
                 peer_identity_keys=id_pub,
+                removable_seeds=self.component_seeds[i],
             )
             self.cpu[i] += self.clock() - t0
         t0 = self.clock()
@@ -431,10 +439,12 @@ class _Round:
             share_ciphertext_bytes=self.first_sizes.get("share"),
             server_state=server,
             residues=residues,
+            component_seeds=dict(self.component_seeds),
         )
         if isinstance(server, ServerCompleted):
             out.encoded_sum = server.encoded_sum
             out.counted = server.counted
+            out.removed_seeds = {u: dict(ks) for u, ks in server.removed_seeds.items()}
             expected = encoded[list(server.counted)].sum(axis=0, dtype=np.uint64)
             if residues:  # the sum of residues of Z_{2^w} wraps by design: compared, and kept, mod 2^w
                 expected &= np.uint64((1 << self.config.encoding.modulus_bits) - 1)

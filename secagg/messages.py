@@ -24,6 +24,7 @@ Wire format (all integers big-endian, except vector words):
     UnmaskingRequest      header | alive ids | dropped ids | count u32 | (id u32 | signature[64])*
     UnmaskingResponse     header | count u32 | (owner u32 | share[33])* (b-shares)
                                  | count u32 | (owner u32 | share[33])* (s-shares)
+                                 | count u32 | (owner u32 | k u32 | share[33])* (component seeds)
     ClientAbort/ServerAbort header | reason u8
 
 So a masked input is 4L + 19 + len(session) bytes, and one encrypted share
@@ -289,11 +290,13 @@ class ConsistencySignature(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UnmaskingResponse(Message):
     """Round 3: shares of b_v for the listed alive peers (owner, element) and
-    of s_v^SK for the listed dropped peers."""
+    of s_v^SK for the listed dropped peers; with removable noise, shares of
+    the alive peers' component seeds (owner, k, element)."""
 
     TYPE: ClassVar[MessageType] = MessageType.UNMASKING_RESPONSE
     b_shares: tuple[tuple[int, int], ...]
     s_shares: tuple[tuple[int, int], ...]
+    component_shares: tuple[tuple[int, int, int], ...] = ()
 
     def _write_body(self, w: _Writer) -> None:
         for shares in (self.b_shares, self.s_shares):
@@ -301,6 +304,11 @@ class UnmaskingResponse(Message):
             for owner, value in shares:
                 w.u32(owner)
                 w.parts.append(value.to_bytes(ELEMENT_BYTES, "big"))
+        w.u32(len(self.component_shares))
+        for owner, k, value in self.component_shares:
+            w.u32(owner)
+            w.u32(k)
+            w.parts.append(value.to_bytes(ELEMENT_BYTES, "big"))
 
     @classmethod
     def _read_body(cls, r: _Reader, header: dict[str, Any]) -> UnmaskingResponse:
@@ -308,7 +316,9 @@ class UnmaskingResponse(Message):
         for _ in range(2):
             n = r.count(4 + ELEMENT_BYTES)
             lists.append(tuple((r.u32(), int.from_bytes(r.take(ELEMENT_BYTES), "big")) for _ in range(n)))
-        return cls(**header, b_shares=lists[0], s_shares=lists[1])
+        n = r.count(8 + ELEMENT_BYTES)
+        components = tuple((r.u32(), r.u32(), int.from_bytes(r.take(ELEMENT_BYTES), "big")) for _ in range(n))
+        return cls(**header, b_shares=lists[0], s_shares=lists[1], component_shares=components)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from secagg.inprocess import (
     run_round,
 )
 from secagg.messages import KeyList, Message, ShareKeys, ShareRelay
+from secagg.keys import SEED_BYTES
 from secagg.randomness import DeterministicRandom
 from secagg.server import ServerAdvertiseKeys, ServerState
 from secagg.stages import Stage
@@ -74,6 +75,7 @@ class StepHarness:
         round_idx: int = 0,
         seed: int = 0,
         config: SecAggConfig | None = None,
+        removable_noise: bool = False,
     ) -> None:
         self.config = config or SecAggConfig.create(
             num_clients=num_clients,
@@ -82,6 +84,7 @@ class StepHarness:
             neighbors=neighbors,
             threshold=threshold,
             active_adversary=active_adversary,
+            removable_noise=removable_noise,
         )
         n = self.config.num_clients
         self.round_idx = round_idx
@@ -89,6 +92,9 @@ class StepHarness:
         self.inputs = rng.uniform(-1, 1, size=(n, self.config.vector_length))
         self.encoded = encode_inputs(self.inputs, config=self.config, seed=seed)
         self.identity_private, self.identity_public = _identities(n, seed, self.config.active_adversary)
+        #: each device's removable-noise component seeds (1..m), when the config has them
+        self.component_seeds = {i: tuple(DeterministicRandom(seed, f"harness-{i}-{round_idx}-c{k}")(SEED_BYTES)
+                                         for k in range(1, self.config.removable_components + 1)) for i in range(n)}
         self.clients: dict[int, ClientState[Any]] = {
             i: ClientAdvertiseKeys(
                 self.config,
@@ -98,6 +104,7 @@ class StepHarness:
                 rand=DeterministicRandom(seed, f"harness-{i}-{round_idx}"),
                 identity_key=self.identity_private[i],
                 peer_identity_keys=self.identity_public,
+                removable_seeds=self.component_seeds[i],
             )
             for i in range(n)
         }

@@ -552,10 +552,41 @@ class SecretShare(_message.Message):
 Global___SecretShare: _TypeAlias = SecretShare  # noqa: Y015
 
 @_typing.final
+class ComponentShare(_message.Message):
+    """One share of a noise component's seed (removable noise, Dordis's way)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OWNER_FIELD_NUMBER: _builtins.int
+    COMPONENT_FIELD_NUMBER: _builtins.int
+    SHARE_FIELD_NUMBER: _builtins.int
+    owner: _builtins.int
+    """Whose seed this is a share of (the peer's device_id)."""
+    component: _builtins.int
+    """The component k, 1..n-t: removed when at most n-k devices are counted."""
+    share: _builtins.bytes
+    """The share, encoded by secagg."""
+    def __init__(
+        self,
+        *,
+        owner: _builtins.int = ...,
+        component: _builtins.int = ...,
+        share: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "owner", b"owner", "share", b"share"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ComponentShare: _TypeAlias = ComponentShare  # noqa: Y015
+
+@_typing.final
 class UnmaskingResponse(_message.Message):
     """Stage 4, client -> server: the device's shares of b_v for every v in
     `alive` and of s_v^SK for every v in `dropped` that it holds a share of.
-    Never both kinds for the same owner.
+    Never both kinds for the same owner. With removable noise, also its share
+    of each alive owner's component seeds k > n - |alive| (removable noise only).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -565,6 +596,7 @@ class UnmaskingResponse(_message.Message):
     DEVICE_ID_FIELD_NUMBER: _builtins.int
     B_SHARES_FIELD_NUMBER: _builtins.int
     S_SK_SHARES_FIELD_NUMBER: _builtins.int
+    COMPONENT_SHARES_FIELD_NUMBER: _builtins.int
     session_id: _builtins.bytes
     round_number: _builtins.int
     device_id: _builtins.int
@@ -572,6 +604,8 @@ class UnmaskingResponse(_message.Message):
     def b_shares(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretShare]: ...
     @_builtins.property
     def s_sk_shares(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretShare]: ...
+    @_builtins.property
+    def component_shares(self) -> _containers.RepeatedCompositeFieldContainer[Global___ComponentShare]: ...
     def __init__(
         self,
         *,
@@ -580,10 +614,11 @@ class UnmaskingResponse(_message.Message):
         device_id: _builtins.int = ...,
         b_shares: _abc.Iterable[Global___SecretShare] | None = ...,
         s_sk_shares: _abc.Iterable[Global___SecretShare] | None = ...,
+        component_shares: _abc.Iterable[Global___ComponentShare] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["b_shares", b"b_shares", "device_id", b"device_id", "round_number", b"round_number", "s_sk_shares", b"s_sk_shares", "session_id", b"session_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["b_shares", b"b_shares", "component_shares", b"component_shares", "device_id", b"device_id", "round_number", b"round_number", "s_sk_shares", b"s_sk_shares", "session_id", b"session_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,7 +3,7 @@ send their public halves (signed with the identity key in active mode)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Never
 
 import numpy as np
@@ -14,7 +14,7 @@ from secagg.client.base import ClientRound, ClientState, Transition
 from secagg.client.share_keys import ClientShareKeys
 from secagg.config import SecAggConfig
 from secagg.errors import ProtocolMisuse
-from secagg.keys import generate_key_pair
+from secagg.keys import SEED_BYTES, generate_key_pair
 from secagg.messages import AdvertiseKeys
 from secagg.randomness import RandomSource, system_random
 from secagg.stages import Stage
@@ -28,6 +28,10 @@ class ClientAdvertiseKeys(ClientState[Never]):
     `identity_key` (the device's Ed25519 key) and `peer_identity_keys` (id ->
     raw public key of every cohort member) are required. `rand` supplies every
     random byte the device uses (keys, seeds, Shamir coefficients, nonces).
+    With `config.removable_noise`, `removable_seeds` are the m =
+    `config.removable_components` 32-byte seeds of the noise components 1..m
+    already added to `encoded_input` (component k is the one removed when
+    at most n - k devices are counted); they are secret-shared like b_v.
 
     `start()` sends AdvertiseKeys and returns ClientShareKeys. No server
     message is expected before that (any message is unexpected).
@@ -47,6 +51,7 @@ class ClientAdvertiseKeys(ClientState[Never]):
         rand: RandomSource = system_random,
         identity_key: Ed25519PrivateKey | None = None,
         peer_identity_keys: Mapping[int, bytes] | None = None,
+        removable_seeds: Sequence[bytes] = (),
     ) -> None:
         if not isinstance(config, SecAggConfig):
             raise TypeError("config must be a SecAggConfig")
@@ -60,6 +65,11 @@ class ClientAdvertiseKeys(ClientState[Never]):
             raise ValueError(f"encoded_input must have shape ({config.vector_length},), got {encoded_input.shape}")
         if config.active_adversary and (identity_key is None or peer_identity_keys is None):
             raise ProtocolMisuse("active-adversary mode needs identity_key and peer_identity_keys")
+        seeds = tuple(removable_seeds)
+        if len(seeds) != config.removable_components or any(
+                not isinstance(c, bytes) or len(c) != SEED_BYTES for c in seeds):
+            raise ProtocolMisuse(f"need {config.removable_components} removable seeds of {SEED_BYTES} bytes "
+                                 f"(config.removable_components), got {len(seeds)}")
         super().__init__(
             ClientRound(
                 config=config,
@@ -70,6 +80,7 @@ class ClientAdvertiseKeys(ClientState[Never]):
                 encoded_input=encoded_input,
                 identity_key=identity_key,
                 peer_identity_keys=peer_identity_keys,
+                removable_seeds=seeds,
             )
         )
 

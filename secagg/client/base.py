@@ -72,6 +72,12 @@ class ClientRound:
     # check kept); the unmasking request may only name these.
     masked_with: frozenset[int] | None = None
     held: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Removable noise (config.removable_noise): this device's m component
+    # seeds (given at the start, components 1..m), its own share of each, and
+    # each peer's m shares held after the share check.
+    removable_seeds: tuple[bytes, ...] = ()
+    own_component_shares: tuple[int, ...] = ()
+    held_components: dict[int, tuple[int, ...]] = field(default_factory=dict)
     undecryptable: frozenset[int] = frozenset()
     signed_alive: frozenset[int] | None = None  # active mode: the U3 we signed
 

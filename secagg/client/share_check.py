@@ -18,7 +18,6 @@ from secagg.messages import ShareReceipt, ShareRelay
 from secagg.stages import Stage
 
 _BAD = AbortReason.INVALID_SHARE_RELAY
-_PLAINTEXT_BYTES = 2 * shamir.ELEMENT_BYTES
 
 
 class ClientShareCheck(ClientState[ShareRelay]):
@@ -45,6 +44,7 @@ class ClientShareCheck(ClientState[ShareRelay]):
             raise Reject(_BAD, "shares is not a list")
         seen: set[int] = set()
         undecryptable: set[int] = set()
+        elements = 2 + cfg.removable_components  # b-share, s-share, then one share per component seed
         for item in message.shares:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise Reject(_BAD, "malformed relay entry")
@@ -58,16 +58,18 @@ class ClientShareCheck(ClientState[ShareRelay]):
                 if not isinstance(sealed, bytes):
                     raise DecryptionError()
                 plaintext = open_sealed(r.receive_keys[u], sealed, share_associated_data(sid, rnd, u, v))
-                if len(plaintext) != _PLAINTEXT_BYTES:
+                if len(plaintext) != elements * shamir.ELEMENT_BYTES:
                     raise DecryptionError()
-                b_share = shamir.element_from_bytes(plaintext[: shamir.ELEMENT_BYTES])
-                s_share = shamir.element_from_bytes(plaintext[shamir.ELEMENT_BYTES :])
-                if b_share >= shamir.PRIME or s_share >= shamir.PRIME:
+                values = [shamir.element_from_bytes(plaintext[i * shamir.ELEMENT_BYTES:(i + 1) * shamir.ELEMENT_BYTES])
+                          for i in range(elements)]
+                if any(x >= shamir.PRIME for x in values):
                     raise DecryptionError()
             except DecryptionError:
                 undecryptable.add(u)
                 continue
-            r.held[u] = (b_share, s_share)
+            r.held[u] = (values[0], values[1])
+            if len(values) > 2:
+                r.held_components[u] = tuple(values[2:])
         if len(seen) + 1 < cfg.threshold:
             raise Reject(_BAD, f"shares from {len(seen)} peers: with this device, fewer than t={cfg.threshold}")
         r.relayed = frozenset(seen)

@@ -1,6 +1,7 @@
 """Client stage 1, ShareKeys: on the server's KeyList, check it, split b_u
-and s_u^SK t-of-|closure| among the advertised closure, and send each peer
-its two shares sealed with the directional c-agreement key."""
+and s_u^SK (and, with removable noise, the m component seeds)
+t-of-|closure| among the advertised closure, and send each peer its shares
+sealed with the directional c-agreement key."""
 
 from __future__ import annotations
 
@@ -68,8 +69,9 @@ class ClientShareKeys(ClientState[KeyList]):
         # Secrets: b_u (self-mask seed) and s_u^SK, shared among the closure.
         holders = sorted(entries)
         r.b_seed = r.rand(SEED_BYTES)
-        b_shares, s_shares = shamir.split(
-            [shamir.secret_to_int(r.b_seed), shamir.secret_to_int(r.s_keys().private_bytes())],
+        b_shares, s_shares, *component_shares = shamir.split(
+            [shamir.secret_to_int(r.b_seed), shamir.secret_to_int(r.s_keys().private_bytes()),
+             *(shamir.secret_to_int(c) for c in r.removable_seeds)],
             [shamir.x_of(u) for u in holders],
             cfg.threshold,
             r.rand,
@@ -80,6 +82,7 @@ class ClientShareKeys(ClientState[KeyList]):
         for i, u in enumerate(holders):
             if u == v:
                 r.own_b_share = b_shares[i]
+                r.own_component_shares = tuple(c[i] for c in component_shares)
                 continue
             try:
                 shared = agree(c_private, entries[u].c_public)
@@ -87,7 +90,7 @@ class ClientShareKeys(ClientState[KeyList]):
                 raise Reject(_BAD, f"device {u} advertised an invalid key") from None
             r.receive_keys[u] = share_key(shared, session_id=sid, round_idx=rnd, sender=u, receiver=v)
             key = share_key(shared, session_id=sid, round_idx=rnd, sender=v, receiver=u)
-            plaintext = shamir.element_to_bytes(b_shares[i]) + shamir.element_to_bytes(s_shares[i])
+            plaintext = b"".join(shamir.element_to_bytes(x[i]) for x in (b_shares, s_shares, *component_shares))
             out.append((u, seal(key, plaintext, share_associated_data(sid, rnd, v, u), r.rand)))
         del entries[v]
         r.peers = entries

@@ -1,6 +1,9 @@
 """Client stage 4, Unmasking: reveal, for each share owner the server lists,
 the b-share (owner alive: its self-mask must go) or the s-share (owner
-dropped after sharing keys: its pairwise masks must go), never both."""
+dropped after sharing keys: its pairwise masks must go), never both. With
+removable noise, also the alive owners' shares of the component seeds
+k > n - |alive|: the noise the dropouts did not take away (never a seed of
+a component the sum keeps)."""
 
 from __future__ import annotations
 
@@ -67,7 +70,16 @@ class ClientUnmasking(ClientState[UnmaskingRequest]):
             elif u in r.held:
                 b_out.append((u, r.held[u][0]))
         s_out = [(u, r.held[u][1]) for u in dropped if u in r.held]
-        msg = UnmaskingResponse(**self._header(), b_shares=tuple(b_out), s_shares=tuple(s_out))
+        # Removable noise: the alive owners' components above j = n - |alive| (the sum keeps 0..j of each).
+        c_out = []
+        for k in cfg.removed_components(len(alive_set)):
+            for u in alive:
+                if u == v:
+                    c_out.append((v, k, r.own_component_shares[k - 1]))
+                elif u in r.held_components:
+                    c_out.append((u, k, r.held_components[u][k - 1]))
+        msg = UnmaskingResponse(**self._header(), b_shares=tuple(b_out), s_shares=tuple(s_out),
+                                component_shares=tuple(c_out))
         return ClientCompleted(r), [msg]
 
     def _check_consistency(self, message: UnmaskingRequest, alive: frozenset[int], dropped: frozenset[int]) -> None:

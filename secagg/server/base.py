@@ -82,6 +82,8 @@ class ServerRound:
     dropped: dict[int, tuple[str, DropReason]] = field(default_factory=dict)
     rejections: list[Rejection] = field(default_factory=list)
     survivors: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # removable noise: owner -> k -> the rebuilt seed of a component the sum must lose
+    removed_seeds: dict[int, dict[int, bytes]] = field(default_factory=dict)
 
     def identity_key(self, device: int) -> bytes | None:
         """`device`'s identity public key (None if unknown); active mode only."""
@@ -329,15 +331,20 @@ class _Terminal(ServerState[Never]):
 
 class ServerCompleted(_Terminal):
     """The round's result: the exact sum (mod 2^32) of the encoded inputs of
-    the `counted` devices, and its decoding."""
+    the `counted` devices, and its decoding. With removable noise,
+    `removed_seeds` (owner -> k -> 32-byte seed): every counted device's
+    components k in `config.removed_components(len(counted))`, rebuilt from
+    the shares, for the caller to regenerate and subtract (this package
+    knows nothing of the noise they seed)."""
 
     stage = "completed"
-    __slots__ = ("encoded_sum", "counted")
+    __slots__ = ("encoded_sum", "counted", "removed_seeds")
 
     def __init__(self, rnd: ServerRound, encoded_sum: np.ndarray, counted: tuple[int, ...]) -> None:
         super().__init__(rnd)
         self.encoded_sum = encoded_sum
         self.counted = counted
+        self.removed_seeds: Mapping[int, Mapping[int, bytes]] = rnd.removed_seeds
 
     def decoded_sum(self) -> np.ndarray:
         return self.config.encoding.decode_sum(self.encoded_sum, len(self.counted))

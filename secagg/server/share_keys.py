@@ -13,6 +13,12 @@ from secagg.stages import Stage
 SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 
 
+def sealed_shares_bytes(components: int = 0) -> int:
+    """One sealed blob: the b- and s-shares, then one share per removable
+    noise component (`SecAggConfig.removable_components`)."""
+    return sealed_length((2 + components) * ELEMENT_BYTES)
+
+
 class ServerShareKeys(PruningState[ShareKeys]):
     """Expects U1. A device is dropped unless its ShareKeys has exactly one
     sealed blob of the right size for each of its neighbours in U1 (no
@@ -35,6 +41,7 @@ class ServerShareKeys(PruningState[ShareKeys]):
         if not isinstance(message.shares, tuple | list):
             raise Drop(DropReason.MALFORMED_MESSAGE, "shares is not a list")
         blobs: dict[int, bytes] = {}
+        size = sealed_shares_bytes(r.config.removable_components)
         for item in message.shares:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise Drop(DropReason.MALFORMED_MESSAGE, "malformed share entry")
@@ -43,8 +50,8 @@ class ServerShareKeys(PruningState[ShareKeys]):
                 raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {receiver!r}, not an advertised neighbour")
             if receiver in blobs:
                 raise Drop(DropReason.MALFORMED_MESSAGE, f"two share blobs for device {receiver}")
-            if not (isinstance(sealed, bytes) and len(sealed) == SEALED_SHARES_BYTES):
-                raise Drop(DropReason.MALFORMED_MESSAGE, f"share blob for {receiver} is not {SEALED_SHARES_BYTES} bytes")
+            if not (isinstance(sealed, bytes) and len(sealed) == size):
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"share blob for {receiver} is not {size} bytes")
             blobs[receiver] = sealed
         if len(blobs) != len(expected):
             raise Drop(DropReason.MALFORMED_MESSAGE, f"shares for {len(blobs)} of {len(expected)} neighbours")

@@ -32,18 +32,22 @@ class ServerUnmasking(ServerState[UnmaskingResponse]):
     close(): each needed secret needs t shares, else the round aborts with
     TOO_FEW_UNMASKING_RESPONSES; a rebuilt s_u^SK must match u's advertised
     s-key and a rebuilt b_u must be 32 bytes, else RECONSTRUCTION_FAILED.
+    With removable noise the same holds for each counted device's component
+    seeds k > n - |U3| (a response may hold them only for its alive owners
+    and those k); they go out in `ServerCompleted.removed_seeds`.
     Reconstruction uses the t shares with the smallest x, so devices with the
     same responders reuse one set of Lagrange coefficients.
     """
 
     stage = Stage.UNMASKING
     expects = UnmaskingResponse
-    __slots__ = ("_b", "_s")
+    __slots__ = ("_b", "_s", "_c")
 
     def __init__(self, rnd: ServerRound, expected: Iterable[int]) -> None:
         super().__init__(rnd, expected)
         self._b: dict[int, dict[int, int]] = {}  # owner -> x -> share of b_owner
         self._s: dict[int, dict[int, int]] = {}  # owner -> x -> share of s_owner
+        self._c: dict[tuple[int, int], dict[int, int]] = {}  # (owner, k) -> x -> share of c_owner,k
 
     def _accept(self, sender: int, message: UnmaskingResponse) -> None:
         alive, dropped = self._round.requests[sender]
@@ -62,16 +66,58 @@ class ServerUnmasking(ServerState[UnmaskingResponse]):
                     raise Drop(DropReason.MALFORMED_MESSAGE, f"share of {owner} is not a field element")
                 seen.add(owner)
                 parsed.append((store, owner, value))
+        components = self._components(message, alive)
         x = shamir.x_of(sender)
         for store, owner, value in parsed:
             store.setdefault(owner, {})[x] = value
+        for key, value in components:
+            self._c.setdefault(key, {})[x] = value
         # recorded as answers arrive, so a round aborted during this stage
         # (cancelled, the coordinator stopping) still lists who answered: the
         # devices that may have spent their contribution to this task (D85)
         r = self._round
         r.survivors[self.stage] = tuple(sorted({*r.survivors.get(self.stage, ()), sender}))
 
-    def _reconstruct(self, store: dict[int, dict[int, int]], owner: int) -> int | None:
+    def _components(self, message: UnmaskingResponse, alive: frozenset[int]) -> list[tuple[tuple[int, int], int]]:
+        """The response's component shares, each of an owner in the request's
+        alive list and a k that list lets go (the Drop rules of b-shares)."""
+        shares = message.component_shares
+        if not isinstance(shares, tuple | list):
+            raise Drop(DropReason.MALFORMED_MESSAGE, "component shares is not a list")
+        allowed = self._round.config.removed_components(len(alive))
+        seen: set[tuple[int, int]] = set()
+        out = []
+        for item in shares:
+            if not (isinstance(item, tuple) and len(item) == 3):
+                raise Drop(DropReason.MALFORMED_MESSAGE, "malformed component share entry")
+            owner, k, value = item
+            key = (owner, k)
+            if not (isinstance(owner, int) and isinstance(k, int)) or owner not in alive or k not in allowed \
+                    or key in seen:
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"unrequested or repeated share of {owner!r}'s component {k!r}")
+            if not (isinstance(value, int) and 0 <= value < shamir.PRIME):
+                raise Drop(DropReason.MALFORMED_MESSAGE, f"share of {owner}'s component {k} is not a field element")
+            seen.add(key)
+            out.append((key, value))
+        return out
+
+    def _rebuild_removed(self) -> tuple[AbortReason, str] | None:
+        """Every counted device's removed component seeds, into
+        `removed_seeds`; else why the round must abort."""
+        r = self._round
+        for k in r.config.removed_components(len(r.u3)):
+            for u in sorted(r.u3):
+                c = self._reconstruct(self._c, (u, k))
+                if c is None:
+                    return AbortReason.TOO_FEW_UNMASKING_RESPONSES, \
+                        f"fewer than t={r.config.threshold} shares of component {k} of {u}"
+                try:
+                    r.removed_seeds.setdefault(u, {})[k] = shamir.int_to_secret(c)
+                except ValueError:
+                    return AbortReason.RECONSTRUCTION_FAILED, f"component {k} of {u} is not a 32-byte seed"
+        return None
+
+    def _reconstruct(self, store: Mapping[Any, dict[int, int]], owner: Any) -> int | None:
         shares = store.get(owner, {})
         t = self._round.config.threshold
         if len(shares) < t:
@@ -113,6 +159,9 @@ class ServerUnmasking(ServerState[UnmaskingResponse]):
             if pair is None or pair.public != r.advertised[u].s_public:
                 return self._abort(AbortReason.RECONSTRUCTION_FAILED, f"rebuilt s_{u} does not match its public key")
             s_keys[u] = pair.private
+        failed = self._rebuild_removed()
+        if failed is not None:
+            return self._abort(*failed)
         for key in self_keys:
             gen.subtract(total, key)
         for u, private in s_keys.items():

@@ -65,6 +65,7 @@ class HarnessOptions(TypedDict, total=False):
     neighbors: Neighbors
     threshold: int | None
     active_adversary: bool
+    removable_noise: bool
 
 
 def harness(n: int, **options: Unpack[HarnessOptions]) -> StepHarness:

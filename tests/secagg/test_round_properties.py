@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from secagg.config import SecAggConfig
 from secagg.errors import AbortReason
 from secagg.graph import majority_threshold
-from secagg.messages import Message, ShareKeys
+from secagg.messages import Message, ShareKeys, UnmaskingResponse
 from secagg.testing import DROPOUT_STAGES, DropoutPlan, encode_inputs, run_round
 
 
@@ -140,6 +140,7 @@ def scenarios(draw, *, max_clients: int, active: bool):
         threshold=t,
         modulus_bits=draw(st.sampled_from([None, 24, 32])),
         active_adversary=active,
+        removable_noise=not harary and draw(st.booleans()),
     )
     stages = [s for s in DROPOUT_STAGES if active or s != "consistency_check"]
     rate = draw(st.sampled_from([0.0, 0.1, 0.25, 0.5]))
@@ -180,9 +181,15 @@ def _check(
     clip = config.encoding.clip
     inputs = rng.uniform(-2 * clip, 2 * clip, size=(config.num_clients, config.vector_length))
     inputs[:, 0] = clip * 10  # always clipped to the top level
-    outcome = run_round(
-        inputs, config=config, dropouts=plan, round_idx=round_idx, seed=seed, intercept=_garble(garbled, seed)
-    )
+    garble = _garble(garbled, seed)
+    revealed: set[tuple[int, int]] = set()  # every (owner, k) whose seed share any device sent
+
+    def intercept(sender: int, receiver: int, message: Message) -> Message | None:
+        if isinstance(message, UnmaskingResponse):
+            revealed.update((owner, k) for owner, k, _ in message.component_shares)
+        return garble(sender, receiver, message)
+
+    outcome = run_round(inputs, config=config, dropouts=plan, round_idx=round_idx, seed=seed, intercept=intercept)
     want = oracle(config, plan, round_idx, garbled)
     # An honest server never makes an honest device refuse anything.
     assert all(a.reason is AbortReason.SERVER_ABORTED for a in outcome.client_aborts.values()), outcome.client_aborts
@@ -201,6 +208,21 @@ def _check(
     np.testing.assert_array_equal(outcome.encoded_sum.astype(np.uint64), plain)
     clipped = np.clip(inputs[list(want.counted)], -clip, clip)
     np.testing.assert_allclose(outcome.mean, clipped.mean(0), atol=config.encoding.step, rtol=0)
+    _check_removed_seeds(config, want.counted, outcome.component_seeds, outcome.removed_seeds, revealed)
+
+
+def _check_removed_seeds(config: SecAggConfig, counted: tuple[int, ...], given: dict[int, tuple[bytes, ...]],
+                         rebuilt: dict[int, dict[int, bytes]], revealed: set[tuple[int, int]]) -> None:
+    """Removable noise: with n devices, threshold t and s counted, each
+    counted device gave m = n - t component seeds; exactly those k > n - s
+    are rebuilt, equal to what it was given, and no device ever sent a share
+    of a seed the sum keeps (k <= n - s)."""
+    n, t, s = config.num_clients, config.threshold, len(counted)
+    m = n - t if config.removable_noise else 0
+    assert all(len(seeds) == m for seeds in given.values())
+    want = {u: {k: given[u][k - 1] for k in range(n - s + 1, m + 1)} for u in counted} if m > n - s else {}
+    assert {u: ks for u, ks in rebuilt.items() if ks} == want
+    assert all(k > n - s for _, k in revealed), sorted(revealed)
 
 
 def _events(
@@ -210,6 +232,8 @@ def _events(
     event(f"outcome: {oracle(config, plan, round_idx, garbled).stage or 'ok'}")
     event(f"garbled blobs: {'yes' if garbled else 'no'}")
     event(f"graph: {'complete' if config.is_complete_graph else 'harary'}")
+    if config.removable_noise:
+        event(f"removable noise: {'with' if plan.masked_input else 'no'} masked-input dropouts")
     event(f"cohort: {'> 20' if config.num_clients > 20 else '<= 20'}")
 
 

@@ -64,8 +64,15 @@ def unmasking_response_to_proto(m: sm.UnmaskingResponse, ids: RoundIds) -> secag
             out.append(secagg_pb2.SecretShare(owner=fields.to_device_id(ids, owner, what), share=value.to_bytes(SHARE_BYTES, "big")))
         return out
 
+    components = []
+    for owner, k, value in m.component_shares:
+        if not (isinstance(value, int) and 0 <= value < PRIME):
+            raise WireError(f"{what}: share of {owner}'s component {k} is not a field element")
+        components.append(secagg_pb2.ComponentShare(owner=fields.to_device_id(ids, owner, what), component=k,
+                                                    share=value.to_bytes(SHARE_BYTES, "big")))
     return secagg_pb2.UnmaskingResponse(
-        **fields.header_to_proto(m, ids), b_shares=shares(m.b_shares), s_sk_shares=shares(m.s_shares)
+        **fields.header_to_proto(m, ids), b_shares=shares(m.b_shares), s_sk_shares=shares(m.s_shares),
+        component_shares=components,
     )
 
 
@@ -84,4 +91,14 @@ def unmasking_response_from_proto(p: secagg_pb2.UnmaskingResponse, ids: RoundIds
             out.append((fields.to_secagg_id(ids, s.owner, f"{what}.{field}.owner"), value))
         return tuple(out)
 
-    return sm.UnmaskingResponse(**header, b_shares=shares(p.b_shares, "b_shares"), s_shares=shares(p.s_sk_shares, "s_sk_shares"))
+    field_name = f"{what}.component_shares"
+    if len(p.component_shares) > ids.num_clients * ids.num_clients:  # n owners, fewer than n components each
+        raise WireError(f"{field_name}: {len(p.component_shares)} entries for a cohort of {ids.num_clients}")
+    components = []
+    for c in p.component_shares:
+        value = int.from_bytes(fields.fixed(c.share, SHARE_BYTES, f"{field_name}.share"), "big")
+        if value >= PRIME:
+            raise WireError(f"{field_name}: share of {c.owner}'s component {c.component} is not a field element")
+        components.append((fields.to_secagg_id(ids, c.owner, f"{field_name}.owner"), c.component, value))
+    return sm.UnmaskingResponse(**header, b_shares=shares(p.b_shares, "b_shares"),
+                                s_shares=shares(p.s_sk_shares, "s_sk_shares"), component_shares=tuple(components))
