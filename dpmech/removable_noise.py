@@ -192,10 +192,17 @@ def removable_component(seed: bytes, k: int, variance: Fraction, dim: int) -> I6
     the device that adds it and on the server that removes it. The array
     depends on `dim` as a whole (the sampler draws in batches sized by what
     is missing): a shorter dim is not a prefix, so both sides pass the same."""
+    return component_noise(component_seed(seed, k), variance, dim)
+
+
+def component_noise(seed: bytes, variance: Fraction, dim: int) -> I64:
+    """`dim` exact draws of N_Z(0, variance) over SHAKE-256 expanded from one
+    component's own 32-byte seed (what the secure sum shares and rebuilds)."""
     if dim < 0:
         raise ValueError(f"dim must be >= 0, got {dim}")
-    source = XofBytes(component_seed(seed, k), _DRAW_DOMAIN)
-    return discrete_gaussian(dim, variance, source)
+    if len(seed) != SEED_BYTES:
+        raise ValueError(f"a component seed is {SEED_BYTES} bytes, got {len(seed)}")
+    return discrete_gaussian(dim, variance, XofBytes(seed, _DRAW_DOMAIN))
 
 
 def surplus(seed: bytes, variances: tuple[Fraction, ...], removed: range, dim: int) -> I64:
