@@ -53,15 +53,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from coordinator.aggregate import AggregateResult, aggregate_result
 from coordinator.rounds import (
     Action,
     AggregateReady,
-    AggregateResult,
     LogEvent,
     PhaseChanged,
     RoundEnded,
     RoundMachine,
-    aggregate_result,
 )
 from coordinator.store import RoundState
 from dpmech.mechanism import MechanismConfig

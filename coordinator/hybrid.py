@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coordinator.rounds import Action, AggregateReady, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send, \
-    aggregate_result
+from coordinator.aggregate import aggregate_result
+from coordinator.rounds import Action, AggregateReady, LogEvent, PhaseChanged, RoundEnded, RoundMachine, Send
 from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2
 from secagg import messages as sm

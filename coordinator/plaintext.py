@@ -35,12 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.aggregate import aggregate_result
 from coordinator.rounds import (
     Action,
     AggregateReady,
     PhaseChanged,
     RoundMachine,
-    aggregate_result,
 )
 from coordinator.store import RoundState
 from fedmask_proto.v1 import common_pb2, secagg_pb2

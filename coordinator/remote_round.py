@@ -54,7 +54,7 @@ import numpy as np
 
 from coordinator.assignment import StoredGroup, group_mechanism, round_metrics as metric_layout, stored_group
 from coordinator.grouped_rounds import PHASE_ORDER, GroupsShape, cohort_config, combine_group_sums
-from coordinator.rounds import AggregateResult
+from coordinator.aggregate import AggregateResult
 from coordinator.store import GroupRow, GroupState, RoundPlan, RoundState
 from coordinator.store.group_records import merged_unmasking
 from dpmech.mechanism import MechanismConfig

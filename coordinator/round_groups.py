@@ -96,16 +96,19 @@ def round_groups(group_size: int, cohort: Sequence[int], session_id: bytes,
     return groups_by_host(cohort, hosts, group_size=group_size, seed=partition_seed(session_id, 0))
 
 
-def groups_refusal(*, group_size: int, selected: int, plaintext: bool, hybrid: bool) -> str | None:
+def groups_refusal(*, group_size: int, selected: int, plaintext: bool, hybrid: bool,
+                   removable: bool = False) -> str | None:
     """Why rounds in groups (D99) cannot run with these settings, or None:
     when a selected cohort can be split (group_size >= 2, selected >= 2G)
     with the plaintext path or the hybrid one, which have one machine each.
     Noise of any kind runs in groups: local noise is every device's own, and
     distributed noise is split among each group's own devices
-    (`round_machines.plan_groups`)."""
+    (`round_machines.plan_groups`); removable noise (D110) does not yet: its
+    surplus is removed by the one-instance round loop only."""
     if group_size < 2 or selected < 2 * group_size:
         return None
-    why = "debug.insecure_plaintext" if plaintext else "hybrid.unprotected_plaintext_j_bound" if hybrid else None
+    why = ("debug.insecure_plaintext" if plaintext else "hybrid.unprotected_plaintext_j_bound" if hybrid
+           else "dp.dropouts 'remove'" if removable else None)
     if why is None:
         return None
     return (f"a selected cohort of {selected} devices would run in groups of at least secagg.group_size = "

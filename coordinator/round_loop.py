@@ -41,6 +41,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 
+from coordinator.aggregate import AggregateResult
 from coordinator.current_model import CurrentModel
 from coordinator.events import EventHub
 from coordinator.grouped_rounds import AnyRound, Grouped
@@ -57,7 +58,7 @@ from coordinator.round_outcomes import RoundOutcomes
 from coordinator.round_policy import AdaptiveDeadlines, round_plan
 from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.round_tasks import TaskFields
-from coordinator.rounds import Action
+from coordinator.rounds import Action, RoundMachine
 from coordinator.selection import eligible_devices, select_cohort
 from coordinator.settings import CoordinatorSettings
 from coordinator.spent_devices import SpentDevices
@@ -269,6 +270,8 @@ class InProcessRounds(ABC):
                     saved_phase = r.phase
                     await asyncio.to_thread(self.store.save_round_progress, self._record(r, r.phase))
             self.deadlines.observe(r.completion)
+            if isinstance(r, RoundMachine) and r.surplus is not None:  # removable noise (D110)
+                await self._remove_surplus(r)
             if r.phase is RoundState.AGGREGATING:
                 await self._commit(r)
             if r.phase is RoundState.ABORTED:
@@ -307,6 +310,23 @@ class InProcessRounds(ABC):
         for m, f in zip(r.machines if isinstance(r, Grouped) else (r,), fields, strict=True):
             self.delivery.send_tasks(m.cohort, functools.partial(f.task, m, deadlines=deadlines),
                                      gone=lambda d: self._apply(r.device_lost(d, self._clock(), "gone before the round task")))
+
+    async def _remove_surplus(self, r: RoundMachine) -> None:
+        """Removable noise (D110): regenerate and subtract the counted
+        devices' surplus on a worker thread (seconds to minutes of exact
+        draws; the event loop keeps serving), then hand the result over."""
+        surplus = r.surplus
+        assert surplus is not None
+        t0 = self._clock()
+        try:
+            result: AggregateResult | None = await asyncio.to_thread(surplus.run)
+            detail = ""
+        except ValueError as exc:  # the rebuilt seeds are not the counted devices' removed components
+            result, detail = None, str(exc)
+        log_event("surplus_removed" if result is not None else "surplus_removal_failed",
+                  logging.INFO if result is not None else logging.ERROR, round=r.number,
+                  components=surplus.regenerated, seconds=round(self._clock() - t0, 3), error=detail or None)
+        self._apply(r.surplus_removed(result, detail))
 
     async def _commit(self, r: AnyRound) -> None:
         result = r.result

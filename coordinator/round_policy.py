@@ -115,6 +115,7 @@ def secagg_config_for(settings: CoordinatorSettings, n: int, vector_length: int,
         modulus_bits=s.modulus_bits,
         expected_dropout=s.expected_dropout,
         active_adversary=active,
+        removable_noise=settings.dp.dropouts == "remove",
     )
 
 

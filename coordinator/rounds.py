@@ -52,10 +52,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from coordinator.aggregate import AggregateResult, aggregate_result
 from coordinator.store import RoundState
-from dpmech.mechanism import MechanismConfig, decode_sum
+from coordinator.surplus_removal import SurplusRemoval
+from dpmech.mechanism import MechanismConfig
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg import messages as sm
 from secagg.config import SecAggConfig
@@ -64,7 +64,6 @@ from secagg.server import ServerAborted, ServerAdvertiseKeys, ServerCompleted, S
 from secagg.stages import Stage
 from wire import RoundIds, WireError
 from wire import secagg_codec as codec
-from wire.dp_task import rotation_seed
 from wire.protocol import CLIENT_MESSAGE_STAGE
 from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
 from wire.secagg_codec import abort_reason_to_proto, drop_notice_reason, reason_name
@@ -96,52 +95,6 @@ class Broadcast:
 @dataclass(frozen=True, slots=True)
 class PhaseChanged:
     phase: RoundState
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class AggregateResult:
-    """What the secagg server produced: the exact encoded sum and its decoding."""
-
-    counted: tuple[int, ...]  # device ids whose inputs are in the sum (U3)
-    encoded_sum: np.ndarray  # uint32 (L + M,): the whole unmasked sum mod 2^w, metric limbs included
-    decoded_sum: np.ndarray  # float64 (L,): the model update's coordinates only
-    decoded_mean: np.ndarray  # float64 (L,)
-    metric_sums: np.ndarray  # uint32 (M,): the metric limbs' sums, undecoded
-
-
-def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: np.ndarray,
-                     counted: tuple[int, ...], mechanism: MechanismConfig | None = None,
-                     rotation_key: bytes = b"") -> AggregateResult:
-    """Split an exact encoded sum of `counted` devices into the model update
-    (its first L = vector_length - metrics.coordinates coordinates, decoded
-    with the round's fixed-point encoding, or with the discrete Gaussian
-    `mechanism` and the round's rotation seed (from the session id, or the
-    `rotation_key` of a round in groups, D99): the centred residue of the
-    sum, rotated back and unscaled, `dpmech.mechanism.decode_sum`) and the
-    metric limbs (the rest).
-    The two parts are separate coordinates of a coordinatewise sum, so
-    nothing in the metric limbs changes the model update.
-
-    The whole sum is first reduced mod 2^w (`FixedPointEncoding.reduce`), the
-    ring both the fixed-point encoding and the metric limbs are defined in:
-    the secagg server unmasks mod 2^32, and a hostile device's out-of-range
-    input would otherwise reach 2^(32 - w) times further (D86). An honest
-    sum is below 2^w and passes unchanged, so `encoded_sum` stays the exact
-    sum of the counted devices' encoded inputs."""
-    encoded_sum = config.encoding.reduce(encoded_sum)
-    length = config.vector_length - metrics.coordinates
-    model = encoded_sum[:length]
-    if mechanism is None:
-        decoded = config.encoding.decode_sum(model, len(counted))
-    else:
-        decoded = decode_sum(model, mechanism, rotation_seed(config.session_id, rotation_key))
-    return AggregateResult(
-        counted=counted,
-        encoded_sum=encoded_sum,
-        decoded_sum=decoded,
-        decoded_mean=decoded / len(counted),
-        metric_sums=np.array(encoded_sum[length:], dtype=np.uint32),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +147,9 @@ class RoundMachine:
     #: phase -> {device id: reason} for every device that left the round there.
     dropouts: dict[str, dict[int, str]] = field(init=False, default_factory=dict)
     result: AggregateResult | None = field(init=False, default=None)
+    #: Removable noise (D110): the surplus still to remove once the sum is
+    #: complete; the round's `result` follows `surplus_removed`.
+    surplus: SurplusRemoval | None = field(init=False, default=None)
     abort_reason: int | None = field(init=False, default=None)
     abort_detail: str = field(init=False, default="")
     new_model_version: int | None = field(init=False, default=None)
@@ -203,7 +159,9 @@ class RoundMachine:
 
     def __post_init__(self) -> None:
         self.cohort = tuple(self.cohort)
-        self.ids = RoundIds.from_cohort(self.cohort)
+        self.ids = RoundIds.from_cohort(self.cohort, components=self.config.removable_components)
+        if self.config.removable_noise and self.mechanism is None:
+            raise ValueError("removable noise needs the discrete Gaussian's mechanism")
         if len(self.cohort) != self.config.num_clients:
             raise ValueError(f"cohort of {len(self.cohort)} for a config of n={self.config.num_clients}")
         keys = None
@@ -356,6 +314,19 @@ class RoundMachine:
             self._server, _ = self._server.abort(AbortReason.CANCELLED, detail)
         return self._end_aborted(reason, detail, notify=self.live_devices())
 
+    def surplus_removed(self, result: AggregateResult | None, detail: str = "") -> list[Action]:
+        """The runner ran `surplus` (off the event loop): the round's result,
+        or None when the removal failed (`detail`: why; the round aborts,
+        nothing is released). Nothing happens once the round has ended."""
+        if self.phase is not RoundState.AGGREGATING or self.surplus is None or self.result is not None:
+            return []
+        self.surplus = None
+        if result is None:
+            return self._end_aborted(P.ABORT_REASON_CANCELLED, f"removing the surplus noise failed: {detail}",
+                                     notify=self.live_devices())
+        self.result = result
+        return [AggregateReady(result), self._log("aggregate_ready", counted=len(result.counted))]
+
     def committed(self, new_model_version: int, now: float) -> list[Action]:
         """The runner committed the round: tell the cohort."""
         if self.phase is not RoundState.AGGREGATING or self.result is None:
@@ -453,12 +424,16 @@ class RoundMachine:
             return actions + self._end_aborted(reason, detail, notify=())
         if isinstance(self._server, ServerCompleted):
             done = self._server
-            self.result = aggregate_result(
-                self.config, self.metrics, done.encoded_sum, tuple(self.ids.device(s) for s in done.counted),
-                self.mechanism, self.rotation_key,
-            )
+            counted = tuple(self.ids.device(s) for s in done.counted)
             self.phase = RoundState.AGGREGATING
             self.deadline = math.inf
+            if self.config.removable_noise and self.mechanism is not None:
+                self.surplus = SurplusRemoval(self.config, self.metrics, self.mechanism, self.rotation_key,
+                                              done.encoded_sum, counted, done.removed_seeds)
+                return actions + [PhaseChanged(self.phase), self._log(
+                    "removing_surplus", counted=len(counted), components=self.surplus.regenerated)]
+            self.result = aggregate_result(self.config, self.metrics, done.encoded_sum, counted, self.mechanism,
+                                           self.rotation_key)
             return actions + [
                 PhaseChanged(self.phase),
                 AggregateReady(self.result),

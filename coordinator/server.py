@@ -46,7 +46,9 @@ from coordinator.settings import MIN_TOKEN_LENGTH, CoordinatorSettings
 from coordinator.store import Store, StoreError, open_store
 from coordinator.store.url import serves_replicas
 from fedmask_proto.v1 import coordinator_service_pb2
+from secagg.shamir import ELEMENT_BYTES
 from wire.protocol import (
+    COMPONENT_SHARE_WIRE_BYTES,
     ENCRYPTED_SHARE_WIRE_BYTES,
     MASKED_ELEMENT_BYTES,
     MASKED_INPUT_OVERHEAD_BYTES,
@@ -131,15 +133,18 @@ def server_credentials(settings: CoordinatorSettings, *, admin: bool = False) ->
 
 def max_receive_message_bytes(settings: CoordinatorSettings, update_dim: int) -> int:
     """The gRPC receive limit: enough for one MaskedInput of `update_dim`
-    elements, or a ShareKeys / UnmaskingResponse of the largest cohort, with
+    elements, or a ShareKeys / UnmaskingResponse of the largest cohort (with
+    removable noise's component shares when dp.dropouts is 'remove'), with
     25% + 64 KiB headroom; at least 4 MiB (gRPC's default). Sizes come from
     `wire.protocol`; `settings.max_receive_message_bytes` overrides."""
     if settings.max_receive_message_bytes is not None:
         return settings.max_receive_message_bytes
     n = settings.cohort.selected
+    # removable noise (D110): at most n - t < n / 2 component seeds per device, one share each per peer
+    m = n // 2 if settings.dp.dropouts == "remove" else 0
     masked = MASKED_ELEMENT_BYTES * update_dim + MASKED_INPUT_OVERHEAD_BYTES
-    shares = n * ENCRYPTED_SHARE_WIRE_BYTES
-    unmask = 2 * n * UNMASKING_SHARE_WIRE_BYTES
+    shares = n * (ENCRYPTED_SHARE_WIRE_BYTES + m * ELEMENT_BYTES)
+    unmask = 2 * n * UNMASKING_SHARE_WIRE_BYTES + n * m * COMPONENT_SHARE_WIRE_BYTES
     need = max(masked, shares, unmask)
     return max(4 << 20, int(need * 1.25) + (64 << 10))
 

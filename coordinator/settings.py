@@ -225,6 +225,17 @@ class DpSettings(SettingsGroup):
     #: could exceed it (with distributed noise: if only the threshold of
     #: the cohort were counted) and reports the budget exhausted (D42).
     epsilon_budget: PositiveFloat | None = None
+    #: What the noise of devices that drop does (distributed mode). account
+    #: (D19): each device adds its 1/n share; the shares the dropouts take
+    #: away are priced, so a round with dropouts costs more epsilon. remove
+    #: (Dordis's way, D110): each device adds the noise of the worst tolerated
+    #: dropout in n - t + 1 components and secret-shares their seeds; at
+    #: unmasking the survivors' surplus is rebuilt and subtracted, so the sum
+    #: keeps the target noise. Needs the discrete Gaussian on the full graph,
+    #: costs n - t seeds per device per peer and the regeneration of the
+    #: removed components on the coordinator (docs/privacy.md has the
+    #: measurement); the ledger prices the round by the proven bound.
+    dropouts: Literal["account", "remove"] = "account"
 
     @model_validator(mode="after")
     def _budget_needs_noise(self) -> DpSettings:
@@ -237,6 +248,9 @@ class DpSettings(SettingsGroup):
             if self.accountant == "pld":
                 raise ValueError("dp.accountant 'pld' prices the continuous Gaussian's exact privacy loss; the "
                                  "discrete Gaussian's bound is zCDP, composed with dp.accountant 'rdp'")
+        if self.dropouts == "remove" and not (self.mode == "distributed" and self.mechanism == "discrete-gaussian"):
+            raise ValueError("dp.dropouts 'remove' needs dp.mode 'distributed' with dp.mechanism 'discrete-gaussian' "
+                             "(the surplus is removed exactly only in the discrete Gaussian's integer field)")
         return self
 
 
@@ -499,10 +513,17 @@ class CoordinatorSettings(LayeredSettings):
                 )
             if self.debug.insecure_plaintext:
                 raise ValueError("hybrid.unprotected_plaintext_j_bound and debug.insecure_plaintext exclude each other")
+        if self.dp.dropouts == "remove":
+            if self.secagg.graph != "full":
+                raise ValueError("dp.dropouts 'remove' needs secagg.graph 'full': one threshold t for the whole sum, "
+                                 "so that n - |counted| says how many shares it lost")
+            if self.hybrid.enabled or self.debug.insecure_plaintext:
+                raise ValueError("dp.dropouts 'remove' runs only on secure sums (no hybrid or plaintext rounds)")
         from coordinator.round_groups import groups_refusal
 
         grouped_refusal = groups_refusal(group_size=self.secagg.group_size, selected=self.cohort.selected,
-                                         plaintext=self.debug.insecure_plaintext, hybrid=self.hybrid.enabled)
+                                         plaintext=self.debug.insecure_plaintext, hybrid=self.hybrid.enabled,
+                                         removable=self.dp.dropouts == "remove")
         if grouped_refusal is not None:
             raise ValueError(grouped_refusal)
         if self.auth.mode == "none" and not is_loopback(split_host_port(self.listen_address)[0]):

@@ -103,7 +103,7 @@ def surplus(removed_seeds: Mapping[int, Mapping[int, bytes]], removable: Removab
     return total
 
 
-def remove_surplus(residues: npt.NDArray[np.uint32], counted: int,
+def remove_surplus(residues: np.ndarray, counted: int,
                    removed_seeds: Mapping[int, Mapping[int, bytes]], removable: RemovableNoise,
                    mechanism: MechanismConfig) -> npt.NDArray[np.uint32]:
     """The sum's residues (mod 2^w, the padded update's d' coordinates)

@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +47,7 @@ import wire
 from dpmech.field import to_unsigned
 from dpmech.mechanism import encode as dp_encode
 from dpmech.random_source import SystemBytes
+from dpmech.removable_encoding import encode as removable_encode
 from edge_client.contributions import ContributionRule
 from edge_client.devices import Device
 from edge_client.faults import FaultPlan, forged_metric_limbs
@@ -133,13 +134,14 @@ class RoundRun:
         return await asyncio.get_running_loop().run_in_executor(self.io.compute_pool, functools.partial(fn, *args))
 
     # ------------------------------------------------------------ encoding
-    async def encode(self, dr: DeviceRound, update: np.ndarray) -> np.ndarray:
+    async def encode(self, dr: DeviceRound, update: np.ndarray, component_seeds: Sequence[bytes] = ()) -> np.ndarray:
         # the rng is drawn here, in device order; the encoding (stochastic rounding of
         # a whole model, milliseconds per device) runs off the event loop, which must
         # stay free to read the stream (a top-k request waits behind a busy loop)
         rng = self.io.secure_numpy_rng()
         if self.view.mechanism is not None:  # the discrete Gaussian: its residues, no metric limbs (D88)
-            encoded = await self.compute(discrete_gaussian_input, self.view, np.asarray(update, dtype=np.float64), rng)
+            encoded = await self.compute(discrete_gaussian_input, self.view, np.asarray(update, dtype=np.float64), rng,
+                                         component_seeds)
         else:
             model = await self.compute(self.view.config.encoding.encode, np.asarray(update, dtype=np.float64), rng)
             encoded = np.concatenate([model, self._metric_limbs(dr)])
@@ -227,15 +229,25 @@ class RoundRun:
         return RoundEvent(self.view.round_number, outcome, len(self.devices), detail)
 
 
-def discrete_gaussian_input(view: wire.RoundTaskView, update: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def discrete_gaussian_input(view: wire.RoundTaskView, update: np.ndarray, rng: np.random.Generator,
+                            component_seeds: Sequence[bytes] = ()) -> np.ndarray:
     """A device's masked input under the discrete Gaussian (D88): its update
     through `dpmech.mechanism.encode` with the round's mechanism and
     rotation seed, the noise drawn exactly from the operating system's
     CSPRNG (a fresh `SystemBytes`), as residues mod 2^w in uint32 words.
-    `rng` only randomises the rounding (not part of the guarantee)."""
+    With removable noise (D110) every component is added
+    (`dpmech.removable_encoding.encode`), component k from
+    `component_seeds[k - 1]`. `rng` only randomises the rounding (not part
+    of the guarantee)."""
     mechanism = view.mechanism
     if mechanism is None:
         raise ValueError("the round does not run the discrete Gaussian")
+    if view.removable is not None:
+        centred = removable_encode(update, mechanism, view.rotation_seed, rng, view.removable, component_seeds,
+                                   noise=SystemBytes())
+        return to_unsigned(centred, mechanism.bits).astype(np.uint32)
+    if component_seeds:
+        raise ValueError("component seeds given for a round without removable noise")
     centred = dp_encode(update, mechanism, view.rotation_seed, rng, noise=SystemBytes())
     return to_unsigned(centred, mechanism.bits).astype(np.uint32)
 

@@ -6,6 +6,8 @@ its secagg client states.
   32-byte round secret is written to the device's state dir *before* its
   `ClientAdvertiseKeys.start()` (the secret seeds the DRBG from which secagg
   draws every per-round secret of the device), and its AdvertiseKeys is sent.
+  With removable noise (D110) the n - t noise-component seeds are drawn from
+  the same secret: the encoding adds the components, secagg shares the seeds.
 - With a device CA (`--device-ca`, active mode only, D33): the device's own
   identity certificate goes out with its AdvertiseKeys, and every peer in
   its AdvertisedKeys must carry a certificate that verifies against the
@@ -42,6 +44,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 import wire
+from dpmech.removable_encoding import new_seeds
 from edge_client.contributions import Contributions
 from edge_client.devices import Device
 from edge_client.round_run import DeviceRound, RoundRun
@@ -60,6 +63,7 @@ log = logging.getLogger("edge_client.session")
 
 ROUND_SECRET_LABEL = b"fedmask/edge_client/round-secret/v1"
 ROUND_SECRET_BYTES = 32
+COMPONENT_SEEDS_LABEL = b"fedmask/edge_client/removable-noise-seeds/v1"
 
 
 async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray) -> None:
@@ -69,8 +73,11 @@ async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray
         if dr.done or run.over:
             return
         dr.row = row
-        encoded = await run.encode(dr, update)
         seed = run.io.secure_random(ROUND_SECRET_BYTES)
+        # removable noise (D110): the component seeds come from the round secret, as every secagg secret does
+        components = () if view.removable is None else new_seeds(
+            view.removable, DeterministicRandom(seed, COMPONENT_SEEDS_LABEL))
+        encoded = await run.encode(dr, update, components)
         # durable BEFORE the keys exist anywhere else
         await asyncio.to_thread(dev.store.save_round_secret, RoundSecret(view.session_id, view.round_number, seed))
         active = view.config.active_adversary
@@ -97,6 +104,7 @@ async def advertise(run: RoundRun, dr: DeviceRound, row: int, update: np.ndarray
             rand=DeterministicRandom(seed, ROUND_SECRET_LABEL),
             identity_key=dev.identity_key if active else None,
             peer_identity_keys=dr.identity if active else None,
+            removable_seeds=components,
         )
         del encoded
 

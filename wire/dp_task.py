@@ -33,6 +33,7 @@ import math
 from fractions import Fraction
 
 from dpmech.mechanism import MechanismConfig
+from dpmech.removable_encoding import RemovableNoise
 from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from wire.errors import WireError
@@ -125,6 +126,23 @@ def task_mechanism(dp: session_pb2.DpSettings, config: SecAggConfig, metric_coor
     return mechanism
 
 
+def task_removable(dp: session_pb2.DpSettings, config: SecAggConfig,
+                   mechanism: MechanismConfig | None) -> RemovableNoise | None:
+    """Device side: the round's removable noise (SecaggSettings.removable_noise,
+    D110), None without it. Refused (WireError) unless the round runs the
+    distributed discrete Gaussian (the removal is exact only in its integer
+    field, and only distributed shares are sized to the group; the complete
+    graph is `SecAggConfig`'s own check)."""
+    if not config.removable_noise:
+        return None
+    if mechanism is None or dp.mode != session_pb2.DP_MODE_DISTRIBUTED:
+        raise WireError("RoundTask: removable noise needs dp.mode distributed with the discrete Gaussian")
+    try:
+        return RemovableNoise.for_group(mechanism, config.num_clients, config.threshold)
+    except ValueError as exc:
+        raise WireError(f"RoundTask: removable noise: {exc}") from None
+
+
 __all__ = ["DISCRETE_GAUSSIAN", "GAUSSIAN_FLOAT", "MECHANISMS", "ROTATION_KEY_BYTES", "ROTATION_LABEL",
            "discrete_gaussian_settings",
-           "mechanism_name", "rotation_seed", "task_mechanism"]
+           "mechanism_name", "rotation_seed", "task_mechanism", "task_removable"]

@@ -35,9 +35,9 @@ class RoundIds:
     only its devices and their neighbours (what its RoundTask lists). Lookups
     of an id not in the map raise WireError."""
 
-    __slots__ = ("_to_secagg", "_to_device", "num_clients")
+    __slots__ = ("_to_secagg", "_to_device", "num_clients", "components")
 
-    def __init__(self, device_to_secagg: Mapping[int, int], *, num_clients: int) -> None:
+    def __init__(self, device_to_secagg: Mapping[int, int], *, num_clients: int, components: int = 0) -> None:
         if not (isinstance(num_clients, int) and num_clients >= 1):
             raise WireError(f"num_clients must be a positive int, got {num_clients!r}")
         to_secagg: dict[int, int] = {}
@@ -54,18 +54,22 @@ class RoundIds:
         self._to_secagg = to_secagg
         self._to_device = to_device
         self.num_clients = num_clients
+        #: removable noise's seeded components per device (SecAggConfig.removable_components): the
+        #: sealed share blobs and unmasking responses of the round carry one share per component
+        self.components = components
 
     @classmethod
-    def from_cohort(cls, device_ids: Iterable[int]) -> RoundIds:
+    def from_cohort(cls, device_ids: Iterable[int], *, components: int = 0) -> RoundIds:
         """Coordinator side: the i-th device of the cohort gets secagg id i
         (proto secagg_id i + 1)."""
         ids = list(device_ids)
         if len(set(ids)) != len(ids):
             raise WireError("the cohort lists a device twice")
-        return cls({d: i for i, d in enumerate(ids)}, num_clients=len(ids))
+        return cls({d: i for i, d in enumerate(ids)}, num_clients=len(ids), components=components)
 
     @classmethod
-    def from_participants(cls, participants: Iterable[Participant], *, num_clients: int) -> RoundIds:
+    def from_participants(cls, participants: Iterable[Participant], *, num_clients: int,
+                          components: int = 0) -> RoundIds:
         """From proto Participants (1-based secagg_id); a device listed twice
         must carry the same secagg_id both times."""
         pairs: dict[int, int] = {}
@@ -76,7 +80,7 @@ class RoundIds:
             if pairs.get(p.device_id, sid) != sid:
                 raise WireError(f"device {p.device_id} is given two secagg ids")
             pairs[p.device_id] = sid
-        return cls(pairs, num_clients=num_clients)
+        return cls(pairs, num_clients=num_clients, components=components)
 
     def secagg(self, device_id: int) -> int:
         """0-based secagg id of an enrolled device id."""

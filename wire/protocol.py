@@ -158,12 +158,21 @@ MASKED_INPUT_OVERHEAD_BYTES = 256
 SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 #: One EncryptedShare on the wire: the ciphertext, two varint ids, tags.
 ENCRYPTED_SHARE_WIRE_BYTES = SEALED_SHARES_BYTES + 24
+
+
+def sealed_shares_bytes(components: int = 0) -> int:
+    """One sealed blob with removable noise's `components` seed shares after
+    the (b, s) pair (SecAggConfig.removable_components; 0: SEALED_SHARES_BYTES)."""
+    return sealed_length((2 + components) * ELEMENT_BYTES)
 #: One share in an UnmaskingResponse: a field element plus id and tags.
 UNMASKING_SHARE_WIRE_BYTES = ELEMENT_BYTES + 16
+#: One ComponentShare (removable noise): a field element, an id, a component number, tags.
+COMPONENT_SHARE_WIRE_BYTES = ELEMENT_BYTES + 24
 #: Identity (Ed25519) public key, as enrolled.
 IDENTITY_KEY_BYTES = 32
 __all__ = [
     "CLIENT_MESSAGE_STAGE",
+    "COMPONENT_SHARE_WIRE_BYTES",
     "ENCRYPTED_SHARE_WIRE_BYTES",
     "IDENTITY_KEY_BYTES",
     "MASKED_ELEMENT_BYTES",
@@ -176,6 +185,7 @@ __all__ = [
     "RETRY_PUSHBACK_KEY",
     "ROUND_INDEX_HYPERPARAMETER",
     "SEALED_SHARES_BYTES",
+    "sealed_shares_bytes",
     "SERVED_CLIENT_VERSIONS",
     "SERVER_FIELD_STAGE",
     "SIGNATURE_BYTES",

@@ -39,12 +39,13 @@ import numpy as np
 from google.protobuf import duration_pb2
 
 from dpmech.mechanism import MechanismConfig
+from dpmech.removable_encoding import RemovableNoise
 from fedmask_proto.v1 import common_pb2, session_pb2
 from secagg.config import SecAggConfig
 from secagg.encoding import FixedPointEncoding
 from secagg.errors import SecAggConfigError
 from secagg.stages import Stage
-from wire.dp_task import rotation_seed, task_mechanism
+from wire.dp_task import rotation_seed, task_mechanism, task_removable
 from wire.errors import WireError
 from wire.ids import RoundIds
 from wire.round_metrics import EMPTY_LAYOUT, MetricLayout
@@ -91,6 +92,7 @@ def secagg_settings_to_proto(config: SecAggConfig) -> session_pb2.SecaggSettings
         signatures=config.active_adversary,
         consistency_check=config.active_adversary,
         encoding_cohort_size=encoding_cohort_size(config),
+        removable_noise=config.removable_noise,
     )
 
 
@@ -116,7 +118,8 @@ def secagg_config_from_proto(s: session_pb2.SecaggSettings, session_id: bytes) -
         encoding = FixedPointEncoding.for_cohort(whole, clip=s.clip, modulus_bits=s.modulus_bits)
         if whole != n:
             encoding = encoding.for_group(n)
-        return SecAggConfig(n, s.vector_length, bytes(session_id), degree, s.threshold, encoding, bool(s.signatures))
+        return SecAggConfig(n, s.vector_length, bytes(session_id), degree, s.threshold, encoding, bool(s.signatures),
+                            bool(s.removable_noise))
     except (SecAggConfigError, ValueError, TypeError) as exc:
         raise WireError(f"SecaggSettings: {exc}") from None
 
@@ -223,6 +226,8 @@ class RoundTaskView:
     metrics: MetricLayout = EMPTY_LAYOUT  # the metric coordinates after the update
     #: The discrete Gaussian's configuration (D88); None: no DP, or the float Gaussian.
     mechanism: MechanismConfig | None = None
+    #: Removable noise's components (D110); None: D19's shares.
+    removable: RemovableNoise | None = None
 
     @property
     def update_length(self) -> int:
@@ -259,7 +264,7 @@ def parse_round_task(
     for a in task.assignments:
         everyone.extend(a.neighbours)
     everyone.extend(task.cohort)
-    ids = RoundIds.from_participants(everyone, num_clients=n)
+    ids = RoundIds.from_participants(everyone, num_clients=n, components=config.removable_components)
     if config.active_adversary and len(task.cohort) != n:
         raise WireError(f"RoundTask.cohort lists {len(task.cohort)} devices; active mode needs all {n}")
     graph = config.graph(task.round_number)
@@ -297,6 +302,7 @@ def parse_round_task(
                         f"vector_length {config.vector_length}")
     mechanism = task_mechanism(dp, config, metrics.coordinates,
                                encoding_devices=task.secagg.encoding_cohort_size or config.num_clients)
+    removable = task_removable(dp, config, mechanism)
     return RoundTaskView(
         session_id=bytes(task.session_id),
         round_number=int(task.round_number),
@@ -313,4 +319,5 @@ def parse_round_task(
         ),
         metrics=metrics,
         mechanism=mechanism,
+        removable=removable,
     )

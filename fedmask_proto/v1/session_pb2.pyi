@@ -513,6 +513,7 @@ class SecaggSettings(_message.Message):
     SIGNATURES_FIELD_NUMBER: _builtins.int
     CONSISTENCY_CHECK_FIELD_NUMBER: _builtins.int
     ENCODING_COHORT_SIZE_FIELD_NUMBER: _builtins.int
+    REMOVABLE_NOISE_FIELD_NUMBER: _builtins.int
     threshold: _builtins.int
     """Shamir threshold t: secrets are reconstructible from t shares; the round
     aborts if fewer than t neighbours survive a stage.
@@ -543,6 +544,15 @@ class SecaggSettings(_message.Message):
     groups' sums add without wrapping. 0 (absent): cohort_size. A device
     refuses a value below cohort_size.
     """
+    removable_noise: _builtins.bool
+    """Removable noise (Dordis's way, D110): with the distributed discrete
+    Gaussian on the full graph, each device adds the noise of the worst
+    tolerated dropout in components and secret-shares the seeds of
+    components 1..cohort_size - threshold with its other shares (each sealed
+    blob then holds 2 + cohort_size - threshold field elements); at
+    unmasking the survivors' surplus is rebuilt and removed. A device
+    refuses it with any other mechanism, mode or graph.
+    """
     def __init__(
         self,
         *,
@@ -556,10 +566,11 @@ class SecaggSettings(_message.Message):
         signatures: _builtins.bool = ...,
         consistency_check: _builtins.bool = ...,
         encoding_cohort_size: _builtins.int = ...,
+        removable_noise: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "cohort_size", b"cohort_size", "consistency_check", b"consistency_check", "encoding_cohort_size", b"encoding_cohort_size", "graph", b"graph", "modulus_bits", b"modulus_bits", "neighbour_count", b"neighbour_count", "signatures", b"signatures", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["clip", b"clip", "cohort_size", b"cohort_size", "consistency_check", b"consistency_check", "encoding_cohort_size", b"encoding_cohort_size", "graph", b"graph", "modulus_bits", b"modulus_bits", "neighbour_count", b"neighbour_count", "removable_noise", b"removable_noise", "signatures", b"signatures", "threshold", b"threshold", "vector_length", b"vector_length"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,6 +27,8 @@ from fedmask_proto.v1 import (
 )
 from dpmech.field import to_unsigned
 from dpmech.mechanism import encode as dp_encode
+from dpmech.removable_encoding import encode as removable_encode
+from dpmech.removable_encoding import new_seeds
 from secagg import identity
 from secagg.client import ClientAdvertiseKeys, ClientState
 from secagg.messages import AdvertiseKeys
@@ -98,6 +100,7 @@ class FakeDevice:
     silent: bool = False
     certificate: bytes = b""  # identity certificate (DER) sent with AdvertiseKeys (D33)
     advertised: list[Any] = field(default_factory=list)  # AdvertisedKeys received
+    component_seeds: tuple[bytes, ...] = ()  # removable noise (D110): the seeds of components 1..n-t
 
     def _out(self, msgs) -> list[Any]:
         out = []
@@ -124,7 +127,13 @@ class FakeDevice:
             limbs = np.asarray(self.metric_limbs(view), dtype=np.uint32)
         else:
             limbs = view.metrics.encode(fake_metric_values(self.device_id, view.round_number))
-        if view.mechanism is not None:  # the discrete Gaussian (D88): the device's residues, as the edge client's
+        self.component_seeds = ()
+        if view.removable is not None and view.mechanism is not None:  # removable noise (D110), as the edge client's
+            self.component_seeds = new_seeds(view.removable, DeterministicRandom(self.seed, f"c-{self.device_id}"))
+            residues = to_unsigned(removable_encode(self.update, view.mechanism, view.rotation_seed, rng,
+                                                    view.removable, self.component_seeds), view.mechanism.bits)
+            self.encoded = np.concatenate([residues.astype(np.uint32), limbs])
+        elif view.mechanism is not None:  # the discrete Gaussian (D88): the device's residues, as the edge client's
             residues = to_unsigned(dp_encode(self.update, view.mechanism, view.rotation_seed, rng), view.mechanism.bits)
             self.encoded = np.concatenate([residues.astype(np.uint32), limbs])
         else:
@@ -135,6 +144,7 @@ class FakeDevice:
             rand=DeterministicRandom(self.seed, f"dev-{self.device_id}-{view.round_number}"),
             identity_key=self.identity_key if cfg.active_adversary else None,
             peer_identity_keys=self.peer_identity if cfg.active_adversary else None,
+            removable_seeds=self.component_seeds,
         )
         self.state, msgs = self.state.start()
         self.own = msgs[0]

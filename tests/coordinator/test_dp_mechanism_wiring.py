@@ -125,3 +125,60 @@ def test_a_discrete_gaussian_round_over_grpc_decodes_the_counted_devices_and_pri
                 await c.close()
 
     asyncio.run(main())
+
+
+def test_removable_noise_over_grpc_removes_the_counted_devices_surplus_and_prices_the_proven_bound() -> None:
+    """Dordis's way (D110): 6 devices, threshold 4, one silent at its masked
+    input. Each device adds components 0..2 and shares the seeds of 1 and 2;
+    the 5 counted devices keep components 0 and 1, so the committed sum is
+    their residues minus every counted device's component 2, bit for bit
+    (the oracle regenerates it from the seeds the fake devices drew). The
+    ledger prices the proven bound: the best single component's shares,
+    component 0 of the 5 counted (D19's figure for the same round)."""
+    from dpmech.removable_noise import best_group_rho, component_noise
+
+    async def main() -> None:
+        settings = make_settings(**{"cohort.size": 6, "dp.mode": "distributed", "dp.noise_multiplier": 1.0,
+                                    "dp.clip": 0.5, "dp.dropouts": "remove", "secagg.graph": "full",
+                                    "secagg.threshold": "majority", "model.hyperparameters": {"vector_length": 10},
+                                    **SHORT})
+        store = InMemoryStore()
+        async with running(settings, store) as (coord, target, _, rounds):
+            clients, devices = await _clients(target, 6, groups=2, silent={2: "masked_input"})
+            await _wait_rounds(rounds)
+            rec = store.get_round(1)
+            assert rec is not None and rec.state is RoundState.COMMITTED, rec
+            view = parse_round_task(next(t for c in clients for t in c.tasks))
+            mech, removable = view.mechanism, view.removable
+            assert mech is not None and removable is not None and view.config.threshold == 4
+            assert removable.components == 2 and len(removable.removed(5)) == 1
+            counted = [d for d in devices if d.device_id in rec.survivors["masked_input"]]
+            assert len(counted) == 5 and all(len(d.component_seeds) == 2 for d in counted)
+            total = np.sum([d.encoded for d in counted], axis=0, dtype=np.uint64).astype(np.int64)
+            for d in counted:
+                total -= component_noise(d.component_seeds[1], removable.variances[2], mech.padded_dim)
+            words = np.asarray(total % (1 << mech.bits), dtype=np.uint32)
+            assert rec.metrics["debug.encoded_checksum"] == encoded_checksum(words)
+            (entry,) = store.privacy_ledger()
+            l2, l1 = accounting.sensitivities(mech.bound_sq, mech.padded_dim)
+            proven = best_group_rho(l2=l2, l1=l1, variances=removable.variances, devices=6, threshold=4,
+                                    survivors=5, padded_dim=mech.padded_dim)
+            assert proven == pytest.approx(privacy_rho(mech, 5), rel=1e-12)
+            assert entry.noise_multiplier == pytest.approx(noise_multiplier_of(proven))
+            for c in clients:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_removable_noise_is_refused_where_it_cannot_run() -> None:
+    with pytest.raises(SettingsError, match="distributed"):
+        _settings(**{"dp.dropouts": "remove", "dp.mode": "local", "secagg.graph": "full"})
+    with pytest.raises(SettingsError, match="distributed"):
+        _settings(**{"dp.dropouts": "remove", "dp.mechanism": "gaussian-float", "secagg.graph": "full"})
+    with pytest.raises(SettingsError, match="secagg.graph 'full'"):
+        _settings(**{"dp.dropouts": "remove"})
+    with pytest.raises(SettingsError, match="dp.dropouts 'remove'"):
+        _settings(**{"dp.dropouts": "remove", "secagg.graph": "full", "cohort.size": 1000, "cohort.minimum": 500,
+                     "secagg.group_size": 100})
+    _settings(**{"dp.dropouts": "remove", "secagg.graph": "full"})

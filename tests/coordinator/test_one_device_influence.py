@@ -44,7 +44,7 @@ import pytest
 
 from coordinator.model_host import build_server_model
 from coordinator.round_policy import secagg_config_for
-from coordinator.rounds import aggregate_result
+from coordinator.aggregate import aggregate_result
 from coordinator.settings import CoordinatorSettings
 from secagg.config import SecAggConfig
 from secagg.inprocess import SERVER, DropoutPlan, run_round

@@ -38,7 +38,8 @@ def test_the_sum_minus_the_surplus_is_the_counted_updates_plus_their_kept_noise(
     residues = [modular.to_unsigned(encode(updates[i], mech, ROTATION, np.random.default_rng(i), removable, seeds[i],
                                            noise=_noise_source(i)), mech.bits) for i in range(n)]
     counted = list(range(dropped, n))
-    total = (sum(residues[i] for i in counted) & ((1 << mech.bits) - 1)).astype(np.uint32)
+    total = np.asarray(np.sum([residues[i] for i in counted], axis=0, dtype=np.uint64)
+                       & np.uint64((1 << mech.bits) - 1), dtype=np.uint32)
     removed = {u: {k: seeds[u][k - 1] for k in removable.removed(len(counted))} for u in counted}
     removed = {u: ks for u, ks in removed.items() if ks}
     released = remove_surplus(total, len(counted), removed, removable, mech)
@@ -76,9 +77,9 @@ def test_the_kept_noise_has_the_targets_variance() -> None:
     zeros = np.zeros(mech.dim)
     seeds = [new_seeds(removable, np.random.default_rng(7 + i).bytes) for i in range(n)]
     counted = list(range(dropped, n))
-    total = sum(modular.to_unsigned(encode(zeros, mech, ROTATION, np.random.default_rng(i), removable, seeds[i],
-                                           noise=_noise_source(i)), 32) for i in counted)
-    total = (total & 0xFFFFFFFF).astype(np.uint32)
+    each = [modular.to_unsigned(encode(zeros, mech, ROTATION, np.random.default_rng(i), removable, seeds[i],
+                                       noise=_noise_source(i)), 32) for i in counted]
+    total = np.asarray(np.sum(each, axis=0, dtype=np.uint64) & np.uint64(0xFFFFFFFF), dtype=np.uint32)
     removed = {u: {k: seeds[u][k - 1] for k in removable.removed(len(counted))} for u in counted}
     released = modular.from_unsigned(remove_surplus(total, len(counted), removed, removable, mech).astype(np.uint64), 32)
     # zero updates round to zero: what is left is noise of variance n sigma^2 = 400

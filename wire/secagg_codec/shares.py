@@ -18,7 +18,7 @@ from fedmask_proto.v1 import secagg_pb2
 from secagg import messages as sm
 from wire.errors import WireError
 from wire.ids import RoundIds
-from wire.protocol import SEALED_SHARES_BYTES
+from wire.protocol import sealed_shares_bytes
 from wire.secagg_codec import fields
 
 
@@ -56,7 +56,7 @@ def _encrypted_shares_from_proto(
         if own != device_id:
             raise WireError(f"{what}: a share names {own_end} {own}, not {device_id}")
         peer_id = fields.to_secagg_id(ids, peer, f"{what}.shares.{peer_end}")
-        out.append((peer_id, fields.fixed(s.ciphertext, SEALED_SHARES_BYTES, f"{what}.ciphertext")))
+        out.append((peer_id, fields.fixed(s.ciphertext, sealed_shares_bytes(ids.components), f"{what}.ciphertext")))
     return tuple(out)
 
 

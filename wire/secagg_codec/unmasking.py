@@ -92,8 +92,9 @@ def unmasking_response_from_proto(p: secagg_pb2.UnmaskingResponse, ids: RoundIds
         return tuple(out)
 
     field_name = f"{what}.component_shares"
-    if len(p.component_shares) > ids.num_clients * ids.num_clients:  # n owners, fewer than n components each
-        raise WireError(f"{field_name}: {len(p.component_shares)} entries for a cohort of {ids.num_clients}")
+    if len(p.component_shares) > ids.num_clients * ids.components:  # n owners, m components each
+        raise WireError(f"{field_name}: {len(p.component_shares)} entries for a cohort of {ids.num_clients} "
+                        f"with {ids.components} removable components")
     components = []
     for c in p.component_shares:
         value = int.from_bytes(fields.fixed(c.share, SHARE_BYTES, f"{field_name}.share"), "big")
