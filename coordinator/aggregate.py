@@ -23,6 +23,9 @@ class AggregateResult:
     decoded_sum: np.ndarray  # float64 (L,): the model update's coordinates only
     decoded_mean: np.ndarray  # float64 (L,)
     metric_sums: np.ndarray  # uint32 (M,): the metric limbs' sums, undecoded
+    #: removable noise (D110): the unmasked sum before the surplus was removed (uint32, mod 2^w);
+    #: None when nothing was removed (then it is `encoded_sum`)
+    unmasked_sum: np.ndarray | None = None
 
 
 def aggregate_result(config: SecAggConfig, metrics: MetricLayout, encoded_sum: np.ndarray,

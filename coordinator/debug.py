@@ -4,6 +4,9 @@ With the flag on, the coordinator adds to each committed round's metrics:
 
     debug.counted             number of devices in the aggregate
     debug.encoded_checksum    encoded_checksum(encoded sum), exact
+    debug.unmasked_checksum   removable noise (D110) only: the same of the
+                              unmasked sum before the surplus was removed,
+                              which is the one the devices' inputs add to
     debug.sum_l1 / sum_l2     norms of the decoded sum
     debug.sum[i]              the first `sum_coordinates` decoded coordinates
 
@@ -35,13 +38,16 @@ def encoded_checksum(encoded_sum: np.ndarray) -> float:
     return float(total % (1 << CHECKSUM_BITS))
 
 
-def debug_metrics(encoded_sum: np.ndarray, decoded_sum: np.ndarray, counted: int, coordinates: int) -> dict[str, float]:
+def debug_metrics(encoded_sum: np.ndarray, decoded_sum: np.ndarray, counted: int, coordinates: int,
+                  unmasked_sum: np.ndarray | None = None) -> dict[str, float]:
     out = {
         "debug.counted": float(counted),
         "debug.encoded_checksum": encoded_checksum(encoded_sum),
         "debug.sum_l1": float(np.abs(decoded_sum).sum()),
         "debug.sum_l2": float(np.linalg.norm(decoded_sum)),
     }
+    if unmasked_sum is not None:
+        out["debug.unmasked_checksum"] = encoded_checksum(unmasked_sum)
     for i in range(min(coordinates, decoded_sum.shape[0])):
         out[f"debug.sum[{i}]"] = float(decoded_sum[i])
     return out

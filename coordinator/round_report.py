@@ -137,7 +137,8 @@ def round_metrics(r: AnyRound, *, model_name: str, debug: DebugSettings) -> dict
         val = {k.removeprefix("val_"): v for k, v in merged.items() if k.startswith("val_")}
         out.update({f"val_{k}": v for k, v in finalize(val).items()})
     if debug.record_sums:
-        out.update(debug_metrics(result.encoded_sum, result.decoded_sum, m, debug.sum_coordinates))
+        out.update(debug_metrics(result.encoded_sum, result.decoded_sum, m, debug.sum_coordinates,
+                                 result.unmasked_sum))
     return {k: v for k, v in out.items() if math.isfinite(v)}
 
 

@@ -225,16 +225,11 @@ class DpSettings(SettingsGroup):
     #: could exceed it (with distributed noise: if only the threshold of
     #: the cohort were counted) and reports the budget exhausted (D42).
     epsilon_budget: PositiveFloat | None = None
-    #: What the noise of devices that drop does (distributed mode). account
-    #: (D19): each device adds its 1/n share; the shares the dropouts take
-    #: away are priced, so a round with dropouts costs more epsilon. remove
-    #: (Dordis's way, D110): each device adds the noise of the worst tolerated
-    #: dropout in n - t + 1 components and secret-shares their seeds; at
-    #: unmasking the survivors' surplus is rebuilt and subtracted, so the sum
-    #: keeps the target noise. Needs the discrete Gaussian on the full graph,
-    #: costs n - t seeds per device per peer and the regeneration of the
-    #: removed components on the coordinator (docs/privacy.md has the
-    #: measurement); the ledger prices the round by the proven bound.
+    #: Dropped devices' noise (distributed). account (D19): the shares they
+    #: take away are priced. remove (Dordis's way, D110): devices add the
+    #: worst tolerated dropout's noise in seeded components, the survivors'
+    #: surplus is removed at unmasking (discrete Gaussian, full graph only;
+    #: its cost is measured in docs/privacy.md).
     dropouts: Literal["account", "remove"] = "account"
 
     @model_validator(mode="after")
@@ -513,12 +508,10 @@ class CoordinatorSettings(LayeredSettings):
                 )
             if self.debug.insecure_plaintext:
                 raise ValueError("hybrid.unprotected_plaintext_j_bound and debug.insecure_plaintext exclude each other")
-        if self.dp.dropouts == "remove":
-            if self.secagg.graph != "full":
-                raise ValueError("dp.dropouts 'remove' needs secagg.graph 'full': one threshold t for the whole sum, "
-                                 "so that n - |counted| says how many shares it lost")
-            if self.hybrid.enabled or self.debug.insecure_plaintext:
-                raise ValueError("dp.dropouts 'remove' runs only on secure sums (no hybrid or plaintext rounds)")
+        if self.dp.dropouts == "remove" and self.secagg.graph != "full":
+            raise ValueError("dp.dropouts 'remove' needs secagg.graph 'full' (one threshold t for the whole sum)")
+        if self.dp.dropouts == "remove" and (self.hybrid.enabled or self.debug.insecure_plaintext):
+            raise ValueError("dp.dropouts 'remove' runs only on secure sums (no hybrid or plaintext rounds)")
         from coordinator.round_groups import groups_refusal
 
         grouped_refusal = groups_refusal(group_size=self.secagg.group_size, selected=self.cohort.selected,

@@ -14,6 +14,7 @@ hands the result back with `RoundMachine.surplus_removed`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -55,4 +56,5 @@ class SurplusRemoval:
         if self.metrics.coordinates:
             raise ValueError("a discrete-Gaussian round carries no metric coordinates (D36)")
         released = remove_surplus(residues, len(self.counted), self.removed_seeds, self.removable, self.mechanism)
-        return aggregate_result(self.config, self.metrics, released, self.counted, self.mechanism, self.rotation_key)
+        result = aggregate_result(self.config, self.metrics, released, self.counted, self.mechanism, self.rotation_key)
+        return dataclasses.replace(result, unmasked_sum=residues)

@@ -61,6 +61,8 @@ from fedmask.bench.loopback_federation import (
 )
 from fedmask.bench.processes import LOOPBACK, ProcessFailed, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
+from fedmask.bench.noise_removal import epsilons, message_bytes, removal_seconds
+
 PLAINTEXT_TRAINING_S = 0.05
 
 
@@ -82,6 +84,8 @@ class RoundBenchConfig:
     dp_mechanism: str = "none"
     dp_noise: float = 1.0
     dp_clip: float = 1.0
+    #: account (D19) or remove (Dordis's way, D110): what dropped devices' noise does (discrete Gaussian only)
+    dp_dropouts: str = "account"
     timeout: float = 600.0
     keep: Path | None = None
     profile: Path | None = None  # cProfile every process into PROFILE/<mode>/<name>.prof
@@ -109,7 +113,7 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         **deadlines.flags(),
         "secagg_graph": secagg_graph(fleet.neighbors),
         "secagg_threshold": cfg.threshold,
-        **_dp_flags(cfg),
+        **_dp_flags(cfg, plaintext),
         "debug_record_sums": True,
         "debug_insecure_plaintext": plaintext,
         "log_level": "INFO",
@@ -142,7 +146,9 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
         peak_rss = coord.peak_rss_mb
     records = [r for r in read_rounds(db) if r.state.is_terminal]
     ledger = _privacy_ledger(db)
-    applied = _applied_deadlines((work / "coordinator.log").read_text(errors="replace"))
+    log_text = (work / "coordinator.log").read_text(errors="replace")
+    applied = _applied_deadlines(log_text)
+    removals = removal_seconds(log_text)
     per_round: list[dict[str, Any]] = []
     ok = len(records) == cfg.rounds
     as_injected = True
@@ -171,6 +177,8 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
             "masked_input_bytes": _masked_input_bytes(state_dirs, r.number, r.survivors.get("masked_input", [])),
             "timings": {k: round(v, 3) for k, v in r.timings.items()},
             "deadlines": applied.get(r.number, {}),
+            **({} if plaintext or not committed else _noise_figures(
+                cfg, counted, removals.get(r.number), entry.delta if entry else None)),
         })
         ok = ok and committed and exact and metrics_ok
     log(f"[{name}] {len(records)} round(s) in {time.monotonic() - t_start:.1f}s (processes included)")
@@ -183,12 +191,51 @@ def _phase(cfg: RoundBenchConfig, root: Path, *, plaintext: bool, log: Any) -> d
     }
 
 
-def _dp_flags(cfg: RoundBenchConfig) -> dict[str, Any]:
-    """The coordinator's DP flags: off, or distributed noise with the mechanism asked for."""
+def _dp_flags(cfg: RoundBenchConfig, plaintext: bool) -> dict[str, Any]:
+    """The coordinator's DP flags: off, or distributed noise with the mechanism
+    asked for (the plaintext baseline has no secure sum to remove noise from:
+    its dropouts are accounted, D19)."""
     if cfg.dp_mechanism == "none":
         return {"dp_mode": "none"}
     return {"dp_mode": "distributed", "dp_mechanism": cfg.dp_mechanism, "dp_noise": cfg.dp_noise,
-            "dp_clip": cfg.dp_clip}
+            "dp_clip": cfg.dp_clip, "dp_dropouts": "account" if plaintext else cfg.dp_dropouts}
+
+
+def _round_mechanism(cfg: RoundBenchConfig) -> tuple[int, Any] | None:
+    """(t, the discrete Gaussian) the bench's coordinator plans for its
+    cohort, rebuilt from the same settings; None without the mechanism."""
+    if cfg.dp_mechanism != "discrete-gaussian":
+        return None
+    from coordinator.round_policy import round_plan
+    from coordinator.settings import CoordinatorSettings
+
+    n = cfg.fleet.devices
+    settings = CoordinatorSettings.load(overrides={
+        "dp.mode": "distributed", "dp.mechanism": cfg.dp_mechanism, "dp.noise_multiplier": cfg.dp_noise,
+        "dp.clip": cfg.dp_clip, "dp.dropouts": cfg.dp_dropouts, "secagg.graph": secagg_graph(cfg.fleet.neighbors),
+        "secagg.threshold": cfg.threshold, "cohort.size": n, "cohort.minimum": n})
+    config, _, mechanism = round_plan(settings, n, cfg.fleet.dim, b"bench", (), plaintext=False)
+    return config.threshold, mechanism
+
+
+def _noise_figures(cfg: RoundBenchConfig, counted: int, removal: tuple[float, int] | None,
+                   delta: float | None) -> dict[str, Any]:
+    """A secure DP round's cost figures of the way its dropouts' noise is
+    handled (`fedmask.bench.noise_removal`)."""
+    planned = _round_mechanism(cfg)
+    if planned is None or delta is None or counted == 0:
+        return {}
+    t, mechanism = planned
+    n = cfg.fleet.devices
+    remove = cfg.dp_dropouts == "remove"
+    m = n - t if remove else 0
+    removed = len(range(n - counted + 1, m + 1)) if remove else 0
+    sizes = message_bytes(n, m, counted, removed)
+    eps = epsilons(mechanism, n, t, counted, delta, remove)
+    return {"share_keys_bytes": sizes.share_keys, "unmasking_response_bytes": sizes.unmasking_response,
+            "epsilon_round_unequal_shares": eps.get("unequal_shares"),
+            "surplus_removal_s": removal[0] if removal else None,
+            "components_regenerated": removal[1] if removal else None}
 
 
 def _privacy_ledger(db: Path) -> dict[int, Any]:
@@ -263,9 +310,17 @@ def run_round_bench(cfg: RoundBenchConfig, log: Any = print) -> dict[str, Any]:
             "dropout_stage": cfg.dropout_stage,
             "dp": None if cfg.dp_mechanism == "none" else {
                 "mode": "distributed", "mechanism": cfg.dp_mechanism, "noise_multiplier": cfg.dp_noise,
-                "clip": cfg.dp_clip, "epsilon_round_median": _median_of(secure["rounds"], "epsilon_round"),
+                "clip": cfg.dp_clip, "dropouts": cfg.dp_dropouts,
+                "epsilon_round_median": _median_of(secure["rounds"], "epsilon_round"),
                 "epsilon_meaning": "each round alone, at the ledger's delta, without amplification by sampling; "
-                                   "priced with the counted devices' noise shares (D19)"},
+                                   "priced with the counted devices' noise shares (D19; under removable noise, "
+                                   "D110, the proven bound of its best single component, the same figure)",
+                "epsilon_round_unequal_shares_median": _median_of(secure["rounds"], "epsilon_round_unequal_shares"),
+                "unequal_shares_meaning": "removable noise only: every kept component priced by the bound for "
+                                          "shares of different variances, an unproven extension (never the ledger's)",
+                "surplus_removal_s_median": _median_of(secure["rounds"], "surplus_removal_s"),
+                "share_keys_bytes": _median_of(secure["rounds"], "share_keys_bytes"),
+                "unmasking_response_bytes_median": _median_of(secure["rounds"], "unmasking_response_bytes")},
             "masked_input_bytes": _median_of(secure["rounds"], "masked_input_bytes"),
             "rounds": cfg.rounds,
             "deadline_policy": "adaptive",

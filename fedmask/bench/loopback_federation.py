@@ -213,7 +213,9 @@ def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
     """The round's recorded checksum equals that of the sum of exactly its
     counted devices' encoded inputs, as the clients recorded them
     (`--debug-record-sums` / `--debug-record-inputs`): the secure survivors'
-    and, in a FedMMF hybrid round (D64), the plaintext devices' too."""
+    and, in a FedMMF hybrid round (D64), the plaintext devices' too. With
+    removable noise (D110) the sum compared is the unmasked one, before the
+    coordinator removed the surplus (tests check that removal)."""
     from coordinator.debug import encoded_checksum
 
     counted = list(record.survivors.get("masked_input", [])) + list(record.survivors.get("plaintext", []))
@@ -221,8 +223,9 @@ def exact_aggregate(record: Any, state_dirs: list[Path]) -> bool:
     if not counted or len(vectors) != len(counted):
         return False
     total = np.asarray(np.sum(np.stack(vectors), axis=0, dtype=np.uint64), dtype=np.uint32)
-    return (record.metrics.get("debug.counted") == len(counted)
-            and encoded_checksum(total) == record.metrics.get("debug.encoded_checksum"))
+    # with removable noise (D110) the inputs add to the unmasked sum, before the surplus is removed
+    recorded = record.metrics.get("debug.unmasked_checksum", record.metrics.get("debug.encoded_checksum"))
+    return record.metrics.get("debug.counted") == len(counted) and encoded_checksum(total) == recorded
 
 
 __all__ = [

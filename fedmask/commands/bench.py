@@ -60,6 +60,7 @@ def round_(
     dp_mechanism: Annotated[str, typer.Option(help="none (default: no DP), discrete-gaussian or gaussian-float: distributed DP noise of --dp-noise over --dp-clip (D88); each round then reports its epsilon from the privacy ledger (no amplification by sampling, the counted devices' shares only) and its noise multiplier.")] = "none",
     dp_noise: Annotated[float, typer.Option(min=0.0, help="With --dp-mechanism: the noise multiplier z.")] = 1.0,
     dp_clip: Annotated[float, typer.Option(min=0.0, help="With --dp-mechanism: the L2 clip of every update (the synthetic updates are uniform on [-1, 1]).")] = 1.0,
+    dp_dropouts: Annotated[str, typer.Option(help="With --dp-mechanism discrete-gaussian: account (D19: the shares dropped devices take away are priced) or remove (Dordis's way, D110: devices add the worst tolerated dropout's noise in seeded components, the survivors' surplus is removed at unmasking; needs --neighbors all). Each round then also reports the removal's seconds, one device's ShareKeys and UnmaskingResponse bytes and, for remove, the epsilon by the unproven bound for unequal shares.")] = "account",
     timeout: TimeoutPerModeOption = 600.0,
     keep: KeepWorkFolderOption = None,
     profile: Annotated[Path | None, typer.Option(help="Run every process under cProfile; profiles go to PROFILE/<mode>/<process>.prof.", show_default=False)] = None,
@@ -77,6 +78,11 @@ def round_(
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--dropout-stage")
     if dp_mechanism not in ("none", "discrete-gaussian", "gaussian-float"):
         raise typer.BadParameter("none, discrete-gaussian or gaussian-float", param_hint="--dp-mechanism")
+    if dp_dropouts not in ("account", "remove"):
+        raise typer.BadParameter("account or remove", param_hint="--dp-dropouts")
+    if dp_dropouts == "remove" and (dp_mechanism != "discrete-gaussian" or neighbors != "all"):
+        raise typer.BadParameter("remove needs --dp-mechanism discrete-gaussian and --neighbors all",
+                                 param_hint="--dp-dropouts")
     _check_neighbors(neighbors)
     _run_and_report(lambda: RoundBenchConfig(
         fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors=neighbors),
@@ -86,7 +92,7 @@ def round_(
                                  share_keys=share_keys_deadline, share_check=share_check_deadline,
                                  masked_input=masked_input_deadline, unmasking=unmasking_deadline, floor=deadline_floor),
         plaintext=plaintext, timeout=timeout, keep=keep, profile=profile,
-        dp_mechanism=dp_mechanism, dp_noise=dp_noise, dp_clip=dp_clip,
+        dp_mechanism=dp_mechanism, dp_noise=dp_noise, dp_clip=dp_clip, dp_dropouts=dp_dropouts,
     ), run_round_bench)
 
 

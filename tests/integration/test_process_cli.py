@@ -40,6 +40,27 @@ def test_bench_round_secure_and_plaintext(procs: Processes) -> None:
     assert procs.leftovers() == {}  # the benchmark cleaned up after itself: no process it started is left
 
 
+def test_bench_round_removes_the_dropouts_surplus_noise(procs: Processes) -> None:
+    """`--dp-dropouts remove` (Dordis's way, D110) over real processes: 8
+    devices, t = 6, one round with two silent at masked input. The unmasked
+    sum is exact; the coordinator regenerated the 6 counted devices' last
+    component; the ledger's epsilon is the proven bound's (D19's figure for
+    6 counted) and the unequal-shares figure is the no-dropout round's."""
+    p = procs.start("bench-round-remove", [
+        "bench", "round", "--devices", "8", "--client-processes", "2", "--dim", "64", "--rounds", "1",
+        "--dropout", "0.2", "--no-plaintext", "--dp-mechanism", "discrete-gaussian", "--dp-dropouts", "remove",
+        "--threshold", "0.75"])
+    assert p.wait(120) == 0, p.tail()
+    r = _last_json(p)
+    assert r["ok"] is True and r["dp"]["dropouts"] == "remove" and r["secagg"]["threshold"] == 6
+    (d,) = r["secure_detail"]
+    assert d["exact"] and d["counted"] == 8 - d["dropouts"].get("masked_input", 0)
+    removed = max(0, 2 - (8 - d["counted"]))  # m = 2 components; j = 8 - counted stay
+    assert d["components_regenerated"] == d["counted"] * removed > 0 and d["surplus_removal_s"] >= 0
+    assert d["epsilon_round_unequal_shares"] <= d["epsilon_round"]
+    assert procs.leftovers() == {}
+
+
 def test_bench_hostile_survives_its_traffic(procs: Processes) -> None:
     """Hostile traffic over real processes: garbage shares and metrics inside the
     cohorts, random bytes, malformed, oversized and out-of-order messages,
