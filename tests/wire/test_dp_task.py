@@ -15,7 +15,7 @@ from fedmask_proto.v1 import session_pb2
 from secagg.config import SecAggConfig
 from wire import WireError, build_round_task, parse_round_task
 from wire.dp_task import (GAUSSIAN_FLOAT, discrete_gaussian_settings, mechanism_name, rotation_seed,
-                          task_mechanism)
+                          task_mechanism, task_removable)
 from wire.round_binding import task_digest, training_key
 from wire.round_metrics import MetricLayout
 from wire.ids import RoundIds
@@ -91,3 +91,29 @@ def test_the_session_id_commits_to_the_share_and_the_training_key_does_not() -> 
     float_dp.CopyFrom(dp)
     float_dp.mechanism = session_pb2.DP_MECHANISM_GAUSSIAN_FLOAT
     assert training_key(task(dp)) == training_key(task(float_dp))  # no second contribution by switching mechanism
+
+
+def test_a_removable_noise_task_round_trips_and_is_refused_without_the_distributed_discrete_gaussian() -> None:
+    """SecaggSettings.removable_noise (D110): the device rebuilds the group's
+    components (component 0 is the mechanism's share) and the sealed blob's
+    size; it refuses the flag with local noise or without the mechanism."""
+    mech = calibrate(dim=DIM, clip=0.5, noise_multiplier=1.0, devices=N, shares=N, bits=32)
+    config = SecAggConfig.create(num_clients=N, vector_length=mech.padded_dim, session_id=b"s" * 40, threshold=4,
+                                 removable_noise=True)
+    dp = discrete_gaussian_settings(mode=session_pb2.DP_MODE_DISTRIBUTED, noise_multiplier=1.0, mechanism=mech)
+    task = build_round_task(config=config, round_number=3, ids=RoundIds.from_cohort(list(range(1, N + 1))),
+                            devices=[1], model_name="synthetic", model_version=1, global_parameters={}, dp=dp)
+    view = parse_round_task(task)
+    assert view.config.removable_noise and view.ids.components == 2
+    assert view.removable is not None and view.removable.variances[0] == mech.sigma2
+    assert task_removable(dp, dataclasses.replace(config, removable_noise=False), mech) is None
+    local = discrete_gaussian_settings(mode=session_pb2.DP_MODE_LOCAL, noise_multiplier=1.0, mechanism=mech)
+    with pytest.raises(WireError, match="removable noise needs"):
+        task_removable(local, config, mech)
+    with pytest.raises(WireError, match="removable noise needs"):
+        task_removable(dp, config, None)
+    bad = session_pb2.RoundTask()
+    bad.CopyFrom(task)
+    bad.dp.mode = session_pb2.DP_MODE_LOCAL
+    with pytest.raises(WireError, match="removable noise needs"):
+        parse_round_task(bad)
