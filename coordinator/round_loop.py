@@ -323,10 +323,13 @@ class InProcessRounds(ABC):
             detail = ""
         except ValueError as exc:  # the rebuilt seeds are not the counted devices' removed components
             result, detail = None, str(exc)
-        log_event("surplus_removed" if result is not None else "surplus_removal_failed",
-                  logging.INFO if result is not None else logging.ERROR, round=r.number,
-                  components=surplus.regenerated, seconds=round(self._clock() - t0, 3), error=detail or None)
-        self._apply(r.surplus_removed(result, detail))
+        seconds = self._clock() - t0
+        if result is not None:
+            log_event("surplus_removed", round=r.number, components=surplus.regenerated, seconds=round(seconds, 3))
+        else:
+            log_event("surplus_removal_failed", logging.ERROR, round=r.number, components=surplus.regenerated,
+                      error=detail)
+        self._apply(r.surplus_removed(result, detail, seconds=seconds))
 
     async def _commit(self, r: AnyRound) -> None:
         result = r.result
@@ -346,7 +349,8 @@ class InProcessRounds(ABC):
                     log_event("metrics_dropped", logging.ERROR, round=r.number, error=f"{type(exc).__name__}: {exc}")
                     metrics = {}
                 privacy = await asyncio.to_thread(self.ledger.entry_for, r)
-                timings = {**r.timings, RoundState.AGGREGATING.value: self._clock() - t0}
+                removal_s = r.removal_s if isinstance(r, RoundMachine) else 0.0  # removable noise (D110)
+                timings = {**r.timings, RoundState.AGGREGATING.value: self._clock() - t0 + removal_s}
                 record = self._record(r, RoundState.COMMITTED, ended=True, metrics=metrics, timings=timings)
                 summary = await asyncio.to_thread(self.store.commit_round, record, version, privacy)
                 current.adopt(summary.id, new_params, current.step + 1)

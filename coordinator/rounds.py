@@ -150,6 +150,7 @@ class RoundMachine:
     #: Removable noise (D110): the surplus still to remove once the sum is
     #: complete; the round's `result` follows `surplus_removed`.
     surplus: SurplusRemoval | None = field(init=False, default=None)
+    removal_s: float = field(init=False, default=0.0)  # seconds the surplus removal took (part of aggregating)
     abort_reason: int | None = field(init=False, default=None)
     abort_detail: str = field(init=False, default="")
     new_model_version: int | None = field(init=False, default=None)
@@ -314,13 +315,16 @@ class RoundMachine:
             self._server, _ = self._server.abort(AbortReason.CANCELLED, detail)
         return self._end_aborted(reason, detail, notify=self.live_devices())
 
-    def surplus_removed(self, result: AggregateResult | None, detail: str = "") -> list[Action]:
-        """The runner ran `surplus` (off the event loop): the round's result,
-        or None when the removal failed (`detail`: why; the round aborts,
-        nothing is released). Nothing happens once the round has ended."""
+    def surplus_removed(self, result: AggregateResult | None, detail: str = "", *, seconds: float = 0.0
+                        ) -> list[Action]:
+        """The runner ran `surplus` (off the event loop, in `seconds`): the
+        round's result, or None when the removal failed (`detail`: why; the
+        round aborts, nothing is released). Nothing happens once the round
+        has ended."""
         if self.phase is not RoundState.AGGREGATING or self.surplus is None or self.result is not None:
             return []
         self.surplus = None
+        self.removal_s = seconds
         if result is None:
             return self._end_aborted(P.ABORT_REASON_CANCELLED, f"removing the surplus noise failed: {detail}",
                                      notify=self.live_devices())
