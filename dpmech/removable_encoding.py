@@ -33,7 +33,7 @@ from dpmech import field as modular
 from dpmech.exact_sampler import discrete_gaussian
 from dpmech.mechanism import MechanismConfig, quantize
 from dpmech.random_source import I64, ByteSource, SystemBytes
-from dpmech.removable_noise import SEED_BYTES, component_noise, component_variances
+from dpmech.removable_noise import SEED_BYTES, component_noise, component_variances, removed_components
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class RemovableNoise:
         if not self.threshold <= counted <= self.devices:
             raise ValueError(f"{counted} counted devices: a sum of this group counts {self.threshold} to "
                              f"{self.devices}")
-        return range(self.devices - counted + 1, self.components + 1)
+        return removed_components(self.devices, self.threshold, counted)
 
 
 def new_seeds(removable: RemovableNoise, rand: Callable[[int], bytes] = os.urandom) -> tuple[bytes, ...]:

@@ -32,8 +32,8 @@ import ipaddress
 import re
 
 from fedmask_proto.v1 import secagg_pb2
-from secagg.aead import sealed_length
 from secagg.messages import PUBLIC_KEY_BYTES, SIGNATURE_BYTES
+from secagg.server.share_keys import SEALED_SHARES_BYTES, sealed_shares_bytes  # a sealed blob's size is secagg's
 from secagg.shamir import ELEMENT_BYTES
 from secagg.stages import Stage
 
@@ -154,16 +154,8 @@ MAX_TOP_K_LIMIT = 10_000
 MASKED_ELEMENT_BYTES = 4
 #: Ceiling of a MaskedInput's fields other than its vector (ids, session, tags).
 MASKED_INPUT_OVERHEAD_BYTES = 256
-#: One encrypted (b, s) share pair: AES-GCM over two field elements (94 bytes).
-SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
 #: One EncryptedShare on the wire: the ciphertext, two varint ids, tags.
 ENCRYPTED_SHARE_WIRE_BYTES = SEALED_SHARES_BYTES + 24
-
-
-def sealed_shares_bytes(components: int = 0) -> int:
-    """One sealed blob with removable noise's `components` seed shares after
-    the (b, s) pair (SecAggConfig.removable_components; 0: SEALED_SHARES_BYTES)."""
-    return sealed_length((2 + components) * ELEMENT_BYTES)
 #: One share in an UnmaskingResponse: a field element plus id and tags.
 UNMASKING_SHARE_WIRE_BYTES = ELEMENT_BYTES + 16
 #: One ComponentShare (removable noise): a field element, an id, a component number, tags.

@@ -61,6 +61,7 @@ from fedmask.bench.loopback_federation import (
 )
 from fedmask.bench.processes import LOOPBACK, ProcessFailed, ProcessGroup, free_port, split_users, wait_until, write_user_csv
 
+from dpmech.removable_noise import removed_components
 from fedmask.bench.noise_removal import epsilons, message_bytes, removal_seconds
 
 PLAINTEXT_TRAINING_S = 0.05
@@ -229,7 +230,7 @@ def _noise_figures(cfg: RoundBenchConfig, counted: int, removal: tuple[float, in
     n = cfg.fleet.devices
     remove = cfg.dp_dropouts == "remove"
     m = n - t if remove else 0
-    removed = len(range(n - counted + 1, m + 1)) if remove else 0
+    removed = len(removed_components(n, t, counted)) if remove else 0
     sizes = message_bytes(n, m, counted, removed)
     eps = epsilons(mechanism, n, t, counted, delta, remove)
     return {"share_keys_bytes": sizes.share_keys, "unmasking_response_bytes": sizes.unmasking_response,

@@ -10,13 +10,15 @@ from secagg.server.share_check import ServerShareCheck
 from secagg.shamir import ELEMENT_BYTES
 from secagg.stages import Stage
 
-SEALED_SHARES_BYTES = sealed_length(2 * ELEMENT_BYTES)
-
 
 def sealed_shares_bytes(components: int = 0) -> int:
     """One sealed blob: the b- and s-shares, then one share per removable
     noise component (`SecAggConfig.removable_components`)."""
     return sealed_length((2 + components) * ELEMENT_BYTES)
+
+
+#: One sealed (b, s) share pair, without removable noise (94 bytes).
+SEALED_SHARES_BYTES = sealed_shares_bytes(0)
 
 
 class ServerShareKeys(PruningState[ShareKeys]):
