@@ -40,7 +40,8 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 # SettingsError and unflatten are this module's too (callers import them from here).
-from coordinator.store.url import check_database_url, serves_replicas
+from coordinator.replica_settings import ReplicaSettings, active_replica_refusal
+from coordinator.store.url import check_database_url
 from fedmask_settings import LayeredSettings, SettingsError, SettingsGroup, host_port_check, unflatten
 from fedmask_settings import split_host_port as _split_host_port
 from secagg.groups import DEFAULT_GROUP_SIZE
@@ -388,49 +389,6 @@ class AdminListenerSettings(SettingsGroup):
 class MetricsSettings(SettingsGroup):
     #: HOST:PORT of the Prometheus endpoint (GET /metrics); None: off.
     listen: ListenAddress | None = None
-
-
-class ReplicaSettings(SettingsGroup):
-    """This process as one replica of a coordinator tier (D90)."""
-
-    #: The replica's name in the leader lease and the logs (default:
-    #: HOSTNAME-PID). Two live replicas must not share one.
-    id: Annotated[str, Field(min_length=1, max_length=255)] | None = None
-    #: Seconds a leader's lease lasts; it renews every third of it. A dead
-    #: leader stops rounds for at most about this long.
-    lease_s: Annotated[float, Field(ge=1.0, le=600.0)] = 10.0
-    #: "standby" (default): one replica leads and serves devices, the others
-    #: wait for its lease (D90, D94). "active": every replica is a member of
-    #: the tier, holds device streams and runs the groups of its own
-    #: devices, one of them leads and plans rounds across the replicas
-    #: (D109). Active needs PostgreSQL, secure aggregation and no hybrid
-    #: rounds (validated with the whole settings).
-    mode: Literal["standby", "active"] = "standby"
-    #: HOST:PORT at which the other replicas and the operator reach this
-    #: replica's admin listener (written in its membership row); None:
-    #: not advertised.
-    advertise_admin: Annotated[str, host_port_check("advertise address")] | None = None
-    #: Active mode: seconds between a replica's reads of the rows it acts
-    #: on (its assigned groups; the leader's group progress).
-    poll_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.2
-    #: Active mode: a replica publishes the devices it holds at most this
-    #: often (one fenced transaction each time).
-    publish_interval_s: Annotated[float, Field(gt=0.0, le=60.0)] = 0.25
-
-
-def active_replica_refusal(*, database_url: str, plaintext: bool, hybrid: bool) -> str | None:
-    """Why replica.mode "active" (D109) cannot run with these settings, or
-    None: the store must serve several processes (PostgreSQL, D90), and
-    every round runs in groups on the replicas, which the plaintext and
-    the hybrid paths do not (`round_groups.groups_refusal`)."""
-    if not serves_replicas(database_url):
-        return ("replica.mode 'active' needs a store shared by the replicas: this store serves one coordinator "
-                "process; run several replicas on PostgreSQL")
-    why = "debug.insecure_plaintext" if plaintext else "hybrid.unprotected_plaintext_j_bound" if hybrid else None
-    if why is None:
-        return None
-    return (f"replica.mode 'active' runs every round in groups on the replicas (D109), and rounds in groups do "
-            f"not run with {why}: unset it or use replica.mode 'standby'")
 
 
 class DebugSettings(SettingsGroup):
