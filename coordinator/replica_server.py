@@ -111,8 +111,11 @@ class ActiveReplica:
         wait = join_wait_s if join_wait_s is not None else 1.5 * self.membership.lease_s
         await self.membership.join(wait_s=wait, poll_s=self.settings.replica.poll_s)
         loop = asyncio.get_running_loop()
-        self._halt_membership = self.membership.keep_in_background(
-            lambda reason: loop.call_soon_threadsafe(self._lost, reason))
+
+        def on_lost(reason: str) -> None:  # on the keeper's thread
+            loop.call_soon_threadsafe(self._lost, reason)
+
+        self._halt_membership = self.membership.keep_in_background(on_lost)
         self._tasks = [asyncio.create_task(self.publisher.run(), name="fedmask-stream-publisher"),
                        asyncio.create_task(self.runner.run(), name="fedmask-group-runner")]
         self.election.start()
