@@ -106,3 +106,12 @@ def test_a_replica_whose_membership_is_taken_over_reports_the_loss() -> None:
             assert len(lost["a"]) == 1  # reported once
 
     asyncio.run(main())
+
+
+def test_serve_refuses_the_active_mode_it_does_not_start_yet() -> None:
+    from coordinator.server import serve
+    from coordinator.settings import CoordinatorSettings
+
+    settings = CoordinatorSettings.load(overrides={
+        "database_url": "postgresql+psycopg://fedmask:pw@db.invalid:5432/fedmask", "replica.mode": "active"})
+    assert asyncio.run(serve(settings)) == 2  # before it opens the store: nothing listens, nothing is written
