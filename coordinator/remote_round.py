@@ -33,13 +33,17 @@ Contracts, per group (`GroupView`):
 
 And for the round:
 
-- `survivors()` is the union over the groups that did not fail on their
-  own (as `GroupedRoundMachine.survivors`), with every device any group
+- `survivors()` is the union over the groups that neither failed on
+  their own (as `GroupedRoundMachine.survivors`) nor were lost (their
+  replica died or was cut off: their sums are never added), so the
+  masked-input survivors of a committed round are exactly its counted
+  devices; every device any group
   may have asked added to `survivors["unmasking"]` (`merged_unmasking`),
   so the spent-device rules (D85) see them in the record the leader
   writes, committed or aborted.
 - `dropouts` is the union of the rows' dropouts, and every other member of
-  a failed group at the furthest stage it timed ("group_aborted").
+  a failed or lost group at the furthest stage it timed ("group_aborted",
+  "group_lost").
 - `phase` follows the rows (the furthest stage of an open group; with no
   group open, AGGREGATING) until the planner sets its end (`ended`).
 - `result` is the round's combined sum (`combine`), None before.
@@ -227,8 +231,8 @@ class RemoteRound:
     def survivors(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for v in self.machines:
-            if v.row.state is GroupState.FAILED:  # its sum was never reconstructed; its asked devices are merged below
-                continue
+            if v.row.state in _NOT_COUNTED:  # its sum is not added (a lost one may have been reconstructed by its
+                continue                      # replica): its asked devices are merged below
             for stage, devices in v.row.survivors.items():
                 out.setdefault(stage, []).extend(devices)
         return {k: sorted(set(d)) for k, d in merged_unmasking(out, self.rows).items()}
@@ -239,10 +243,11 @@ class RemoteRound:
         for v in self.machines:
             for stage, devices in v.row.dropouts.items():
                 out.setdefault(stage, {}).update((d, "dropped") for d in devices)
-            if v.row.state is GroupState.FAILED:
+            if v.row.state in _NOT_COUNTED:
                 gone = {d for devices in v.row.dropouts.values() for d in devices}
                 stage = _furthest(v.row.timings)
-                out.setdefault(stage, {}).update((d, "group_aborted") for d in v.cohort if d not in gone)
+                why = "group_aborted" if v.row.state is GroupState.FAILED else "group_lost"
+                out.setdefault(stage, {}).update((d, why) for d in v.cohort if d not in gone)
         return out
 
     def dropout_ids(self) -> dict[str, list[int]]:
@@ -295,6 +300,10 @@ class _Sum:
     @property
     def counted(self) -> Sequence[int]:
         return self.row.counted or ()
+
+
+#: Group states whose sums the leader never adds.
+_NOT_COUNTED = frozenset({GroupState.FAILED, GroupState.LOST})
 
 
 def _furthest(timings: Mapping[str, float]) -> str:

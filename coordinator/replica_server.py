@@ -32,9 +32,9 @@ Contract:
   publisher; the membership keeper) and leaves the tier, so the store
   drops this replica's streams at once.
 Recovering the rounds a dead leader left before planning is the host's:
-pass `recover` (awaited in `on_lead`, before the planner starts).
-Not started by `fedmask coordinator` yet (server.serve refuses
-replica.mode "active").
+pass `recover` (awaited in `on_lead`, before the planner starts), and
+`on_depose` (called first when a term ends). `fedmask coordinator
+--replica-mode active` runs it (coordinator/active_serve.py).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from coordinator.model_cache import ModelCache
 from coordinator.round_planner import RoundPlanner
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
-from coordinator.store import Lease, Store
+from coordinator.store import FencedOut, Lease, Store
 from coordinator.stream_publisher import DEFAULT_MAX_BACKOFF_S, StreamPublisher
 
 
@@ -68,6 +68,7 @@ class ActiveReplica:
     def __init__(self, settings: CoordinatorSettings, store: Store, coordinator: Coordinator, *,
                  on_membership_lost: Callable[[str], None], replica: str | None = None,
                  device_address: str | None = None, recover: Callable[[Lease], Awaitable[None]] | None = None,
+                 on_depose: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
                  token: Callable[[int], bytes] = secrets.token_bytes) -> None:
         """`replica`: this replica's name (default `replica.id`, else
@@ -78,7 +79,7 @@ class ActiveReplica:
         self.name = replica or settings.replica.id or default_replica_id()
         r = settings.replica
         self.digest = settings_digest(settings)
-        self._on_membership_lost, self._recover = on_membership_lost, recover
+        self._on_membership_lost, self._recover, self._on_depose = on_membership_lost, recover, on_depose
         self._rng = rng if rng is not None else random.Random(settings.seed)
         self._token = token
         self.membership = MembershipKeeper(store, self.name, r.lease_s, settings_digest=self.digest,
@@ -98,6 +99,16 @@ class ActiveReplica:
         self._tasks: list[asyncio.Task[None]] = []
         self._halt_membership: Callable[[], None] | None = None
         self.lost: str | None = None  # why the membership was lost, once it was
+
+    def leader_fence(self) -> Lease:
+        """The fence of this replica's leader-only writes (for
+        `store.fence_writes`): the leader lease it holds or last held;
+        FencedOut when it never led, so a member's stray leader-only write
+        is refused like a deposed leader's."""
+        try:
+            return self.leader.fence()
+        except RuntimeError:
+            raise FencedOut(f"replica {self.name!r} has not led the tier") from None
 
     def _host_round(self, machine: GroupedRoundMachine | None) -> None:
         self.coordinator.round = machine
@@ -152,6 +163,8 @@ class ActiveReplica:
         """`on_depose`: stop the planner; a round it was running is left to
         the next leader's recovery (the store's fence refuses its writes)."""
         del reason  # logged by the election
+        if self._on_depose is not None:
+            self._on_depose()
         planner, task = self.planner, self._planning
         self.planner, self._planning = None, None
         if planner is not None:

@@ -26,6 +26,10 @@ outcome fenced by the leader lease (D90).
 3. open: `open_planned_round` with the round's record, fenced.
 4. watch: `round_groups` every `poll_s`; each change of the round's phase
    (the furthest stage of an open group) saved (`save_round_progress`).
+   The open groups of a replica whose membership term is over (it died,
+   or was cut off from the store for longer than its lease) are closed at
+   once (`close_groups` for that replica, fenced: lost, `lost_in` their
+   state, so one lost in `unmasking` is charged as released, D94).
    Until every group is final or `closes_at` passed.
 5. finish: `close_groups` (fenced: open groups become lost, `lost_in`
    their state), the rows read with their sums, the done groups' sums added
@@ -55,7 +59,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -263,10 +267,27 @@ class RoundPlanner:
         while not r.all_final and self._wall() < r.plan.closes_at and not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.poll_s)
-            r.update(await asyncio.to_thread(self.store.round_groups, r.number))
+            rows = await asyncio.to_thread(self.store.round_groups, r.number)
+            gone = await asyncio.to_thread(self._departed, rows)
+            if gone:  # a replica died or was cut off: its groups are lost now, not at closes_at
+                await asyncio.to_thread(self.store.close_groups, r.number, replicas=gone, fence=self._lease())
+                log_event("groups_written_off", logging.WARNING, round=r.number, replicas=",".join(sorted(gone)),
+                          why="the replica left the tier (its membership expired or was taken over)")
+                rows = await asyncio.to_thread(self.store.round_groups, r.number)
+            r.update(rows)
             if r.phase is not saved and r.phase.is_collecting:
                 saved = r.phase
                 await asyncio.to_thread(self.store.save_round_progress, self._record(r, saved))
+
+    def _departed(self, rows: Sequence[GroupRow]) -> set[str]:
+        """The replicas of `rows`' open groups whose membership term is over
+        (no live member of that name and term): nothing will run them."""
+        open_rows = [g for g in rows if not g.state.is_final]
+        if not open_rows:
+            return set()
+        live = {(m.name, m.token) for m in self.store.live_replicas()}
+        return {g.assignment.replica for g in open_rows
+                if (g.assignment.replica, g.assignment.replica_token) not in live}
 
     # ------------------------------------------------------------------ 5. finish
 

@@ -335,9 +335,9 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     command sets it; in-process callers leave it None): a deposed leader
     whose shutdown has not ended that many seconds after it lost the lease
     ends the process with EXIT_DEPOSED (`exit_if_stuck`)."""
-    if settings.replica.mode == "active":  # composed in coordinator/replica_server.py, not started here yet
-        log_event("refused", logging.ERROR, why="replica.mode 'active' (D109) is not started by this command yet; "
-                  "use replica.mode 'standby'")
+    if settings.replica.mode == "active":  # another process shape (coordinator/active_serve.py)
+        log_event("refused", logging.ERROR, why="replica.mode 'active' (D109) runs with "
+                  "coordinator.active_serve.serve_active, not serve")
         return 2
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     check_dp(settings, model.update_dim)

@@ -134,27 +134,38 @@ class Coordinator(InProcessRounds):
 
     # ================================================================== lifecycle
 
-    async def start(self) -> None:
-        """Crash recovery (coordinator/recovery.py), then resume from the latest
-        model version (or initialize and commit the first one on an empty database)."""
-        charge = InterruptedCharge(self.ledger, lambda n, shares: dp_mechanism_for(self.settings, n,
-                                                                                    self.model.update_dim, shares))
-        self.paused = await recover(self.store, charge)  # unfinished rounds aborted (and charged, D94); a pause holds
-        self.ledger.reload()
-        await self.current.load(self.settings.seed or 0)
+    async def start(self, *, lead: bool = True) -> None:
+        """`take_over()` when `lead` (a process that leads from the start),
+        then load the registry and start serving devices. An active replica
+        (D109) starts with `lead=False`: it serves devices whether or not it
+        leads, and calls `take_over()` each time it becomes the leader."""
+        if lead:
+            await self.take_over()
         if serves_replicas(self.settings.database_url):
             # a store several replicas share: its tier secret MACs the enrolment
             # challenges, on the wall clock, so any replica verifies them (D109)
             secret = await asyncio.to_thread(self.store.tier_secret)
             self.registry.challenges = EnrollChallenges(clock=lambda: self._wall().timestamp(), tier_secret=secret)
         await self.registry.load()
-        await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
         self._started = True
         self._reaper = asyncio.create_task(reap_silent_sessions(
             self.registry, interval=self.settings.heartbeat_interval, stopping=lambda: self._stopping,
             close_session=self.close_session), name="fedmask-session-reaper")
         self._counter = asyncio.create_task(self.census.run(), name="fedmask-device-counts")
         self.census.changed()
+
+    async def take_over(self) -> None:
+        """What a leader takes over (fenced by its lease, where the store has
+        one): crash recovery (coordinator/recovery.py: unfinished rounds
+        aborted and charged, D94; an operator's pause holds), the ledger,
+        the latest model version (or the first one, initialized and
+        committed on an empty database), and the budget."""
+        charge = InterruptedCharge(self.ledger, lambda n, shares: dp_mechanism_for(self.settings, n,
+                                                                                    self.model.update_dim, shares))
+        self.paused = await recover(self.store, charge)
+        self.ledger.reload()
+        await self.current.load(self.settings.seed or 0)
+        await self.outcomes.load_budget(paused=self.paused, model_version=self.model_version)
 
     async def shutdown(self, reason: str = "coordinator shutting down", retry_after: float = 5.0) -> None:
         """Abort a running round (COORDINATOR_SHUTDOWN), tell every client

@@ -4,9 +4,13 @@ HAProxy as a child process for the tests and the benchmarks.
 The balancer passes TCP through (`mode tcp`): a device's gRPC stream is one
 long HTTP/2 connection that must stay on one replica, and TLS (mTLS in the
 deployment) ends at the coordinator, whose certificate the devices check.
-Only the leader serves devices (D90), so HAProxy sends traffic to the
-replica whose health listener (`--health-listen`, plaintext grpc.health.v1)
-says the coordinator service is SERVING: a standby says NOT_SERVING, a dead
+HAProxy sends traffic to the replicas whose health listener
+(`--health-listen`, plaintext grpc.health.v1) says the coordinator service
+is SERVING, the one with the fewest connections first (`balance
+leastconn`: streams last for hours, so spreading new ones by what each
+replica holds now beats taking turns). In the standby mode (D90) that is
+the leader alone: a standby says NOT_SERVING. In the active mode (D109)
+every live replica says SERVING and holds a share of the streams. A dead
 replica does not answer. HAProxy 2.6 has no gRPC health check of its own,
 so the check is the gRPC call spelled out in bytes
 (`grpc_health_request`): the HTTP/2 preface, an empty SETTINGS frame, the
@@ -108,10 +112,11 @@ def haproxy_config(routes: Sequence[Route], replicas: Sequence[Replica], *, stat
     if resolvers:
         lines += ["", "resolvers dns", "    parse-resolv-conf", "    hold valid 5s"]
     for route in routes:
-        lines += ["", f"frontend {route.name}", f"    bind {route.bind}", f"    default_backend {route.name}-leader",
-                  "", f"backend {route.name}-leader",
-                  "    # the replica whose health listener says the coordinator service is SERVING: the leader",
-                  "    option tcp-check", "    tcp-check connect",
+        lines += ["", f"frontend {route.name}", f"    bind {route.bind}", f"    default_backend {route.name}-serving",
+                  "", f"backend {route.name}-serving",
+                  "    # the replicas whose health listener says the coordinator service is SERVING: the leader",
+                  "    # (replica.mode standby, D90), or every live replica (replica.mode active, D109)",
+                  "    balance leastconn", "    option tcp-check", "    tcp-check connect",
                   f"    tcp-check send-binary {grpc_health_request().hex()}",
                   f"    tcp-check expect binary {SERVING_REPLY.hex()}"]
         for r in replicas:

@@ -202,7 +202,7 @@ def coordinator(
     metrics_listen: Annotated[str | None, typer.Option(help="HOST:PORT of the Prometheus endpoint (GET /metrics). Default: off.", rich_help_panel="Admin")] = None,
     replica_id: Annotated[str | None, typer.Option(help="This replica's name in the leader lease and the logs (default HOSTNAME-PID). Replicas of one tier share a PostgreSQL store; one leads (D90), the others wait as standbys and take over when its lease expires.", rich_help_panel="Replicas")] = None,
     lease_seconds: Annotated[float | None, typer.Option(min=1.0, max=600.0, help="Seconds the leader's lease lasts; it is renewed every third of it, and a dead leader is replaced within about this long (default 10). On SQLite, a second coordinator waits 1.5 leases for the lease, then exits with code 2.", rich_help_panel="Replicas")] = None,
-    replica_mode: Annotated[str | None, typer.Option(help="standby (default): one replica leads and serves devices, the others wait (D90). active: every replica holds device streams and runs its devices' groups, one plans the rounds (D109); needs PostgreSQL, and is refused by this command until it starts active replicas.", rich_help_panel="Replicas")] = None,
+    replica_mode: Annotated[str | None, typer.Option(help="standby (default): one replica leads and serves devices, the others wait (D90). active: every replica holds device streams and runs its devices' groups, one plans the rounds (D109); needs PostgreSQL.", rich_help_panel="Replicas")] = None,
     advertise_admin: Annotated[str | None, typer.Option(help="HOST:PORT at which the other replicas reach this replica's admin listener (active replicas, D109). Default: not advertised.", rich_help_panel="Replicas")] = None,
     hello_timeout: Annotated[float | None, typer.Option(min=0.001, help="Seconds a new Session stream has to send its Hello before it is ended with DEADLINE_EXCEEDED (default 10).", rich_help_panel="Limits")] = None,
     max_streams: Annotated[int | None, typer.Option(min=1, help="Concurrent Session streams, with or without Hello; more are refused with RESOURCE_EXHAUSTED (default 1024).", rich_help_panel="Limits")] = None,
@@ -246,12 +246,14 @@ def _serve(settings: CoordinatorSettings) -> int:
     """Serve until stopped; the exit code. A start-up failure exits with code 1, a second Ctrl-C with 130."""
     import asyncio
 
+    from coordinator.active_serve import serve_active
     from coordinator.model_host import ModelConfigError
     from coordinator.server import serve
     from coordinator.store import StoreError
 
+    run = serve_active if settings.replica.mode == "active" else serve  # D109 / D90
     try:
-        return asyncio.run(serve(settings, deposed_exit_s=DEPOSED_EXIT_S))
+        return asyncio.run(run(settings, deposed_exit_s=DEPOSED_EXIT_S))
     except (ModelConfigError, StoreError, ValueError, OSError) as exc:
         typer.echo(f"fedmask coordinator: {exc}", err=True)
         raise typer.Exit(1) from None

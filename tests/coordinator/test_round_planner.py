@@ -269,3 +269,51 @@ def test_a_group_lost_in_unmasking_is_priced_as_released_and_its_asked_devices_l
         await coord.shutdown("test over")
 
     asyncio.run(main())
+
+
+def test_the_groups_of_a_replica_that_left_the_tier_are_written_off_at_once() -> None:
+    """replica-c's devices hold its group at masked input (long deadlines:
+    the plan closes 30 s or more later); when its membership ends, the
+    leader closes that group at once (lost), and the round commits from
+    the other two groups: the record counts exactly their devices and
+    lists replica-c's as lost."""
+    async def main() -> None:
+        slow = {f"deadlines.{s}": 30.0 for s in ("masked_input", "consistency_check", "unmasking")}
+        settings = make_settings(**{"cohort.size": 12, "cohort.minimum": 12, "secagg.group_size": 4, **slow})
+        store = InMemoryStore()
+        sizes = {"replica-a": (4, 2), "replica-b": (4, 2), "replica-c": (4, 2)}
+        silent = {"replica-c": {i: "masked_input" for i in range(4)}}
+        async with tier(settings, store, sizes, silent=silent) as t:
+            task = asyncio.create_task(t.planner.run_round())
+            c = t.replicas["replica-c"]
+            others = [g for g in (await _wait_groups(store)) if g.assignment.replica != "replica-c"]
+            await asyncio.wait_for(_until(lambda: all(g.state is GroupState.DONE for g in store.round_groups(
+                others[0].round_number) if g.assignment.replica != "replica-c")), 20)
+            plan = store.round_plan(others[0].round_number)
+            assert plan is not None
+            store.leave_tier(c.member)  # replica-c is gone
+            left = asyncio.get_running_loop().time()
+            r = await asyncio.wait_for(task, 10)
+            assert asyncio.get_running_loop().time() - left < 5.0  # not at closes_at
+            assert r is not None and r.phase is RoundState.COMMITTED
+            rows = {g.assignment.replica: g for g in store.round_groups(r.number)}
+            assert rows["replica-c"].state is GroupState.LOST
+            assert rows["replica-c"].lost_in in (GroupState.RUNNING, GroupState.ASSIGNED)
+            rec = _rec(store, r.number)
+            counted = set(rec.survivors["masked_input"])
+            assert counted == {d for n in ("replica-a", "replica-b") for d in rows[n].assignment.members}
+            assert rec.metrics["debug.counted"] == 8
+            lost = set(rows["replica-c"].assignment.members)
+            assert not lost & counted
+            assert lost <= {d for ids in rec.dropouts.values() for d in ids}
+            devices = [d for rep in t.replicas.values() for d in rep.devices]
+            assert rec.metrics["debug.encoded_checksum"] == encoded_checksum(_encoded_sum(devices, counted))
+
+    asyncio.run(main())
+
+
+async def _wait_groups(store: InMemoryStore) -> list[Any]:
+    """The groups of the first planned round, once it is planned."""
+    await asyncio.wait_for(_until(lambda: store.round_plan(1) is not None or store.round_plan(2) is not None), 20)
+    number = 1 if store.round_plan(1) is not None else 2
+    return store.round_groups(number)

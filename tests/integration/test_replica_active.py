@@ -1,0 +1,148 @@
+"""Three active replicas (`fedmask coordinator --replica-mode active`,
+D109) behind HAProxy, over real processes on PostgreSQL: every replica
+serves device streams, so HAProxy marks all three UP and spreads the
+client processes over them (`balance leastconn`); the leader plans each
+round as one group per replica (a client process's devices on one stream,
+in one group) and commits the sum of the groups' sums, exact against the
+devices' recorded inputs. Then a replica that does not lead is killed
+(SIGKILL): HAProxy marks it DOWN; a round in flight loses only that
+replica's group (it commits from the others when they count enough); its
+client reconnects through the same address to a live replica, and rounds
+go on over the two, with no gap or duplicate in the version history and
+every committed aggregate exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedmask.bench.balancer import Balancer, Replica, Route, haproxy_binary
+from integration_harness import (
+    LOOPBACK,
+    Processes,
+    Proc,
+    all_rounds,
+    check_version_history,
+    coordinator_args,
+    events,
+    flags,
+    free_port,
+    open_store_readonly,
+    wait_until,
+)
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(haproxy_binary() is None, reason="haproxy is not installed (Debian's haproxy; .ci/ensure-haproxy)"),
+]
+
+LEASE_S = 3.0
+L = 32
+DEVICES_PER_CLIENT = 4
+NAMES = ("replica-1", "replica-2", "replica-3")
+COMMON: dict[str, Any] = dict(
+    model="synthetic", model_params={"vector_length": L}, cohort_size=3 * DEVICES_PER_CLIENT,
+    cohort_minimum=3 * DEVICES_PER_CLIENT, over_selection=0.0, allow_consecutive=True, seed=1, selection_deadline=3,
+    training_deadline=5, advertise_keys_deadline=5, share_keys_deadline=5, unmasking_deadline=5,
+    masked_input_deadline=5, secagg_graph="full", secagg_threshold="majority", dp_mode="none", debug_record_sums=True,
+    lease_seconds=LEASE_S, round_pause=0.5, replica_mode="active", group_size=DEVICES_PER_CLIENT,
+)
+
+
+@pytest.fixture
+def balanced(tmp_path: Path) -> Iterator[tuple[Balancer, list[Replica], str]]:
+    replicas = [Replica(name, LOOPBACK, free_port(), {"devices": free_port()}) for name in NAMES]
+    front = f"{LOOPBACK}:{free_port()}"
+    balancer = Balancer(tmp_path, [Route("devices", front)], replicas)
+    try:
+        yield balancer, replicas, front
+    finally:
+        balancer.close()
+
+
+def _committed(url: str) -> list[Any]:
+    return [r for r in all_rounds(url) if r.state.value == "committed"]
+
+
+def _up(balancer: Balancer) -> list[str]:
+    return sorted(k.split("/", 1)[1] for k, status in balancer.servers().items() if status.startswith("UP"))
+
+
+def _group_replicas(url: str, number: int) -> list[str]:
+    return sorted(_groups(url, number))
+
+
+def _groups(url: str, number: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """replica -> (its group's state, its members) in round `number` (one group per replica here)."""
+    store = open_store_readonly(url)
+    try:
+        return {g.assignment.replica: (g.state.value, tuple(g.assignment.members)) for g in store.round_groups(number)}
+    finally:
+        store.close()
+
+
+def _stream_owners(url: str) -> dict[str, int]:
+    """replica -> how many devices' streams it holds (the store's view)."""
+    store = open_store_readonly(url)
+    try:
+        return {name: len(devices) for name, devices in store.available_by_replica().items()}
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(300)
+def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Processes, tmp_path: Path,
+                                                                   postgresql_url: str,
+                                                                   balanced: tuple[Balancer, list[Replica], str]) -> None:
+    url = postgresql_url
+    balancer, replicas, front = balanced
+    started: dict[str, Proc] = {}
+    for r in replicas:
+        started[r.name] = procs.start(r.name, coordinator_args(
+            r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}", **COMMON))
+    wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
+               watch=list(started.values()), step=0.2)
+    dirs = [tmp_path / f"client-{i}" for i in range(3)]
+    clients: list[Proc] = []
+    for i, d in enumerate(dirs):  # one at a time, so that leastconn sees each stream before the next
+        first = 1 + i * DEVICES_PER_CLIENT
+        clients.append(procs.start(d.name, [
+            "client", "--coordinator", front, "--users", f"{first}-{first + DEVICES_PER_CLIENT - 1}",
+            "--state-dir", str(d), "--no-dp-floor",
+            *flags(dict(dataset="synthetic", seed=0, debug_record_inputs=True, threads=1))]))
+        wait_until(lambda: sum(_stream_owners(url).values()) == (i + 1) * DEVICES_PER_CLIENT, 60,
+                   what=f"client {i}'s devices to be published", watch=[*started.values(), *clients], step=0.1)
+    assert sorted(_stream_owners(url).values()) == [DEVICES_PER_CLIENT] * 3, _stream_owners(url)
+    wait_until(lambda: len(_committed(url)) >= 2, 120, what="2 rounds across the replicas",
+               watch=[*started.values(), *clients], step=0.1)
+    assert _up(balancer) == list(NAMES), balancer.servers()  # every replica serves: none is a standby
+    for rec in _committed(url):
+        assert _group_replicas(url, rec.number) == list(NAMES)  # a group on each replica
+    leaders = [n for n in NAMES if events(started[n].log(), "leader_elected")]
+    assert len(leaders) == 1, leaders
+
+    victim = next(n for n in NAMES if n not in leaders)
+    before = len(_committed(url))
+    started[victim].kill()
+    wait_until(lambda: victim not in _up(balancer), 15, what="haproxy to mark the dead replica down", step=0.1)
+    # a round in flight commits from the other groups when they count enough, or aborts; its client
+    # reconnects through the balancer to a live replica, and rounds go on over the two
+    wait_until(lambda: any(victim not in _groups(url, r.number) for r in _committed(url)[before:]), 180,
+               what="a round over the two live replicas", watch=[started[n] for n in NAMES if n != victim] + clients,
+               step=0.1)
+    for rec in _committed(url)[before:]:  # the dead replica's groups, if any, were not counted unless done
+        for replica, (state, members) in _groups(url, rec.number).items():
+            if state != "done":
+                assert not set(members) & set(rec.survivors["masked_input"]), (replica, state, rec.number)
+    owners = _stream_owners(url)
+    assert victim not in owners and sum(owners.values()) == 3 * DEVICES_PER_CLIENT, owners
+    for c in clients:
+        procs.check_alive(c)
+    for n in NAMES:
+        if n != victim:
+            assert started[n].stop() == 0
+    check_version_history(url, dirs)
