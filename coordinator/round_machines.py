@@ -20,8 +20,8 @@ config hashes the model; run it in a worker thread) gives the round's
 machine and each group's task fields: one plan -> its config bound to the
 round's task (the session id commits to it, D85) and the secure
 `RoundMachine`, or the plaintext or hybrid one when the settings ask;
-several -> each group's config bound to its own task and a
-`GroupedRoundMachine`, which commits when its groups count at least the
+several (or one, with `in_groups`) -> each group's config bound to its
+own task and a `GroupedRoundMachine`, which commits when its groups count at least the
 threshold one instance over the whole cohort would have (a group that
 fails costs only its devices, as long as that holds). With the discrete
 Gaussian every group's task carries the round's rotation key (its session
@@ -77,12 +77,16 @@ def plan_groups(settings: CoordinatorSettings, config: SecAggConfig, groups: Seq
 
 def build_round(settings: CoordinatorSettings, *, number: int, nonce: bytes, plans: Sequence[GroupPlan],
                 minimum: int, deadlines: dict[str, float], identity: dict[int, bytes] | None,
-                metrics: MetricLayout, fields: TaskFields) -> tuple[AnyRound, tuple[TaskFields, ...]]:
+                metrics: MetricLayout, fields: TaskFields,
+                in_groups: bool = False) -> tuple[AnyRound, tuple[TaskFields, ...]]:
     """The round's machine and each group's task fields, in the plans'
     order (see the module doc); `nonce`: the round's session nonce;
-    `minimum`: the fewest counted devices a round in groups commits with."""
+    `minimum`: the fewest counted devices a round in groups commits with;
+    `in_groups`: a `GroupedRoundMachine` (and the rotation key) even for
+    one plan (the leader of a tier, whose replicas run every round's
+    groups as one, D109)."""
     cohort = [d for p in plans for d in p.members]
-    if len(plans) > 1:
+    if len(plans) > 1 or in_groups:
         key = nonce if plans[0].mechanism is not None else b""
         per_group = tuple(
             dataclasses.replace(fields, dp=dp_settings_for(settings.dp, len(p.members), p.mechanism, rotation_key=key))

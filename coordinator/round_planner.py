@@ -239,7 +239,7 @@ class RoundPlanner:
         windows = self.deadlines.windows(active=config.active_adversary, cohort=len(cohort))
         machine, per_group = await asyncio.to_thread(lambda: build_round(
             settings, number=number, nonce=nonce, plans=plans, minimum=config.threshold, deadlines=windows.machine,
-            identity=None, metrics=metrics, fields=fields))
+            identity=None, metrics=metrics, fields=fields, in_groups=True))
         now = self._wall()
         span = sum(windows.machine.values()) + sum(windows.task.values()) + self.close_margin_s
         left = chosen.groups

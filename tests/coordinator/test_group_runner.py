@@ -225,9 +225,13 @@ def test_an_abort_during_masked_input_tells_the_devices_and_no_unmasking_request
                 rows = store.round_groups(number)
                 assert all(g.state is GroupState.LOST and g.lost_in is GroupState.RUNNING and g.asked is None
                            for g in rows)
+                silent = devices[0]
+                # the notices were sent before the runner's round ended; on a loaded machine they may land later
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_until(lambda: P.ABORT_REASON_DEADLINE_MISSED in silent.aborted and all(
+                        P.ABORT_REASON_CANCELLED in d.aborted for d in devices[1:])), 5)
                 received = [m.WhichOneof("message") for c in clients for m in c.received]
                 assert "masking_request" in received and "unmasking_request" not in received
-                silent = devices[0]
                 assert P.ABORT_REASON_DEADLINE_MISSED in silent.aborted
                 assert all(P.ABORT_REASON_CANCELLED in d.aborted for d in devices[1:]), [
                     (d.device_id, d.aborted) for d in devices]

@@ -317,3 +317,30 @@ async def _wait_groups(store: InMemoryStore) -> list[Any]:
     await asyncio.wait_for(_until(lambda: store.round_plan(1) is not None or store.round_plan(2) is not None), 20)
     number = 1 if store.round_plan(1) is not None else 2
     return store.round_groups(number)
+
+
+def test_a_round_of_one_group_runs_under_the_discrete_gaussian() -> None:
+    """Four devices on one replica (under 2G: one instance) with the
+    distributed discrete Gaussian: the leader plans the one group as a
+    round in groups, so its task carries the round's rotation key (the
+    plan's nonce) and the replica runs it; the round commits, priced as
+    one group of four."""
+    async def main() -> None:
+        settings = make_settings(**{"cohort.size": 4, "cohort.minimum": 3, "secagg.group_size": 4,
+                                    "dp.mode": "distributed", "dp.mechanism": "discrete-gaussian", "dp.clip": 1.0,
+                                    "dp.noise_multiplier": 1.0, "debug.record_sums": False})
+        store = InMemoryStore()
+        async with tier(settings, store, {"replica-a": (4, 2)}) as t:
+            r = await asyncio.wait_for(t.planner.run_round(), 30)
+            assert r is not None and r.phase is RoundState.COMMITTED, (r.abort_reason, r.abort_detail)
+            plan = store.round_plan(r.number)
+            assert plan is not None
+            (group,) = store.round_groups(r.number)
+            assert group.state is GroupState.DONE and len(group.assignment.members) == 4
+            tasks = [task for c in t.replicas["replica-a"].clients for task in c.tasks]
+            assert tasks and all(task.dp.rotation_key == plan.nonce for task in tasks)
+            (entry,) = store.privacy_ledger()
+            assert [g.size for g in entry.groups] == [4]
+            assert _latest(store).id == r.new_model_version
+
+    asyncio.run(main())
