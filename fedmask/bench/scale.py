@@ -8,32 +8,39 @@ do), then for R = 1 (the baseline, unless `baseline` is off) and for R =
 
 - R replicas of `fedmask coordinator` (the `synthetic` model of length L,
   SecAgg+ at the coordinator's auto degree and threshold, the default
-  over-selection, no DP, `--debug-record-sums`, `--rounds` rounds): the
-  first is started alone and leads (it holds the store's lease, D90); each
-  other one is started next and must log that it waits as a standby;
+  over-selection, no DP, `--debug-record-sums`, `--rounds` rounds). In the
+  standby mode (D90, the default) the first is started alone and leads (it
+  holds the store's lease); each other one is started next and must log
+  that it waits as a standby. In the active mode (`replica_mode="active"`,
+  D109) every replica is started and must serve; one of them leads;
 - P edge-client processes hosting N synthetic-update devices (device d's
   update in round r is `uniform(-clip, clip, L)` seeded by (seed, r, d)),
   each given every replica's address (`--coordinator A,B,C`, tried in turn
-  on each reconnect). No load balancer: the clients' address list is the
-  routing, which the result says;
+  on each reconnect); in the active mode client i's list starts at replica
+  i mod R, so the streams spread evenly over the replicas. No load
+  balancer: the clients' address list is the routing, which the result
+  says;
 - a `dropout` fraction of the devices goes silent at the masked-input
   stage in each round (the clients' fault injection), so that stage lasts
   its whole learnt deadline.
 
 Once `rounds` rounds have ended the standbys are stopped and the leader
-exits by itself. Every committed aggregate is checked bit for bit against
+exits by itself (active replicas serve until stopped: all are stopped). Every committed aggregate is checked bit for bit against
 the counted devices' encoded inputs, which the clients recorded.
 
 The cohort: the coordinator selects ceil(size * (1 + f)) devices, f its
 default over-selection; the bench sets cohort.size (and the minimum that
 starts a round) to the largest size whose selection fits in the N devices,
 so every round selects (nearly) all of them; `devices_left_out` counts the
-hosted devices a round did not select.
+hosted devices a round did not select (in the active mode, the leader's
+own count: the devices on replicas left out for holding fewer than G, D109).
 
 Groups: every replica is started with `--group-size G`, so a round whose
 cohort reaches 2G runs in groups of at least G, a client process's devices
-in one group (D99). Only the leader holds device streams (D90), so no
-device is left out for sitting on a replica with too few devices.
+in one group (D99). In the standby mode only the leader holds device
+streams (D90), so no device is left out for sitting on a replica with too
+few devices; in the active mode each replica runs the groups of its own
+devices.
 `groups` is the most groups a round ran in and `secagg` the first round's
 shape (cohort, smallest group threshold, largest degree), both from the
 rounds' records.
@@ -94,7 +101,10 @@ MAX_CLIENT_PROCESSES = 8
 PROCESSES_PER_REPLICA = 3
 ROUTING = ("the clients' address list (--coordinator A,B,C, every replica; each client tries them in turn on "
            "every reconnect); no load balancer")
-STREAMS = "only the leader holds device streams and runs rounds (D90); the standbys hold none"
+STREAMS = {"standby": "only the leader holds device streams and runs rounds (D90); the standbys hold none",
+           "active": "every replica holds device streams and runs their groups; the leader plans and commits (D109)"}
+ROUTING_ACTIVE = ("the clients' address list (--coordinator, every replica, client i's starting at replica i mod R; "
+                  "each client tries them in turn on every reconnect); no load balancer")
 DROPOUT_STAGE = "masked-input"
 _CPU_SAMPLE_S = 0.2
 
@@ -138,6 +148,8 @@ class ScaleBenchConfig:
     server: PgServer | None = None
     #: kill -9 the leader or a standby in a round's stage (the R-replica tier only; fedmask/bench/scale_faults.py).
     kill: KillPlan | None = None
+    #: standby (D90: the leader alone serves) or active (D109: every replica serves its devices' groups).
+    replica_mode: str = "standby"
 
     def __post_init__(self) -> None:
         problem = fairness_problem(self.replicas, self.fleet.client_processes)
@@ -151,6 +163,10 @@ class ScaleBenchConfig:
             raise ValueError(f"--dropout must be in [0, 0.5], got {self.dropout}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be at least 1, got {self.rounds}")
+        if self.replica_mode not in STREAMS:
+            raise ValueError(f"--replica-mode must be standby or active, got {self.replica_mode!r}")
+        if self.kill is not None and self.replica_mode == "active":
+            raise ValueError("--kill runs in the standby mode only (its faults strike a leader or a standby)")
         if self.kill is not None and self.replicas < 2:
             raise ValueError("--kill needs at least 2 replicas: one to lose and one to go on")
         if self.kill is not None and self.rounds < self.kill.round_number:
@@ -244,15 +260,21 @@ def _replica_flags(cfg: ScaleBenchConfig, url: str, port: int, index: int) -> di
         "lease_seconds": cfg.lease_s, "model": "synthetic", "model_params": {"vector_length": cfg.fleet.dim},
         "cohort_size": size, "cohort_minimum": size, "allow_consecutive": True, "rounds": cfg.rounds,
         "seed": cfg.seed, "selection_deadline": 120, **cfg.deadlines.flags(), "secagg_graph": "auto",
-        "group_size": cfg.group_size,
+        "group_size": cfg.group_size, "replica_mode": cfg.replica_mode,
         "dp_mode": "none", "debug_record_sums": True, "log_level": "INFO",
     }
 
 
 def _start_tier(cfg: ScaleBenchConfig, group: ProcessGroup, url: str, replicas: int,
                 log: Callable[[str], None]) -> tuple[list[Child], list[int]]:
-    """The replicas: the first once it serves (it leads), each other once it logs that it waits as a standby."""
+    """The replicas: the first once it serves (it leads), each other once it logs that it waits as a standby;
+    in the active mode, each once it serves."""
     ports = [free_port() for _ in range(replicas)]
+    if cfg.replica_mode == "active":
+        tier = [start_coordinator(group, ports[i], _replica_flags(cfg, url, ports[i], i), name=f"replica-{i}")
+                for i in range(replicas)]
+        log(f"  {replicas} active replica(s) serve, ports {', '.join(map(str, ports))}")
+        return tier, ports
     tier = [start_coordinator(group, ports[0], _replica_flags(cfg, url, ports[0], 0), name="replica-0")]
     log(f"  replica-0 (pid {tier[0].pid}) leads, port {ports[0]}")
     for i in range(1, replicas):
@@ -306,7 +328,7 @@ def _run_rounds(cfg: ScaleBenchConfig, url: str, tier: list[Child], clients: lis
 
     with contextlib.nullcontext() if kill is None else kill.watch(log):
         last: int = wait_until(ended, cfg.timeout, what=f"{cfg.rounds} rounds", step=0.05)
-    if leader_killed:
+    if leader_killed or cfg.replica_mode == "active":  # active replicas serve until stopped
         for replica in tier:
             replica.stop()
         return last
@@ -349,9 +371,10 @@ def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], 
         "replicas": len(tier),
         **committed_times(records),
         "groups": max((int(r.metrics.get("groups", 1)) for r in records), default=None),
+        "replica_groups": _replica_groups(records),
         "secagg": None if first is None else {k: int(first[k]) for k in ("cohort", "threshold", "neighbours")
                                               if k in first},
-        "devices_left_out": max((cfg.fleet.devices - r.cohort_size for r in records), default=None),
+        "devices_left_out": max((_left_out(cfg, r) for r in records), default=None),
         "replica_cpu_ms_per_device_round": round(1000.0 * cpu_s / device_rounds, 3) if device_rounds else None,
         "replica_cpu_s": round(cpu_s, 2),
         "client_cpu_ms_per_device_round": round(1000.0 * client_cpu_s / device_rounds, 3) if device_rounds else None,
@@ -365,6 +388,35 @@ def _tier_figures(cfg: ScaleBenchConfig, records: list[Any], tier: list[Child], 
                     "dropouts": {k: len(v) for k, v in r.dropouts.items()},
                     "timings": {k: round(v, 3) for k, v in r.timings.items()}} for r in records],
     }
+
+
+def _replica_groups(records: list[Any]) -> dict[str, int]:
+    """replica -> the most groups it ran in a round (the active mode's records; empty in the standby mode)."""
+    prefix = "replica_groups."
+    out: dict[str, int] = {}
+    for r in records:
+        for key, value in r.metrics.items():
+            if key.startswith(prefix):
+                name = key[len(prefix):]
+                out[name] = max(out.get(name, 0), int(value))
+    return dict(sorted(out.items()))
+
+
+def _addresses(cfg: ScaleBenchConfig, ports: list[int], i: int) -> list[int]:
+    """Client i's replica ports: every replica, from replica i mod R in the active mode (streams spread)."""
+    if cfg.replica_mode != "active":
+        return ports
+    k = i % len(ports)
+    return ports[k:] + ports[:k]
+
+
+def _left_out(cfg: ScaleBenchConfig, record: Any) -> int:
+    """The hosted devices round `record` did not select: the leader's count in the active mode (replicas under
+    G left out, D109, plus the fleet the cohort did not reach), else the fleet minus the cohort."""
+    fleet_gap = cfg.fleet.devices - record.cohort_size
+    if cfg.replica_mode == "active" and "devices_left_out" in record.metrics:
+        return max(int(record.metrics["devices_left_out"]), fleet_gap)
+    return fleet_gap
 
 
 def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
@@ -391,7 +443,7 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
         tier, ports = _start_tier(cfg, group, url, replicas, say)
         group.sample_rss_of(tier)
         with CpuSampler(tier) as cpu:
-            clients = [start_client(group, f"client-{i}", ports, users, state, client_flags)
+            clients = [start_client(group, f"client-{i}", _addresses(cfg, ports, i), users, state, client_flags)
                        for i, (users, state) in enumerate(zip(fleet.user_ranges(), state_dirs, strict=True))]
             say(f"  {len(clients)} client process(es) started, each given all {replicas} address(es)")
             kill = Kill(cfg.kill, tier, cfg.lease_s) if cfg.kill is not None and replicas > 1 else None
@@ -426,8 +478,9 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] = print) -
         "dropout": cfg.dropout,
         "dropout_stage": DROPOUT_STAGE,
         "rounds": cfg.rounds,
-        "routing": ROUTING,
-        "streams": STREAMS,
+        "replica_mode": cfg.replica_mode,
+        "routing": ROUTING_ACTIVE if cfg.replica_mode == "active" else ROUTING,
+        "streams": STREAMS[cfg.replica_mode],
         "lease_s": cfg.lease_s,
         "deadline_bounds_s": cfg.deadlines.flags(),
         "round_s_median_over_baseline": ratio,

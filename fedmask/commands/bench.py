@@ -228,11 +228,12 @@ def scale(
     at_stage: Annotated[str, typer.Option(help="With --kill: the stage of the round: " + " | ".join(_STAGES) + ".")] = "masked-input",
     kill_round: Annotated[int, typer.Option(min=1, help="With --kill: the round to strike in (2: one version is committed before).")] = 2,
     timeout: Annotated[float, typer.Option(help="Give up on a tier after this many seconds, processes included.")] = 1800.0,
+    replica_mode: Annotated[str, typer.Option(help="standby: the leader alone holds streams and runs rounds (D90). active: every replica holds the streams of the clients that start on it (client i at replica i mod R) and runs their groups; the leader plans and commits (D109). --kill needs standby.")] = "standby",
     keep: KeepWorkFolderOption = None,
 ) -> None:
     """Time secure rounds served by coordinator replicas over PostgreSQL.
 
-    Starts a throwaway PostgreSQL server (initdb in a temp folder; needs the server binaries, as the tests do) and, on a fresh database each: --replicas replicas of `fedmask coordinator` (the synthetic model of length --dim, SecAgg+ at the coordinator's auto degree and threshold, the default over-selection, no DP), then --client-processes edge clients hosting --devices synthetic-update devices, each client given every replica's address (--coordinator A,B,C; no load balancer). The first replica leads; the others wait as standbys: only the leader holds device streams and runs rounds (D90). --dropout of the devices go silent at masked-input in each round. Every committed aggregate is checked bit for bit. With --baseline (the default) the same rounds first run on one replica.
+    Starts a throwaway PostgreSQL server (initdb in a temp folder; needs the server binaries, as the tests do) and, on a fresh database each: --replicas replicas of `fedmask coordinator` (the synthetic model of length --dim, SecAgg+ at the coordinator's auto degree and threshold, the default over-selection, no DP), then --client-processes edge clients hosting --devices synthetic-update devices, each client given every replica's address (--coordinator A,B,C; no load balancer). The first replica leads; the others wait as standbys: only the leader holds device streams and runs rounds (D90). With --replica-mode active every replica serves the clients that start on it and runs their groups (D109). --dropout of the devices go silent at masked-input in each round. Every committed aggregate is checked bit for bit. With --baseline (the default) the same rounds first run on one replica.
 
     Last stdout line: JSON with ok, exact, round_s_median, stage_s_median, groups (the most a round ran in, at --group-size), secagg (the first round's cohort, threshold and neighbours), devices_left_out, replica_cpu_ms_per_device_round (the replicas' CPU from /proc over the rounds, per device-round), client_cpu_ms_per_device_round (the same for the client processes), replica_peak_rss_mb (VmHWM of each), rounds_committed, rounds_aborted, leader, routing, the baseline's figures and round_s_median_over_baseline.
     """
@@ -247,12 +248,17 @@ def scale(
         raise typer.BadParameter("leader or replica", param_hint="--kill")
     if at_stage not in _STAGES:
         raise typer.BadParameter(f"one of {', '.join(_STAGES)}", param_hint="--at-stage")
+    if replica_mode not in ("standby", "active"):
+        raise typer.BadParameter("standby or active", param_hint="--replica-mode")
+    if kill is not None and replica_mode == "active":
+        raise typer.BadParameter("--kill strikes a leader or a standby: it needs --replica-mode standby",
+                                 param_hint="--kill")
     plan = None if kill is None else KillPlan("leader" if kill == "leader" else "replica",
                                               Stage.parse(at_stage).value, kill_round)
     _run_and_report(lambda: ScaleBenchConfig(
         fleet=FleetShape(devices=devices, client_processes=client_processes, dim=dim, neighbors="auto"),
         replicas=replicas, group_size=group_size, dropout=dropout, rounds=rounds, seed=seed, baseline=baseline,
-        lease_s=lease_seconds, timeout=timeout, keep=keep, kill=plan,
+        lease_s=lease_seconds, timeout=timeout, keep=keep, kill=plan, replica_mode=replica_mode,
     ), run_scale_bench)
 
 

@@ -131,3 +131,27 @@ def test_the_bench_kills_the_leader_and_a_standby_takes_over(postgresql_server: 
     states = {d["round"]: (d["state"], d["abort_reason"]) for d in r["detail"]}
     # the round in flight at the kill never commits: the successor aborts it at its takeover
     assert states[2] == ("aborted", "coordinator_restart") if kill["stage_seen"] == "masked_input" else True, states
+
+
+@pytest.mark.timeout(150)
+def test_two_active_replicas_each_run_the_groups_of_their_clients(postgresql_server: PgServer) -> None:
+    """--replica-mode active: both replicas serve (three client processes start on each), each runs a group
+    of its own devices, and the leader's rounds commit, exact."""
+    lines: list[str] = []
+    cfg = ScaleBenchConfig(
+        fleet=FleetShape(devices=12, client_processes=6, dim=64), replicas=2, group_size=4, dropout=0.0, rounds=2,
+        baseline=False, lease_s=3.0, deadlines=StageDeadlines(masked_input=2.0), timeout=120.0,
+        server=postgresql_server, replica_mode="active",
+    )
+    r = run_scale_bench(cfg, log=lines.append)
+    assert r["ok"] is True and r["exact"] is True, (r["detail"], lines)
+    assert r["rounds_committed"] == 2 and r["replica_mode"] == "active", r
+    assert r["replica_groups"] == {"replica-0": 1, "replica-1": 1}, r  # each replica's three streams in one group
+    assert len(r["leader"]) == 1 and r["devices_left_out"] == 12 - r["detail"][0]["cohort"], r
+    assert "every replica holds device streams" in r["streams"] and "i mod R" in r["routing"]
+    assert any("2 active replica(s) serve" in line for line in lines), lines
+    with pytest.raises(ValueError, match="standby mode only"):
+        from fedmask.bench.scale_faults import KillPlan
+
+        ScaleBenchConfig(fleet=FleetShape(devices=12, client_processes=6), replicas=2, replica_mode="active",
+                         kill=KillPlan("replica", "masked_input", 1))
