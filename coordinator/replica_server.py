@@ -149,7 +149,8 @@ class ActiveReplica:
         c = self.coordinator
         self.planner = RoundPlanner(self.settings, self.store, c.model, c.current, c.ledger, c.peer_reports, c.spent,
                                     FleetView(self.store, digest=self.digest), c.deadlines, self.leader.fence,
-                                    rng=self._rng, token=self._token, poll_s=self.settings.replica.poll_s)
+                                    rng=self._rng, token=self._token, poll_s=self.settings.replica.poll_s,
+                                    skip=c.skip)
         self._planning = asyncio.create_task(self._plan(self.planner, lease), name="fedmask-round-planner")
 
     async def _plan(self, planner: RoundPlanner, lease: Lease) -> None:

@@ -12,7 +12,9 @@ outcome fenced by the leader lease (D90).
    `round_groups.replica_groups` (a group inside one replica, a stream's
    devices in one group; `select_cohort` inside it). A round needs at
    least max(cohort.minimum, 2) eligible devices over the replicas kept;
-   fewer: no round (None), nothing written.
+   fewer: no round (None), nothing written, except that with `skip` (the
+   host's `VersionSkip`, D94) a version spent by the rounds a dead leader
+   left is skipped once its grace is over, as the in-process loop does.
 2. plan: exactly the calls of the in-process `_run_round` (round_loop.py):
    `round_plan` for the cohort, `plan_groups` over the chosen groups, the
    epsilon budget priced at the worst group (over budget: no round,
@@ -79,6 +81,7 @@ from coordinator.round_report import PrivacyLedger, round_metrics, round_record
 from coordinator.round_tasks import TaskFields
 from coordinator.settings import CoordinatorSettings
 from coordinator.spent_devices import SpentDevices
+from coordinator.version_skip import VersionSkip
 from coordinator.store import (
     FencedOut,
     GroupAssignment,
@@ -117,12 +120,13 @@ class RoundPlanner:
                  ledger: PrivacyLedger, peer_reports: ReportLedger, spent: SpentDevices, fleet: FleetView,
                  deadlines: AdaptiveDeadlines, lease: Callable[[], Lease], *, rng: random.Random,
                  token: Callable[[int], bytes], wall_clock: Callable[[], datetime] = utc_now,
-                 poll_s: float = 0.2, close_margin_s: float = 30.0) -> None:
+                 poll_s: float = 0.2, close_margin_s: float = 30.0, skip: VersionSkip | None = None) -> None:
         if settings.debug.insecure_plaintext or settings.hybrid.enabled:
             raise ValueError("replicas run rounds in groups: neither the plaintext nor the hybrid path runs there")
         self.settings, self.store, self.model, self.current = settings, store, model, current
         self.ledger, self.peer_reports, self.spent, self.fleet = ledger, peer_reports, spent, fleet
         self.deadlines = deadlines
+        self.skip = skip  # D94: moves past a version that a dead leader's rounds spent
         self._lease = lease
         self._rng = rng
         self._token = token
@@ -201,7 +205,11 @@ class RoundPlanner:
                                              previous_contributors=self.previous_contributors,
                                              allow_consecutive=c.allow_consecutive,
                                              excluded=self.peer_reports.excluded, minimum=minimum)
-        if sum(map(len, eligible.values())) < minimum:
+        count = sum(map(len, eligible.values()))
+        if count < minimum:
+            if self.skip is not None:  # spent by a round a dead leader left? then a skip version, once its grace is over
+                available = [d for devices in fleet.available.values() for d in devices]
+                await self.skip.step(self.spent, available, eligible=count, minimum=minimum)
             return None
         nonce = self._token(16)
         plan = replica_groups(eligible, fleet.hosts, group_size=self.settings.secagg.group_size, target=target,

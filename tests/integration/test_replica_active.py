@@ -14,6 +14,7 @@ every committed aggregate exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,4 +146,50 @@ def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Proce
     for n in NAMES:
         if n != victim:
             assert started[n].stop() == 0
+    check_version_history(url, dirs)
+
+
+@pytest.mark.timeout(300)
+def test_when_the_active_leader_dies_another_replica_leads_and_rounds_go_on(
+        procs: Processes, tmp_path: Path, postgresql_url: str,
+        balanced: tuple[Balancer, list[Replica], str]) -> None:
+    """The leader is killed (SIGKILL): another replica takes the lease within the lease plus 5 s, its
+    take-over aborts the round the dead leader left (charged as D94 says), and its rounds commit over the
+    two live replicas, with no gap or duplicate in the version history and every aggregate exact."""
+    url = postgresql_url
+    balancer, replicas, front = balanced
+    started = {r.name: procs.start(r.name, coordinator_args(
+        r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}", **COMMON))
+        for r in replicas}
+    wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
+               watch=list(started.values()), step=0.2)
+    dirs = [tmp_path / f"client-{i}" for i in range(3)]
+    clients: list[Proc] = []
+    for i, d in enumerate(dirs):
+        first = 1 + i * DEVICES_PER_CLIENT
+        clients.append(procs.start(d.name, [
+            "client", "--coordinator", front, "--users", f"{first}-{first + DEVICES_PER_CLIENT - 1}",
+            "--state-dir", str(d), "--no-dp-floor",
+            *flags(dict(dataset="synthetic", seed=0, debug_record_inputs=True, threads=1))]))
+        wait_until(lambda: sum(_stream_owners(url).values()) == (i + 1) * DEVICES_PER_CLIENT, 60,
+                   what=f"client {i}'s devices to be published", watch=[*started.values(), *clients], step=0.1)
+    wait_until(lambda: len(_committed(url)) >= 1, 120, what="a round across the replicas",
+               watch=[*started.values(), *clients], step=0.1)
+    (leader,) = [n for n in NAMES if events(started[n].log(), "leader_elected")]
+    before = len(_committed(url))
+    started[leader].kill()
+    killed = time.monotonic()
+    live = [n for n in NAMES if n != leader]
+    wait_until(lambda: any(events(started[n].log(), "leader_elected") for n in live), LEASE_S + 5.0,
+               what="another replica to lead", watch=[started[n] for n in live], step=0.1)
+    took = time.monotonic() - killed
+    assert took <= LEASE_S + 5.0, took
+    wait_until(lambda: len(_committed(url)) >= before + 2, 180, what="2 rounds under the new leader",
+               watch=[started[n] for n in live] + clients, step=0.1)
+    rounds = all_rounds(url)
+    assert all(r.state.value in ("committed", "aborted") for r in rounds[:-1]), [(r.number, r.state) for r in rounds]
+    for c in clients:
+        procs.check_alive(c)
+    for n in live:
+        assert started[n].stop() == 0
     check_version_history(url, dirs)
