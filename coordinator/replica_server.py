@@ -150,7 +150,7 @@ class ActiveReplica:
         self.planner = RoundPlanner(self.settings, self.store, c.model, c.current, c.ledger, c.peer_reports, c.spent,
                                     FleetView(self.store, digest=self.digest), c.deadlines, self.leader.fence,
                                     rng=self._rng, token=self._token, poll_s=self.settings.replica.poll_s,
-                                    skip=c.skip)
+                                    skip=c.skip, held=lambda: c.holding)
         self._planning = asyncio.create_task(self._plan(self.planner, lease), name="fedmask-round-planner")
 
     async def _plan(self, planner: RoundPlanner, lease: Lease) -> None:

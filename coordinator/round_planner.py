@@ -51,7 +51,8 @@ outcome fenced by the leader lease (D90).
 A `FencedOut` (the lease moved: this process no longer leads) propagates
 out of `run_round`, nothing more is written, the model is not adopted; the
 caller steps down. `run()` loops rounds until `stop()`, a FencedOut, or
-`rounds` rounds.
+`rounds` rounds; while `held()` (the host's: an operator's pause, an
+exhausted budget, a rollback) it opens none.
 """
 
 from __future__ import annotations
@@ -120,13 +121,15 @@ class RoundPlanner:
                  ledger: PrivacyLedger, peer_reports: ReportLedger, spent: SpentDevices, fleet: FleetView,
                  deadlines: AdaptiveDeadlines, lease: Callable[[], Lease], *, rng: random.Random,
                  token: Callable[[int], bytes], wall_clock: Callable[[], datetime] = utc_now,
-                 poll_s: float = 0.2, close_margin_s: float = 30.0, skip: VersionSkip | None = None) -> None:
+                 poll_s: float = 0.2, close_margin_s: float = 30.0, skip: VersionSkip | None = None,
+                 held: Callable[[], bool] | None = None) -> None:
         if settings.debug.insecure_plaintext or settings.hybrid.enabled:
             raise ValueError("replicas run rounds in groups: neither the plaintext nor the hybrid path runs there")
         self.settings, self.store, self.model, self.current = settings, store, model, current
         self.ledger, self.peer_reports, self.spent, self.fleet = ledger, peer_reports, spent, fleet
         self.deadlines = deadlines
         self.skip = skip  # D94: moves past a version that a dead leader's rounds spent
+        self.held = held  # True while no round may open (the host's pause, budget, rollback)
         self._lease = lease
         self._rng = rng
         self._token = token
@@ -148,7 +151,7 @@ class RoundPlanner:
         """Run rounds until `stop()`, `rounds` of them, or a FencedOut (raised)."""
         while not self._stop.is_set() and (rounds is None or self.rounds_run < rounds):
             try:
-                r = await self.run_round()
+                r = None if self.held is not None and self.held() else await self.run_round()
             except FencedOut:
                 raise
             except Exception as exc:  # a store outage, a bug: log it, back off, go on

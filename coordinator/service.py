@@ -230,6 +230,12 @@ class Coordinator(InProcessRounds):
     def budget_exhausted(self) -> bool:
         return self.outcomes.budget_exhausted
 
+    @property
+    def holding(self) -> bool:
+        """No round may open now: an operator paused the federation, the
+        budget is exhausted, or a rollback is replacing the model."""
+        return self.paused or self.budget_exhausted or self._rollbacks > 0
+
     def set_paused(self, paused: bool) -> bool:
         changed = paused != self.paused
         self.paused = paused

@@ -344,3 +344,20 @@ def test_a_round_of_one_group_runs_under_the_discrete_gaussian() -> None:
             assert _latest(store).id == r.new_model_version
 
     asyncio.run(main())
+
+
+def test_a_held_planner_opens_no_round_until_released() -> None:
+    async def main() -> None:
+        settings = make_settings(**{"cohort.size": 4, "cohort.minimum": 4, "secagg.group_size": 4})
+        store = InMemoryStore()
+        async with tier(settings, store, {"replica-a": (4, 2)}) as t:
+            hold = [True]
+            t.planner.held = lambda: hold[0]
+            task = asyncio.create_task(t.planner.run(1))
+            await asyncio.sleep(0.5)
+            assert not store.list_rounds().items and t.planner.rounds_run == 0  # held: nothing planned
+            hold[0] = False
+            await asyncio.wait_for(task, 20)
+            assert t.planner.rounds_run == 1 and _rec(store, 1).state is RoundState.COMMITTED
+
+    asyncio.run(main())
