@@ -25,8 +25,9 @@ do), then for R = 1 (the baseline, unless `baseline` is off) and for R =
   its whole learnt deadline.
 
 Once `rounds` rounds have ended the standbys are stopped and the leader
-exits by itself (active replicas serve until stopped: all are stopped). Every committed aggregate is checked bit for bit against
-the counted devices' encoded inputs, which the clients recorded.
+exits by itself (active replicas serve until stopped: all are stopped).
+Every committed aggregate is checked bit for bit against the counted
+devices' encoded inputs, which the clients recorded.
 
 The cohort: the coordinator selects ceil(size * (1 + f)) devices, f its
 default over-selection; the bench sets cohort.size (and the minimum that
