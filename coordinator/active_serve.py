@@ -13,8 +13,9 @@ Contract:
   each term the host's `Coordinator.take_over()` runs, fenced by that
   term's lease (recovery of the rounds a dead leader left, charged as D94
   says; the pause; the latest model version, or the first one on an empty
-  store; the budget), and `fedmask_replica_leader` says 1 until the term
-  ends. Every leader-only write of the store (`commit_round`,
+  store; the budget), and `fedmask_replica_leader` says 1 and the health
+  listener reports the admin service SERVING (a balancer sends operator
+  actions to the leader) until the term ends. Every leader-only write of the store (`commit_round`,
   `abort_round`, `mark_interrupted_rounds_aborted`, `add_model_version`)
   is fenced by the leader lease (`store.fence_writes`): from a replica
   that does not lead, it is refused with `FencedOut` and writes nothing.
@@ -57,6 +58,7 @@ from coordinator.server import (
     check_dp,
     exit_if_stuck,
     open_store_waiting,
+    set_leading,
     set_serving,
     start_metrics_server,
 )
@@ -84,6 +86,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
     replica: ActiveReplica | None = None
     lost = asyncio.Event()
     reasons: list[str] = []
+    pending: set[asyncio.Future[None]] = set()
     try:
         if settings.metrics.listen is not None:
             httpd, metrics_port = start_metrics_server(metrics, settings.metrics.listen)
@@ -93,6 +96,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
             await health_server.start()
             await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
             await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await set_leading(health_servicer, False)  # NOT_SERVING, not unknown, until this replica leads
         coordinator = Coordinator(settings, store=store, model=model, metrics=metrics)
 
         def membership_lost(reason: str) -> None:  # on the event loop, once
@@ -102,12 +106,19 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         async def take_over(lease: Lease) -> None:
             await coordinator.take_over()
             metrics.leading(lease.token)
+            await set_leading(health_servicer, True)  # operator actions come here now
+
+        def deposed() -> None:  # on the event loop
+            metrics.leading(None)
+            task = asyncio.ensure_future(set_leading(health_servicer, False))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
 
         server, port = await build_server(coordinator, settings, health_servicer)
         host, _ = split_host_port(settings.listen_address)
         replica = ActiveReplica(settings, store, coordinator, replica=name, device_address=f"{host}:{port}",
                                 on_membership_lost=membership_lost, recover=take_over,
-                                on_depose=lambda: metrics.leading(None))
+                                on_depose=deposed)
         store.fence_writes(replica.leader_fence)
         await coordinator.start(lead=False)
         try:
@@ -147,6 +158,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
+        await set_leading(health_servicer, False)
         await set_serving(health_servicer, False)
         if lost.is_set():
             log_event("membership_lost_exit", logging.ERROR, replica=name, reason=reasons[0])

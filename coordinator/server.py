@@ -273,6 +273,14 @@ async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool,
         await health_servicer.set(service, status)
 
 
+async def set_leading(health_servicer: health.aio.HealthServicer, leading: bool) -> None:
+    """The admin service's status on the health listener: SERVING on the
+    leader alone, so a balancer sends operator actions there (D94, D109);
+    the other services' statuses are left as they are."""
+    status = health_pb2.HealthCheckResponse.SERVING if leading else health_pb2.HealthCheckResponse.NOT_SERVING
+    await health_servicer.set(ADMIN_SERVICE_NAME, status)
+
+
 #: Exit status of a leader that lost its lease (a supervisor restarts it as a standby).
 EXIT_DEPOSED = 3
 
@@ -360,6 +368,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             await health_server.start()
             await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
             await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+            await set_leading(health_servicer, False)
         if not await lead(keeper, settings.database_url):
             return 2
         loop = asyncio.get_running_loop()
@@ -376,6 +385,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         server, port = await build_server(coordinator, settings, health_servicer)
         await server.start()
         await set_serving(health_servicer, True)
+        await set_leading(health_servicer, True)
         coordinator.ports["device"] = port
         log_event("listening", address=settings.listen_address, port=port, model=model.name,
                   update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
@@ -403,6 +413,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         stopper = asyncio.create_task(stop.wait())
         deposed = asyncio.create_task(lost.wait())
         await asyncio.wait({rounds, stopper, deposed}, return_when=asyncio.FIRST_COMPLETED)
+        await set_leading(health_servicer, False)
         await set_serving(health_servicer, False)
         metrics.leading(None)
         if lost.is_set():  # deposed: stop leading at once; the store's fence refuses what is in flight

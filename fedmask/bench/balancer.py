@@ -4,15 +4,18 @@ HAProxy as a child process for the tests and the benchmarks.
 The balancer passes TCP through (`mode tcp`): a device's gRPC stream is one
 long HTTP/2 connection that must stay on one replica, and TLS (mTLS in the
 deployment) ends at the coordinator, whose certificate the devices check.
-HAProxy sends traffic to the replicas whose health listener
+HAProxy sends device traffic to the replicas whose health listener
 (`--health-listen`, plaintext grpc.health.v1) says the coordinator service
 is SERVING, the one with the fewest connections first (`balance
 leastconn`: streams last for hours, so spreading new ones by what each
 replica holds now beats taking turns). In the standby mode (D90) that is
 the leader alone: a standby says NOT_SERVING. In the active mode (D109)
 every live replica says SERVING and holds a share of the streams. A dead
-replica does not answer. HAProxy 2.6 has no gRPC health check of its own,
-so the check is the gRPC call spelled out in bytes
+replica does not answer. The admin route goes to the replica whose health
+listener says the admin service (`CoordinatorAdmin`) is SERVING: the
+leader alone, in either mode, since it carries out operator actions.
+HAProxy 2.6 has no gRPC health check of its own, so the check is the gRPC
+call spelled out in bytes
 (`grpc_health_request`): the HTTP/2 preface, an empty SETTINGS frame, the
 request's HEADERS (HPACK literals, no Huffman) and its DATA (the gRPC
 message HealthCheckRequest{service}); the check passes when the answer
@@ -36,10 +39,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedmask_proto.v1 import coordinator_service_pb2
+from fedmask_proto.v1 import admin_service_pb2, coordinator_service_pb2
 
-#: The gRPC service the leader reports SERVING on its health listener.
+#: The gRPC service a replica that serves devices reports SERVING on its health listener.
 COORDINATOR_SERVICE = coordinator_service_pb2.DESCRIPTOR.services_by_name["CoordinatorService"].full_name
+#: The gRPC service the leader alone reports SERVING there: it answers the admin listener's operator actions.
+ADMIN_SERVICE = admin_service_pb2.DESCRIPTOR.services_by_name["CoordinatorAdmin"].full_name
 #: The gRPC message a SERVING answer carries: not compressed, 2 bytes, field 1 (status) = 1 (SERVING).
 SERVING_REPLY = bytes.fromhex("00" "00000002" "0801")
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -86,11 +91,20 @@ class Replica:
 
 @dataclass(frozen=True)
 class Route:
-    """A frontend: HAProxy listens on `bind` and forwards to the serving
-    replica's port of the same name (the device port, the admin port)."""
+    """A frontend: HAProxy listens on `bind` and forwards to the port of
+    the same name (the device port, the admin port) of the replicas whose
+    health listener reports `service` SERVING."""
 
     name: str
     bind: str
+    service: str = COORDINATOR_SERVICE
+
+
+#: The comment above each backend: which replicas report its route's service SERVING.
+_WHO = {COORDINATOR_SERVICE: ["    # the replicas whose health listener says the coordinator service is SERVING: the leader",
+                              "    # (replica.mode standby, D90), or every live replica (replica.mode active, D109)"],
+        ADMIN_SERVICE: ["    # the replica whose health listener says the admin service is SERVING: the leader, which",
+                        "    # carries out operator actions (in either replica mode)"]}
 
 
 def haproxy_config(routes: Sequence[Route], replicas: Sequence[Replica], *, stats_socket: str | None = None,
@@ -114,10 +128,9 @@ def haproxy_config(routes: Sequence[Route], replicas: Sequence[Replica], *, stat
     for route in routes:
         lines += ["", f"frontend {route.name}", f"    bind {route.bind}", f"    default_backend {route.name}-serving",
                   "", f"backend {route.name}-serving",
-                  "    # the replicas whose health listener says the coordinator service is SERVING: the leader",
-                  "    # (replica.mode standby, D90), or every live replica (replica.mode active, D109)",
+                  *_WHO[route.service],
                   "    balance leastconn", "    option tcp-check", "    tcp-check connect",
-                  f"    tcp-check send-binary {grpc_health_request().hex()}",
+                  f"    tcp-check send-binary {grpc_health_request(route.service).hex()}",
                   f"    tcp-check expect binary {SERVING_REPLY.hex()}"]
         for r in replicas:
             dns = " resolvers dns init-addr libc,none" if resolvers else ""
@@ -128,7 +141,7 @@ def haproxy_config(routes: Sequence[Route], replicas: Sequence[Replica], *, stat
 #: deploy/compose.yaml's replicas: the device port, the admin listener and the health listener.
 DEPLOYMENT_REPLICAS = tuple(Replica(f"coordinator-{i}", f"coordinator-{i}", 50052, {"devices": 50051, "admin": 50053})
                             for i in (1, 2, 3))
-DEPLOYMENT_ROUTES = (Route("devices", "0.0.0.0:50051"), Route("admin", "0.0.0.0:50053"))
+DEPLOYMENT_ROUTES = (Route("devices", "0.0.0.0:50051"), Route("admin", "0.0.0.0:50053", ADMIN_SERVICE))
 
 
 def deployment_config() -> str:
@@ -202,7 +215,7 @@ class Balancer:
         return self.popen.wait(10)
 
 
-__all__ = ["COORDINATOR_SERVICE", "DEPLOYMENT_REPLICAS", "DEPLOYMENT_ROUTES", "SERVING_REPLY", "Balancer", "Replica",
+__all__ = ["ADMIN_SERVICE", "COORDINATOR_SERVICE", "DEPLOYMENT_REPLICAS", "DEPLOYMENT_ROUTES", "SERVING_REPLY", "Balancer", "Replica",
            "Route", "deployment_config",
            "grpc_health_request", "haproxy_binary", "haproxy_config"]
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from coordinator.active_serve import serve_active
+from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
 from coordinator.debug import encoded_checksum
 from coordinator.membership import settings_digest
 from coordinator.server import EXIT_DEPOSED, SERVICE_NAME
@@ -77,6 +78,9 @@ def test_two_active_replicas_serve_commit_exact_rounds_and_hand_over(postgresql_
                 leader = next(r for r in tier.values() if r.coord.metrics.leader._value.get() == 1)
                 other = b if leader is a else a
                 assert other.coord.metrics.leader._value.get() == 0
+                # operator actions go to the leader: its health listener alone says the admin service is SERVING
+                assert [await _health(r.port, ADMIN_SERVICE_NAME) for r in (leader, other)] == ["SERVING",
+                                                                                             "NOT_SERVING"]
                 # one group on each replica, each of its own replica's devices, and the exact sum committed
                 groups = store.round_groups(first.number)
                 assert sorted(g.assignment.replica for g in groups) == ["replica-a", "replica-b"]
@@ -99,6 +103,7 @@ def test_two_active_replicas_serve_commit_exact_rounds_and_hand_over(postgresql_
                 other.clients.extend(more)
                 await asyncio.wait_for(_until(lambda: len(_committed(store)) == 2, step=0.05), 60)
                 assert other.coord.metrics.leader._value.get() == 1
+                assert await _health(other.port, ADMIN_SERVICE_NAME) == "SERVING"
                 second = _committed(store)[1]
                 assert {g.assignment.replica for g in store.round_groups(second.number)} == {other.name}
                 after = [v.id for v in store.list_model_versions().items]
@@ -129,6 +134,7 @@ def test_a_replica_that_loses_its_membership_stops_serving_with_exit_3(postgresq
     asyncio.run(main())
 
 
-async def _health(port: int) -> str | None:
-    """The coordinator service's health status name on `port`, None when nothing answers."""
-    return await asyncio.to_thread(health_status, port, service=SERVICE_NAME, timeout=1.0)
+async def _health(port: int, service: str = SERVICE_NAME) -> str | None:
+    """`service`'s health status name on `port` (the coordinator service's by default), None when nothing
+    answers."""
+    return await asyncio.to_thread(health_status, port, service=service, timeout=1.0)

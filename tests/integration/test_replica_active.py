@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fedmask.bench.balancer import Balancer, Replica, Route, haproxy_binary
+from fedmask.bench.balancer import ADMIN_SERVICE, Balancer, Replica, Route, haproxy_binary
 from integration_harness import (
     LOOPBACK,
     Processes,
@@ -45,6 +45,7 @@ LEASE_S = 3.0
 L = 32
 DEVICES_PER_CLIENT = 4
 NAMES = ("replica-1", "replica-2", "replica-3")
+ADMIN_ENV = {"FEDMASK_ADMIN__TOKEN": "an-admin-token-of-the-test-0123456789"}
 COMMON: dict[str, Any] = dict(
     model="synthetic", model_params={"vector_length": L}, cohort_size=3 * DEVICES_PER_CLIENT,
     cohort_minimum=3 * DEVICES_PER_CLIENT, over_selection=0.0, allow_consecutive=True, seed=1, selection_deadline=3,
@@ -56,9 +57,10 @@ COMMON: dict[str, Any] = dict(
 
 @pytest.fixture
 def balanced(tmp_path: Path) -> Iterator[tuple[Balancer, list[Replica], str]]:
-    replicas = [Replica(name, LOOPBACK, free_port(), {"devices": free_port()}) for name in NAMES]
+    replicas = [Replica(name, LOOPBACK, free_port(), {"devices": free_port(), "admin": free_port()}) for name in NAMES]
     front = f"{LOOPBACK}:{free_port()}"
-    balancer = Balancer(tmp_path, [Route("devices", front)], replicas)
+    routes = [Route("devices", front), Route("admin", f"{LOOPBACK}:{free_port()}", ADMIN_SERVICE)]
+    balancer = Balancer(tmp_path, routes, replicas)
     try:
         yield balancer, replicas, front
     finally:
@@ -69,8 +71,10 @@ def _committed(url: str) -> list[Any]:
     return [r for r in all_rounds(url) if r.state.value == "committed"]
 
 
-def _up(balancer: Balancer) -> list[str]:
-    return sorted(k.split("/", 1)[1] for k, status in balancer.servers().items() if status.startswith("UP"))
+def _up(balancer: Balancer, route: str = "devices") -> list[str]:
+    """The replicas HAProxy marks UP on `route`'s backend."""
+    return sorted(k.split("/", 1)[1] for k, status in balancer.servers().items()
+                  if k.startswith(f"{route}-") and status.startswith("UP"))
 
 
 def _group_replicas(url: str, number: int) -> list[str]:
@@ -104,7 +108,8 @@ def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Proce
     started: dict[str, Proc] = {}
     for r in replicas:
         started[r.name] = procs.start(r.name, coordinator_args(
-            r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}", **COMMON))
+            r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}",
+            admin_listen=f"{LOOPBACK}:{r.ports['admin']}", **COMMON), env=ADMIN_ENV)
     wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
                watch=list(started.values()), step=0.2)
     dirs = [tmp_path / f"client-{i}" for i in range(3)]
@@ -125,6 +130,7 @@ def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Proce
         assert _group_replicas(url, rec.number) == list(NAMES)  # a group on each replica
     leaders = [n for n in NAMES if events(started[n].log(), "leader_elected")]
     assert len(leaders) == 1, leaders
+    assert _up(balancer, "admin") == leaders, balancer.servers()  # operator actions go to the leader alone
 
     victim = next(n for n in NAMES if n not in leaders)
     before = len(_committed(url))
@@ -159,7 +165,8 @@ def test_when_the_active_leader_dies_another_replica_leads_and_rounds_go_on(
     url = postgresql_url
     balancer, replicas, front = balanced
     started = {r.name: procs.start(r.name, coordinator_args(
-        r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}", **COMMON))
+        r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}",
+            admin_listen=f"{LOOPBACK}:{r.ports['admin']}", **COMMON), env=ADMIN_ENV)
         for r in replicas}
     wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
                watch=list(started.values()), step=0.2)
@@ -176,6 +183,8 @@ def test_when_the_active_leader_dies_another_replica_leads_and_rounds_go_on(
     wait_until(lambda: len(_committed(url)) >= 1, 120, what="a round across the replicas",
                watch=[*started.values(), *clients], step=0.1)
     (leader,) = [n for n in NAMES if events(started[n].log(), "leader_elected")]
+    wait_until(lambda: _up(balancer, "admin") == [leader], 10, what="haproxy to send the admin route to the leader",
+               step=0.1)
     before = len(_committed(url))
     started[leader].kill()
     killed = time.monotonic()
@@ -184,6 +193,9 @@ def test_when_the_active_leader_dies_another_replica_leads_and_rounds_go_on(
                what="another replica to lead", watch=[started[n] for n in live], step=0.1)
     took = time.monotonic() - killed
     assert took <= LEASE_S + 5.0, took
+    (successor,) = [n for n in live if events(started[n].log(), "leader_elected")]
+    wait_until(lambda: _up(balancer, "admin") == [successor], 10, what="the admin route to follow the new leader",
+               step=0.1)
     wait_until(lambda: len(_committed(url)) >= before + 2, 180, what="2 rounds under the new leader",
                watch=[started[n] for n in live] + clients, step=0.1)
     rounds = all_rounds(url)
