@@ -86,7 +86,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
     replica: ActiveReplica | None = None
     lost = asyncio.Event()
     reasons: list[str] = []
-    pending: set[asyncio.Future[None]] = set()
+    background: set[asyncio.Future[None]] = set()  # status updates scheduled from callbacks
     try:
         if settings.metrics.listen is not None:
             httpd, metrics_port = start_metrics_server(metrics, settings.metrics.listen)
@@ -111,8 +111,8 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         def deposed() -> None:  # on the event loop
             metrics.leading(None)
             task = asyncio.ensure_future(set_leading(health_servicer, False))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
+            background.add(task)
+            task.add_done_callback(background.discard)
 
         server, port = await build_server(coordinator, settings, health_servicer)
         host, _ = split_host_port(settings.listen_address)
