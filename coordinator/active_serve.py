@@ -41,6 +41,7 @@ import logging
 import signal
 from collections.abc import Callable
 
+import grpc
 from grpc_health.v1 import health, health_pb2
 
 from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
@@ -133,13 +134,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         coordinator.ports["device"] = port
         log_event("listening", address=settings.listen_address, port=port, model=model.name, replica=name,
                   mode="active", update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
-        if settings.admin.listen is not None:
-            admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
-            await admin_server.start()
-            await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
-            coordinator.ports["admin"] = admin_port
-            log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
-                      tls=settings.tls.enabled)
+        admin_server = await _start_admin(coordinator, settings)
         if httpd is not None:
             coordinator.ports["metrics"] = int(httpd.server_address[1])
         if settings.token_in_clear:
@@ -190,6 +185,19 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         if own_store:
             store.close()
         log_event("stopped")
+
+
+async def _start_admin(coordinator: Coordinator, settings: CoordinatorSettings) -> grpc.aio.Server | None:
+    """The admin listener, started (None when `admin.listen` is unset)."""
+    if settings.admin.listen is None:
+        return None
+    admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
+    await admin_server.start()
+    await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
+    coordinator.ports["admin"] = admin_port
+    log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
+              tls=settings.tls.enabled)
+    return admin_server
 
 
 __all__ = ["serve_active"]
