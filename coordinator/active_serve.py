@@ -38,13 +38,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Callable
 
-import grpc
 from grpc_health.v1 import health, health_pb2
 
-from coordinator.admin_servicer import SERVICE_NAME as ADMIN_SERVICE_NAME
 from coordinator.leadership import LeaseHeld, default_replica_id
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
@@ -53,14 +50,16 @@ from coordinator.replica_server import ActiveReplica
 from coordinator.server import (
     EXIT_DEPOSED,
     SERVICE_NAME,
-    build_admin_server,
     build_health_server,
     build_server,
     check_dp,
+    close_listeners,
     exit_if_stuck,
+    handle_stop_signals,
     open_store_waiting,
     set_leading,
     set_serving,
+    start_admin,
     start_metrics_server,
 )
 from coordinator.service import Coordinator
@@ -134,7 +133,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         coordinator.ports["device"] = port
         log_event("listening", address=settings.listen_address, port=port, model=model.name, replica=name,
                   mode="active", update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
-        admin_server = await _start_admin(coordinator, settings)
+        admin_server = await start_admin(coordinator, settings)
         if httpd is not None:
             coordinator.ports["metrics"] = int(httpd.server_address[1])
         if settings.token_in_clear:
@@ -142,9 +141,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
                       why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        handle_stop_signals(loop, stop)
         if on_ready is not None:
             on_ready(coordinator, port)
         if ready is not None:
@@ -165,39 +162,16 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         if admin_server is not None:
             await admin_server.stop(1.0)
         await server.stop(grace)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        handle_stop_signals(loop, None)
         return EXIT_DEPOSED if lost.is_set() else 0
     finally:
         if replica is not None:  # an error after joining: leave the tier, so its streams are dropped at once
             with contextlib.suppress(Exception):
                 await replica.stop()
-        if server is not None:
-            await server.stop(0)
-        if admin_server is not None:
-            await admin_server.stop(0)
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-        if health_server is not None:
-            await health_server.stop(0)
+        await close_listeners(server, admin_server, health_server, httpd=httpd)
         if own_store:
             store.close()
         log_event("stopped")
-
-
-async def _start_admin(coordinator: Coordinator, settings: CoordinatorSettings) -> grpc.aio.Server | None:
-    """The admin listener, started (None when `admin.listen` is unset)."""
-    if settings.admin.listen is None:
-        return None
-    admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
-    await admin_server.start()
-    await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
-    coordinator.ports["admin"] = admin_port
-    log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
-              tls=settings.tls.enabled)
-    return admin_server
 
 
 __all__ = ["serve_active"]

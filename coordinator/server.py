@@ -281,6 +281,39 @@ async def set_leading(health_servicer: health.aio.HealthServicer, leading: bool)
     await health_servicer.set(ADMIN_SERVICE_NAME, status)
 
 
+async def start_admin(coordinator: Coordinator, settings: CoordinatorSettings) -> grpc.aio.Server | None:
+    """The admin listener, started (None when `admin.listen` is unset)."""
+    if settings.admin.listen is None:
+        return None
+    admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
+    await admin_server.start()
+    await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
+    coordinator.ports["admin"] = admin_port
+    log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
+              tls=settings.tls.enabled)
+    return admin_server
+
+
+def handle_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event | None) -> None:
+    """SIGINT and SIGTERM set `stop`; None: they are left to Python again."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            if stop is not None:
+                loop.add_signal_handler(sig, stop.set)
+            else:
+                loop.remove_signal_handler(sig)
+
+
+async def close_listeners(*servers: grpc.aio.Server | None, httpd: Any = None) -> None:
+    """Stop at once the gRPC servers still listening, and the metrics server."""
+    for server in servers:
+        if server is not None:
+            await server.stop(0)
+    if httpd is not None:
+        httpd.shutdown()
+        httpd.server_close()
+
+
 #: Exit status of a leader that lost its lease (a supervisor restarts it as a standby).
 EXIT_DEPOSED = 3
 
@@ -389,22 +422,14 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         coordinator.ports["device"] = port
         log_event("listening", address=settings.listen_address, port=port, model=model.name,
                   update_dim=model.update_dim, auth=settings.auth.mode, tls=settings.tls.enabled)
-        if settings.admin.listen is not None:
-            admin_server, admin_port, admin_health = await build_admin_server(coordinator, settings)
-            await admin_server.start()
-            await set_serving(admin_health, True, ADMIN_SERVICE_NAME)
-            coordinator.ports["admin"] = admin_port
-            log_event("admin_listening", address=settings.admin.listen, port=admin_port, auth=settings.admin.auth,
-                      tls=settings.tls.enabled)
+        admin_server = await start_admin(coordinator, settings)
         if httpd is not None:
             coordinator.ports["metrics"] = int(httpd.server_address[1])
         if settings.token_in_clear:
             log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
                       why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
         stop = stop or asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+        handle_stop_signals(loop, stop)
         if on_ready is not None:
             on_ready(coordinator, port)
         if ready is not None:
@@ -429,24 +454,14 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         if admin_server is not None:
             await admin_server.stop(1.0)
         await server.stop(grace)
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+        handle_stop_signals(loop, None)
         return EXIT_DEPOSED if lost.is_set() else 0
     finally:
         if halt_keeper is not None:
             await asyncio.to_thread(halt_keeper)
             if not lost.is_set():
                 await keeper.release()
-        if server is not None:
-            await server.stop(0)
-        if admin_server is not None:
-            await admin_server.stop(0)
-        if httpd is not None:
-            httpd.shutdown()
-            httpd.server_close()
-        if health_server is not None:
-            await health_server.stop(0)
+        await close_listeners(server, admin_server, health_server, httpd=httpd)
         if own_store:
             store.close()
         log_event("stopped")

@@ -99,22 +99,19 @@ def _stream_owners(url: str) -> dict[str, int]:
         store.close()
 
 
-@pytest.mark.timeout(300)
-def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Processes, tmp_path: Path,
-                                                                   postgresql_url: str,
-                                                                   balanced: tuple[Balancer, list[Replica], str]) -> None:
-    url = postgresql_url
-    balancer, replicas, front = balanced
-    started: dict[str, Proc] = {}
-    for r in replicas:
-        started[r.name] = procs.start(r.name, coordinator_args(
-            r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}",
-            admin_listen=f"{LOOPBACK}:{r.ports['admin']}", **COMMON), env=ADMIN_ENV)
+def _start_tier(procs: Processes, tmp_path: Path, url: str, balancer: Balancer, replicas: list[Replica],
+                front: str) -> tuple[dict[str, Proc], list[Proc], list[Path]]:
+    """The three active replicas (until HAProxy marks all UP), then three client processes through the
+    balancer, one at a time, so that leastconn sees each stream before the next (until the store says each
+    one's devices are published)."""
+    started = {r.name: procs.start(r.name, coordinator_args(
+        r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}",
+        admin_listen=f"{LOOPBACK}:{r.ports['admin']}", **COMMON), env=ADMIN_ENV) for r in replicas}
     wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
                watch=list(started.values()), step=0.2)
     dirs = [tmp_path / f"client-{i}" for i in range(3)]
     clients: list[Proc] = []
-    for i, d in enumerate(dirs):  # one at a time, so that leastconn sees each stream before the next
+    for i, d in enumerate(dirs):
         first = 1 + i * DEVICES_PER_CLIENT
         clients.append(procs.start(d.name, [
             "client", "--coordinator", front, "--users", f"{first}-{first + DEVICES_PER_CLIENT - 1}",
@@ -122,6 +119,16 @@ def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Proce
             *flags(dict(dataset="synthetic", seed=0, debug_record_inputs=True, threads=1))]))
         wait_until(lambda: sum(_stream_owners(url).values()) == (i + 1) * DEVICES_PER_CLIENT, 60,
                    what=f"client {i}'s devices to be published", watch=[*started.values(), *clients], step=0.1)
+    return started, clients, dirs
+
+
+@pytest.mark.timeout(300)
+def test_every_active_replica_serves_and_rounds_go_on_when_one_dies(procs: Processes, tmp_path: Path,
+                                                                   postgresql_url: str,
+                                                                   balanced: tuple[Balancer, list[Replica], str]) -> None:
+    url = postgresql_url
+    balancer, replicas, front = balanced
+    started, clients, dirs = _start_tier(procs, tmp_path, url, balancer, replicas, front)
     assert sorted(_stream_owners(url).values()) == [DEVICES_PER_CLIENT] * 3, _stream_owners(url)
     wait_until(lambda: len(_committed(url)) >= 2, 120, what="2 rounds across the replicas",
                watch=[*started.values(), *clients], step=0.1)
@@ -164,22 +171,7 @@ def test_when_the_active_leader_dies_another_replica_leads_and_rounds_go_on(
     two live replicas, with no gap or duplicate in the version history and every aggregate exact."""
     url = postgresql_url
     balancer, replicas, front = balanced
-    started = {r.name: procs.start(r.name, coordinator_args(
-        r.ports["devices"], url, replica_id=r.name, health_listen=f"{LOOPBACK}:{r.health_port}",
-            admin_listen=f"{LOOPBACK}:{r.ports['admin']}", **COMMON), env=ADMIN_ENV)
-        for r in replicas}
-    wait_until(lambda: _up(balancer) == list(NAMES), 60, what="haproxy to find every replica up",
-               watch=list(started.values()), step=0.2)
-    dirs = [tmp_path / f"client-{i}" for i in range(3)]
-    clients: list[Proc] = []
-    for i, d in enumerate(dirs):
-        first = 1 + i * DEVICES_PER_CLIENT
-        clients.append(procs.start(d.name, [
-            "client", "--coordinator", front, "--users", f"{first}-{first + DEVICES_PER_CLIENT - 1}",
-            "--state-dir", str(d), "--no-dp-floor",
-            *flags(dict(dataset="synthetic", seed=0, debug_record_inputs=True, threads=1))]))
-        wait_until(lambda: sum(_stream_owners(url).values()) == (i + 1) * DEVICES_PER_CLIENT, 60,
-                   what=f"client {i}'s devices to be published", watch=[*started.values(), *clients], step=0.1)
+    started, clients, dirs = _start_tier(procs, tmp_path, url, balancer, replicas, front)
     wait_until(lambda: len(_committed(url)) >= 1, 120, what="a round across the replicas",
                watch=[*started.values(), *clients], step=0.1)
     (leader,) = [n for n in NAMES if events(started[n].log(), "leader_elected")]
