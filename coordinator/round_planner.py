@@ -45,6 +45,9 @@ outcome fenced by the leader lease (D90).
    with `interrupted_charge.abort_charge` priced over the same groups; the
    record lists every device any group may have asked under
    `survivors["unmasking"]` (the store's `abort_round` does not merge them).
+   Either way the stage deadlines first learn from the groups' completion
+   times (`deadlines.observe`, as the in-process loop does; the replicas
+   measure them, so the pickup lag of the rows is not in them).
 6. the groups' share reports go to `ReportLedger.record` (the leader is
    the one writer of quarantines, D37).
 
@@ -315,6 +318,7 @@ class RoundPlanner:
         """Close the open groups, add the done sums, commit or abort (step 5)."""
         lease = self._lease()
         rows = await self._close_and_read(r, lease)
+        self.deadlines.observe(r.completion)  # the replicas' own stage times: the next deadlines learn from them
         result = r.combine({g.index: g for g in rows})
         counted = len(result.counted) if result is not None else 0
         if result is None or counted < r.plan.minimum:

@@ -361,3 +361,22 @@ def test_a_held_planner_opens_no_round_until_released() -> None:
             assert t.planner.rounds_run == 1 and _rec(store, 1).state is RoundState.COMMITTED
 
     asyncio.run(main())
+
+
+def test_the_stage_deadlines_learn_from_the_groups_completion_times() -> None:
+    """A committed round's stage times reach the leader's adaptive deadlines,
+    so a silent device costs the next round a learnt window, not the ceiling."""
+    async def main() -> None:
+        from secagg.stages import Stage
+
+        settings = make_settings(**{"cohort.size": 8, "cohort.minimum": 8, "secagg.group_size": 4})
+        store = InMemoryStore()
+        async with tier(settings, store, {"replica-a": (4, 2), "replica-b": (4, 2)}) as t:
+            before = t.planner.deadlines.deadline(Stage.MASKED_INPUT, 8)
+            r = await asyncio.wait_for(t.planner.run_round(), 30)
+            assert r is not None and r.phase is RoundState.COMMITTED
+            assert r.completion.get("masked_input", 0.0) > 0.0
+            after = t.planner.deadlines.deadline(Stage.MASKED_INPUT, 8)
+            assert after < before, (before, after)
+
+    asyncio.run(main())
