@@ -40,7 +40,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health
 
 from coordinator.leadership import LeaseHeld, default_replica_id
 from coordinator.logs import log_event
@@ -49,8 +49,6 @@ from coordinator.model_host import build_server_model
 from coordinator.replica_server import ActiveReplica
 from coordinator.server import (
     EXIT_DEPOSED,
-    SERVICE_NAME,
-    build_health_server,
     build_server,
     check_dp,
     close_listeners,
@@ -60,7 +58,9 @@ from coordinator.server import (
     set_leading,
     set_serving,
     start_admin,
+    start_health_listener,
     start_metrics_server,
+    warn_token_in_clear,
 )
 from coordinator.service import Coordinator
 from coordinator.settings import CoordinatorSettings
@@ -92,10 +92,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
             httpd, metrics_port = start_metrics_server(metrics, settings.metrics.listen)
             log_event("metrics_listening", address=settings.metrics.listen, port=metrics_port)
         if settings.health_listen_address is not None:
-            health_server = await build_health_server(health_servicer, settings.health_listen_address)
-            await health_server.start()
-            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-            await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+            health_server = await start_health_listener(health_servicer, settings.health_listen_address)
         await set_leading(health_servicer, False)  # NOT_SERVING, not unknown, until this replica leads
         coordinator = Coordinator(settings, store=store, model=model, metrics=metrics)
 
@@ -136,9 +133,7 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
         admin_server = await start_admin(coordinator, settings)
         if httpd is not None:
             coordinator.ports["metrics"] = int(httpd.server_address[1])
-        if settings.token_in_clear:
-            log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
-                      why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
+        warn_token_in_clear(settings)
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         handle_stop_signals(loop, stop)

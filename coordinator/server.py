@@ -294,6 +294,25 @@ async def start_admin(coordinator: Coordinator, settings: CoordinatorSettings) -
     return admin_server
 
 
+async def start_health_listener(health_servicer: health.aio.HealthServicer, address: str) -> grpc.aio.Server:
+    """The health listener, started: the process SERVING (alive), the
+    coordinator and admin services NOT_SERVING until it serves devices and
+    leads."""
+    health_server = await build_health_server(health_servicer, address)
+    await health_server.start()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await set_leading(health_servicer, False)
+    return health_server
+
+
+def warn_token_in_clear(settings: CoordinatorSettings) -> None:
+    """Log a warning when the bearer token crosses the network in clear."""
+    if settings.token_in_clear:
+        log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
+                  why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
+
+
 def handle_stop_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event | None) -> None:
     """SIGINT and SIGTERM set `stop`; None: they are left to Python again."""
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -397,11 +416,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
             httpd, metrics_port = start_metrics_server(metrics, settings.metrics.listen)
             log_event("metrics_listening", address=settings.metrics.listen, port=metrics_port)
         if settings.health_listen_address is not None:  # up at once: a standby is alive, not serving devices
-            health_server = await build_health_server(health_servicer, settings.health_listen_address)
-            await health_server.start()
-            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-            await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
-            await set_leading(health_servicer, False)
+            health_server = await start_health_listener(health_servicer, settings.health_listen_address)
         if not await lead(keeper, settings.database_url):
             return 2
         loop = asyncio.get_running_loop()
@@ -425,9 +440,7 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
         admin_server = await start_admin(coordinator, settings)
         if httpd is not None:
             coordinator.ports["metrics"] = int(httpd.server_address[1])
-        if settings.token_in_clear:
-            log_event("insecure_token_transport", logging.WARNING, address=settings.listen_address,
-                      why="auth.allow_insecure_token: the bearer token crosses the network in clear (no TLS)")
+        warn_token_in_clear(settings)
         stop = stop or asyncio.Event()
         handle_stop_signals(loop, stop)
         if on_ready is not None:
