@@ -4,7 +4,8 @@ it, and goes back to being a candidate when it loses it.
 
 `LeaderElection` runs a loop over a `LeaseKeeper` (D90's leader lease):
 - candidate: `keeper.acquire` polls the lease every `poll_s` until it is
-  granted (another replica leads meanwhile; this one keeps serving);
+  granted (another replica leads meanwhile; this one keeps serving); a
+  store error is logged (`lease_poll_failed`) and the polling goes on;
 - leader: the keeper renews on its own thread (`keep_in_background`,
   started before `on_lead`, so start-up costs never delay a renewal), and
   `on_lead(lease)` is awaited (the host recovers the rounds a previous
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable
 
 from coordinator.leadership import LeaseKeeper
 from coordinator.logs import log_event
-from coordinator.store import Lease
+from coordinator.store import Lease, StoreError
 
 #: The reason `on_depose` gets when `stop()` ends a term.
 STOPPED = "stopped"
@@ -69,17 +70,27 @@ class LeaderElection:
             await self._lead(lease)
 
     async def _candidate(self) -> Lease | None:
-        """Wait for the lease; None when stopped first."""
-        acquiring = asyncio.create_task(self.keeper.acquire(poll_s=self.poll_s))
-        stopping = asyncio.create_task(self._stop.wait())
-        await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not acquiring.done():
-            acquiring.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acquiring
-            return None
-        return acquiring.result()
+        """Wait for the lease; None when stopped first. A store error is
+        logged and the polling goes on after `poll_s`: whether this replica
+        is still in the tier is its membership keeper's call, not the
+        election's, and a candidate that gave up would never lead again."""
+        while not self._stop.is_set():
+            acquiring = asyncio.create_task(self.keeper.acquire(poll_s=self.poll_s))
+            stopping = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({acquiring, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            if not acquiring.done():
+                acquiring.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await acquiring
+                return None
+            try:
+                return acquiring.result()
+            except StoreError as exc:
+                log_event("lease_poll_failed", logging.WARNING, replica=self.keeper.holder, error=str(exc)[:200])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.poll_s)
+        return None
 
     async def _lead(self, lease: Lease) -> None:
         """One term: lead until the lease is lost or `stop()`."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from coordinator.election import STOPPED, LeaderElection
 from coordinator.leadership import LeaseKeeper
-from coordinator.store import InMemoryStore, Lease
+from coordinator.store import InMemoryStore, Lease, StoreError
 
 LEASE_S = 0.3  # the keeper's thread looks at the (frozen) clock every 0.1 s of real time
 
@@ -151,5 +151,49 @@ def test_stopping_a_candidate_ends_its_polling_without_touching_the_lease() -> N
         assert task.done() and host.led == [] and host.deposed == []
         held = store.current_lease()
         assert held is not None and held.holder == "b"
+
+    asyncio.run(main())
+
+
+class FlakyStore(InMemoryStore):
+    """An in-memory store whose first `failures` lease requests fail as a database that cannot be reached."""
+
+    def __init__(self, failures: int, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.failures = failures
+        self.asked = 0
+
+    def acquire_lease(self, holder: str, lease_s: float) -> Lease | None:
+        self.asked += 1
+        if self.asked <= self.failures:
+            raise StoreError("database error: connection refused")
+        return super().acquire_lease(holder, lease_s)
+
+
+def test_a_candidate_whose_store_fails_keeps_polling_and_then_leads() -> None:
+    async def main() -> None:
+        clock = Clock()
+        store = FlakyStore(3, lease_clock=clock)
+        host = Host()
+        a = election(store, clock, "a", host)
+        task = a.start()
+        await until(lambda: a.leading is not None)
+        assert store.asked == 4 and not task.done()  # three failed polls, then the grant
+        assert [lease.holder for lease in host.led] == ["a"]
+        await a.stop()
+        assert task.exception() is None  # stop() raises nothing: the errors never ended the loop
+
+    asyncio.run(main())
+
+
+def test_stopping_a_candidate_whose_store_keeps_failing_raises_nothing() -> None:
+    async def main() -> None:
+        clock = Clock()
+        store = FlakyStore(10**9, lease_clock=clock)
+        a = election(store, clock, "a", Host())
+        task = a.start()
+        await until(lambda: store.asked >= 3)
+        await a.stop()
+        assert task.done() and task.exception() is None and a.terms == 0
 
     asyncio.run(main())
