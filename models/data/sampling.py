@@ -137,28 +137,42 @@ def sample_negatives(data: CohortData, n_items: int, n_neg: int, stream: KeyedSt
 # ------------------------------------------------------------------ cohorts
 
 
+#: Cells of the index table `pad_csr` builds at a time: its working memory
+#: beyond the outputs is a few times this many int64s, whatever the table.
+PAD_BLOCK_CELLS = 1 << 22
+
+
 def pad_csr(
     indptr: np.ndarray,
     values: Sequence[np.ndarray],
     users: np.ndarray | torch.Tensor | Sequence[int],
+    *,
+    block_cells: int = PAD_BLOCK_CELLS,
 ) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
     """Pad the CSR rows of `users`: returns (lengths (B,), [padded (B, Lmax) per value
-    array], mask (B, Lmax)). Padding is 0."""
+    array], mask (B, Lmax)). Padding is 0.
+
+    The outputs are written a block of rows at a time (about `block_cells`
+    cells a block), so the memory it takes beyond its outputs stays small
+    even for a whole large population (at the ML-20M shape, one table of
+    every user's rows is about a GiB, and building its index table in one
+    piece took twice that again)."""
     u = np.asarray(users.cpu() if isinstance(users, torch.Tensor) else users, dtype=np.int64)
     starts = indptr[u]
     lengths = indptr[u + 1] - starts
     lmax = int(lengths.max()) if len(u) else 0
     ar = np.arange(lmax)
-    mask = ar[None, :] < lengths[:, None]
-    idx = np.where(mask, starts[:, None] + ar[None, :], 0)
-    padded = []
-    for v in values:
-        if len(v) == 0:
-            padded.append(np.zeros((len(u), lmax), dtype=v.dtype))
-        else:
-            p = v[idx]
-            p[~mask] = 0
-            padded.append(p)
+    mask = np.empty((len(u), lmax), dtype=bool)
+    padded = [np.zeros((len(u), lmax), dtype=v.dtype) for v in values]
+    rows = max(1, block_cells // max(lmax, 1))
+    for lo in range(0, len(u), rows):
+        hi = min(lo + rows, len(u))
+        m = mask[lo:hi]
+        np.less(ar[None, :], lengths[lo:hi, None], out=m)
+        idx = np.where(m, starts[lo:hi, None] + ar[None, :], 0)
+        for v, p in zip(values, padded, strict=True):
+            if len(v):
+                np.copyto(p[lo:hi], v[idx], where=m)
     return lengths, padded, mask
 
 
