@@ -225,7 +225,7 @@ class CpuSampler:
 
 
 @contextmanager
-def _database(server: PgServer, label: str) -> Iterator[str]:
+def database_on(server: PgServer, label: str) -> Iterator[str]:
     """A fresh database on `server` for one tier; its URL. Dropped at the end."""
     name = f"fedmask_scale_{label}_{uuid.uuid4().hex[:10]}"
     admin(server, "CREATE DATABASE {}", name)
@@ -236,13 +236,15 @@ def _database(server: PgServer, label: str) -> Iterator[str]:
 
 
 @contextmanager
-def _postgres(cfg: ScaleBenchConfig, log: Callable[[str], None]) -> Iterator[PgServer]:
-    if cfg.server is not None:
-        yield cfg.server
+def postgres_server(replicas: int, server: PgServer | None, log: Callable[[str], None]) -> Iterator[PgServer]:
+    """`server` when given, else a throwaway PostgreSQL server with connections enough for `replicas`
+    replicas, stopped and removed at the end."""
+    if server is not None:
+        yield server
         return
     base = Path(tempfile.mkdtemp(prefix="fedmask-bench-pg-", dir="/tmp"))  # the postgres user must traverse it
     try:
-        started = start_server(base, max_connections=40 + 4 * cfg.replicas)
+        started = start_server(base, max_connections=40 + 4 * replicas)
         try:
             log(f"PostgreSQL ({started.server.version}) on {started.server.host}:{started.server.port}")
             yield started.server
@@ -440,7 +442,7 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
     def say(message: str) -> None:  # progress, stamped with the tier's elapsed time
         log(f"{time.monotonic() - t0:7.1f} s {message}")
 
-    with _database(server, f"{replicas}r") as url, ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
+    with database_on(server, f"{replicas}r") as url, ProcessGroup(work, env={"OMP_NUM_THREADS": "1"}) as group:
         tier, ports = _start_tier(cfg, group, url, replicas, say)
         group.sample_rss_of(tier)
         with CpuSampler(tier) as cpu:
@@ -465,7 +467,7 @@ def _tier(cfg: ScaleBenchConfig, server: PgServer, root: Path, replicas: int,
 
 def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     with bench_folder("fedmask-bench-scale-", cfg.keep, ignore=("*.npy", "*.fms")) as root, \
-            _postgres(cfg, log) as server:
+            postgres_server(cfg.replicas, cfg.server, log) as server:
         baseline = _tier(cfg, server, root, 1, log) if cfg.baseline and cfg.replicas > 1 else None
         main = _tier(cfg, server, root, cfg.replicas, log)
     ratio = None
@@ -490,4 +492,4 @@ def run_scale_bench(cfg: ScaleBenchConfig, log: Callable[[str], None] = print) -
     }
 
 
-__all__ = ["ScaleBenchConfig", "cohort_for", "fairness_problem", "run_scale_bench"]
+__all__ = ["ScaleBenchConfig", "cohort_for", "database_on", "fairness_problem", "postgres_server", "run_scale_bench"]

@@ -146,11 +146,30 @@ def connections(
     hold: Annotated[float, typer.Option(min=0.0, help="Seconds to keep them connected (heartbeating) before measuring.")] = 5.0,
     heartbeat_interval: Annotated[float, typer.Option(help="Coordinator heartbeat interval (s).")] = 2.0,
     timeout: Annotated[float, typer.Option(help="Give up if not all devices checked in after this many seconds.")] = 300.0,
+    replicas: Annotated[int, typer.Option(min=0, help="0: one coordinator on SQLite. R >= 1: R active replicas "
+                                          "(--replica-mode active, D109) over a throwaway PostgreSQL, the client "
+                                          "processes spread over them.")] = 0,
+    enrolled: Annotated[int | None, typer.Option(min=1, help="With --replicas: devices enrolled in the store, the "
+                                                 "connected ones included (the others are enrolled straight into "
+                                                 "the store and never connect). Default: --devices.")] = None,
 ) -> None:
-    """Connect --devices idle devices to one coordinator and measure it.
+    """Connect --devices idle devices to one coordinator, or to a tier of active replicas, and measure it.
 
-    The coordinator (SQLite in a temp folder) never starts a round (its cohort minimum is devices + 1); the devices enrol, open their sessions, check in and heartbeat. Last stdout line: JSON with ok (all devices admitted and still connected after --hold seconds) and coordinator_rss_mb.
+    Without --replicas the coordinator (SQLite in a temp folder) never starts a round (its cohort minimum is devices + 1); the devices enrol, open their sessions, check in and heartbeat. Last stdout line: JSON with ok (all devices admitted and still connected after --hold seconds) and coordinator_rss_mb.
+
+    With --replicas R the same idle devices are held by R active replicas over a throwaway PostgreSQL whose registry holds --enrolled devices; ok needs every connected device's stream published by some replica and still held after --hold seconds, and the JSON gives each replica's replica_rss_mb (target for 100,000 enrolled, 10,000 connected, 3 replicas: each <= 256 MB). Example: fedmask bench connections --replicas 3 --enrolled 100000 --devices 10000 --client-processes 8 --hold 10
     """
+    if replicas:
+        from fedmask.bench.idle_tier import IdleTierConfig, run_idle_tier_bench
+
+        _run_and_report(lambda: IdleTierConfig(
+            replicas=replicas, devices=devices, enrolled=enrolled if enrolled is not None else devices,
+            client_processes=client_processes, hold=hold, heartbeat_interval=heartbeat_interval, timeout=timeout),
+            run_idle_tier_bench)
+        return
+    if enrolled is not None:
+        raise typer.BadParameter("needs --replicas (one coordinator on SQLite enrols only the devices that connect)",
+                                 param_hint="--enrolled")
     from fedmask.bench.federation import ConnectionsBenchConfig, run_connections_bench
 
     _run_and_report(lambda: ConnectionsBenchConfig(devices=devices, client_processes=client_processes, hold=hold,
