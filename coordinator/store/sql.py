@@ -95,6 +95,8 @@ log = logging.getLogger("fedmask.coordinator.store")
 
 #: Retries of a PostgreSQL transaction rolled back by a concurrent one.
 RETRY = RetryPolicy(attempts=8, base_delay=0.005, max_delay=0.25)
+#: Rows read per batch when a whole table is listed (`list_devices`).
+LIST_BATCH = 2000
 
 
 class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas, SqlRoundGroups):
@@ -238,7 +240,9 @@ class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas, SqlRoundGroups):
         query = select(DeviceRow).order_by(DeviceRow.id)
         if status is not None:
             query = query.where(DeviceRow.status == DeviceStatus(status).value)
-        return self._read(lambda s: [_device(r) for r in s.scalars(query)])
+        # streamed in batches: the ORM rows of a large registry never all exist at once (the process's
+        # peak at start-up would be theirs, D109's replicas each read the whole registry)
+        return self._read(lambda s: [_device(r) for r in s.scalars(query.execution_options(yield_per=LIST_BATCH))])
 
     def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
         ids = sorted(set(device_ids))
