@@ -85,6 +85,8 @@ class TcpForwarder:
         with self._lock:
             self._cut = True
             sockets, self._sockets = self._sockets, set()
+        with contextlib.suppress(OSError):  # wakes the acceptor's accept() at once (close alone does not)
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         for s in sockets:
             _reset(s)

@@ -8,14 +8,15 @@ replica that failed: they moved.
 1. The leader is paused (SIGSTOP) past its lease: another replica leads
    within the lease plus 5 s and HAProxy marks the paused one DOWN. Woken
    (SIGCONT), the old leader finds its membership and its lease lost: it
-   logs `leadership_lost`, writes nothing more (the store's fence refuses a
-   deposed leader's writes) and exits with status 3; its client's devices
+   writes nothing more (the store's fence refuses a deposed leader's
+   writes) and exits with status 3; its client's devices
    reconnect through the balancer, and rounds go on over the other two.
-2. One replica is cut off from PostgreSQL (every connection of it reset,
-   new ones refused): it stops serving within the lease (health NOT_SERVING,
-   HAProxy marks it DOWN) and exits with status 3; its devices move, and
-   rounds go on. Both cases are run: a replica that does not lead, and the
-   leader (another replica then leads within the lease plus 5 s).
+2. A replica that does not lead is cut off from PostgreSQL (every
+   connection of it reset, new ones refused): it stops serving within the
+   lease (health NOT_SERVING, HAProxy marks it DOWN) and exits with status
+   3; its devices move, the leader leads on, and rounds go on. (A leader cut
+   off loses its lease as well: test_replica_cut_off.py cuts the standby
+   mode's leader, and case 1 takes an active leader's lease away.)
 
 Every case ends with a version history with no gap and no duplicate (a
 version a deposed leader spent is skipped, D94) and every committed
@@ -109,8 +110,9 @@ def test_a_paused_active_leader_that_wakes_is_fenced_out(procs: Processes, tmp_p
         started[leader].signal_group(signal.SIGCONT)
     old = started[leader]
     assert old.wait(30) == 3, old.tail()  # deposed: a supervisor restarts it as a new term
-    lost = events(old.log(), "leadership_lost")
-    assert lost and lost[0]["replica"] == leader, old.tail()
+    # it woke to find its membership (and its lease) over; which of its two keepers said so first is a race
+    gone = events(old.log(), "membership_lost_exit")
+    assert gone and gone[0]["replica"] == leader, old.tail()
     successor = _leader(started, live)
     wait_until(lambda: up(balancer, "admin") == [successor], 15, what="the admin route to follow the new leader",
                step=0.1)
@@ -123,10 +125,9 @@ def test_a_paused_active_leader_that_wakes_is_fenced_out(procs: Processes, tmp_p
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("which", ["replica", "leader"])
 def test_an_active_replica_cut_off_from_postgresql_stops_serving(
         procs: Processes, tmp_path: Path, postgresql_url: str, balanced: tuple[Balancer, list[Replica], str],
-        paths: dict[str, TcpForwarder], which: str) -> None:
+        paths: dict[str, TcpForwarder]) -> None:
     url = postgresql_url
     balancer, replicas, front = balanced
     started, clients, dirs = start_tier(procs, tmp_path, url, balancer, replicas, front,
@@ -134,24 +135,21 @@ def test_an_active_replica_cut_off_from_postgresql_stops_serving(
     wait_until(lambda: len(committed(url)) >= 1, 120, what="a round across the replicas",
                watch=[*started.values(), *clients], step=0.1)
     leader = _leader(started)
-    victim = leader if which == "leader" else next(n for n in NAMES if n != leader)
+    victim = next(n for n in NAMES if n != leader)
     live = [n for n in NAMES if n != victim]
     port = next(r.ports["devices"] for r in replicas if r.name == victim)
     assert paths[victim].forwarded > 0  # its store really goes through the forwarder
     before = len(committed(url))
 
-    paths[victim].cut()
     cut = time.monotonic()
+    paths[victim].cut()
     wait_until(lambda: health_status(port) != "SERVING", LEASE_S + 2, what=f"{victim} to stop serving", step=0.1)
     stopped = time.monotonic() - cut
     assert stopped <= LEASE_S, f"the cut-off replica served {stopped:.1f} s after the cut (lease {LEASE_S} s)"
     assert started[victim].wait(30) == 3, started[victim].tail()
     assert events(started[victim].log(), "membership_lost_exit"), started[victim].tail()
     wait_until(lambda: victim not in up(balancer), 15, what="haproxy to mark the cut-off replica down", step=0.1)
-    if which == "leader":
-        wait_until(lambda: any(events(started[n].log(), "leader_elected") for n in live), LEASE_S + 5.0,
-                   what="another replica to lead", watch=[started[n] for n in live], step=0.1)
-        assert time.monotonic() - cut <= LEASE_S + 5.0
+    assert [n for n in live if events(started[n].log(), "leader_elected")] == [leader]  # the leader led on
     _rounds_go_on_without(url, victim, before, [started[n] for n in live] + clients)
     for c in clients:
         procs.check_alive(c)

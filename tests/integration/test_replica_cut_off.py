@@ -119,8 +119,8 @@ def test_a_leader_cut_off_from_postgresql_steps_down(procs: Processes, tmp_path:
                    watch=[a, b, *clients], step=0.1)
         assert path.forwarded > 0  # replica-a's store really goes through the forwarder
 
-        path.cut() if kind == "reset" else path.silence()
         cut = time.monotonic()
+        path.cut() if kind == "reset" else path.silence()
         wait_until(lambda: health_status(replicas[0].ports["devices"]) != "SERVING", LEASE_S + 2,
                    what="replica-a to stop serving", step=0.1)
         stopped = time.monotonic() - cut
