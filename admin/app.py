@@ -47,6 +47,7 @@ def create_app(settings: AdminSettings, *, store: Store | None = None, live: Liv
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         await services.refusal_audit.drain()
+        await services.topk_router.close()
         await services.live.close()
         await run_in_threadpool(services.store.close)
 

@@ -33,6 +33,7 @@ from admin.refusal_audit import RefusalAudit
 from admin.refusal_log import RefusalLog
 from admin.settings import AdminSettings, Role
 from admin.stream_slots import StreamSlots
+from admin.topk_routing import TopKRouter
 from coordinator.store import Store, StoreError
 
 _log = logging.getLogger("fedmask.admin")
@@ -57,6 +58,8 @@ class Services:
     stream_slots: StreamSlots
     #: refused operator actions, to the coordinator's audit log (D82)
     refusal_audit: RefusalAudit
+    #: the admin listener of the replica holding a device's stream (D111)
+    topk_router: TopKRouter
     #: log lines of refusals, rate-limited (D82)
     refusal_log: RefusalLog
 
@@ -106,8 +109,8 @@ def open_store_read_only(url: str) -> Store:
 def build_services(settings: AdminSettings, *, store: Store | None = None, live: LiveLink | None = None) -> Services:
     """An app's services; `store` and `live` default to the ones the settings name."""
     link = live or LiveLink(settings.coordinator)
-    return Services(settings=settings, store=store or open_store_read_only(settings.database_url),
-                    live=link, tokens=TokenTable(settings.tokens),
+    store = store or open_store_read_only(settings.database_url)
+    return Services(settings=settings, store=store, live=link, tokens=TokenTable(settings.tokens),
                     metrics=AdminMetrics(), rounds=history.RoundCounter(),
                     live_state=LiveStateCache(link.live_state,
                                               max_age_s=settings.coordinator.live_state_max_age_s,
@@ -115,6 +118,7 @@ def build_services(settings: AdminSettings, *, store: Store | None = None, live:
                     stream_slots=StreamSlots(settings.event_streams),
                     refusal_audit=RefusalAudit(link.record_refusal,
                                                per_minute=settings.limits.refusal_audits_per_minute),
+                    topk_router=TopKRouter(store, link, settings.coordinator),
                     refusal_log=RefusalLog())
 
 

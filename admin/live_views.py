@@ -164,3 +164,13 @@ def problem_for(exc: LiveError, *, what: str, retry_after_s: int) -> ProblemErro
 def coordinator_unreachable(exc: LiveError, *, retry_after_s: int) -> ProblemError:
     return ProblemError(503, f"the coordinator's admin listener is not reachable ({exc.code.name})",
                         headers={"Retry-After": str(retry_after_s)})
+
+
+def replica_views(counts: dict[str, tuple[int, int]], leader: str | None) -> list[schemas.ReplicaView] | None:
+    """The live replicas of an active tier from the store's stream counts
+    (name -> (held, available)) and the leader lease's holder; None when no
+    replica is live (a single coordinator or the standby mode)."""
+    if not counts:
+        return None
+    return [schemas.ReplicaView(name=name, leader=name == leader, connected=held, available=available)
+            for name, (held, available) in sorted(counts.items())]

@@ -127,6 +127,16 @@ def _production_plan() -> Any:
                              "round is accounted or when its counted devices are unknown")
 
 
+class ReplicaView(BaseModel):
+    """One live replica of an active tier (D109), from the store."""
+
+    name: str
+    leader: bool = Field(description="It holds the leader lease: it plans the rounds and carries out "
+                                     "operator actions")
+    connected: int = Field(description="Device streams it holds")
+    available: int = Field(description="Of them, devices available for a round")
+
+
 class Federation(BaseModel):
     model_name: str | None = Field(description="None before the first model version is stored")
     current_version: int | None
@@ -135,7 +145,11 @@ class Federation(BaseModel):
     rounds_running: int
     devices_enrolled: int
     devices_revoked: int
-    devices_connected: int | None = Field(description="None when the coordinator is not reachable")
+    devices_connected: int | None = Field(description="Over every replica of an active tier (from the store); "
+                                                      "else the coordinator's own count, None when it is not "
+                                                      "reachable")
+    replicas: list[ReplicaView] | None = Field(default=None, description="The live replicas of an active tier, "
+                                                                         "by name; None without one")
     phase: str | None = Field(description="The live round's stage, 'idle', 'paused', 'budget_exhausted', "
                                           "or None when the coordinator is not reachable")
     coordinator_reachable: bool

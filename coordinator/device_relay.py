@@ -120,7 +120,7 @@ class DeviceRelay:
         assert n_items is not None
         session = self._registry.owner(device_id)
         if session is None or session.closed:
-            raise DeviceNotConnected(device_id) if device_id in self._registry.devices else UnknownDevice(device_id)
+            raise DeviceNotConnected(device_id) if await self._registry.enrolled(device_id) else UnknownDevice(device_id)
         pending = self._pending.open(session.sid, device_id, "top_k")
         t0 = self._clock()
         outcome, status = "ok", "ok"

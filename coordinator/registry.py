@@ -197,6 +197,14 @@ class DeviceRegistry:
         """The open stream hosting the device, if any."""
         return self._owner.get(device_id)
 
+    async def enrolled(self, device_id: int) -> bool:
+        """Whether `device_id` is enrolled: the cache, else the store (a
+        device enrolled through another replica of an active tier, D109, is
+        in the store before it is in this replica's cache)."""
+        if device_id in self.devices:
+            return True
+        return await asyncio.to_thread(self._store.get_device, device_id) is not None
+
     def watch_streams(self, listener: StreamListener) -> None:
         """Call `listener` on every change of a device's hosting stream from
         now on (see the module doc); it runs on the event loop, inside the

@@ -29,9 +29,9 @@ class ReplicaSettings(SettingsGroup):
     #: (D109). Active needs PostgreSQL, secure aggregation and no hybrid
     #: rounds (validated with the whole settings).
     mode: Literal["standby", "active"] = "standby"
-    #: HOST:PORT at which the other replicas and the operator reach this
-    #: replica's admin listener (written in its membership row); None:
-    #: not advertised.
+    #: HOST:PORT at which the admin service reaches this replica's admin
+    #: listener (written in its membership row): the top-k requests of the
+    #: devices it holds go there (D111); None: not advertised.
     advertise_admin: Annotated[str, host_port_check("advertise address")] | None = None
     #: Active mode: seconds between a replica's reads of the rows it acts
     #: on (its assigned groups; the leader's group progress).

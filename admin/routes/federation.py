@@ -10,19 +10,25 @@ from admin.deps import LISTING_ERRORS, LIVE_ERRORS, STORE_ERRORS, Reader, Servic
 from admin.live import LiveError
 from admin.problems import ProblemError, problem_responses
 from admin.settings import AdminSettings
+from coordinator.store import DeviceStatus
 from dpmech import PROTECTS
 from fedmask_proto.v1 import admin_service_pb2 as pb
 
 
 async def federation(_: Reader, services: ServicesDep) -> schemas.Federation:
-    """The model, its current version, rounds by outcome, devices, and the live phase."""
-    def read() -> tuple[dict[schemas.Outcome, int], Any, int, int]:
-        latest = services.store.list_model_versions(limit=1).items
-        devices = services.store.list_devices()
-        revoked = sum(1 for d in devices if d.status.value == "revoked")
-        return services.rounds.counts(services.store), latest[0] if latest else None, len(devices), revoked
+    """The model, its current version, rounds by outcome, devices, and the live phase; with an active
+    tier of replicas, each replica's streams and which leads (from the store: the devices are counted
+    over every replica, not only the leader's)."""
+    def read() -> tuple[dict[schemas.Outcome, int], Any, int, int, list[schemas.ReplicaView] | None]:
+        store = services.store
+        latest = store.list_model_versions(limit=1).items
+        devices = store.count_devices()  # counted in the store: no row of a large registry is read
+        revoked = devices.get(DeviceStatus.REVOKED, 0)
+        lease = store.current_lease()
+        replicas = live_views.replica_views(store.stream_counts(), lease.holder if lease is not None else None)
+        return services.rounds.counts(store), latest[0] if latest else None, sum(devices.values()), revoked, replicas
 
-    counts, latest, enrolled, revoked = await services.read(read)
+    counts, latest, enrolled, revoked, replicas = await services.read(read)
     entries = await services.read(services.store.privacy_ledger)
     claim = await services.read(lambda: history.privacy_claim(services.store, entries))
     state: pb.LiveState | None
@@ -35,7 +41,9 @@ async def federation(_: Reader, services: ServicesDep) -> schemas.Federation:
         current_version=state.model_version if state is not None else (latest.id if latest else None),
         rounds_committed=counts["committed"], rounds_aborted=counts["aborted"], rounds_running=counts["running"],
         devices_enrolled=enrolled, devices_revoked=revoked,
-        devices_connected=state.devices.connected if state is not None else None,
+        devices_connected=(sum(r.connected for r in replicas) if replicas is not None
+                           else state.devices.connected if state is not None else None),
+        replicas=replicas,
         phase=live_views.phase(state) if state is not None else None, coordinator_reachable=state is not None,
         epsilon_spent=entries[-1].cumulative_epsilon if entries else 0.0,
         epsilon_budget=(state.privacy.epsilon_budget or None) if state is not None else None,

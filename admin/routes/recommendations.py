@@ -25,12 +25,14 @@ DEFAULT_K = 10
 
 
 async def _top_k(services: Services, **target: Any) -> schemas.Recommendations:
-    """Ask the coordinator for a top-k of `target` (device_id or user, k,
-    exclude_seen), counting it by status and timing it end to end and on the device."""
+    """Ask the coordinator holding the device's stream (admin/topk_routing.py)
+    for a top-k of `target` (device_id or user, k, exclude_seen), counting it
+    by status and timing it end to end and on the device."""
     started = time.perf_counter()
     status = 500
     try:
-        answer = await services.live_call(services.live.top_k(**target), what="top-k")
+        link = await services.topk_router.link(device_id=target.get("device_id"), user=target.get("user"))
+        answer = await services.live_call(link.top_k(**target), what="top-k")
         status = 200
     except ProblemError as exc:
         status = exc.status

@@ -132,6 +132,15 @@ async function refreshLive() {
 
 // ----------------------------------------------------- overview and rounds
 
+// an active tier's replicas: how many, which leads, and each one's streams (from the store)
+function replicaSummary(replicas) {
+  if (!replicas) return "";
+  const leader = replicas.find((r) => r.leader);
+  return " · " + replicas.length + " replica" + (replicas.length === 1 ? "" : "s") +
+    " (" + replicas.map((r) => r.name + " " + r.connected).join(", ") + "; " +
+    (leader ? "leader " + leader.name : "no leader") + ")";
+}
+
 async function refreshOverview() {
   try {
     const f = await api("/v1/federation");
@@ -144,7 +153,7 @@ async function refreshOverview() {
     phase.className = "badge " + (stages.includes(f.phase) ? "running" : (f.phase || ""));
     $("summary").textContent = (f.model_name || "no model") + " v" + (f.current_version ?? "-") + " · " +
       f.rounds_committed + " committed, " + f.rounds_aborted + " aborted · devices " +
-      (f.devices_connected ?? "?") + " connected of " + f.devices_enrolled;
+      (f.devices_connected ?? "?") + " connected of " + f.devices_enrolled + replicaSummary(f.replicas);
     // epsilon with its delta, the unit it protects and sampling (the service's sentence, rounded up),
     // and below it what the same noise would give a production-size deployment
     const budget = f.epsilon_budget ? " · budget " + f.epsilon_budget.toFixed(2) : "";

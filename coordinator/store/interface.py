@@ -90,6 +90,11 @@ class Store(ReplicaStore, GroupStore, Protocol):
         """All devices (optionally of one status), ascending id."""
         ...
 
+    def count_devices(self) -> dict[DeviceStatus, int]:
+        """How many devices have each status (statuses with none left out),
+        counted in the store, never by listing the rows."""
+        ...
+
     def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
         """Set last_seen_at (default: the store clock); unknown ids are ignored."""
         ...

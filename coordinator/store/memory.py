@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -154,6 +155,10 @@ class InMemoryStore(InMemoryShareReports, InMemoryLeaderLease, InMemoryReplicas,
             return [
                 d for _, d in sorted(self._state.devices.items()) if status is None or d.status == status
             ]
+
+    def count_devices(self) -> dict[DeviceStatus, int]:
+        with self._lock:
+            return dict(Counter(d.status for d in self._state.devices.values()))
 
     def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
         when = at or self._clock()

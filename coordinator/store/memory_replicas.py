@@ -141,6 +141,17 @@ class InMemoryReplicas:
                     out[stream.row.replica].append((device_id, stream.row.session_key))
             return dict(sorted(out.items()))
 
+    def stream_counts(self) -> dict[str, tuple[int, int]]:
+        with self._replicas_lock:
+            now = self._replica_clock()
+            out = {name: [0, 0] for name, r in self._members.items() if r.expires_at > now}
+            for stream in self._streams.values():
+                if self._running(stream, now):
+                    counts = out[stream.row.replica]
+                    counts[0] += 1
+                    counts[1] += stream.row.available
+            return {name: (c[0], c[1]) for name, c in sorted(out.items())}
+
     def fleet_version(self) -> int:
         with self._replicas_lock:
             return self._fleet_version

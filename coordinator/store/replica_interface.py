@@ -96,6 +96,12 @@ class ReplicaStore(Protocol):
         ascending device id."""
         ...
 
+    def stream_counts(self) -> dict[str, tuple[int, int]]:
+        """For each live replica, (streams held, of them available) by its
+        running term's stream rows; (0, 0) for a live replica holding none.
+        Counted in the store, never by listing the rows."""
+        ...
+
     def fleet_version(self) -> int:
         """A counter that grows whenever a publish changes a stream row, a
         term starts, or a leave ends a term or deletes rows (0 on a new

@@ -244,6 +244,10 @@ class SqlStore(SqlShareReports, SqlLeaderLease, SqlReplicas, SqlRoundGroups):
         # peak at start-up would be theirs, D109's replicas each read the whole registry)
         return self._read(lambda s: [_device(r) for r in s.scalars(query.execution_options(yield_per=LIST_BATCH))])
 
+    def count_devices(self) -> dict[DeviceStatus, int]:
+        query = select(DeviceRow.status, func.count()).group_by(DeviceRow.status)
+        return self._read(lambda s: {DeviceStatus(status): int(n) for status, n in s.execute(query)})
+
     def mark_devices_seen(self, device_ids: Iterable[int], at: datetime | None = None) -> None:
         ids = sorted(set(device_ids))
         if not ids:

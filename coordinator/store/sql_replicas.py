@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, delete, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -180,6 +180,21 @@ class SqlReplicas:
             for replica, device_id, session_key in s.execute(query):
                 out[replica].append((int(device_id), int(session_key)))
             return dict(out)
+
+        return self._read(body)
+
+    def stream_counts(self) -> dict[str, tuple[int, int]]:
+        def body(s: Session) -> dict[str, tuple[int, int]]:
+            now = database_now(s)
+            out = {name: (0, 0) for name in s.scalars(select(ReplicaRow.name).where(ReplicaRow.expires_at > now)
+                                                       .order_by(ReplicaRow.name))}
+            query = (select(DeviceStreamRow.replica, func.count(),
+                            func.count().filter(DeviceStreamRow.available.is_(True)))
+                     .join(ReplicaRow, _live_term()).where(ReplicaRow.expires_at > now)
+                     .group_by(DeviceStreamRow.replica))
+            for replica, held, available in s.execute(query):
+                out[replica] = (int(held), int(available))
+            return out
 
         return self._read(body)
 

@@ -330,6 +330,15 @@ def fake_coordinator(store: Store, filled: Filled, *, scripted_failures: bool = 
         ready.set()
         await stop[0].wait()
         await server.stop(grace=0.2)
+        # End every RPC still running (an event stream whose caller left) on this loop: left pending, its
+        # task and async generator would be finalized by whichever thread's garbage collection finds them,
+        # in the middle of that thread's work (once inside a test's ast.parse, which CPython 3.11 then
+        # failed with "AST constructor recursion depth mismatch").
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+        await loop.shutdown_asyncgens()
 
     thread = threading.Thread(target=lambda: loop.run_until_complete(main()), daemon=True)
     thread.start()

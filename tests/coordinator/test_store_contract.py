@@ -85,6 +85,17 @@ def test_enrolment_is_idempotent_per_identity_key(backend: Backend) -> None:
     assert [d.id for d in s.list_devices()] == sorted([a.id, b.id])
 
 
+def test_devices_are_counted_by_status(backend: Backend) -> None:
+    s = backend.store
+    assert s.count_devices() == {}
+    ids = [s.enroll_device(bytes([i + 1]) * 32)[0].id for i in range(5)]
+    s.set_device_status(ids[1], DeviceStatus.REVOKED)
+    s.set_device_status(ids[3], DeviceStatus.REVOKED)
+    assert s.count_devices() == {DeviceStatus.ACTIVE: 3, DeviceStatus.REVOKED: 2}
+    listed = s.list_devices()
+    assert s.count_devices() == {st: sum(1 for d in listed if d.status is st) for st in {d.status for d in listed}}
+
+
 def test_enroll_devices_is_one_batch_in_order(backend: Backend) -> None:
     s = backend.store
     old, _ = s.enroll_device(b"B" * 32, local_id="user-b", client_id="edge-1")

@@ -386,3 +386,25 @@ def test_replicas_claiming_the_same_devices_at_once_leave_one_owner_each(backend
 def publish_key(name: str, thread: int, i: int) -> int:
     """A session key naming one publish: 1xxxx for replica-a, 2xxxx for replica-b."""
     return (1 if name == "replica-a" else 2) * 10_000 + thread * 100 + i
+
+
+def test_stream_counts_count_each_live_replica_s_running_streams(backend: Backend) -> None:
+    s = backend.store
+    [d1, d2, d3, d4] = devices(s, 4)
+    assert s.stream_counts() == {}
+    a = join(s, "replica-a")
+    b = join(s, "replica-b")
+    assert s.stream_counts() == {"replica-a": (0, 0), "replica-b": (0, 0)}
+    s.publish_streams(a, claims=[StreamClaim(d1, 1, True), StreamClaim(d2, 2, False), StreamClaim(d3, 3, True)])
+    s.publish_streams(b, claims=[StreamClaim(d4, 4, False)])
+    assert s.stream_counts() == {"replica-a": (3, 2), "replica-b": (1, 0)}
+    s.publish_streams(b, claims=[StreamClaim(d3, 5, True)])  # b takes d3 over
+    assert s.stream_counts() == {"replica-a": (2, 1), "replica-b": (2, 1)}
+    s.leave_tier(a)  # a's term is over: its rows count for nobody
+    assert s.stream_counts() == {"replica-b": (2, 1)}
+    short = s.join_tier("replica-c", SHORT, settings_digest="d" * 64)
+    assert short is not None
+    s.publish_streams(short, claims=[StreamClaim(d1, 6, True)])
+    assert s.stream_counts()["replica-c"] == (1, 1)
+    time.sleep(PAST_SHORT)  # c's term expired
+    assert s.stream_counts() == {"replica-b": (2, 1)}
