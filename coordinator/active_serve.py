@@ -63,6 +63,7 @@ from coordinator.server import (
     warn_token_in_clear,
 )
 from coordinator.service import Coordinator
+from coordinator.replica_settings import transaction_idle_limit
 from coordinator.settings import CoordinatorSettings
 from coordinator.store import Lease, Store
 from fedmask_settings import split_host_port
@@ -78,7 +79,9 @@ async def serve_active(settings: CoordinatorSettings, *, store: Store | None = N
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     check_dp(settings, model.update_dim)
     own_store = store is None
-    store = store if store is not None else await open_store_waiting(settings.database_url, settings.database_wait_s)
+    store = store if store is not None else await open_store_waiting(
+        settings.database_url, settings.database_wait_s,
+        idle_in_transaction_s=transaction_idle_limit(settings.replica.lease_s))
     name = settings.replica.id or default_replica_id()
     metrics = CoordinatorMetrics(replica=name)
     health_servicer = health.aio.HealthServicer()

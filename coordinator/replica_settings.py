@@ -56,4 +56,12 @@ def active_replica_refusal(*, database_url: str, plaintext: bool, hybrid: bool) 
             f"not run with {why}: unset it or use replica.mode 'standby'")
 
 
-__all__ = ["ReplicaSettings", "active_replica_refusal"]
+__all__ = ["ReplicaSettings", "active_replica_refusal", "transaction_idle_limit"]
+
+
+def transaction_idle_limit(lease_s: float) -> float:
+    """Seconds a replica's PostgreSQL session may stay idle inside a
+    transaction (coordinator/store/engine.py): half its lease, so that the
+    row locks of a replica stopped mid-transaction are gone before another
+    may take the lease it held."""
+    return lease_s / 2.0

@@ -39,6 +39,7 @@ from coordinator.leadership import LeaseHeld, LeaseKeeper, default_replica_id
 from coordinator.logs import log_event
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_host import build_server_model
+from coordinator.replica_settings import transaction_idle_limit
 from coordinator.round_policy import dp_refusal, masked_length
 from coordinator.servicer import add_to_server
 from coordinator.service import Coordinator
@@ -243,8 +244,9 @@ async def build_health_server(health_servicer: health.aio.HealthServicer, addres
 
 
 async def open_store_waiting(url: str, wait_s: float, *, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                             clock: Callable[[], float] = time.monotonic) -> Store:
-    """`open_store(url)`, retried with exponential backoff (0.5 s doubling to
+                             clock: Callable[[], float] = time.monotonic,
+                             idle_in_transaction_s: float | None = None) -> Store:
+    """`open_store(url, idle_in_transaction_s=...)`, retried with exponential backoff (0.5 s doubling to
     5 s) for up to `wait_s` seconds while a database *server* cannot be
     reached (an OperationalError: refused, not up yet, starting). Anything
     else, a SQLite file, memory:// or `wait_s` spent raises at once."""
@@ -255,7 +257,7 @@ async def open_store_waiting(url: str, wait_s: float, *, sleep: Callable[[float]
     delay = 0.5
     while True:
         try:
-            return open_store(url)
+            return open_store(url, idle_in_transaction_s=idle_in_transaction_s)
         except StoreError as exc:
             left = deadline - clock()
             if not (retry and isinstance(exc.__cause__, OperationalError) and left > 0):
@@ -402,7 +404,9 @@ async def serve(settings: CoordinatorSettings, *, store: Store | None = None, re
     model = build_server_model(settings.model.name, settings.model.hyperparameters)
     check_dp(settings, model.update_dim)
     own_store = store is None
-    store = store if store is not None else await open_store_waiting(settings.database_url, settings.database_wait_s)
+    store = store if store is not None else await open_store_waiting(
+        settings.database_url, settings.database_wait_s,
+        idle_in_transaction_s=transaction_idle_limit(settings.replica.lease_s))
     keeper = LeaseKeeper(store, settings.replica.id or default_replica_id(), settings.replica.lease_s)
     server = admin_server = httpd = None
     health_server = None

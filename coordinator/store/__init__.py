@@ -34,10 +34,12 @@ __all__ += replica_records.__all__
 __all__ += group_records.__all__
 
 
-def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] = utc_now) -> Store:
+def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] = utc_now,
+               idle_in_transaction_s: float | None = None) -> Store:
     """Open the store at `url`: "memory://" for an InMemoryStore, otherwise a
-    SQL URL (see coordinator.store.engine), upgraded to the latest schema
-    unless `migrate` is False. Raises StoreError on a bad URL or database."""
+    SQL URL (see coordinator.store.engine, also for `idle_in_transaction_s`),
+    upgraded to the latest schema unless `migrate` is False. Raises
+    StoreError on a bad URL or database."""
     if url == MEMORY_URL:
         return InMemoryStore(clock=clock)
     # Imported lazily so in-memory users do not load SQLAlchemy/Alembic.
@@ -47,11 +49,14 @@ def open_store(url: str, *, migrate: bool = True, clock: Callable[[], datetime] 
     from coordinator.store.migrate import upgrade_to_head
     from coordinator.store.sql import SqlStore
 
-    engine = create_store_engine(url)
+    engine = create_store_engine(url, idle_in_transaction_s=idle_in_transaction_s)
     if migrate:
         try:
             upgrade_to_head(engine)
         except SQLAlchemyError as exc:
             engine.dispose()
             raise StoreError(f"cannot migrate {engine.url.render_as_string(hide_password=True)}: {exc}") from exc
-    return SqlStore(engine, clock=clock)
+    store = SqlStore(engine, clock=clock)
+    if idle_in_transaction_s is not None:
+        store.stuck_after_s = idle_in_transaction_s
+    return store

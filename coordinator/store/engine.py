@@ -16,6 +16,16 @@ timeout for another writer) unless the connection's execution options say
 coordinator.store.transactions): a transaction that may write must never
 begin deferred, or in WAL mode it fails at once with "database is locked"
 when another writer committed after its first read.
+
+PostgreSQL transactions of a process that stops between statements (a
+SIGSTOP, a frozen VM, a hung host) keep their row locks while the server
+keeps the session; a stopped replica holding the leader lease row or a
+round row would then block its successor's every fenced write for as long
+as it stays stopped, lease or no lease. With `idle_in_transaction_s` the
+server ends such a session after that many seconds idle inside a
+transaction, and its locks go with it (`idle_in_transaction_session_timeout`).
+The coordinator sets it to half its lease
+(`coordinator.replica_settings.transaction_idle_limit`).
 """
 
 from __future__ import annotations
@@ -54,11 +64,18 @@ def is_sqlite_memory(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
 
 
-def create_store_engine(url: str | URL, **kwargs: Any) -> Engine:
-    """An Engine configured for the store (see module docstring)."""
+def create_store_engine(url: str | URL, *, idle_in_transaction_s: float | None = None, **kwargs: Any) -> Engine:
+    """An Engine configured for the store (see module docstring);
+    `idle_in_transaction_s` applies to PostgreSQL alone."""
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, **kwargs)
+    if idle_in_transaction_s is not None:
+        if not idle_in_transaction_s > 0:
+            raise ValueError(f"idle_in_transaction_s must be > 0, got {idle_in_transaction_s!r}")
+        ms = max(1, round(idle_in_transaction_s * 1000))
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}),
+                                  "options": f"-c idle_in_transaction_session_timeout={ms}"}
     return create_engine(parsed, pool_pre_ping=True, **kwargs)
 
 

@@ -9,14 +9,29 @@ takeover or renewal, and FOR SHARE by a fenced write: on PostgreSQL a
 takeover therefore waits for a fenced commit in flight and the commit
 sees the token as it is when it writes; SQLite serialises all writers
 (BEGIN IMMEDIATE), and serves one replica anyway.
+
+A replica stopped inside a transaction (SIGSTOP, a frozen VM) keeps its
+session and the lease row's lock, and PostgreSQL's own
+`idle_in_transaction_session_timeout` (coordinator/store/engine.py) was
+seen not to end every such session: its successor's takeover would wait
+for as long as the stopped replica sleeps. So on PostgreSQL a takeover of
+an expired lease waits for the row at most `LOCK_WAIT_S`; when that runs
+out, it ends the sessions that hold a lock on the lease table and have
+been idle inside a transaction for more than `stuck_after_s` (a live
+replica never is: its transactions are short), and reports "not taken"
+so that the candidate tries again at its next poll. A renewal (the
+requester holds the lease) waits as before, and a lease that still runs
+is refused without waiting for its row.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import func, literal, select
+from sqlalchemy import func, literal, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from coordinator.store.lease_records import FencedOut, Lease, LeaseRow, check_lease_request, next_lease_row
@@ -26,6 +41,14 @@ T = TypeVar("T")
 
 _LEASE_ID = 1
 _UNIX_EPOCH_JULIAN_DAY = 2440587.5
+#: Seconds a takeover of an expired lease waits for the row's lock (PostgreSQL).
+LOCK_WAIT_S = 1.0
+#: Seconds idle inside a transaction after which a session holding the lease
+#: table's locks counts as stuck (its process stopped), unless the store was
+#: opened with `idle_in_transaction_s`.
+STUCK_AFTER_S = 5.0
+_LOCK_NOT_AVAILABLE = "55P03"
+_log = logging.getLogger("fedmask.coordinator.store")
 
 
 def database_now(session: Session) -> float:
@@ -44,6 +67,37 @@ def database_now(session: Session) -> float:
 def _lease_row(session: Session, *, share: bool) -> LeaderLeaseRow:
     query = select(LeaderLeaseRow).where(LeaderLeaseRow.id == _LEASE_ID).with_for_update(read=share)
     return session.scalars(query).one()
+
+
+def _takeover_row(session: Session, holder: str, stuck_after_s: float) -> LeaderLeaseRow | None:
+    """PostgreSQL: the lease row FOR UPDATE for `holder`, or None when the
+    lease runs for another holder or its row stayed locked for LOCK_WAIT_S
+    (then stuck sessions are ended: module doc)."""
+    current = session.execute(select(LeaderLeaseRow.holder, LeaderLeaseRow.expires_at)
+                              .where(LeaderLeaseRow.id == _LEASE_ID)).one()  # no lock: MVCC
+    if current.holder == holder:
+        return _lease_row(session, share=False)  # a renewal waits for its own replica's fenced writes
+    if current.holder is not None and current.expires_at > database_now(session):
+        return None  # it runs: nothing to take
+    session.execute(text(f"SET LOCAL lock_timeout = '{round(LOCK_WAIT_S * 1000)}ms'"))
+    try:
+        with session.begin_nested():
+            return _lease_row(session, share=False)
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+    session.execute(text("SET LOCAL lock_timeout = 0"))
+    ended = session.execute(text(
+        "SELECT a.pid, pg_terminate_backend(a.pid) FROM pg_stat_activity a "
+        "WHERE a.pid <> pg_backend_pid() AND a.datname = current_database() "
+        "AND a.state IN ('idle in transaction', 'idle in transaction (aborted)') "
+        "AND a.state_change < clock_timestamp() - make_interval(secs => :idle) "
+        "AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = a.pid AND l.granted "
+        "AND l.relation = 'leader_lease'::regclass)"), {"idle": stuck_after_s}).all()
+    if ended:
+        _log.warning("ended %d session(s) stopped inside a transaction on the expired leader lease "
+                     "(pids %s); the takeover is tried again", len(ended), [row[0] for row in ended])
+    return None
 
 
 def check_fence(session: Session, fence: Lease | None) -> None:
@@ -65,6 +119,8 @@ class SqlLeaderLease:
         def _write(self, body: Callable[[Session], T], *, retry_unique: bool = False) -> T: ...
 
     _default_fence: Callable[[], Lease] | None = None
+    #: PostgreSQL: when a session holding the lease table's locks counts as stuck (module doc).
+    stuck_after_s: float = STUCK_AFTER_S
 
     def fence_writes(self, fence: Callable[[], Lease]) -> None:
         self._default_fence = fence
@@ -79,7 +135,13 @@ class SqlLeaderLease:
         check_lease_request(holder, seconds)
 
         def body(s: Session) -> Lease | None:
-            row = _lease_row(s, share=False)
+            if s.get_bind().dialect.name == "postgresql":
+                found = _takeover_row(s, holder, self.stuck_after_s)
+                if found is None:
+                    return None
+                row = found
+            else:
+                row = _lease_row(s, share=False)
             after = next_lease_row(LeaseRow(row.holder, row.token, row.expires_at), holder, seconds, database_now(s))
             if after is None:
                 return None

@@ -4,6 +4,7 @@ Expiry is the store's clock: the tests use short leases and wait them out."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from datetime import UTC, datetime
@@ -139,3 +140,51 @@ def test_a_default_fence_guards_unfenced_writes(backend: Backend) -> None:
         s.commit_round(committed(2), version(), None)
     with pytest.raises(FencedOut):
         s.abort_round(aborted(2))
+
+
+@pytest.mark.timeout(60)
+def test_a_holder_stopped_inside_a_transaction_does_not_block_its_successor(postgresql_url: str) -> None:
+    """A replica stopped (SIGSTOP) between two statements of a fenced write keeps
+    its session, and with it the lease row's lock. Its successor waits for the
+    row at most LOCK_WAIT_S, ends the sessions idle in a transaction on the lease
+    table for longer than `stuck_after_s`, and takes the expired lease at its
+    next try, instead of waiting for as long as the stopped one sleeps. A lease
+    that runs is refused at once, whoever holds its row."""
+    from sqlalchemy import text
+
+    from coordinator.store import open_store
+    from coordinator.store.sql_lease import LOCK_WAIT_S
+
+    stopped = open_store(postgresql_url)  # no server-side timeout: the successor alone must cope
+    successor = open_store(postgresql_url, idle_in_transaction_s=0.5)
+    conn = stopped.engine.connect()  # type: ignore[attr-defined]
+    try:
+        assert stopped.acquire_lease("replica-a", 1.0) is not None
+        conn.begin()
+        conn.execute(text("SELECT * FROM leader_lease FOR SHARE"))  # as a fenced write begins; then nothing
+        began = time.monotonic()
+        assert successor.acquire_lease("replica-b", 5.0) is None  # it still runs
+        assert time.monotonic() - began < LOCK_WAIT_S  # refused without waiting for the row
+        time.sleep(1.1)  # the lease runs out
+        got: list[Lease] = []
+
+        def take() -> None:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                lease = successor.acquire_lease("replica-b", 5.0)
+                if lease is not None:
+                    got.append(lease)
+                    return
+                time.sleep(0.2)  # a candidate's poll
+
+        taker = threading.Thread(target=take, daemon=True)
+        started = time.monotonic()
+        taker.start()
+        taker.join(12.0)
+        assert got and got[0].holder == "replica-b", "the successor never took the expired lease"
+        assert time.monotonic() - started < 2 * LOCK_WAIT_S + 2.0
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+        stopped.close()
+        successor.close()

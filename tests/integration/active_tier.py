@@ -17,7 +17,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedmask.bench.balancer import ADMIN_SERVICE, Balancer, Replica, Route
+import pytest
+
+from fedmask.bench.balancer import ADMIN_SERVICE, Balancer, Replica, Route, haproxy_binary
 from integration_harness import (
     LOOPBACK,
     Processes,
@@ -42,6 +44,12 @@ COMMON: dict[str, Any] = dict(
     masked_input_deadline=5, secagg_graph="full", secagg_threshold="majority", dp_mode="none", debug_record_sums=True,
     lease_seconds=LEASE_S, round_pause=0.5, replica_mode="active", group_size=DEVICES_PER_CLIENT,
 )
+
+#: The marks of a test module of the active tier: slow, and skipped where Debian's HAProxy is missing.
+MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(haproxy_binary() is None, reason="haproxy is not installed (Debian's haproxy; .ci/ensure-haproxy)"),
+]
 
 
 @contextlib.contextmanager

@@ -6,16 +6,22 @@
   database_url  parametrize indirectly with "sqlite" / "postgresql": a fresh
                 SQLite file, or a fresh database on the throwaway PostgreSQL
                 server of tests/conftest_pg.py (a plugin of tests/conftest.py)
+  balanced      HAProxy in front of the active tier's three replicas
+                (active_tier.tier_balancer): (balancer, replicas, front address)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from integration_harness import Processes
+
+if TYPE_CHECKING:
+    from fedmask.bench.balancer import Balancer, Replica
 
 
 @pytest.fixture
@@ -35,3 +41,11 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if backend == "postgresql":
         return str(request.getfixturevalue("postgresql_url"))
     raise ValueError(backend)
+
+
+@pytest.fixture
+def balanced(tmp_path: Path) -> Iterator[tuple[Balancer, list[Replica], str]]:
+    from active_tier import tier_balancer  # HAProxy's tests alone need it
+
+    with tier_balancer(tmp_path) as tier:
+        yield tier

@@ -15,7 +15,6 @@ every committed aggregate exact.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,26 +22,18 @@ import pytest
 from active_tier import (
     DEVICES_PER_CLIENT,
     LEASE_S,
+    MARKS,
     NAMES,
     committed as _committed,
     groups as _groups,
     start_tier as _start_tier,
     stream_owners as _stream_owners,
-    tier_balancer,
     up as _up,
 )
-from fedmask.bench.balancer import Balancer, Replica, haproxy_binary
+from fedmask.bench.balancer import Balancer, Replica
 from integration_harness import Processes, all_rounds, check_version_history, events, wait_until
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(haproxy_binary() is None, reason="haproxy is not installed (Debian's haproxy; .ci/ensure-haproxy)"),
-]
-
-@pytest.fixture
-def balanced(tmp_path: Path) -> Iterator[tuple[Balancer, list[Replica], str]]:
-    with tier_balancer(tmp_path) as tier:
-        yield tier
+pytestmark = MARKS
 
 
 def _group_replicas(url: str, number: int) -> list[str]:

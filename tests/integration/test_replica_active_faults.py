@@ -33,21 +33,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from active_tier import DEVICES_PER_CLIENT, LEASE_S, NAMES, committed, groups, start_tier, tier_balancer, up
-from fedmask.bench.balancer import Balancer, Replica, haproxy_binary
-from integration_harness import LOOPBACK, Processes, check_version_history, events, health_status, wait_until
+from active_tier import DEVICES_PER_CLIENT, LEASE_S, MARKS, NAMES, committed, groups, start_tier, up
+from fedmask.bench.balancer import Balancer, Replica
+from integration_harness import LOOPBACK, Proc, Processes, check_version_history, events, health_status, wait_until
 from tcp_cut import TcpForwarder
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(haproxy_binary() is None, reason="haproxy is not installed (Debian's haproxy; .ci/ensure-haproxy)"),
-]
-
-
-@pytest.fixture
-def balanced(tmp_path: Path) -> Iterator[tuple[Balancer, list[Replica], str]]:
-    with tier_balancer(tmp_path) as tier:
-        yield tier
+pytestmark = MARKS
 
 
 @pytest.fixture
@@ -85,16 +76,36 @@ def _rounds_go_on_without(url: str, gone: str, before: int, watch: list) -> None
             assert len(rec.survivors["masked_input"]) == 3 * DEVICES_PER_CLIENT, rec.survivors
 
 
-@pytest.mark.timeout(240)
-def test_a_paused_active_leader_that_wakes_is_fenced_out(procs: Processes, tmp_path: Path, postgresql_url: str,
-                                                         balanced: tuple[Balancer, list[Replica], str],
-                                                         paths: dict[str, TcpForwarder]) -> None:
-    url = postgresql_url
+def _rounds_go_on_then_stop(procs: Processes, url: str, gone: str, before: int, live: list[Proc],
+                            clients: list[Proc], dirs: list[Path]) -> None:
+    """Rounds go on without `gone` (`_rounds_go_on_without`), every client lives, the live replicas
+    stop cleanly, and the version history has no gap or duplicate."""
+    _rounds_go_on_without(url, gone, before, live + clients)
+    for c in clients:
+        procs.check_alive(c)
+    for replica in live:
+        assert replica.stop() == 0
+    check_version_history(url, dirs)
+
+
+def _after_a_round(procs: Processes, tmp_path: Path, url: str, balanced: tuple[Balancer, list[Replica], str],
+                   paths: dict[str, TcpForwarder]) -> tuple[dict[str, Proc], list[Proc], list[Path]]:
+    """The tier started, each replica's store through its forwarder; returns once a round committed."""
     balancer, replicas, front = balanced
     started, clients, dirs = start_tier(procs, tmp_path, url, balancer, replicas, front,
                                         {n: _through(p, url) for n, p in paths.items()})
     wait_until(lambda: len(committed(url)) >= 1, 120, what="a round across the replicas",
                watch=[*started.values(), *clients], step=0.1)
+    return started, clients, dirs
+
+
+@pytest.mark.timeout(240)
+def test_a_paused_active_leader_that_wakes_is_fenced_out(procs: Processes, tmp_path: Path, postgresql_url: str,
+                                                         balanced: tuple[Balancer, list[Replica], str],
+                                                         paths: dict[str, TcpForwarder]) -> None:
+    url = postgresql_url
+    balancer = balanced[0]
+    started, clients, dirs = _after_a_round(procs, tmp_path, url, balanced, paths)
     leader = _leader(started)
     live = [n for n in NAMES if n != leader]
     before = len(committed(url))
@@ -116,12 +127,7 @@ def test_a_paused_active_leader_that_wakes_is_fenced_out(procs: Processes, tmp_p
     successor = _leader(started, live)
     wait_until(lambda: up(balancer, "admin") == [successor], 15, what="the admin route to follow the new leader",
                step=0.1)
-    _rounds_go_on_without(url, leader, before, [started[n] for n in live] + clients)
-    for c in clients:
-        procs.check_alive(c)
-    for n in live:
-        assert started[n].stop() == 0
-    check_version_history(url, dirs)
+    _rounds_go_on_then_stop(procs, url, leader, before, [started[n] for n in live], clients, dirs)
 
 
 @pytest.mark.timeout(240)
@@ -129,11 +135,8 @@ def test_an_active_replica_cut_off_from_postgresql_stops_serving(
         procs: Processes, tmp_path: Path, postgresql_url: str, balanced: tuple[Balancer, list[Replica], str],
         paths: dict[str, TcpForwarder]) -> None:
     url = postgresql_url
-    balancer, replicas, front = balanced
-    started, clients, dirs = start_tier(procs, tmp_path, url, balancer, replicas, front,
-                                        {n: _through(p, url) for n, p in paths.items()})
-    wait_until(lambda: len(committed(url)) >= 1, 120, what="a round across the replicas",
-               watch=[*started.values(), *clients], step=0.1)
+    balancer, replicas, _ = balanced
+    started, clients, dirs = _after_a_round(procs, tmp_path, url, balanced, paths)
     leader = _leader(started)
     victim = next(n for n in NAMES if n != leader)
     live = [n for n in NAMES if n != victim]
@@ -150,9 +153,4 @@ def test_an_active_replica_cut_off_from_postgresql_stops_serving(
     assert events(started[victim].log(), "membership_lost_exit"), started[victim].tail()
     wait_until(lambda: victim not in up(balancer), 15, what="haproxy to mark the cut-off replica down", step=0.1)
     assert [n for n in live if events(started[n].log(), "leader_elected")] == [leader]  # the leader led on
-    _rounds_go_on_without(url, victim, before, [started[n] for n in live] + clients)
-    for c in clients:
-        procs.check_alive(c)
-    for n in live:
-        assert started[n].stop() == 0
-    check_version_history(url, dirs)
+    _rounds_go_on_then_stop(procs, url, victim, before, [started[n] for n in live], clients, dirs)
