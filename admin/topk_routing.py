@@ -27,6 +27,9 @@ Contract:
   alike).
 - A store error while routing is not the caller's failure: the request
   takes the default link.
+- Without an active tier (no live replica in the store, reread every
+  `ADDRESSES_MAX_AGE_S`) no stream is looked up: a single coordinator's
+  top-k costs no store read here.
 - A stream that moves between the lookup and the call answers "not
   connected" (503 with Retry-After), as any offline device does.
 """
@@ -95,6 +98,11 @@ class TopKRouter:
         the stream of `device_id`, or of the device whose handle is `user`;
         None for the default link, a store error included."""
         try:
+            if self._clock() - self._read_at > ADDRESSES_MAX_AGE_S:
+                self._addresses = advertised(self._store.live_replicas())
+                self._read_at = self._clock()
+            if not self._addresses:  # no active tier: every stream is on the default link's coordinator
+                return None
             if user is not None:
                 device = self._store.get_device_by_local_id(user)
                 device_id = device.id if device is not None else _NO_DEVICE
