@@ -110,7 +110,7 @@ def test_open_store_waiting_retries_an_unreachable_server_with_backoff(monkeypat
     calls: list[str] = []
     store = InMemoryStore()
 
-    def fake_open(url: str) -> InMemoryStore:
+    def fake_open(url: str, *, idle_in_transaction_s: float | None = None) -> InMemoryStore:
         calls.append(url)
         if len(calls) < 4:
             raise _unreachable()
@@ -136,7 +136,7 @@ def test_open_store_waiting_gives_up_and_never_retries_other_errors(monkeypatch:
     async def fake_sleep(s: float) -> None:
         now[0] += s
 
-    def unreachable(url: str) -> InMemoryStore:
+    def unreachable(url: str, *, idle_in_transaction_s: float | None = None) -> InMemoryStore:
         raise _unreachable()
 
     monkeypatch.setattr(server_mod, "open_store", unreachable)
@@ -147,7 +147,7 @@ def test_open_store_waiting_gives_up_and_never_retries_other_errors(monkeypatch:
 
     calls: list[str] = []
 
-    def bad(url: str) -> InMemoryStore:
+    def bad(url: str, *, idle_in_transaction_s: float | None = None) -> InMemoryStore:
         calls.append(url)
         raise StoreError("bad URL")  # not an OperationalError: no retry
 
@@ -157,7 +157,7 @@ def test_open_store_waiting_gives_up_and_never_retries_other_errors(monkeypatch:
     assert len(calls) == 1
     calls.clear()
 
-    def unreachable_counted(url: str) -> InMemoryStore:
+    def unreachable_counted(url: str, *, idle_in_transaction_s: float | None = None) -> InMemoryStore:
         calls.append(url)
         raise _unreachable()
 
