@@ -98,9 +98,7 @@ class TopKRouter:
         the stream of `device_id`, or of the device whose handle is `user`;
         None for the default link, a store error included."""
         try:
-            if self._clock() - self._read_at > ADDRESSES_MAX_AGE_S:
-                self._addresses = advertised(self._store.live_replicas())
-                self._read_at = self._clock()
+            self._refresh_addresses(stale_only=True)
             if not self._addresses:  # no active tier: every stream is on the default link's coordinator
                 return None
             if user is not None:
@@ -111,13 +109,20 @@ class TopKRouter:
             owner = self._store.stream_owner(device_id)
             if owner is None:
                 return None
-            if owner.replica not in self._addresses or self._clock() - self._read_at > ADDRESSES_MAX_AGE_S:
-                self._addresses = advertised(self._store.live_replicas())
-                self._read_at = self._clock()
+            if owner.replica not in self._addresses:  # a replica that joined since the last read
+                self._refresh_addresses(stale_only=False)
             return route_address(owner, self._addresses)
         except StoreError as exc:
             _log.warning("top-k routing: store read failed, using coordinator.address: %s", exc)
             return None
+
+    def _refresh_addresses(self, *, stale_only: bool) -> None:
+        """Reread the live replicas' advertised addresses (blocking), or,
+        with `stale_only`, only when the last read is ADDRESSES_MAX_AGE_S old."""
+        if stale_only and self._clock() - self._read_at <= ADDRESSES_MAX_AGE_S:
+            return
+        self._addresses = advertised(self._store.live_replicas())
+        self._read_at = self._clock()
 
     async def link_to(self, address: str | None) -> LiveLink:
         """The link to `address` (opened once, same credential), or the

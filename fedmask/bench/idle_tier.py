@@ -16,7 +16,7 @@ What it starts:
   streams spread, as in `bench scale --replica-mode active`).
 
 It waits until the store says every connected device's stream is published
-by some replica (`available_by_replica`), holds them `hold` seconds
+by some replica (`stream_counts`, one store kept open for the bench), holds them `hold` seconds
 (heartbeating), then reads each replica's RSS and its peak (sampled every
 0.1 s from /proc). The last line of output is one JSON object: `ok` (every
 device published and still held after the hold, every process alive),
@@ -26,15 +26,19 @@ replica `rss_mb`, `rss_peak_mb` and `rss_before_clients_mb`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedmask.bench.loopback_federation import bench_folder, start_client, start_coordinator
 from fedmask.bench.processes import ProcessFailed, ProcessGroup, free_port, rss_mb, split_users, wait_until, write_user_csv
 from fedmask.bench.throwaway_postgres import PgServer
+
+if TYPE_CHECKING:
+    from coordinator.store import Store
 
 #: Devices enrolled in one transaction when the bench fills the registry.
 BATCH = 5000
@@ -63,20 +67,14 @@ class IdleTierConfig:
             raise ValueError(f"--client-processes ({self.client_processes}) is more than --devices ({self.devices})")
 
 
-def fill_registry(url: str, count: int, log: Callable[[str], None]) -> float:
+def fill_registry(store: Store, count: int, log: Callable[[str], None]) -> float:
     """Enrol `count` devices that never connect (random keys, handles `idle-N`); the seconds it took."""
-    from coordinator.store import open_store
-
     t0 = time.monotonic()
-    store = open_store(url)
-    try:
-        for lo in range(0, count, BATCH):
-            n = min(BATCH, count - lo)
-            store.enroll_devices([(os.urandom(32), f"idle-{lo + j}") for j in range(n)])
-            if (lo // BATCH) % 4 == 3:
-                log(f"  {lo + n:,} of {count:,} devices enrolled straight into the store")
-    finally:
-        store.close()
+    for lo in range(0, count, BATCH):
+        n = min(BATCH, count - lo)
+        store.enroll_devices([(os.urandom(32), f"idle-{lo + j}") for j in range(n)])
+        if (lo // BATCH) % 4 == 3:
+            log(f"  {lo + n:,} of {count:,} devices enrolled straight into the store")
     return time.monotonic() - t0
 
 
@@ -91,24 +89,21 @@ def _replica_flags(cfg: IdleTierConfig, url: str, port: int, index: int) -> dict
     }
 
 
-def _published(url: str) -> dict[str, int]:
-    """replica -> the devices whose streams it holds, as the store says (running terms only)."""
-    from coordinator.store import open_store
-
-    store = open_store(url)
-    try:
-        return {name: len(ids) for name, ids in store.available_by_replica().items()}
-    finally:
-        store.close()
+def _published(store: Store) -> dict[str, int]:
+    """replica -> the available devices whose streams it holds, as the store
+    counts them (running terms only; replicas holding none left out)."""
+    return {name: available for name, (_, available) in store.stream_counts().items() if available}
 
 
 def run_idle_tier_bench(cfg: IdleTierConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     from fedmask.bench.scale import database_on, postgres_server
 
+    from coordinator.store import open_store
+
     with bench_folder("fedmask-bench-idle-", None) as root, postgres_server(cfg.replicas, cfg.server, log) as server, \
-            database_on(server, "idle") as url:
+            database_on(server, "idle") as url, contextlib.closing(open_store(url)) as store:
         extra = cfg.enrolled - cfg.devices
-        fill_s = fill_registry(url, extra, log) if extra else 0.0
+        fill_s = fill_registry(store, extra, log) if extra else 0.0
         log(f"{extra:,} devices enrolled straight into the store in {fill_s:.1f} s")
         csv = write_user_csv(root / "users.csv", cfg.devices, seed=cfg.seed)
         with ProcessGroup(root, env={"OMP_NUM_THREADS": "1"}) as group:
@@ -126,15 +121,15 @@ def run_idle_tier_bench(cfg: IdleTierConfig, log: Callable[[str], None] = print)
             watch = list(group.children)
             ok = True
             try:
-                wait_until(lambda: sum(_published(url).values()) >= cfg.devices, cfg.timeout,
+                wait_until(lambda: sum(_published(store).values()) >= cfg.devices, cfg.timeout,
                            what=f"{cfg.devices} devices' streams to be published", watch=watch, step=1.0)
             except ProcessFailed as exc:
                 log(str(exc))
                 ok = False
             connect_s = time.monotonic() - t0
-            log(f"{sum(_published(url).values()):,} devices held after {connect_s:.1f} s; holding {cfg.hold:g} s")
+            log(f"{sum(_published(store).values()):,} devices held after {connect_s:.1f} s; holding {cfg.hold:g} s")
             time.sleep(cfg.hold if ok else 0)
-            published = _published(url)
+            published = _published(store)
             ok = ok and sum(published.values()) == cfg.devices and all(c.alive() for c in watch)
             for c in tier:
                 c.sample_rss()

@@ -32,9 +32,9 @@ def test_the_registry_is_filled_in_batches(postgresql_server: PgServer) -> None:
     from coordinator.store import open_store
 
     with database_on(postgresql_server, "fill") as url:
-        fill_registry(url, 5003, lambda _: None)  # one batch and a part
         store = open_store(url)
         try:
+            fill_registry(store, 5003, lambda _: None)  # one batch and a part
             devices = store.list_devices()
         finally:
             store.close()
